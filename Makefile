@@ -1,0 +1,91 @@
+# ngx_gateway: build, test, run and benchmark.
+#
+#   make          build the module against Debian's nginx (objs/ngx_http_gateway_module.so)
+#   make vendored build nginx 1.28 and the module against it (objs/vendored/)
+#   make test     install what is missing, unit tests, then the .t suites on both builds
+#   make run      a throwaway PostgreSQL + nginx with nginx-conf/demo.conf on 127.0.0.1:8080
+#   make bench    wrk through the gateway next to pgbench in the same run
+#   make check    cargo fmt --check and clippy -D warnings
+
+SHELL        := /bin/bash
+CARGO        ?= cargo
+OBJS         := $(CURDIR)/objs
+DEB_SRC      := /usr/share/nginx/src
+DEB_BUILD    := $(CURDIR)/target/nginx-debian
+DEB_TARGET   := $(CURDIR)/target/debian
+VEN_TARGET   := $(CURDIR)/target/vendored
+MODULE       := ngx_http_gateway_module.so
+DEB_MODULE   := $(OBJS)/$(MODULE)
+VEN_MODULE   := $(OBJS)/vendored/$(MODULE)
+VEN_NGINX    := $(OBJS)/vendored/nginx
+
+APT_PACKAGES := nginx nginx-dev libpq-dev libclang-dev clang pkg-config \
+                libpcre2-dev libssl-dev zlib1g-dev make gcc \
+                postgresql postgresql-contrib redis-server wrk \
+                libtest-base-perl libtext-diff-perl libipc-run-perl liburi-perl \
+                libwww-perl libnginx-mod-http-srcache-filter
+
+.PHONY: all build vendored deps unittest test test-debian test-vendored run bench check clean
+
+all: build
+
+build: $(DEB_MODULE)
+
+# Install the Debian packages that are missing (root or sudo needed only then).
+deps:
+	@missing=""; for p in $(APT_PACKAGES); do \
+	    dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	    echo "installing:$$missing"; \
+	    sudo=""; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+	    $$sudo env DEBIAN_FRONTEND=noninteractive apt-get update -q && \
+	    $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
+	    $$sudo systemctl disable --now nginx postgresql redis-server >/dev/null 2>&1 || true; \
+	fi
+
+# Debian ships nginx's headers and configure script but no objs/: configure a copy.
+$(DEB_BUILD)/objs/ngx_auto_config.h:
+	rm -rf $(DEB_BUILD) && mkdir -p $(DEB_BUILD)
+	cp -r $(DEB_SRC)/. $(DEB_BUILD)/
+	cd $(DEB_BUILD) && . ./conf_flags && ./configure "$${NGX_CONF_FLAGS[@]}" >configure.log
+
+$(DEB_MODULE): $(DEB_BUILD)/objs/ngx_auto_config.h FORCE
+	NGINX_BUILD_DIR=$(DEB_BUILD)/objs $(CARGO) build --release --target-dir $(DEB_TARGET)
+	mkdir -p $(OBJS) && cp $(DEB_TARGET)/release/lib$(MODULE) $(DEB_MODULE)
+
+vendored: FORCE
+	$(CARGO) build --release --features vendored --target-dir $(VEN_TARGET)
+	mkdir -p $(OBJS)/vendored
+	cp $(VEN_TARGET)/release/lib$(MODULE) $(VEN_MODULE)
+	cp "$$(cat $(VEN_TARGET)/release/nginx-build-dir)/nginx" $(VEN_NGINX)
+
+unittest:
+	$(CARGO) test -p gateway-core
+
+test: deps
+	$(MAKE) unittest build vendored
+	$(MAKE) test-debian test-vendored
+
+test-debian:
+	TEST_NGINX_BINARY=/usr/sbin/nginx TEST_NGINX_MODULE=$(DEB_MODULE) \
+	    prove -I t/lib -r t/
+
+test-vendored:
+	TEST_NGINX_BINARY=$(VEN_NGINX) TEST_NGINX_MODULE=$(VEN_MODULE) \
+	    prove -I t/lib -r t/
+
+run: deps build
+	bash nginx-conf/run.sh
+
+bench: deps build
+	bash bench/run.sh
+
+check:
+	$(CARGO) fmt --all -- --check
+	NGINX_BUILD_DIR=$(DEB_BUILD)/objs $(CARGO) clippy --release --target-dir $(DEB_TARGET) --workspace -- -D warnings
+
+clean:
+	rm -rf $(OBJS) target
+
+FORCE:

@@ -1,0 +1,182 @@
+//! libpq connection strings built from `sqldb_server` arguments.
+//!
+//! `sqldb_server 127.0.0.1:5432 dbname=app user=web password='a b'` gives the
+//! address (resolved by nginx, so that libpq never resolves a name and never
+//! blocks) and libpq keywords, which pass through with their values quoted.
+
+use std::fmt;
+use std::net::SocketAddr;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConninfoError {
+    NotKeyword(String),
+    BadKeyword(String),
+    AddressKeyword(String),
+    Repeated(String),
+}
+
+impl fmt::Display for ConninfoError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConninfoError::NotKeyword(a) => write!(f, "invalid parameter \"{a}\": expected keyword=value"),
+            ConninfoError::BadKeyword(k) => write!(f, "invalid libpq keyword \"{k}\""),
+            ConninfoError::AddressKeyword(k) => {
+                write!(f, "\"{k}\" is not allowed: the address is the first parameter")
+            }
+            ConninfoError::Repeated(k) => write!(f, "keyword \"{k}\" is given twice"),
+        }
+    }
+}
+
+impl std::error::Error for ConninfoError {}
+
+/// libpq keywords that the address argument sets.
+const ADDRESS_KEYWORDS: &[&str] = &["host", "hostaddr"];
+
+/// The keyword=value pairs of one server, in the order given.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Keywords {
+    pairs: Vec<(String, String)>,
+}
+
+impl Keywords {
+    /// Adds one `keyword=value` argument.
+    pub fn push_arg(&mut self, arg: &str) -> Result<(), ConninfoError> {
+        let (key, value) = arg
+            .split_once('=')
+            .ok_or_else(|| ConninfoError::NotKeyword(arg.to_owned()))?;
+        if key.is_empty() || !key.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') {
+            return Err(ConninfoError::BadKeyword(key.to_owned()));
+        }
+        if ADDRESS_KEYWORDS.contains(&key) {
+            return Err(ConninfoError::AddressKeyword(key.to_owned()));
+        }
+        if self.get(key).is_some() {
+            return Err(ConninfoError::Repeated(key.to_owned()));
+        }
+        self.pairs.push((key.to_owned(), value.to_owned()));
+        Ok(())
+    }
+
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.pairs.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.pairs.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+}
+
+/// Where one connection goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target<'a> {
+    /// A resolved TCP address; `name` is the host name as written, when it
+    /// was a name, kept for TLS verification and .pgpass look-ups.
+    Tcp { addr: SocketAddr, name: Option<&'a str> },
+    /// A directory holding the server's socket (`unix:/var/run/postgresql`).
+    Unix { dir: &'a str },
+}
+
+/// Appends `value` quoted the way libpq's conninfo parser reads it.
+pub fn push_quoted(out: &mut String, value: &str) {
+    out.push('\'');
+    for ch in value.chars() {
+        if ch == '\'' || ch == '\\' {
+            out.push('\\');
+        }
+        out.push(ch);
+    }
+    out.push('\'');
+}
+
+fn push_pair(out: &mut String, key: &str, value: &str) {
+    if !out.is_empty() {
+        out.push(' ');
+    }
+    out.push_str(key);
+    out.push('=');
+    push_quoted(out, value);
+}
+
+/// The full connection string for one target.
+pub fn build(target: &Target<'_>, keywords: &Keywords) -> String {
+    let mut out = String::new();
+    match target {
+        Target::Tcp { addr, name } => {
+            push_pair(&mut out, "hostaddr", &addr.ip().to_string());
+            if let Some(name) = name {
+                push_pair(&mut out, "host", name);
+            }
+            push_pair(&mut out, "port", &addr.port().to_string());
+        }
+        Target::Unix { dir } => push_pair(&mut out, "host", dir),
+    }
+    let tcp = matches!(target, Target::Tcp { .. });
+    let mut has_app_name = false;
+    for (k, v) in keywords.iter() {
+        if tcp && k == "port" {
+            continue; // the address carries the port
+        }
+        has_app_name |= k == "application_name" || k == "fallback_application_name";
+        push_pair(&mut out, k, v);
+    }
+    if !has_app_name {
+        push_pair(&mut out, "fallback_application_name", "ngx_gateway");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kw(args: &[&str]) -> Result<Keywords, ConninfoError> {
+        let mut k = Keywords::default();
+        for a in args {
+            k.push_arg(a)?;
+        }
+        Ok(k)
+    }
+
+    #[test]
+    fn tcp_with_keywords() {
+        let k = kw(&["dbname=app", "user=web", "password=s3cret", "sslmode=disable"]).unwrap();
+        let t = Target::Tcp { addr: "127.0.0.1:5433".parse().unwrap(), name: None };
+        assert_eq!(
+            build(&t, &k),
+            "hostaddr='127.0.0.1' port='5433' dbname='app' user='web' password='s3cret' \
+             sslmode='disable' fallback_application_name='ngx_gateway'"
+        );
+    }
+
+    #[test]
+    fn quotes_and_backslashes_are_escaped() {
+        let k = kw(&["password=it's a \\secret", "application_name=x"]).unwrap();
+        let t = Target::Tcp { addr: "[::1]:5432".parse().unwrap(), name: Some("db.local") };
+        assert_eq!(
+            build(&t, &k),
+            "hostaddr='::1' host='db.local' port='5432' password='it\\'s a \\\\secret' application_name='x'"
+        );
+    }
+
+    #[test]
+    fn unix_socket_keeps_port_keyword() {
+        let k = kw(&["port=5444", "dbname=d"]).unwrap();
+        let t = Target::Unix { dir: "/run/pg dir" };
+        assert_eq!(
+            build(&t, &k),
+            "host='/run/pg dir' port='5444' dbname='d' fallback_application_name='ngx_gateway'"
+        );
+    }
+
+    #[test]
+    fn bad_arguments() {
+        assert_eq!(kw(&["dbname"]), Err(ConninfoError::NotKeyword("dbname".into())));
+        assert_eq!(kw(&["Db=x"]), Err(ConninfoError::BadKeyword("Db".into())));
+        assert_eq!(kw(&["=x"]), Err(ConninfoError::BadKeyword("".into())));
+        assert_eq!(kw(&["host=x"]), Err(ConninfoError::AddressKeyword("host".into())));
+        assert_eq!(kw(&["user=a", "user=b"]), Err(ConninfoError::Repeated("user".into())));
+        // A value may hold '=' and spaces.
+        assert_eq!(kw(&["options=-c a=b"]).unwrap().get("options"), Some("-c a=b"));
+    }
+}

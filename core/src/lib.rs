@@ -1,0 +1,8 @@
+//! Byte-level parts of ngx_gateway that do not touch nginx: the RDS encoder
+//! (and a decoder used to check it), query-template method selection, and the
+//! libpq connection-string builder. Kept apart from the module so that `cargo
+//! test` can link them: the module itself only links inside an nginx binary.
+
+pub mod conninfo;
+pub mod method;
+pub mod rds;

@@ -1,0 +1,395 @@
+//! Configuration of the database gateway: `sqldb_server` inside `upstream`,
+//! `sqldb_pass`, `sqldb_query`, the timeouts, and their merge rules.
+
+use std::ffi::{c_char, c_void, CString};
+use std::mem;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::ptr;
+
+use gateway_core::conninfo::{self, Keywords, Target};
+use gateway_core::method::{parse_methods, QuerySet};
+
+use crate::ffi::*;
+use crate::ngx_http_gateway_module as MODULE;
+
+pub const DEFAULT_CONNECT_TIMEOUT: ngx_msec_t = 10_000;
+pub const DEFAULT_RESULT_TIMEOUT: ngx_msec_t = 30_000;
+const DEFAULT_PORT: u16 = 5432;
+
+/// One address of one `sqldb_server` line, with its finished connection string.
+pub struct ServerAddr {
+    pub sockaddr: Vec<u8>,
+    pub conninfo: CString,
+}
+
+/// The module's server configuration; only used inside `upstream` blocks.
+pub struct SrvConf {
+    pub addrs: Vec<ServerAddr>,
+    /// How many `sqldb_server` lines the block has.
+    pub servers: usize,
+    /// The balancer's per-request init, wrapped by ours.
+    pub balancer_init: ngx_http_upstream_init_peer_pt,
+}
+
+impl SrvConf {
+    /// The connection string for the address a balancer picked.
+    pub fn conninfo_for(&self, sockaddr: &[u8]) -> Option<&CString> {
+        self.addrs.iter().find(|a| a.sockaddr == sockaddr).map(|a| &a.conninfo)
+    }
+}
+
+pub struct LocConf {
+    /// What `u->conf` points to for requests of this location.
+    pub upstream: ngx_http_upstream_conf_t,
+    pub pass_set: bool,
+    /// `sqldb_pass $var`: the value names an upstream at run time.
+    pub pass_var: *mut ngx_http_complex_value_t,
+    pub queries: QuerySet<*mut ngx_http_complex_value_t>,
+    pub connect_timeout: ngx_msec_t,
+    pub result_timeout: ngx_msec_t,
+}
+
+/// A `sqldb_pass NAME` waiting for every upstream block to be read.
+struct PendingPass {
+    lcf: *mut LocConf,
+    name: Vec<u8>,
+    file: String,
+    line: usize,
+}
+
+#[derive(Default)]
+pub struct MainConf {
+    pending: Vec<PendingPass>,
+}
+
+pub unsafe extern "C" fn create_main_conf(cf: *mut ngx_conf_t) -> *mut c_void {
+    // SAFETY: cf->pool is the configuration pool.
+    unsafe { pool_alloc((*cf).pool, MainConf::default()) }.map_or(ptr::null_mut(), |p| p.as_ptr().cast())
+}
+
+pub unsafe extern "C" fn create_srv_conf(cf: *mut ngx_conf_t) -> *mut c_void {
+    let conf = SrvConf { addrs: Vec::new(), servers: 0, balancer_init: None };
+    // SAFETY: cf->pool is the configuration pool.
+    unsafe { pool_alloc((*cf).pool, conf) }.map_or(ptr::null_mut(), |p| p.as_ptr().cast())
+}
+
+pub unsafe extern "C" fn create_loc_conf(cf: *mut ngx_conf_t) -> *mut c_void {
+    let conf = LocConf {
+        // SAFETY: ngx_http_upstream_conf_t is plain C data for which all-zero is "unset".
+        upstream: unsafe { mem::zeroed() },
+        pass_set: false,
+        pass_var: ptr::null_mut(),
+        queries: QuerySet::default(),
+        connect_timeout: CONF_UNSET_MSEC,
+        result_timeout: CONF_UNSET_MSEC,
+    };
+    // SAFETY: cf->pool is the configuration pool.
+    unsafe { pool_alloc((*cf).pool, conf) }.map_or(ptr::null_mut(), |p| p.as_ptr().cast())
+}
+
+fn merge_msec(conf: &mut ngx_msec_t, prev: ngx_msec_t, default: ngx_msec_t) {
+    if *conf == CONF_UNSET_MSEC {
+        *conf = if prev == CONF_UNSET_MSEC { default } else { prev };
+    }
+}
+
+pub unsafe extern "C" fn merge_loc_conf(_cf: *mut ngx_conf_t, parent: *mut c_void, child: *mut c_void) -> *mut c_char {
+    // SAFETY: nginx passes two LocConf made by create_loc_conf.
+    let (prev, conf) = unsafe { (&*(parent as *const LocConf), &mut *(child as *mut LocConf)) };
+    // A level with any sqldb_query of its own ignores every outer one.
+    if conf.queries.is_empty() {
+        conf.queries = prev.queries.clone();
+    }
+    merge_msec(&mut conf.connect_timeout, prev.connect_timeout, DEFAULT_CONNECT_TIMEOUT);
+    merge_msec(&mut conf.result_timeout, prev.result_timeout, DEFAULT_RESULT_TIMEOUT);
+    let u = &mut conf.upstream;
+    u.connect_timeout = conf.connect_timeout;
+    u.read_timeout = conf.result_timeout;
+    u.send_timeout = conf.result_timeout;
+    u.next_upstream = (NGX_HTTP_UPSTREAM_FT_ERROR | NGX_HTTP_UPSTREAM_FT_TIMEOUT) as ngx_uint_t;
+    u.module = static_str("sqldb");
+    CONF_OK
+}
+
+fn socket_addr(sa: *const libc::sockaddr) -> Option<SocketAddr> {
+    // SAFETY: nginx's parsed addresses point at a sockaddr of their family.
+    unsafe {
+        match i32::from((*sa).sa_family) {
+            libc::AF_INET => {
+                let sin = &*(sa as *const libc::sockaddr_in);
+                let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+                Some(SocketAddr::new(IpAddr::V4(ip), u16::from_be(sin.sin_port)))
+            }
+            libc::AF_INET6 => {
+                let sin6 = &*(sa as *const libc::sockaddr_in6);
+                let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+                Some(SocketAddr::new(IpAddr::V6(ip), u16::from_be(sin6.sin6_port)))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Server parameters that nginx's balancers read (as the `server` directive has them).
+struct ServerParams {
+    weight: ngx_uint_t,
+    max_fails: ngx_uint_t,
+    fail_timeout: time_t,
+    backup: bool,
+    down: bool,
+}
+
+/// `sqldb_server ADDRESS [weight=N] [max_fails=N] [fail_timeout=T] [backup] [down] keyword=value ...`
+pub unsafe extern "C" fn cmd_sqldb_server(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, conf: *mut c_void) -> *mut c_char {
+    // SAFETY: conf is this module's SrvConf of the enclosing upstream block; cf is live.
+    unsafe {
+        let srv = &mut *(conf as *mut SrvConf);
+        let uscf: *mut ngx_http_upstream_srv_conf_t = http_conf_get(cf, ptr::addr_of!(ngx_http_upstream_module), ConfSlot::Srv);
+        let args = conf_args(cf);
+        let address = args[1];
+
+        let mut url: ngx_url_t = mem::zeroed();
+        url.url = address;
+        url.default_port = DEFAULT_PORT;
+        if ngx_parse_url((*cf).pool, &mut url) != OK {
+            let err = if url.err.is_null() { "invalid address".into() } else { std::ffi::CStr::from_ptr(url.err).to_string_lossy() };
+            return conf_error(cf, format_args!("{} in \"{}\" of the \"sqldb_server\" directive", err, String::from_utf8_lossy(bytes(&address))));
+        }
+
+        let mut params = ServerParams { weight: 1, max_fails: 1, fail_timeout: 10, backup: false, down: false };
+        let mut keywords = Keywords::default();
+        let flags = (*uscf).flags;
+        for arg in &args[2..] {
+            let a = bytes(arg);
+            let text = String::from_utf8_lossy(a);
+            let (needed, ok) = if let Some(v) = a.strip_prefix(b"weight=") {
+                let n = ngx_atoi(v.as_ptr() as *mut u8, v.len());
+                params.weight = n as ngx_uint_t;
+                (NGX_HTTP_UPSTREAM_WEIGHT, n > 0)
+            } else if let Some(v) = a.strip_prefix(b"max_fails=") {
+                let n = ngx_atoi(v.as_ptr() as *mut u8, v.len());
+                params.max_fails = n as ngx_uint_t;
+                (NGX_HTTP_UPSTREAM_MAX_FAILS, n >= 0)
+            } else if let Some(v) = a.strip_prefix(b"fail_timeout=") {
+                let mut s = ngx_str_t { len: v.len(), data: v.as_ptr() as *mut u8 };
+                let t = ngx_parse_time(&mut s, 1);
+                params.fail_timeout = t as time_t;
+                (NGX_HTTP_UPSTREAM_FAIL_TIMEOUT, t >= 0)
+            } else if a == b"backup" {
+                params.backup = true;
+                (NGX_HTTP_UPSTREAM_BACKUP, true)
+            } else if a == b"down" {
+                params.down = true;
+                (NGX_HTTP_UPSTREAM_DOWN, true)
+            } else {
+                if let Err(e) = keywords.push_arg(&text) {
+                    return conf_error(cf, format_args!("\"sqldb_server\" directive: {e}"));
+                }
+                continue;
+            };
+            if flags & needed as ngx_uint_t == 0 {
+                return conf_error(cf, format_args!("balancing method does not support parameter \"{text}\""));
+            }
+            if !ok {
+                return conf_error(cf, format_args!("invalid parameter \"{text}\""));
+            }
+        }
+
+        let host = String::from_utf8_lossy(bytes(&url.host)).into_owned();
+        for i in 0..url.naddrs {
+            let a = &*url.addrs.add(i);
+            let target_addr;
+            let dir;
+            let target = if i32::from((*a.sockaddr).sa_family) == libc::AF_UNIX {
+                dir = String::from_utf8_lossy(&bytes(&address)[5..]).into_owned();
+                Target::Unix { dir: &dir }
+            } else {
+                target_addr = match socket_addr(a.sockaddr as *const libc::sockaddr) {
+                    Some(s) => s,
+                    None => return conf_error(cf, format_args!("unsupported address family in \"sqldb_server\"")),
+                };
+                let bare = host.trim_start_matches('[').trim_end_matches(']');
+                let name = if bare.parse::<IpAddr>().is_ok() { None } else { Some(host.as_str()) };
+                Target::Tcp { addr: target_addr, name }
+            };
+            let conninfo = match CString::new(conninfo::build(&target, &keywords)) {
+                Ok(c) => c,
+                Err(_) => return conf_error(cf, format_args!("\"sqldb_server\" parameters contain a NUL byte")),
+            };
+            let sockaddr = std::slice::from_raw_parts(a.sockaddr as *const u8, a.socklen as usize).to_vec();
+            srv.addrs.push(ServerAddr { sockaddr, conninfo });
+        }
+
+        if (*uscf).servers.is_null() {
+            return conf_error(cf, format_args!("\"sqldb_server\" directive is allowed only inside an \"upstream\" block"));
+        }
+        let us = ngx_array_push((*uscf).servers) as *mut ngx_http_upstream_server_t;
+        if us.is_null() {
+            return CONF_ERROR;
+        }
+        ptr::write_bytes(us, 0, 1);
+        (*us).name = url.url;
+        (*us).addrs = url.addrs;
+        (*us).naddrs = url.naddrs;
+        (*us).weight = params.weight;
+        (*us).max_fails = params.max_fails;
+        (*us).fail_timeout = params.fail_timeout;
+        (*us).set_backup(params.backup as u32);
+        (*us).down = params.down as ngx_uint_t;
+        srv.servers += 1;
+        CONF_OK
+    }
+}
+
+/// `sqldb_pass NAME | $variable`
+pub unsafe extern "C" fn cmd_sqldb_pass(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, conf: *mut c_void) -> *mut c_char {
+    // SAFETY: conf is this module's LocConf; cf is live.
+    unsafe {
+        let lcf = &mut *(conf as *mut LocConf);
+        if lcf.pass_set {
+            return conf_error(cf, format_args!("\"sqldb_pass\" directive is duplicate"));
+        }
+        lcf.pass_set = true;
+        let clcf: *mut ngx_http_core_loc_conf_t = http_conf_get(cf, ptr::addr_of!(ngx_http_core_module), ConfSlot::Loc);
+        (*clcf).handler = Some(super::handler::content_handler);
+        let loc = bytes(&(*clcf).name);
+        if loc.last() == Some(&b'/') {
+            (*clcf).set_auto_redirect(1);
+        }
+
+        let mut value = conf_args(cf)[1];
+        if value.len == 0 {
+            return conf_error(cf, format_args!("empty upstream name in \"sqldb_pass\" directive"));
+        }
+        if ngx_http_script_variables_count(&mut value) > 0 {
+            match compile_complex(cf, &mut value) {
+                Some(cv) => lcf.pass_var = cv,
+                None => return CONF_ERROR,
+            }
+            return CONF_OK;
+        }
+        let mcf = &mut *http_conf_get::<MainConf>(cf, ptr::addr_of!(MODULE), ConfSlot::Main);
+        let file = &*(*cf).conf_file;
+        mcf.pending.push(PendingPass {
+            lcf,
+            name: bytes(&value).to_vec(),
+            file: String::from_utf8_lossy(bytes(&file.file.name)).into_owned(),
+            line: file.line,
+        });
+        CONF_OK
+    }
+}
+
+/// Compiles a string with variables into a complex value in the configuration pool.
+///
+/// # Safety
+/// `cf` must be the live configuration being parsed.
+unsafe fn compile_complex(cf: *mut ngx_conf_t, value: &mut ngx_str_t) -> Option<*mut ngx_http_complex_value_t> {
+    // SAFETY: cf is live; the compile context is filled as nginx expects.
+    unsafe {
+        let cv = ngx_pcalloc((*cf).pool, mem::size_of::<ngx_http_complex_value_t>()) as *mut ngx_http_complex_value_t;
+        if cv.is_null() {
+            return None;
+        }
+        let mut ccv: ngx_http_compile_complex_value_t = mem::zeroed();
+        ccv.cf = cf;
+        ccv.value = value;
+        ccv.complex_value = cv;
+        if ngx_http_compile_complex_value(&mut ccv) != OK {
+            return None;
+        }
+        Some(cv)
+    }
+}
+
+/// `sqldb_query [METHOD ...] "template"`
+pub unsafe extern "C" fn cmd_sqldb_query(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, conf: *mut c_void) -> *mut c_char {
+    // SAFETY: conf is this module's LocConf; cf is live.
+    unsafe {
+        let lcf = &mut *(conf as *mut LocConf);
+        let args = conf_args(cf);
+        let mut template = args[args.len() - 1];
+        if template.len == 0 {
+            return conf_error(cf, format_args!("empty query in \"sqldb_query\" directive"));
+        }
+        let methods = match parse_methods(args[1..args.len() - 1].iter().map(|a| bytes(a))) {
+            Ok(m) => m,
+            Err(e) => return conf_error(cf, format_args!("\"sqldb_query\" directive: {e}")),
+        };
+        let Some(cv) = compile_complex(cf, &mut template) else {
+            return CONF_ERROR;
+        };
+        if let Err(e) = lcf.queries.add(methods, cv) {
+            return conf_error(cf, format_args!("\"sqldb_query\" directive {e}"));
+        }
+        CONF_OK
+    }
+}
+
+/// Our SrvConf of an upstream block, if the block declared any `sqldb_server`.
+///
+/// # Safety
+/// `uscf` must be a live upstream configuration.
+pub unsafe fn sqldb_srv_conf(uscf: *mut ngx_http_upstream_srv_conf_t) -> Option<&'static mut SrvConf> {
+    // SAFETY: srv_conf is null for implicit upstreams, else the block's srv_conf array.
+    unsafe {
+        let confs = (*uscf).srv_conf;
+        if confs.is_null() {
+            return None;
+        }
+        let srv = *confs.add((*ptr::addr_of!(MODULE)).ctx_index) as *mut SrvConf;
+        if srv.is_null() || (*srv).servers == 0 {
+            return None;
+        }
+        Some(&mut *srv)
+    }
+}
+
+/// Finds the upstream block that a name refers to, if it has `sqldb_server` lines.
+///
+/// # Safety
+/// `umcf` must be the live upstream main configuration.
+pub unsafe fn find_upstream(umcf: *mut ngx_http_upstream_main_conf_t, name: &[u8]) -> Option<*mut ngx_http_upstream_srv_conf_t> {
+    // SAFETY: umcf->upstreams is an array of upstream configuration pointers.
+    unsafe {
+        let ups = (*umcf).upstreams.as_slice::<*mut ngx_http_upstream_srv_conf_t>();
+        ups.iter().copied().find(|&u| bytes(&(*u).host).eq_ignore_ascii_case(name) && sqldb_srv_conf(u).is_some())
+    }
+}
+
+/// After the whole http block is read: resolve `sqldb_pass NAME`, check each
+/// sqldb upstream, and put our peer init around each one's balancer.
+pub unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
+    // SAFETY: cf->ctx is the http block's context during postconfiguration.
+    unsafe {
+        let umcf: *mut ngx_http_upstream_main_conf_t = http_conf_get(cf, ptr::addr_of!(ngx_http_upstream_module), ConfSlot::Main);
+        let ups = (*umcf).upstreams.as_slice::<*mut ngx_http_upstream_srv_conf_t>();
+        for &uscf in ups {
+            let Some(srv) = sqldb_srv_conf(uscf) else { continue };
+            let total = (*(*uscf).servers).nelts;
+            if total != srv.servers {
+                let name = String::from_utf8_lossy(bytes(&(*uscf).host));
+                log!(NGX_LOG_EMERG, (*cf).log, "upstream \"{name}\" mixes \"server\" and \"sqldb_server\" in {}:{}",
+                    std::ffi::CStr::from_ptr((*uscf).file_name as *const c_char).to_string_lossy(), (*uscf).line);
+                return ERROR;
+            }
+            if srv.balancer_init.is_none() {
+                srv.balancer_init = (*uscf).peer.init;
+                (*uscf).peer.init = Some(super::handler::peer_init);
+            }
+        }
+
+        let mcf = &mut *http_conf_get::<MainConf>(cf, ptr::addr_of!(MODULE), ConfSlot::Main);
+        for p in mcf.pending.drain(..) {
+            match find_upstream(umcf, &p.name) {
+                Some(uscf) => (*p.lcf).upstream.upstream = uscf,
+                None => {
+                    log!(NGX_LOG_EMERG, (*cf).log, "\"sqldb_pass\" names upstream \"{}\", which has no \"sqldb_server\" in {}:{}",
+                        String::from_utf8_lossy(&p.name), p.file, p.line);
+                    return ERROR;
+                }
+            }
+        }
+        OK
+    }
+}

@@ -1,0 +1,6 @@
+//! The database gateway: PostgreSQL behind nginx locations.
+
+pub mod conf;
+pub mod handler;
+pub mod output;
+pub mod pq;

@@ -1,0 +1,252 @@
+//! The only place that calls libpq. Connections are always nonblocking:
+//! nothing here waits for the network.
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ptr::NonNull;
+
+use gateway_core::rds::ResultSet;
+use libpq_sys as pq;
+
+/// What PQconnectPoll asks for next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Poll {
+    Reading,
+    Writing,
+    Ready,
+    Failed,
+}
+
+/// Outcome of PQflush.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flush {
+    Done,
+    Again,
+    Failed,
+}
+
+/// An owned libpq connection; dropping it closes the socket (PQfinish).
+pub struct PgConn(NonNull<pq::PGconn>);
+
+unsafe extern "C" fn ignore_notice(_arg: *mut c_void, _message: *const c_char) {}
+
+fn cstr_lossy(p: *const c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: libpq returns NUL-terminated strings that live as long as the
+    // object they came from; we copy before returning.
+    let s = unsafe { CStr::from_ptr(p) }.to_string_lossy();
+    s.trim_end().replace('\n', " ")
+}
+
+impl PgConn {
+    /// Starts a nonblocking connection (PQconnectStart). The conninfo must
+    /// hold a numeric `hostaddr` or a socket directory, so no name is resolved.
+    pub fn start(conninfo: &CStr) -> Result<PgConn, String> {
+        // SAFETY: conninfo is NUL-terminated.
+        let raw = unsafe { pq::PQconnectStart(conninfo.as_ptr()) };
+        let conn = PgConn(NonNull::new(raw).ok_or_else(|| "out of memory".to_owned())?);
+        if conn.is_bad() {
+            return Err(conn.error_message());
+        }
+        // SAFETY: the connection is live; the processor ignores notices
+        // instead of printing them to stderr.
+        unsafe { pq::PQsetNoticeProcessor(conn.0.as_ptr(), Some(ignore_notice), std::ptr::null_mut()) };
+        Ok(conn)
+    }
+
+    fn raw(&self) -> *mut pq::PGconn {
+        self.0.as_ptr()
+    }
+
+    pub fn is_bad(&self) -> bool {
+        // SAFETY: live connection.
+        unsafe { pq::PQstatus(self.raw()) == pq::ConnStatusType::CONNECTION_BAD }
+    }
+
+    pub fn socket(&self) -> c_int {
+        // SAFETY: live connection.
+        unsafe { pq::PQsocket(self.raw()) }
+    }
+
+    pub fn poll_connect(&mut self) -> Poll {
+        // SAFETY: live connection started with PQconnectStart.
+        match unsafe { pq::PQconnectPoll(self.raw()) } {
+            pq::PostgresPollingStatusType::PGRES_POLLING_READING => Poll::Reading,
+            pq::PostgresPollingStatusType::PGRES_POLLING_WRITING => Poll::Writing,
+            pq::PostgresPollingStatusType::PGRES_POLLING_OK => Poll::Ready,
+            _ => Poll::Failed,
+        }
+    }
+
+    pub fn set_nonblocking(&mut self) -> bool {
+        // SAFETY: live connection.
+        unsafe { pq::PQsetnonblocking(self.raw(), 1) == 0 }
+    }
+
+    /// PQsendQuery: the simple protocol, which allows several statements.
+    pub fn send_query(&mut self, sql: &CStr) -> bool {
+        // SAFETY: live connection, NUL-terminated query.
+        unsafe { pq::PQsendQuery(self.raw(), sql.as_ptr()) == 1 }
+    }
+
+    pub fn flush(&mut self) -> Flush {
+        // SAFETY: live connection.
+        match unsafe { pq::PQflush(self.raw()) } {
+            0 => Flush::Done,
+            1 => Flush::Again,
+            _ => Flush::Failed,
+        }
+    }
+
+    pub fn consume_input(&mut self) -> bool {
+        // SAFETY: live connection.
+        unsafe { pq::PQconsumeInput(self.raw()) == 1 }
+    }
+
+    pub fn is_busy(&self) -> bool {
+        // SAFETY: live connection.
+        unsafe { pq::PQisBusy(self.raw()) == 1 }
+    }
+
+    /// The next result; only call when `is_busy()` is false, so it never waits.
+    pub fn get_result(&mut self) -> Option<PgResult> {
+        debug_assert!(!self.is_busy());
+        // SAFETY: live connection; not busy, so PQgetResult does not block.
+        NonNull::new(unsafe { pq::PQgetResult(self.raw()) }).map(PgResult)
+    }
+
+    pub fn error_message(&self) -> String {
+        // SAFETY: live connection.
+        cstr_lossy(unsafe { pq::PQerrorMessage(self.raw()) })
+    }
+}
+
+impl Drop for PgConn {
+    fn drop(&mut self) {
+        // SAFETY: we own the connection; PQfinish closes its socket and frees it.
+        unsafe { pq::PQfinish(self.raw()) };
+    }
+}
+
+/// Status of one result, as the RDS driver error code reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResultKind {
+    /// PGRES_COMMAND_OK: a statement without rows.
+    Command,
+    /// PGRES_TUPLES_OK: rows (possibly none).
+    Tuples,
+    /// PGRES_EMPTY_QUERY: the server got only white space or comments.
+    Empty,
+    /// An error reported by the server.
+    Error,
+    /// COPY and other states a gateway cannot serve.
+    Unsupported,
+}
+
+/// An owned result (PQclear on drop).
+pub struct PgResult(NonNull<pq::PGresult>);
+
+impl PgResult {
+    fn raw(&self) -> *const pq::PGresult {
+        self.0.as_ptr()
+    }
+
+    /// The libpq status code (ExecStatusType as a number).
+    pub fn status_code(&self) -> u16 {
+        // SAFETY: live result.
+        unsafe { pq::PQresultStatus(self.raw()) as u16 }
+    }
+
+    pub fn kind(&self) -> ResultKind {
+        use pq::ExecStatusType::*;
+        // SAFETY: live result.
+        match unsafe { pq::PQresultStatus(self.raw()) } {
+            PGRES_COMMAND_OK => ResultKind::Command,
+            PGRES_TUPLES_OK => ResultKind::Tuples,
+            PGRES_EMPTY_QUERY => ResultKind::Empty,
+            PGRES_BAD_RESPONSE | PGRES_FATAL_ERROR | PGRES_NONFATAL_ERROR => ResultKind::Error,
+            _ => ResultKind::Unsupported,
+        }
+    }
+
+    pub fn error_message(&self) -> String {
+        // SAFETY: live result.
+        cstr_lossy(unsafe { pq::PQresultErrorMessage(self.raw()) })
+    }
+
+    pub fn sqlstate(&self) -> String {
+        // SAFETY: live result; 'C' is PG_DIAG_SQLSTATE.
+        cstr_lossy(unsafe { pq::PQresultErrorField(self.raw(), b'C' as c_int) })
+    }
+
+    /// The command tag, e.g. "UPDATE 3".
+    pub fn command_status(&self) -> String {
+        // SAFETY: live result; PQcmdStatus takes a non-const pointer but does not write.
+        cstr_lossy(unsafe { pq::PQcmdStatus(self.raw() as *mut _) })
+    }
+
+    /// Rows affected per the command tag; 0 for SELECT and for tags without a count.
+    pub fn affected_rows(&self) -> u64 {
+        if self.command_status().starts_with("SELECT") {
+            return 0;
+        }
+        // SAFETY: live result; PQcmdTuples takes a non-const pointer but does not write.
+        cstr_lossy(unsafe { pq::PQcmdTuples(self.raw() as *mut _) }).parse().unwrap_or(0)
+    }
+
+    pub fn insert_oid(&self) -> u64 {
+        // SAFETY: live result.
+        u64::from(unsafe { pq::PQoidValue(self.raw()) })
+    }
+}
+
+impl ResultSet for PgResult {
+    fn columns(&self) -> usize {
+        // SAFETY: live result.
+        unsafe { pq::PQnfields(self.raw()) }.max(0) as usize
+    }
+
+    fn rows(&self) -> usize {
+        // SAFETY: live result.
+        unsafe { pq::PQntuples(self.raw()) }.max(0) as usize
+    }
+
+    fn column_name(&self, col: usize) -> &[u8] {
+        // SAFETY: col < columns(); the name lives as long as the result.
+        let p = unsafe { pq::PQfname(self.raw(), col as c_int) };
+        if p.is_null() {
+            return b"";
+        }
+        // SAFETY: non-null, NUL-terminated, owned by the result.
+        unsafe { CStr::from_ptr(p) }.to_bytes()
+    }
+
+    fn column_type(&self, col: usize) -> u32 {
+        // SAFETY: live result.
+        unsafe { pq::PQftype(self.raw(), col as c_int) }
+    }
+
+    fn value(&self, row: usize, col: usize) -> Option<&[u8]> {
+        let (r, c) = (row as c_int, col as c_int);
+        // SAFETY: row/col are in range; the value lives as long as the result.
+        unsafe {
+            if pq::PQgetisnull(self.raw(), r, c) == 1 {
+                return None;
+            }
+            let len = pq::PQgetlength(self.raw(), r, c).max(0) as usize;
+            let p = pq::PQgetvalue(self.raw(), r, c);
+            if p.is_null() || len == 0 {
+                return Some(&[]);
+            }
+            Some(std::slice::from_raw_parts(p as *const u8, len))
+        }
+    }
+}
+
+impl Drop for PgResult {
+    fn drop(&mut self) {
+        // SAFETY: we own the result.
+        unsafe { pq::PQclear(self.0.as_ptr()) };
+    }
+}
