@@ -1,0 +1,179 @@
+package GatewayTest;
+
+# Test servers for the suites: a throwaway PostgreSQL (and Redis) on
+# loopback ports in a temporary folder. When the suite runner has started
+# them already (TEST_NGINX_PG_PORT is set), nothing is started here; a .t
+# run on its own starts its own and stops them when it ends.
+#
+# Environment for the configurations in the .t files:
+#   TEST_NGINX_PG_PORT, TEST_NGINX_PG_DB, TEST_NGINX_PG_USER,
+#   TEST_NGINX_PG_PASSWORD (has a space and a quote), TEST_NGINX_PG_SOCKET_DIR,
+#   TEST_NGINX_PG_SERVER (address + keywords, for sqldb_server lines),
+#   TEST_NGINX_CLOSED_PORT (a port where nothing listens).
+
+use strict;
+use warnings;
+use Exporter 'import';
+use File::Temp qw(tempdir);
+use IO::Socket::INET;
+use POSIX qw(WNOHANG);
+use Time::HiRes qw(sleep time);
+use FindBin;
+
+our @EXPORT_OK = qw(start_servers stop_servers psql rds rds_rows rds_command free_port pg_bin);
+
+my $PgBin = $ENV{PG_BIN} || (sort { $b cmp $a } glob '/usr/lib/postgresql/*/bin')[0];
+my ($PgDir, $PgData, $Owner);
+
+sub pg_bin { $PgBin }
+
+sub free_port {
+    my $s = IO::Socket::INET->new(Listen => 1, LocalAddr => '127.0.0.1', LocalPort => 0, ReuseAddr => 1)
+        or die "no free port: $!";
+    my $p = $s->sockport;
+    close $s;
+    return $p;
+}
+
+sub run_as_owner {
+    my @cmd = @_;
+    if ($> == 0) {
+        my $line = join ' ', map { my $a = $_; $a =~ s/'/'\\''/g; "'$a'" } @cmd;
+        @cmd = ('su', 'postgres', '-s', '/bin/sh', '-c', $line);
+    }
+    system(@cmd) == 0 or die "failed: @_\n";
+}
+
+sub schema_sql {
+    my $f = "$FindBin::Bin/lib/schema.sql";
+    $f = 't/lib/schema.sql' unless -f $f;
+    open my $fh, '<', $f or die "cannot read $f: $!";
+    local $/;
+    return <$fh>;
+}
+
+sub start_pg {
+    die "PostgreSQL server binaries not found (set PG_BIN)\n" unless $PgBin && -x "$PgBin/initdb";
+    $PgDir = tempdir('ngx-gateway-pg-XXXXXX', TMPDIR => 1, CLEANUP => 0);
+    if ($> == 0) {
+        my (undef, undef, $uid, $gid) = getpwnam('postgres') or die "no postgres user\n";
+        chown $uid, $gid, $PgDir;
+    }
+    chmod 0755, $PgDir;
+    $PgData = "$PgDir/data";
+    my $port = free_port();
+    my $super = 'super-' . int(rand(1e9));
+    open my $pw, '>', "$PgDir/pw" or die $!;
+    print $pw "$super\n";
+    close $pw;
+    chmod 0644, "$PgDir/pw";
+    run_as_owner("$PgBin/initdb", '-D', $PgData, '-U', 'postgres', '-A', 'scram-sha-256',
+        "--pwfile=$PgDir/pw", '--no-sync', '-E', 'UTF8', '--locale=C');
+    open my $conf, '>>', "$PgData/postgresql.conf" or die $!;
+    print $conf "listen_addresses = '127.0.0.1'\nport = $port\nunix_socket_directories = '$PgDir'\n",
+        "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\nmax_connections = 200\n",
+        "log_min_messages = fatal\n";
+    close $conf;
+    run_as_owner("$PgBin/pg_ctl", '-D', $PgData, '-l', "$PgDir/server.log", '-w', '-s', 'start');
+    $ENV{TEST_NGINX_PG_PORT} = $port;
+    $ENV{TEST_NGINX_PG_SOCKET_DIR} = $PgDir;
+    $ENV{TEST_NGINX_PG_SUPERPW} = $super;
+    $ENV{TEST_NGINX_PG_DATA} = $PgData;
+    $ENV{TEST_NGINX_PG_DB} = 'gateway_test';
+    $ENV{TEST_NGINX_PG_USER} = 'gateway';
+    $ENV{TEST_NGINX_PG_PASSWORD} = "it's a secret";
+    psql("create role gateway login password 'it''s a secret'", 'postgres');
+    psql("create database gateway_test owner gateway", 'postgres');
+    psql(schema_sql(), 'gateway_test', 'gateway');
+}
+
+sub set_derived_env {
+    $ENV{TEST_NGINX_PG_SERVER} = "127.0.0.1:$ENV{TEST_NGINX_PG_PORT} dbname=$ENV{TEST_NGINX_PG_DB} "
+        . "user=$ENV{TEST_NGINX_PG_USER} \"password=$ENV{TEST_NGINX_PG_PASSWORD}\"";
+    $ENV{TEST_NGINX_CLOSED_PORT} ||= free_port();
+}
+
+# Runs SQL through psql as the superuser (or USER); returns its output.
+sub psql {
+    my ($sql, $db, $user) = @_;
+    $db ||= $ENV{TEST_NGINX_PG_DB};
+    my $pw = $user ? $ENV{TEST_NGINX_PG_PASSWORD} : $ENV{TEST_NGINX_PG_SUPERPW};
+    local $ENV{PGPASSWORD} = $pw;
+    open my $fh, '-|', 'psql', '-X', '-q', '-A', '-t', '-v', 'ON_ERROR_STOP=1', '-h', '127.0.0.1',
+        '-p', $ENV{TEST_NGINX_PG_PORT}, '-U', $user || 'postgres', '-d', $db, '-c', $sql
+        or die "psql: $!";
+    local $/;
+    my $out = <$fh>;
+    close $fh or die "psql failed for: $sql\n";
+    $out = '' unless defined $out;
+    chomp $out;
+    return $out;
+}
+
+my $Started = 0;
+
+sub start_servers {
+    if (!$ENV{TEST_NGINX_PG_PORT}) {
+        start_pg();
+        $Started = 1;
+    }
+    set_derived_env();
+}
+
+sub stop_servers {
+    return unless $PgData && -d $PgData;
+    run_as_owner("$PgBin/pg_ctl", '-D', $PgData, '-m', 'immediate', '-s', 'stop');
+    system('rm', '-rf', $PgDir);
+    $PgData = undef;
+}
+
+END {
+    my $rc = $?;
+    stop_servers() if $Started;
+    $? = $rc;
+}
+
+# --- RDS builders for expected bodies -------------------------------------
+
+# rds_rows([[name, oid], ...], [[v, undef, ...], ...]): a result set stream.
+sub rds_rows {
+    my ($cols, $rows, %h) = @_;
+    my $s = rds_header(2, $h{affected} || 0, scalar @$cols);
+    for my $c (@$cols) {
+        my ($name, $oid) = @$c;
+        $s .= pack('vvv', std_type($oid), $oid & 0xffff, length $name) . $name;
+    }
+    for my $r (@$rows) {
+        $s .= "\x01";
+        for my $v (@$r) {
+            $s .= defined $v ? pack('V', length $v) . $v : pack('V', 0xffffffff);
+        }
+    }
+    # Without columns there is no row list at all.
+    return @$cols ? $s . "\x00" : $s;
+}
+
+# rds_command(affected): a statement without rows.
+sub rds_command {
+    my ($affected) = @_;
+    return rds_header(1, $affected, 0);
+}
+
+sub rds_header {
+    my ($status, $affected, $ncols) = @_;
+    return pack('CVCvvv', 0, 3, 0, 0, $status, 0) . pack('Q<Q<', $affected, 0) . pack('v', $ncols);
+}
+
+my %Std = (20 => 0x0001, 1560 => 0x8002, 1562 => 0x8003, 16 => 0xC004, 18 => 0x8005,
+    19 => 0x8006, 25 => 0x8006, 1043 => 0x8006, 1082 => 0x8007, 701 => 0x4008, 23 => 0x0009,
+    1186 => 0x400A, 1700 => 0x400B, 700 => 0x400C, 21 => 0x000D, 1266 => 0x800E, 1083 => 0x800F,
+    1184 => 0x8010, 1114 => 0x8011, 142 => 0x8012, 17 => 0x8013);
+
+sub std_type { my $oid = shift; exists $Std{$oid} ? $Std{$oid} : 0x8000 }
+
+# A single text value in one column: the stream SPEC.md shows.
+sub rds { my ($name, $value) = @_; rds_rows([[$name, 25]], [[$value]]) }
+
+start_servers();
+
+1;

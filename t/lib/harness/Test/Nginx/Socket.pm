@@ -1,0 +1,430 @@
+package Test::Nginx::Socket;
+
+# A small runner for .t files written in the data format of openresty's
+# Test::Nginx::Socket, built on Debian's Test::Base. It starts nginx in the
+# foreground as its own child for every block (no daemon, no reaping by
+# PID 1), sends the request over a plain socket and checks the response and
+# the error log. Sections: main_config http_config config request
+# request_body raw_request more_headers error_code response_headers
+# response_headers_like response_body response_body_like
+# response_body_unlike error_log no_error_log timeout abort wait must_die,
+# plus Test::Base's SKIP / ONLY / LAST.
+
+use strict;
+use warnings;
+
+use Test::Base ();
+use Test::More ();
+use IO::Socket::INET;
+use POSIX qw(WNOHANG);
+use Time::HiRes qw(sleep time);
+use File::Path qw(make_path remove_tree);
+use Cwd qw(getcwd);
+
+our @EXPORT = qw(
+    run_tests run_test repeat_each no_diff workers master_on master_off
+    log_level no_long_string no_shuffle no_root_location env_to_nginx
+    server_port server_root html_dir add_block_preprocessor
+);
+
+# `use Test::Nginx::Socket 'no_plan';` exports our functions, then lets
+# Test::Base export its own (blocks, plan, is, like ...) to the same caller.
+sub import {
+    my ($class, @args) = @_;
+    my $caller = caller;
+    no strict 'refs';
+    *{"${caller}::$_"} = \&{"${class}::$_"} for @EXPORT;
+    @_ = ('Test::Base', @args);
+    goto &Test::Base::import;
+}
+
+BEGIN { *pass = \&Test::More::pass; *fail = \&Test::More::fail; *ok = \&Test::More::ok;
+        *is = \&Test::More::is; *like = \&Test::More::like; *unlike = \&Test::More::unlike;
+        *diag = \&Test::More::diag; }
+
+my $RepeatEach   = 1;
+my $Workers      = 1;
+my $MasterOn     = 1;
+my $LogLevel     = 'debug';
+my $NoDiff       = 0;
+my $NoRootLoc    = 0;
+my @EnvToNginx;
+my @Preprocessors;
+
+my $Binary   = $ENV{TEST_NGINX_BINARY} || 'nginx';
+my $ServRoot = $ENV{TEST_NGINX_SERVROOT} || getcwd() . '/t/servroot';
+my $Port     = $ENV{TEST_NGINX_SERVER_PORT} || $ENV{TEST_NGINX_PORT} || free_port();
+$ENV{TEST_NGINX_SERVER_PORT} = $Port;
+$ENV{TEST_NGINX_HTML_DIR} = "$ServRoot/html";
+
+sub repeat_each (@) { $RepeatEach = shift if @_; $RepeatEach }
+sub workers ($) { $Workers = shift }
+sub master_on () { $MasterOn = 1 }
+sub master_off () { $MasterOn = 0 }
+sub log_level ($) { $LogLevel = shift }
+sub no_diff () { $NoDiff = 1 }
+sub no_long_string () { }
+sub no_shuffle () { }
+sub no_root_location () { $NoRootLoc = 1 }
+sub env_to_nginx (@) { push @EnvToNginx, @_ }
+sub server_port () { $Port }
+sub server_root () { $ServRoot }
+sub html_dir () { "$ServRoot/html" }
+sub add_block_preprocessor (&) { push @Preprocessors, shift }
+
+sub free_port {
+    my $s = IO::Socket::INET->new(Listen => 1, LocalAddr => '127.0.0.1', LocalPort => 0, ReuseAddr => 1)
+        or die "no free port: $!";
+    my $p = $s->sockport;
+    close $s;
+    return $p;
+}
+
+# $TEST_NGINX_FOO in configuration text becomes the environment's value.
+sub expand_env ($) {
+    my $s = shift;
+    return '' unless defined $s;
+    $s =~ s/\$(TEST_NGINX_[_A-Z0-9]+)/defined $ENV{$1} ? $ENV{$1} : die "environment variable $1 is not set\n"/ge;
+    return $s;
+}
+
+sub section ($$) {
+    my ($block, $name) = @_;
+    my @v = $block->$name;
+    return undef unless @v && defined $v[0];
+    return @v > 1 ? [@v] : $v[0];
+}
+
+sub write_config ($) {
+    my $block = shift;
+    remove_tree($ServRoot);
+    make_path("$ServRoot/conf", "$ServRoot/logs", "$ServRoot/html", "$ServRoot/tmp");
+    my $modules = '';
+    for my $m (split /[\s:]+/, $ENV{TEST_NGINX_LOAD_MODULES} || '') {
+        $modules .= "load_module $m;\n" if length $m;
+    }
+    my $env = join '', map { "env $_;\n" } @EnvToNginx;
+    my $main = expand_env($block->main_config);
+    my $http = expand_env($block->http_config);
+    my $config = expand_env($block->config);
+    my $root_loc = $NoRootLoc ? '' : "location = /index.html { }\n";
+    my $master = $MasterOn ? 'on' : 'off';
+    my $conf = <<"CONF";
+daemon off;
+master_process $master;
+worker_processes $Workers;
+pid $ServRoot/logs/nginx.pid;
+error_log $ServRoot/logs/error.log $LogLevel;
+$modules$env$main
+events {
+    accept_mutex off;
+    worker_connections 1024;
+}
+
+http {
+    access_log $ServRoot/logs/access.log;
+    default_type text/plain;
+    keepalive_timeout 68;
+    client_body_temp_path $ServRoot/tmp/body;
+    proxy_temp_path $ServRoot/tmp/proxy;
+    fastcgi_temp_path $ServRoot/tmp/fastcgi;
+    uwsgi_temp_path $ServRoot/tmp/uwsgi;
+    scgi_temp_path $ServRoot/tmp/scgi;
+
+$http
+
+    server {
+        listen 127.0.0.1:$Port;
+        server_name localhost;
+        client_max_body_size 30M;
+        $root_loc
+$config
+    }
+}
+CONF
+    open my $fh, '>', "$ServRoot/conf/nginx.conf" or die "cannot write nginx.conf: $!";
+    print $fh $conf;
+    close $fh;
+}
+
+my $NginxPid;
+
+sub start_nginx () {
+    my $pid = fork;
+    die "fork: $!" unless defined $pid;
+    if ($pid == 0) {
+        open STDERR, '>>', "$ServRoot/logs/stderr.log";
+        open STDOUT, '>>', "$ServRoot/logs/stderr.log";
+        exec $Binary, '-p', "$ServRoot/", '-c', "$ServRoot/conf/nginx.conf";
+        exit 127;
+    }
+    $NginxPid = $pid;
+    my $deadline = time + 10;
+    while (time < $deadline) {
+        if (waitpid($pid, WNOHANG) == $pid) {
+            $NginxPid = undef;
+            return "nginx exited with status " . ($? >> 8);
+        }
+        my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $Port, Timeout => 1);
+        if ($s) { close $s; return undef; }
+        sleep 0.01;
+    }
+    return "nginx did not start listening on port $Port";
+}
+
+sub stop_nginx () {
+    return unless $NginxPid;
+    kill 'QUIT', $NginxPid;
+    my $deadline = time + 5;
+    while (time < $deadline) {
+        if (waitpid($NginxPid, WNOHANG) == $NginxPid) { $NginxPid = undef; return; }
+        sleep 0.01;
+    }
+    kill 'KILL', $NginxPid;
+    waitpid($NginxPid, 0);
+    $NginxPid = undef;
+}
+
+END { stop_nginx() }
+
+sub slurp ($) {
+    my $f = shift;
+    open my $fh, '<', $f or return '';
+    local $/;
+    my $s = <$fh>;
+    return defined $s ? $s : '';
+}
+
+sub build_request ($$) {
+    my ($block, $req) = @_;
+    my $raw = section($block, 'raw_request');
+    return $raw if defined $raw && !ref $raw;
+    $req =~ s/^\s+//;
+    my ($line, $body) = split /\n/, $req, 2;
+    $body = $block->request_body if defined $block->request_body;
+    $body = '' unless defined $body;
+    $line =~ s/\s+$//;
+    my ($method, $uri, $proto) = split /\s+/, $line;
+    $proto ||= 'HTTP/1.1';
+    my $headers = '';
+    my $more = $block->more_headers;
+    my %have;
+    if (defined $more) {
+        for my $h (split /\n/, expand_env($more)) {
+            next unless $h =~ /\S/;
+            $headers .= "$h\r\n";
+            $have{lc $1} = 1 if $h =~ /^\s*([^:]+):/;
+        }
+    }
+    my $r = "$method $uri $proto\r\n";
+    $r .= "Host: localhost\r\n" unless $have{host};
+    $r .= "Connection: close\r\n" unless $have{connection};
+    $r .= "Content-Length: " . length($body) . "\r\n"
+        if (length $body || $method =~ /^(POST|PUT|PATCH)$/) && !$have{'content-length'} && !$have{'transfer-encoding'};
+    return $r . $headers . "\r\n" . $body;
+}
+
+# Sends one raw request; returns (status, headers hashref, body, error).
+sub http_exchange ($$$) {
+    my ($raw, $timeout, $head) = @_;
+    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $Port, Timeout => $timeout)
+        or return (undef, {}, '', "cannot connect: $!");
+    binmode $s;
+    print $s $raw;
+    my $buf = '';
+    my $deadline = time + $timeout;
+    my $rin = '';
+    vec($rin, fileno($s), 1) = 1;
+    while (1) {
+        my $left = $deadline - time;
+        return (undef, {}, $buf, 'timeout') if $left <= 0;
+        my $n = select(my $rout = $rin, undef, undef, $left);
+        next if $n <= 0;
+        my $got = sysread($s, my $chunk, 65536);
+        last if !$got;
+        $buf .= $chunk;
+        last if response_complete($buf, $head);
+    }
+    close $s;
+    return parse_response($buf, $head);
+}
+
+sub split_head ($) {
+    my $buf = shift;
+    my $i = index($buf, "\r\n\r\n");
+    return if $i < 0;
+    return (substr($buf, 0, $i), substr($buf, $i + 4));
+}
+
+sub response_complete ($$) {
+    my ($buf, $head_only) = @_;
+    my ($head, $body) = split_head($buf) or return 0;
+    return 1 if $head_only;
+    if ($head =~ /^Content-Length:\s*(\d+)/mi) { return length($body) >= $1 }
+    if ($head =~ /^Transfer-Encoding:\s*chunked/mi) { return $body =~ /(^|\r\n)0\r\n\r\n\z/ }
+    return 0;
+}
+
+sub parse_response ($$) {
+    my ($buf, $head_only) = @_;
+    my ($head, $body) = split_head($buf);
+    return (undef, {}, $buf, 'incomplete response header') unless defined $head;
+    my @lines = split /\r\n/, $head;
+    my $status_line = shift @lines;
+    my ($status) = $status_line =~ m{^HTTP/\d\.\d\s+(\d+)} or return (undef, {}, $buf, "bad status line");
+    my %h;
+    for (@lines) {
+        my ($k, $v) = /^([^:]+):\s*(.*)$/ or next;
+        $h{lc $k} = exists $h{lc $k} ? "$h{lc $k}, $v" : $v;
+    }
+    if (!$head_only && ($h{'transfer-encoding'} || '') =~ /chunked/i) {
+        my $out = '';
+        while ($body =~ s/^([0-9a-fA-F]+)[^\r\n]*\r\n//) {
+            my $n = hex $1;
+            last if $n == 0;
+            $out .= substr($body, 0, $n, '');
+            $body =~ s/^\r\n//;
+        }
+        $body = $out;
+    }
+    $body = '' if $head_only;
+    return ($status, \%h, $body, undef);
+}
+
+sub hex_context ($$) {
+    my ($got, $want) = @_;
+    my $i = 0;
+    $i++ while $i < length($got) && $i < length($want) && substr($got, $i, 1) eq substr($want, $i, 1);
+    my $from = $i > 16 ? $i - 16 : 0;
+    my $fmt = sub { join ' ', map { sprintf '%02x', ord } split //, substr($_[0], $from, 48) };
+    return sprintf("first difference at byte %d (lengths: got %d, expected %d)\n  got:      %s\n  expected: %s",
+        $i, length $got, length $want, $fmt->($got), $fmt->($want));
+}
+
+sub check_body ($$$) {
+    my ($name, $got, $want) = @_;
+    if ($got eq $want) { pass("$name - response_body - response is expected"); return }
+    my $text = ($got . $want) !~ /[^\t\n\r\x20-\x7e]/;
+    if ($text && !$NoDiff && length($got) < 4000 && length($want) < 4000) {
+        is($got, $want, "$name - response_body - response is expected");
+    } else {
+        fail("$name - response_body - response is expected");
+        diag(hex_context($got, $want));
+    }
+}
+
+sub as_list ($) {
+    my $v = shift;
+    return () unless defined $v;
+    return @$v if ref $v eq 'ARRAY';
+    return map { /\S/ ? $_ : () } split /\n/, $v;
+}
+
+sub check_log ($$$$) {
+    my ($name, $log, $patterns, $want) = @_;
+    for my $p (as_list($patterns)) {
+        my $found = ref $p eq 'Regexp' ? $log =~ $p : index($log, $p) >= 0;
+        my $what = ref $p eq 'Regexp' ? "$p" : "\"$p\"";
+        if ($want) {
+            ok($found, "$name - pattern $what should match a line in error.log");
+        } else {
+            ok(!$found, "$name - pattern $what should not match any line in error.log");
+        }
+    }
+}
+
+sub check_headers ($$$) {
+    my ($name, $h, $spec) = @_;
+    for my $line (as_list($spec)) {
+        if ($line =~ /^\s*!\s*([^:\s]+)\s*$/) {
+            ok(!exists $h->{lc $1}, "$name - header $1 not present");
+        } elsif ($line =~ /^\s*([^:]+?)\s*:\s*(.*?)\s*$/) {
+            is($h->{lc $1}, $2, "$name - header $1 ok");
+        }
+    }
+}
+
+sub run_test ($) {
+    my $block = shift;
+    my $name = $block->name;
+    $_->($block) for @Preprocessors;
+
+    write_config($block);
+    my $err = start_nginx();
+    if ($block->must_die) {
+        ok(defined $err, "$name - nginx must not start");
+        check_log($name, slurp("$ServRoot/logs/stderr.log") . slurp("$ServRoot/logs/error.log"), $block->error_log, 1);
+        stop_nginx();
+        return;
+    }
+    if ($err) {
+        fail("$name - nginx started: $err");
+        diag(slurp("$ServRoot/logs/stderr.log"));
+        return;
+    }
+
+    my $requests = section($block, 'request');
+    my @reqs = ref $requests eq 'ARRAY' ? @$requests : (defined $requests ? $requests : ());
+    @reqs = ('') if !@reqs && defined $block->raw_request;
+    my @codes  = ref $block->error_code eq 'ARRAY' ? @{ $block->error_code } : (section($block, 'error_code')) x @reqs;
+    my $bodies = section($block, 'response_body');
+    my @bodies = ref $bodies eq 'ARRAY' ? @$bodies : ($bodies) x @reqs;
+    my $timeout = $block->timeout || 10;
+    $timeout =~ s/s$//;
+
+    for my $i (0 .. $#reqs) {
+        my $req = $reqs[$i];
+        my $raw = build_request($block, $req);
+        my $head_only = $req =~ /^\s*HEAD\s/;
+        my ($status, $h, $body, $e) = http_exchange($raw, $timeout, $head_only);
+        my $n = @reqs > 1 ? "$name (req $i)" : $name;
+        if ($e) {
+            if ($e eq 'timeout' && $block->abort) {
+                pass("$n - client aborted after ${timeout}s as asked");
+                next;
+            }
+            fail("$n - request failed: $e");
+            next;
+        }
+        my $want_code = defined $codes[$i] ? $codes[$i] : 200;
+        $want_code =~ s/\s+//g;
+        is($status, $want_code, "$n - status code ok");
+        check_headers($n, $h, $block->response_headers) if defined $block->response_headers;
+        if (defined $block->response_headers_like) {
+            for my $line (as_list(section($block, 'response_headers_like'))) {
+                my ($k, $re) = $line =~ /^\s*([^:]+?)\s*:\s*(.*?)\s*$/ or next;
+                like($h->{lc $k} // '', qr/$re/, "$n - header $k like /$re/");
+            }
+        }
+        check_body($n, $body, $bodies[$i]) if defined $bodies[$i];
+        if (defined $block->response_body_like) {
+            my $re = section($block, 'response_body_like');
+            $re = $re->[$i] if ref $re eq 'ARRAY';
+            like($body, ref $re ? $re : qr/$re/s, "$n - response_body_like - response is expected");
+        }
+        if (defined $block->response_body_unlike) {
+            my $re = $block->response_body_unlike;
+            unlike($body, ref $re ? $re : qr/$re/s, "$n - response_body_unlike - response is expected");
+        }
+    }
+
+    if (my $w = $block->wait) { $w =~ s/s$//; sleep $w }
+    my $log = slurp("$ServRoot/logs/error.log");
+    check_log($name, $log, section($block, 'error_log'), 1) if defined $block->error_log;
+    check_log($name, $log, section($block, 'no_error_log'), 0) if defined $block->no_error_log;
+    stop_nginx();
+    # Whatever the block did, the workers must not have crashed.
+    my $after = slurp("$ServRoot/logs/error.log");
+    unlike($after, qr/exited on signal|\[alert\].*(panic|worker process \d+ exited)/,
+        "$name - no worker crashed");
+}
+
+sub run_tests () {
+    for my $block (Test::Base::blocks()) {
+        for my $r (1 .. $RepeatEach) {
+            run_test($block);
+        }
+    }
+}
+
+1;
