@@ -628,7 +628,7 @@ unsafe fn complete(r: *mut ngx_http_request_t) {
         let Some(ctx) = ctx_of(r) else { return };
         let log = (*(*r).connection).log;
         if let Some(err) = ctx.error.take() {
-            log!(NGX_LOG_ERR, log, "sqldb: query failed: {} (SQLSTATE {})", err.error_message(), err.sqlstate());
+            log!(NGX_LOG_ERR, log, "sqldb: query failed: {}", err.error_summary());
             fail(r, HTTP_INTERNAL_SERVER_ERROR, false);
             return;
         }

@@ -175,9 +175,28 @@ impl PgResult {
         cstr_lossy(unsafe { pq::PQresultErrorMessage(self.raw()) })
     }
 
+    fn error_field(&self, code: u8) -> String {
+        // SAFETY: live result; the field codes are PG_DIAG_* letters.
+        cstr_lossy(unsafe { pq::PQresultErrorField(self.raw(), c_int::from(code)) })
+    }
+
     pub fn sqlstate(&self) -> String {
-        // SAFETY: live result; 'C' is PG_DIAG_SQLSTATE.
-        cstr_lossy(unsafe { pq::PQresultErrorField(self.raw(), b'C' as c_int) })
+        self.error_field(b'C')
+    }
+
+    /// One line: severity, primary message, detail if any, SQLSTATE.
+    pub fn error_summary(&self) -> String {
+        let primary = self.error_field(b'M');
+        if primary.is_empty() {
+            return self.error_message();
+        }
+        let mut s = format!("{}: {primary}", self.error_field(b'S'));
+        let detail = self.error_field(b'D');
+        if !detail.is_empty() {
+            s.push_str(&format!(" DETAIL: {detail}"));
+        }
+        s.push_str(&format!(" (SQLSTATE {})", self.sqlstate()));
+        s
     }
 
     /// The command tag, e.g. "UPDATE 3".

@@ -20,7 +20,8 @@ use POSIX qw(WNOHANG);
 use Time::HiRes qw(sleep time);
 use FindBin;
 
-our @EXPORT_OK = qw(start_servers stop_servers psql rds rds_rows rds_command free_port pg_bin);
+our @EXPORT_OK = qw(start_servers stop_servers psql rds rds_rows rds_command free_port pg_bin pg_stop pg_start
+    nginx_start stop_nginx nginx_error_log http_send http_read http_get);
 
 my $PgBin = $ENV{PG_BIN} || (sort { $b cmp $a } glob '/usr/lib/postgresql/*/bin')[0];
 my ($PgDir, $PgData, $Owner);
@@ -35,13 +36,18 @@ sub free_port {
     return $p;
 }
 
+# Runs a server command as the postgres user when we are root (initdb
+# refuses root); its output goes to a log unless it fails.
 sub run_as_owner {
     my @cmd = @_;
-    if ($> == 0) {
-        my $line = join ' ', map { my $a = $_; $a =~ s/'/'\\''/g; "'$a'" } @cmd;
-        @cmd = ('su', 'postgres', '-s', '/bin/sh', '-c', $line);
+    my $line = join ' ', map { my $a = $_; $a =~ s/'/'\\''/g; "'$a'" } @cmd;
+    my $log = "$PgDir/cmd.log";
+    my $sh = "$line >>'$log' 2>&1";
+    my @run = $> == 0 ? ('su', 'postgres', '-s', '/bin/sh', '-c', $sh) : ('/bin/sh', '-c', $sh);
+    if (system(@run) != 0) {
+        system('cat', $log);
+        die "failed: @_\n";
     }
-    system(@cmd) == 0 or die "failed: @_\n";
 }
 
 sub schema_sql {
@@ -91,6 +97,7 @@ sub set_derived_env {
     $ENV{TEST_NGINX_PG_SERVER} = "127.0.0.1:$ENV{TEST_NGINX_PG_PORT} dbname=$ENV{TEST_NGINX_PG_DB} "
         . "user=$ENV{TEST_NGINX_PG_USER} \"password=$ENV{TEST_NGINX_PG_PASSWORD}\"";
     $ENV{TEST_NGINX_CLOSED_PORT} ||= free_port();
+    $ENV{TEST_NGINX_SILENT_PORT} = silent_port();
 }
 
 # Runs SQL through psql as the superuser (or USER); returns its output.
@@ -106,8 +113,27 @@ sub psql {
     my $out = <$fh>;
     close $fh or die "psql failed for: $sql\n";
     $out = '' unless defined $out;
-    chomp $out;
+    $out =~ s/\n+\z//;
     return $out;
+}
+
+# Stops and starts the test server (for tests of a server that goes away).
+sub pg_ctl {
+    my @args = @_;
+    my $data = $ENV{TEST_NGINX_PG_DATA} or die "no TEST_NGINX_PG_DATA\n";
+    $PgDir ||= $ENV{TEST_NGINX_PG_SOCKET_DIR};
+    run_as_owner("$PgBin/pg_ctl", '-D', $data, '-w', '-s', @args);
+}
+sub pg_stop { pg_ctl('-m', 'fast', 'stop') }
+sub pg_start { pg_ctl('-l', "$ENV{TEST_NGINX_PG_SOCKET_DIR}/server.log", 'start') }
+
+# A port that accepts TCP connections (the kernel completes the handshake)
+# but never answers: for connect timeouts.
+my $Silent;
+sub silent_port {
+    $Silent ||= IO::Socket::INET->new(Listen => 64, LocalAddr => '127.0.0.1', LocalPort => 0, ReuseAddr => 1)
+        or die "cannot listen: $!";
+    return $Silent->sockport;
 }
 
 my $Started = 0;
@@ -173,6 +199,104 @@ sub std_type { my $oid = shift; exists $Std{$oid} ? $Std{$oid} : 0x8000 }
 
 # A single text value in one column: the stream SPEC.md shows.
 sub rds { my ($name, $value) = @_; rds_rows([[$name, 25]], [[$value]]) }
+
+
+# --- nginx for the tests that need several clients at once -----------------
+# (the data-driven format sends one request at a time)
+
+my ($NginxPid, $NginxRoot);
+
+# Starts nginx (foreground, our child) with an http{} body; returns its port.
+sub nginx_start {
+    my ($http, %opt) = @_;
+    stop_nginx();
+    $NginxRoot = tempdir('ngx-gateway-nginx-XXXXXX', TMPDIR => 1, CLEANUP => 1);
+    mkdir "$NginxRoot/logs";
+    my $port = free_port();
+    my $modules = join '', map { "load_module $_;\n" } grep { length } split /[\s:]+/, $ENV{TEST_NGINX_LOAD_MODULES} || '';
+    my $workers = $opt{workers} || 1;
+    (my $body = $http) =~ s/\$(TEST_NGINX_[_A-Z0-9]+)/$ENV{$1}/g;
+    $body =~ s/\$PORT\b/$port/g;
+    open my $fh, '>', "$NginxRoot/nginx.conf" or die $!;
+    print $fh "daemon off;\nmaster_process on;\nworker_processes $workers;\npid $NginxRoot/logs/nginx.pid;\n",
+        "error_log $NginxRoot/logs/error.log info;\n$modules",
+        "events { worker_connections 1024; }\n",
+        "http {\n access_log $NginxRoot/logs/access.log;\n client_body_temp_path $NginxRoot/body;\n",
+        " proxy_temp_path $NginxRoot/proxy;\n fastcgi_temp_path $NginxRoot/fcgi;\n uwsgi_temp_path $NginxRoot/uwsgi;\n",
+        " scgi_temp_path $NginxRoot/scgi;\n$body\n}\n";
+    close $fh;
+    my $bin = $ENV{TEST_NGINX_BINARY} || 'nginx';
+    $NginxPid = fork;
+    if (!$NginxPid) {
+        open STDERR, '>>', "$NginxRoot/logs/stderr.log";
+        exec $bin, '-p', "$NginxRoot/", '-c', "$NginxRoot/nginx.conf";
+        exit 127;
+    }
+    my $deadline = time + 10;
+    while (time < $deadline) {
+        die "nginx exited: " . `cat $NginxRoot/logs/stderr.log` if waitpid($NginxPid, WNOHANG) == $NginxPid;
+        my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port);
+        if ($s) { close $s; return $port }
+        sleep 0.01;
+    }
+    die "nginx did not start\n";
+}
+
+sub nginx_error_log {
+    open my $fh, '<', "$NginxRoot/logs/error.log" or return '';
+    local $/;
+    return <$fh>;
+}
+
+sub stop_nginx {
+    return unless $NginxPid;
+    kill 'QUIT', $NginxPid;
+    my $deadline = time + 5;
+    while (time < $deadline) {
+        if (waitpid($NginxPid, WNOHANG) == $NginxPid) { $NginxPid = undef; return }
+        sleep 0.01;
+    }
+    kill 'KILL', $NginxPid;
+    waitpid($NginxPid, 0);
+    $NginxPid = undef;
+}
+
+END { stop_nginx() }
+
+# Opens a connection and sends a GET; returns the socket (read it with http_read).
+sub http_send {
+    my ($port, $path) = @_;
+    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port) or die "connect: $!";
+    binmode $s;
+    print $s "GET $path HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+    return $s;
+}
+
+# Reads a whole response (the server closes); returns (status, body).
+sub http_read {
+    my ($s, $timeout) = @_;
+    $timeout ||= 10;
+    my $buf = '';
+    my $deadline = time + $timeout;
+    my $rin = '';
+    vec($rin, fileno($s), 1) = 1;
+    while (time < $deadline) {
+        my $n = select(my $rout = $rin, undef, undef, $deadline - time);
+        next if $n <= 0;
+        my $got = sysread($s, my $chunk, 65536);
+        last unless $got;
+        $buf .= $chunk;
+    }
+    close $s;
+    my ($head, $body) = split /\r\n\r\n/, $buf, 2;
+    my ($status) = ($head || '') =~ m{^HTTP/\S+ (\d+)};
+    return ($status, $body);
+}
+
+sub http_get {
+    my ($port, $path, $timeout) = @_;
+    return http_read(http_send($port, $path), $timeout);
+}
 
 start_servers();
 

@@ -7,7 +7,7 @@ package Test::Nginx::Socket;
 # the error log. Sections: main_config http_config config request
 # request_body raw_request more_headers error_code response_headers
 # response_headers_like response_body response_body_like
-# response_body_unlike error_log no_error_log timeout abort wait must_die,
+# response_body_unlike error_log no_error_log timeout abort wait must_die init,
 # plus Test::Base's SKIP / ONLY / LAST.
 
 use strict;
@@ -316,7 +316,8 @@ sub check_body ($$$) {
 sub as_list ($) {
     my $v = shift;
     return () unless defined $v;
-    return @$v if ref $v eq 'ARRAY';
+    return @$v if ref $v eq "ARRAY";
+    return ($v) if ref $v;
     return map { /\S/ ? $_ : () } split /\n/, $v;
 }
 
@@ -348,10 +349,14 @@ sub run_test ($) {
     my $block = shift;
     my $name = $block->name;
     $_->($block) for @Preprocessors;
+    if (defined(my $init = $block->init)) {
+        eval $init;
+        die "init section of $name failed: $@" if $@;
+    }
 
     write_config($block);
     my $err = start_nginx();
-    if ($block->must_die) {
+    if (defined $block->must_die) {
         ok(defined $err, "$name - nginx must not start");
         check_log($name, slurp("$ServRoot/logs/stderr.log") . slurp("$ServRoot/logs/error.log"), $block->error_log, 1);
         stop_nginx();
@@ -379,7 +384,7 @@ sub run_test ($) {
         my ($status, $h, $body, $e) = http_exchange($raw, $timeout, $head_only);
         my $n = @reqs > 1 ? "$name (req $i)" : $name;
         if ($e) {
-            if ($e eq 'timeout' && $block->abort) {
+            if ($e eq "timeout" && defined $block->abort) {
                 pass("$n - client aborted after ${timeout}s as asked");
                 next;
             }

@@ -1,0 +1,292 @@
+# Configuration: what loads, what nginx -t refuses (with file and line),
+# connection parameters, upstream selection by variable.
+use lib 't/lib';
+use GatewayTest;
+use Test::Nginx::Socket 'no_plan';
+
+run_tests();
+
+__DATA__
+
+=== TEST 1: two default templates at one level
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; }
+--- config
+location /x {
+    sqldb_pass database;
+    sqldb_query "select 1";
+    sqldb_query "select 2";
+}
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"sqldb_query" directive is duplicate: a default query is already set in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 2: one method in two lists at one level
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; }
+--- config
+location /x {
+    sqldb_pass database;
+    sqldb_query GET POST "select 1";
+    sqldb_query PUT POST "select 2";
+}
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"sqldb_query" directive is duplicate: a query for method "POST" is already set in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 3: unknown method name
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; }
+--- config
+location /x {
+    sqldb_pass database;
+    sqldb_query FETCH "select 1";
+}
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"sqldb_query" directive: unknown HTTP method "FETCH" in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 4: the same template level may repeat a method in one list? no
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; }
+--- config
+location /x {
+    sqldb_pass database;
+    sqldb_query GET GET "select 1";
+}
+--- must_die
+--- error_log eval
+qr/\[emerg\].*method "GET" is listed twice in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 5: sqldb_pass names no upstream
+--- config
+location /x {
+    sqldb_pass nosuch;
+    sqldb_query "select 1";
+}
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"sqldb_pass" names upstream "nosuch", which has no "sqldb_server" in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 6: sqldb_pass names a plain (non-database) upstream
+--- http_config
+upstream web { server 127.0.0.1:1; }
+--- config
+location /x {
+    sqldb_pass web;
+    sqldb_query "select 1";
+}
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"sqldb_pass" names upstream "web", which has no "sqldb_server"/
+
+
+
+=== TEST 7: an upstream mixing server and sqldb_server
+--- http_config
+upstream database {
+    server 127.0.0.1:1;
+    sqldb_server $TEST_NGINX_PG_SERVER;
+}
+--- config
+location /x {
+    sqldb_pass database;
+    sqldb_query "select 1";
+}
+--- must_die
+--- error_log eval
+qr/\[emerg\].*upstream "database" mixes "server" and "sqldb_server" in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 8: a malformed libpq keyword
+--- http_config
+upstream database { sqldb_server 127.0.0.1:5432 DBname=x; }
+--- config
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"sqldb_server" directive: invalid libpq keyword "DBname" in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 9: host= is not a keyword (the address is)
+--- http_config
+upstream database { sqldb_server 127.0.0.1:5432 host=elsewhere; }
+--- config
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"host" is not allowed: the address is the first parameter in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 10: sqldb_server outside an upstream block
+--- config
+sqldb_server 127.0.0.1:5432 dbname=x;
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"sqldb_server" directive is not allowed here in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 11: sqldb_pass twice
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; }
+--- config
+location /x {
+    sqldb_pass database;
+    sqldb_pass database;
+}
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"sqldb_pass" directive is duplicate in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 12: an invalid address
+--- http_config
+upstream database { sqldb_server 127.0.0.1:99999 dbname=x; }
+--- config
+--- must_die
+--- error_log eval
+qr/\[emerg\].*invalid port in "127.0.0.1:99999" of the "sqldb_server" directive in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 13: an unsupported balancer parameter
+--- http_config
+upstream database {
+    hash $arg_k;
+    sqldb_server $TEST_NGINX_PG_SERVER backup;
+}
+--- config
+--- must_die
+--- error_log eval
+qr/\[emerg\].*balancing method does not support parameter "backup" in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 14: libpq keywords pass through (application_name), password with a space and a quote
+--- http_config
+upstream database {
+    sqldb_server 127.0.0.1:$TEST_NGINX_PG_PORT dbname=$TEST_NGINX_PG_DB user=$TEST_NGINX_PG_USER "password=$TEST_NGINX_PG_PASSWORD" application_name=gw_test connect_timeout=5 sslmode=disable;
+}
+--- config
+location /app {
+    sqldb_pass database;
+    sqldb_query "select current_setting('application_name') as app, current_user as u";
+}
+--- request
+GET /app
+--- response_body eval
+GatewayTest::rds_rows([['app', 25], ['u', 19]], [['gw_test', 'gateway']])
+
+
+
+=== TEST 15: a unix socket directory as the address
+--- http_config
+upstream database {
+    sqldb_server unix:$TEST_NGINX_PG_SOCKET_DIR port=$TEST_NGINX_PG_PORT dbname=$TEST_NGINX_PG_DB user=$TEST_NGINX_PG_USER "password=$TEST_NGINX_PG_PASSWORD";
+}
+--- config
+location /unix {
+    sqldb_pass database;
+    sqldb_query "select coalesce(inet_client_addr()::text, 'local') as via";
+}
+--- request
+GET /unix
+--- response_body eval
+GatewayTest::rds('via', 'local')
+
+
+
+=== TEST 16: sqldb_pass with a variable that names an upstream
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; }
+--- config
+location /var {
+    set $target database;
+    sqldb_pass $target;
+    sqldb_query "select 'by variable' as echo";
+}
+--- request
+GET /var
+--- response_body eval
+GatewayTest::rds('echo', 'by variable')
+
+
+
+=== TEST 17: sqldb_pass with a variable that names nothing known: 500
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; }
+--- config
+location /var {
+    sqldb_pass $arg_db;
+    sqldb_query "select 1 as one";
+}
+--- request
+GET /var?db=nosuch
+--- error_code: 500
+--- response_body_like: 500 Internal Server Error
+--- error_log
+sqldb: "sqldb_pass" value "nosuch" names no upstream with "sqldb_server"
+
+
+
+=== TEST 18: an upstream declared after the location that uses it, with two servers
+--- config
+location /late {
+    sqldb_pass later;
+    sqldb_query "select 'late' as echo";
+}
+--- http_config
+upstream later {
+    sqldb_server $TEST_NGINX_PG_SERVER weight=2 max_fails=3 fail_timeout=5s;
+    sqldb_server unix:$TEST_NGINX_PG_SOCKET_DIR port=$TEST_NGINX_PG_PORT dbname=$TEST_NGINX_PG_DB user=$TEST_NGINX_PG_USER "password=$TEST_NGINX_PG_PASSWORD";
+}
+--- request eval
+["GET /late", "GET /late", "GET /late"]
+--- response_body eval
+[GatewayTest::rds('echo', 'late'), GatewayTest::rds('echo', 'late'), GatewayTest::rds('echo', 'late')]
+
+
+
+=== TEST 19: sqldb_pass inside "if" in location
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; }
+--- config
+location /if {
+    sqldb_query "select 'plain' as echo";
+    if ($arg_db) {
+        sqldb_pass database;
+    }
+}
+--- request
+GET /if?db=1
+--- response_body eval
+GatewayTest::rds('echo', 'plain')
+
+
+
+=== TEST 20: ... and without the condition the location has no database handler
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; }
+--- config
+location /if {
+    sqldb_query "select 'plain' as echo";
+    if ($arg_db) {
+        sqldb_pass database;
+    }
+}
+--- request
+GET /if
+--- error_code: 404

@@ -1,0 +1,68 @@
+# The worker never waits for PostgreSQL: a slow query in flight does not
+# delay other requests on the same (single) worker, and a client that goes
+# away early does not leave a database connection behind.
+use strict;
+use warnings;
+use lib 't/lib';
+use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_send http_read http_get psql rds);
+use Test::More;
+use Time::HiRes qw(time sleep);
+
+my $port = nginx_start(<<'HTTP', workers => 1);
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; }
+server {
+    listen 127.0.0.1:$PORT;
+    location /slow { sqldb_pass database; sqldb_query "select pg_sleep($arg_s)::text as slept, 'slow' as tag"; }
+    location /fast { sqldb_pass database; sqldb_query "select 'fast' as echo"; }
+}
+HTTP
+
+# 1. A 1.5 s query in flight; fast requests on the same worker answer at once.
+my $t0 = time;
+my $slow = http_send($port, '/slow?s=1.5');
+sleep 0.1;
+my @lat;
+for (1 .. 10) {
+    my $t = time;
+    my ($status, $body) = http_get($port, '/fast');
+    push @lat, time - $t;
+    is($status, 200, "fast request $_ answered");
+    is($body, rds('echo', 'fast'), "fast request $_ body");
+}
+my $worst = (sort { $b <=> $a } @lat)[0];
+cmp_ok($worst, '<', 0.5, sprintf('fast requests did not wait for the slow one (worst %.3f s)', $worst));
+cmp_ok(time - $t0, '<', 1.5, 'all fast requests were done before the slow query ended');
+my ($status) = http_read($slow);
+is($status, 200, 'the slow request completed too');
+cmp_ok(time - $t0, '>=', 1.4, 'the slow request really took its time');
+
+# 2. Many slow requests at once are all in flight together.
+$t0 = time;
+my @socks = map { http_send($port, '/slow?s=0.5') } 1 .. 8;
+my @codes = map { (http_read($_))[0] } @socks;
+is_deeply(\@codes, [(200) x 8], 'eight concurrent slow requests succeeded');
+cmp_ok(time - $t0, '<', 2.0, sprintf('they ran concurrently (%.2f s for 8 x 0.5 s)', time - $t0));
+
+# 3. A client that closes early: the gateway closes its database connection.
+sub gateway_backends {
+    psql("select count(*) from pg_stat_activity where application_name = 'ngx_gateway'");
+}
+is(gateway_backends(), 0, 'no gateway connection before the test');
+my $early = http_send($port, '/slow?s=1');
+sleep 0.3;
+is(gateway_backends(), 1, 'the slow query holds one connection');
+close $early;
+# The backend finds out when it sends its result (after 1 s).
+my $left = 1;
+for (1 .. 40) {
+    $left = gateway_backends();
+    last if $left == 0;
+    sleep 0.1;
+}
+is($left, 0, 'the connection of the aborted request is closed');
+like(nginx_error_log(), qr/client prematurely closed connection|499/, 'nginx noticed the client went away')
+    or diag(nginx_error_log());
+unlike(nginx_error_log(), qr/\[alert\]|\[crit\]|exited on signal/, 'no alert, no crash');
+
+stop_nginx();
+done_testing();
