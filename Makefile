@@ -61,19 +61,23 @@ vendored: FORCE
 	cp "$$(cat $(VEN_TARGET)/release/nginx-build-dir)/nginx" $(VEN_NGINX)
 
 unittest:
-	$(CARGO) test -p gateway-core
+	$(CARGO) test -p gateway-core --target-dir $(DEB_TARGET)
 
 test: deps
-	$(MAKE) unittest build vendored
+	$(MAKE) check unittest build vendored
 	$(MAKE) test-debian test-vendored
 
-test-debian:
-	TEST_NGINX_BINARY=/usr/sbin/nginx TEST_NGINX_MODULE=$(DEB_MODULE) \
-	    prove -I t/lib -r t/
+# The .t suites against one nginx build; t/lib/harness holds the runner
+# (an upstream Test::Nginx::Socket earlier in @INC is used instead).
+PROVE := prove -I t/lib/harness $(PROVE_FLAGS) t/
 
-test-vendored:
-	TEST_NGINX_BINARY=$(VEN_NGINX) TEST_NGINX_MODULE=$(VEN_MODULE) \
-	    prove -I t/lib -r t/
+test-debian: build
+	@echo "=== suites on Debian's nginx: $$(/usr/sbin/nginx -v 2>&1)"
+	TEST_NGINX_BINARY=/usr/sbin/nginx TEST_NGINX_LOAD_MODULES=$(DEB_MODULE) $(PROVE)
+
+test-vendored: vendored
+	@echo "=== suites on the vendored nginx: $$($(VEN_NGINX) -v 2>&1)"
+	TEST_NGINX_BINARY=$(VEN_NGINX) TEST_NGINX_LOAD_MODULES=$(VEN_MODULE) $(PROVE)
 
 run: deps build
 	bash nginx-conf/run.sh
@@ -81,7 +85,7 @@ run: deps build
 bench: deps build
 	bash bench/run.sh
 
-check:
+check: $(DEB_BUILD)/objs/ngx_auto_config.h
 	$(CARGO) fmt --all -- --check
 	NGINX_BUILD_DIR=$(DEB_BUILD)/objs $(CARGO) clippy --release --target-dir $(DEB_TARGET) --workspace -- -D warnings
 

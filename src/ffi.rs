@@ -39,7 +39,10 @@ const _: () = assert!(mem::align_of::<u64>() <= NGX_ALIGNMENT);
 
 /// An ngx_str_t for a static string, usable in statics.
 pub const fn static_str(s: &'static str) -> ngx_str_t {
-    ngx_str_t { len: s.len(), data: s.as_ptr() as *mut u8 }
+    ngx_str_t {
+        len: s.len(),
+        data: s.as_ptr() as *mut u8,
+    }
 }
 
 /// The bytes of an ngx_str_t.
@@ -100,9 +103,11 @@ pub unsafe fn log_error(level: u32, log: *mut ngx_log_t, args: fmt::Arguments<'_
 macro_rules! log {
     ($level:expr, $log:expr, $($arg:tt)+) => {{
         let log: *mut $crate::ffi::ngx_log_t = $log;
+        let level: u32 = $level;
+        let args = format_args!($($arg)+);
         // SAFETY: callers pass a log taken from a live connection, request or cycle.
         #[allow(unused_unsafe)]
-        let () = unsafe { $crate::ffi::log_error($level, log, format_args!($($arg)+)) };
+        let () = unsafe { $crate::ffi::log_error(level, log, args) };
     }};
 }
 

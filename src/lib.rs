@@ -18,15 +18,43 @@ const fn command(
     conf: usize,
     offset: usize,
 ) -> ngx_command_t {
-    ngx_command_t { name: ngx_str_t { len: name.len() - 1, data: name.as_ptr() as *mut u8 }, type_: type_ as ngx_uint_t, set: Some(set), conf: conf as ngx_uint_t, offset: offset as ngx_uint_t, post: ptr::null_mut() }
+    ngx_command_t {
+        name: ngx_str_t {
+            len: name.len() - 1,
+            data: name.as_ptr() as *mut u8,
+        },
+        type_: type_ as ngx_uint_t,
+        set: Some(set),
+        conf: conf as ngx_uint_t,
+        offset: offset as ngx_uint_t,
+        post: ptr::null_mut(),
+    }
 }
 
 const LOC_ANY: u32 = NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF;
 
 static mut COMMANDS: [ngx_command_t; 6] = [
-    command("sqldb_server\0", NGX_HTTP_UPS_CONF | NGX_CONF_1MORE, sc::cmd_sqldb_server, NGX_HTTP_SRV_CONF_OFFSET, 0),
-    command("sqldb_pass\0", NGX_HTTP_LOC_CONF | NGX_HTTP_LIF_CONF | NGX_CONF_TAKE1, sc::cmd_sqldb_pass, NGX_HTTP_LOC_CONF_OFFSET, 0),
-    command("sqldb_query\0", NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF | NGX_CONF_1MORE, sc::cmd_sqldb_query, NGX_HTTP_LOC_CONF_OFFSET, 0),
+    command(
+        "sqldb_server\0",
+        NGX_HTTP_UPS_CONF | NGX_CONF_1MORE,
+        sc::cmd_sqldb_server,
+        NGX_HTTP_SRV_CONF_OFFSET,
+        0,
+    ),
+    command(
+        "sqldb_pass\0",
+        NGX_HTTP_LOC_CONF | NGX_HTTP_LIF_CONF | NGX_CONF_TAKE1,
+        sc::cmd_sqldb_pass,
+        NGX_HTTP_LOC_CONF_OFFSET,
+        0,
+    ),
+    command(
+        "sqldb_query\0",
+        NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF | NGX_CONF_1MORE,
+        sc::cmd_sqldb_query,
+        NGX_HTTP_LOC_CONF_OFFSET,
+        0,
+    ),
     command(
         "sqldb_connect_timeout\0",
         LOC_ANY | NGX_CONF_TAKE1,

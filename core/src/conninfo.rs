@@ -141,7 +141,10 @@ mod tests {
     #[test]
     fn tcp_with_keywords() {
         let k = kw(&["dbname=app", "user=web", "password=s3cret", "sslmode=disable"]).unwrap();
-        let t = Target::Tcp { addr: "127.0.0.1:5433".parse().unwrap(), name: None };
+        let t = Target::Tcp {
+            addr: "127.0.0.1:5433".parse().unwrap(),
+            name: None,
+        };
         assert_eq!(
             build(&t, &k),
             "hostaddr='127.0.0.1' port='5433' dbname='app' user='web' password='s3cret' \
@@ -152,7 +155,10 @@ mod tests {
     #[test]
     fn quotes_and_backslashes_are_escaped() {
         let k = kw(&["password=it's a \\secret", "application_name=x"]).unwrap();
-        let t = Target::Tcp { addr: "[::1]:5432".parse().unwrap(), name: Some("db.local") };
+        let t = Target::Tcp {
+            addr: "[::1]:5432".parse().unwrap(),
+            name: Some("db.local"),
+        };
         assert_eq!(
             build(&t, &k),
             "hostaddr='::1' host='db.local' port='5432' password='it\\'s a \\\\secret' application_name='x'"

@@ -24,10 +24,7 @@ pub const METHODS: &[(&str, u32)] = &[
 
 /// The bit of one method name (exact, upper case), if nginx knows it.
 pub fn method_bit(name: &[u8]) -> Option<u32> {
-    METHODS
-        .iter()
-        .find(|(n, _)| n.as_bytes() == name)
-        .map(|&(_, bit)| bit)
+    METHODS.iter().find(|(n, _)| n.as_bytes() == name).map(|&(_, bit)| bit)
 }
 
 /// The name of one method bit.
@@ -67,8 +64,8 @@ where
 {
     let mut mask = 0;
     for name in names {
-        let bit = method_bit(name)
-            .ok_or_else(|| QueryError::UnknownMethod(String::from_utf8_lossy(name).into_owned()))?;
+        let bit =
+            method_bit(name).ok_or_else(|| QueryError::UnknownMethod(String::from_utf8_lossy(name).into_owned()))?;
         if mask & bit != 0 {
             return Err(QueryError::RepeatedMethod(method_name(bit).unwrap_or("?")));
         }
@@ -187,7 +184,10 @@ mod tests {
         q.add(0, 1).unwrap();
         assert_eq!(q.add(0, 2), Err(QueryError::DuplicateDefault));
         q.add(mask(&["GET", "POST"]).unwrap(), 3).unwrap();
-        assert_eq!(q.add(mask(&["PUT", "POST"]).unwrap(), 4), Err(QueryError::DuplicateMethod("POST")));
+        assert_eq!(
+            q.add(mask(&["PUT", "POST"]).unwrap(), 4),
+            Err(QueryError::DuplicateMethod("POST"))
+        );
         assert_eq!(
             QueryError::DuplicateMethod("POST").to_string(),
             "is duplicate: a query for method \"POST\" is already set"

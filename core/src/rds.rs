@@ -22,26 +22,26 @@ pub const NULL_LEN: u32 = u32::MAX;
 /// The RDS "std" column type of a PostgreSQL type OID.
 pub fn std_type(oid: u32) -> u16 {
     match oid {
-        20 => 0x0001,               // bigint
-        1560 => 0x8002,             // bit
-        1562 => 0x8003,             // bit varying
-        16 => 0xC004,               // bool
-        18 => 0x8005,               // char
-        19 | 25 | 1043 => 0x8006,   // name, text, varchar
-        1082 => 0x8007,             // date
-        701 => 0x4008,              // double
-        23 => 0x0009,               // integer
-        1186 => 0x400A,             // interval
-        1700 => 0x400B,             // decimal
-        700 => 0x400C,              // real
-        21 => 0x000D,               // smallint
-        1266 => 0x800E,             // time with time zone
-        1083 => 0x800F,             // time
-        1184 => 0x8010,             // timestamp with time zone
-        1114 => 0x8011,             // timestamp
-        142 => 0x8012,              // xml
-        17 => 0x8013,               // bytea
-        _ => 0x8000,                // unknown
+        20 => 0x0001,             // bigint
+        1560 => 0x8002,           // bit
+        1562 => 0x8003,           // bit varying
+        16 => 0xC004,             // bool
+        18 => 0x8005,             // char
+        19 | 25 | 1043 => 0x8006, // name, text, varchar
+        1082 => 0x8007,           // date
+        701 => 0x4008,            // double
+        23 => 0x0009,             // integer
+        1186 => 0x400A,           // interval
+        1700 => 0x400B,           // decimal
+        700 => 0x400C,            // real
+        21 => 0x000D,             // smallint
+        1266 => 0x800E,           // time with time zone
+        1083 => 0x800F,           // time
+        1184 => 0x8010,           // timestamp with time zone
+        1114 => 0x8011,           // timestamp
+        142 => 0x8012,            // xml
+        17 => 0x8013,             // bytea
+        _ => 0x8000,              // unknown
     }
 }
 
@@ -81,7 +81,10 @@ impl fmt::Display for RdsError {
             RdsError::ColumnNameTooLong(c) => write!(f, "name of column {c} is longer than 65535 bytes"),
             RdsError::ErrstrTooLong(n) => write!(f, "error text of {n} bytes is longer than 65535 bytes"),
             RdsError::ValueTooLong { row, col, len } => {
-                write!(f, "value at row {row} column {col} has {len} bytes, more than RDS can carry")
+                write!(
+                    f,
+                    "value at row {row} column {col} has {len} bytes, more than RDS can carry"
+                )
             }
         }
     }
@@ -123,7 +126,11 @@ pub fn encoded_len<R: ResultSet + ?Sized>(header: &Header<'_>, body: &Body<'_, R
                 len += 4;
                 if let Some(v) = rs.value(r, c) {
                     if v.len() >= NULL_LEN as usize {
-                        return Err(RdsError::ValueTooLong { row: r, col: c, len: v.len() });
+                        return Err(RdsError::ValueTooLong {
+                            row: r,
+                            col: c,
+                            len: v.len(),
+                        });
                     }
                     len += v.len();
                 }
@@ -154,7 +161,11 @@ fn put_u64(out: &mut Vec<u8>, v: u64) {
 
 /// Encodes the whole stream, appending to `out`; returns the bytes written.
 /// `out` is reserved to the exact size first, so it is allocated once.
-pub fn encode<R: ResultSet + ?Sized>(header: &Header<'_>, body: &Body<'_, R>, out: &mut Vec<u8>) -> Result<usize, RdsError> {
+pub fn encode<R: ResultSet + ?Sized>(
+    header: &Header<'_>,
+    body: &Body<'_, R>,
+    out: &mut Vec<u8>,
+) -> Result<usize, RdsError> {
     let len = encoded_len(header, body)?;
     out.reserve_exact(len);
     let start = out.len();
@@ -286,7 +297,11 @@ pub fn decode(buf: &[u8]) -> Result<Decoded, DecodeError> {
                     let mut row = Vec::with_capacity(cols);
                     for _ in 0..cols {
                         let len = r.u32()?;
-                        row.push(if len == NULL_LEN { None } else { Some(r.take(len as usize)?.to_vec()) });
+                        row.push(if len == NULL_LEN {
+                            None
+                        } else {
+                            Some(r.take(len as usize)?.to_vec())
+                        });
                     }
                     d.rows.push(row);
                 }
@@ -328,12 +343,18 @@ mod tests {
     }
 
     fn tuples_header() -> Header<'static> {
-        Header { driver_errcode: 2, ..Header::default() }
+        Header {
+            driver_errcode: 2,
+            ..Header::default()
+        }
     }
 
     #[test]
     fn one_text_column_one_row_byte_for_byte() {
-        let t = Table { cols: vec![("echo", 25)], rows: vec![vec![Some(b"default".to_vec())]] };
+        let t = Table {
+            cols: vec![("echo", 25)],
+            rows: vec![vec![Some(b"default".to_vec())]],
+        };
         let mut out = Vec::new();
         let n = encode(&tuples_header(), &Body::Rows(&t), &mut out).unwrap();
         let mut want = vec![0u8, 3, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0];
@@ -375,7 +396,10 @@ mod tests {
 
     #[test]
     fn empty_result_set_has_only_the_terminator() {
-        let t = Table { cols: vec![("id", 23)], rows: vec![] };
+        let t = Table {
+            cols: vec![("id", 23)],
+            rows: vec![],
+        };
         let mut out = Vec::new();
         encode(&tuples_header(), &Body::Rows(&t), &mut out).unwrap();
         assert_eq!(out.last(), Some(&0));
@@ -387,7 +411,11 @@ mod tests {
 
     #[test]
     fn statement_without_rows_has_no_row_list() {
-        let h = Header { driver_errcode: 1, affected_rows: 3, ..Header::default() };
+        let h = Header {
+            driver_errcode: 1,
+            affected_rows: 3,
+            ..Header::default()
+        };
         let mut out = Vec::new();
         encode::<Table>(&h, &Body::NoRows, &mut out).unwrap();
         assert_eq!(out.len(), HEADER_FIXED);
@@ -398,7 +426,12 @@ mod tests {
 
     #[test]
     fn errstr_is_carried() {
-        let h = Header { std_errcode: 1, driver_errcode: 7, errstr: b"boom", ..Header::default() };
+        let h = Header {
+            std_errcode: 1,
+            driver_errcode: 7,
+            errstr: b"boom",
+            ..Header::default()
+        };
         let mut out = Vec::new();
         encode::<Table>(&h, &Body::NoRows, &mut out).unwrap();
         assert_eq!(decode(&out).unwrap().errstr, b"boom");
@@ -407,16 +440,31 @@ mod tests {
     #[test]
     fn limits_are_errors_not_truncation() {
         let long: &'static str = Box::leak("n".repeat(70000).into_boxed_str());
-        let t = Table { cols: vec![(long, 25)], rows: vec![] };
-        assert_eq!(encoded_len(&tuples_header(), &Body::Rows(&t)), Err(RdsError::ColumnNameTooLong(0)));
+        let t = Table {
+            cols: vec![(long, 25)],
+            rows: vec![],
+        };
+        assert_eq!(
+            encoded_len(&tuples_header(), &Body::Rows(&t)),
+            Err(RdsError::ColumnNameTooLong(0))
+        );
         let big = vec![0u8; 70000];
-        let h = Header { errstr: &big, ..Header::default() };
-        assert_eq!(encoded_len::<Table>(&h, &Body::NoRows), Err(RdsError::ErrstrTooLong(70000)));
+        let h = Header {
+            errstr: &big,
+            ..Header::default()
+        };
+        assert_eq!(
+            encoded_len::<Table>(&h, &Body::NoRows),
+            Err(RdsError::ErrstrTooLong(70000))
+        );
     }
 
     #[test]
     fn decoder_rejects_damage() {
-        let t = Table { cols: vec![("v", 25)], rows: vec![vec![Some(b"abc".to_vec())]] };
+        let t = Table {
+            cols: vec![("v", 25)],
+            rows: vec![vec![Some(b"abc".to_vec())]],
+        };
         let mut out = Vec::new();
         encode(&tuples_header(), &Body::Rows(&t), &mut out).unwrap();
         assert_eq!(decode(&out[..out.len() - 1]), Err(DecodeError::Truncated));
@@ -431,7 +479,31 @@ mod tests {
 
     #[test]
     fn type_map() {
-        for (oid, std) in [(20, 0x0001), (21, 0x000D), (23, 0x0009), (700, 0x400C), (701, 0x4008), (1700, 0x400B), (16, 0xC004), (17, 0x8013), (19, 0x8006), (25, 0x8006), (1043, 0x8006), (18, 0x8005), (1082, 0x8007), (1083, 0x800F), (1114, 0x8011), (1184, 0x8010), (1186, 0x400A), (1266, 0x800E), (1560, 0x8002), (1562, 0x8003), (142, 0x8012), (705, 0x8000), (114, 0x8000)] {
+        for (oid, std) in [
+            (20, 0x0001),
+            (21, 0x000D),
+            (23, 0x0009),
+            (700, 0x400C),
+            (701, 0x4008),
+            (1700, 0x400B),
+            (16, 0xC004),
+            (17, 0x8013),
+            (19, 0x8006),
+            (25, 0x8006),
+            (1043, 0x8006),
+            (18, 0x8005),
+            (1082, 0x8007),
+            (1083, 0x800F),
+            (1114, 0x8011),
+            (1184, 0x8010),
+            (1186, 0x400A),
+            (1266, 0x800E),
+            (1560, 0x8002),
+            (1562, 0x8003),
+            (142, 0x8012),
+            (705, 0x8000),
+            (114, 0x8000),
+        ] {
             assert_eq!(std_type(oid), std, "oid {oid}");
         }
     }

@@ -62,18 +62,22 @@ pub struct MainConf {
     pending: Vec<PendingPass>,
 }
 
-pub unsafe extern "C" fn create_main_conf(cf: *mut ngx_conf_t) -> *mut c_void {
+pub(crate) unsafe extern "C" fn create_main_conf(cf: *mut ngx_conf_t) -> *mut c_void {
     // SAFETY: cf->pool is the configuration pool.
     unsafe { pool_alloc((*cf).pool, MainConf::default()) }.map_or(ptr::null_mut(), |p| p.as_ptr().cast())
 }
 
-pub unsafe extern "C" fn create_srv_conf(cf: *mut ngx_conf_t) -> *mut c_void {
-    let conf = SrvConf { addrs: Vec::new(), servers: 0, balancer_init: None };
+pub(crate) unsafe extern "C" fn create_srv_conf(cf: *mut ngx_conf_t) -> *mut c_void {
+    let conf = SrvConf {
+        addrs: Vec::new(),
+        servers: 0,
+        balancer_init: None,
+    };
     // SAFETY: cf->pool is the configuration pool.
     unsafe { pool_alloc((*cf).pool, conf) }.map_or(ptr::null_mut(), |p| p.as_ptr().cast())
 }
 
-pub unsafe extern "C" fn create_loc_conf(cf: *mut ngx_conf_t) -> *mut c_void {
+pub(crate) unsafe extern "C" fn create_loc_conf(cf: *mut ngx_conf_t) -> *mut c_void {
     let conf = LocConf {
         // SAFETY: ngx_http_upstream_conf_t is plain C data for which all-zero is "unset".
         upstream: unsafe { mem::zeroed() },
@@ -93,7 +97,11 @@ fn merge_msec(conf: &mut ngx_msec_t, prev: ngx_msec_t, default: ngx_msec_t) {
     }
 }
 
-pub unsafe extern "C" fn merge_loc_conf(_cf: *mut ngx_conf_t, parent: *mut c_void, child: *mut c_void) -> *mut c_char {
+pub(crate) unsafe extern "C" fn merge_loc_conf(
+    _cf: *mut ngx_conf_t,
+    parent: *mut c_void,
+    child: *mut c_void,
+) -> *mut c_char {
     // SAFETY: nginx passes two LocConf made by create_loc_conf.
     let (prev, conf) = unsafe { (&*(parent as *const LocConf), &mut *(child as *mut LocConf)) };
     // A level with any sqldb_query of its own ignores every outer one.
@@ -140,11 +148,16 @@ struct ServerParams {
 }
 
 /// `sqldb_server ADDRESS [weight=N] [max_fails=N] [fail_timeout=T] [backup] [down] keyword=value ...`
-pub unsafe extern "C" fn cmd_sqldb_server(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, conf: *mut c_void) -> *mut c_char {
+pub(crate) unsafe extern "C" fn cmd_sqldb_server(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
     // SAFETY: conf is this module's SrvConf of the enclosing upstream block; cf is live.
     unsafe {
         let srv = &mut *(conf as *mut SrvConf);
-        let uscf: *mut ngx_http_upstream_srv_conf_t = http_conf_get(cf, ptr::addr_of!(ngx_http_upstream_module), ConfSlot::Srv);
+        let uscf: *mut ngx_http_upstream_srv_conf_t =
+            http_conf_get(cf, ptr::addr_of!(ngx_http_upstream_module), ConfSlot::Srv);
         let args = conf_args(cf);
         let address = args[1];
 
@@ -152,11 +165,28 @@ pub unsafe extern "C" fn cmd_sqldb_server(cf: *mut ngx_conf_t, _cmd: *mut ngx_co
         url.url = address;
         url.default_port = DEFAULT_PORT;
         if ngx_parse_url((*cf).pool, &mut url) != OK {
-            let err = if url.err.is_null() { "invalid address".into() } else { std::ffi::CStr::from_ptr(url.err).to_string_lossy() };
-            return conf_error(cf, format_args!("{} in \"{}\" of the \"sqldb_server\" directive", err, String::from_utf8_lossy(bytes(&address))));
+            let err = if url.err.is_null() {
+                "invalid address".into()
+            } else {
+                std::ffi::CStr::from_ptr(url.err).to_string_lossy()
+            };
+            return conf_error(
+                cf,
+                format_args!(
+                    "{} in \"{}\" of the \"sqldb_server\" directive",
+                    err,
+                    String::from_utf8_lossy(bytes(&address))
+                ),
+            );
         }
 
-        let mut params = ServerParams { weight: 1, max_fails: 1, fail_timeout: 10, backup: false, down: false };
+        let mut params = ServerParams {
+            weight: 1,
+            max_fails: 1,
+            fail_timeout: 10,
+            backup: false,
+            down: false,
+        };
         let mut keywords = Keywords::default();
         let flags = (*uscf).flags;
         for arg in &args[2..] {
@@ -171,7 +201,10 @@ pub unsafe extern "C" fn cmd_sqldb_server(cf: *mut ngx_conf_t, _cmd: *mut ngx_co
                 params.max_fails = n as ngx_uint_t;
                 (NGX_HTTP_UPSTREAM_MAX_FAILS, n >= 0)
             } else if let Some(v) = a.strip_prefix(b"fail_timeout=") {
-                let mut s = ngx_str_t { len: v.len(), data: v.as_ptr() as *mut u8 };
+                let mut s = ngx_str_t {
+                    len: v.len(),
+                    data: v.as_ptr() as *mut u8,
+                };
                 let t = ngx_parse_time(&mut s, 1);
                 params.fail_timeout = t as time_t;
                 (NGX_HTTP_UPSTREAM_FAIL_TIMEOUT, t >= 0)
@@ -188,7 +221,10 @@ pub unsafe extern "C" fn cmd_sqldb_server(cf: *mut ngx_conf_t, _cmd: *mut ngx_co
                 continue;
             };
             if flags & needed as ngx_uint_t == 0 {
-                return conf_error(cf, format_args!("balancing method does not support parameter \"{text}\""));
+                return conf_error(
+                    cf,
+                    format_args!("balancing method does not support parameter \"{text}\""),
+                );
             }
             if !ok {
                 return conf_error(cf, format_args!("invalid parameter \"{text}\""));
@@ -209,8 +245,15 @@ pub unsafe extern "C" fn cmd_sqldb_server(cf: *mut ngx_conf_t, _cmd: *mut ngx_co
                     None => return conf_error(cf, format_args!("unsupported address family in \"sqldb_server\"")),
                 };
                 let bare = host.trim_start_matches('[').trim_end_matches(']');
-                let name = if bare.parse::<IpAddr>().is_ok() { None } else { Some(host.as_str()) };
-                Target::Tcp { addr: target_addr, name }
+                let name = if bare.parse::<IpAddr>().is_ok() {
+                    None
+                } else {
+                    Some(host.as_str())
+                };
+                Target::Tcp {
+                    addr: target_addr,
+                    name,
+                }
             };
             let conninfo = match CString::new(conninfo::build(&target, &keywords)) {
                 Ok(c) => c,
@@ -221,7 +264,10 @@ pub unsafe extern "C" fn cmd_sqldb_server(cf: *mut ngx_conf_t, _cmd: *mut ngx_co
         }
 
         if (*uscf).servers.is_null() {
-            return conf_error(cf, format_args!("\"sqldb_server\" directive is allowed only inside an \"upstream\" block"));
+            return conf_error(
+                cf,
+                format_args!("\"sqldb_server\" directive is allowed only inside an \"upstream\" block"),
+            );
         }
         let us = ngx_array_push((*uscf).servers) as *mut ngx_http_upstream_server_t;
         if us.is_null() {
@@ -242,7 +288,11 @@ pub unsafe extern "C" fn cmd_sqldb_server(cf: *mut ngx_conf_t, _cmd: *mut ngx_co
 }
 
 /// `sqldb_pass NAME | $variable`
-pub unsafe extern "C" fn cmd_sqldb_pass(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, conf: *mut c_void) -> *mut c_char {
+pub(crate) unsafe extern "C" fn cmd_sqldb_pass(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
     // SAFETY: conf is this module's LocConf; cf is live.
     unsafe {
         let lcf = &mut *(conf as *mut LocConf);
@@ -303,7 +353,11 @@ unsafe fn compile_complex(cf: *mut ngx_conf_t, value: &mut ngx_str_t) -> Option<
 }
 
 /// `sqldb_query [METHOD ...] "template"`
-pub unsafe extern "C" fn cmd_sqldb_query(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, conf: *mut c_void) -> *mut c_char {
+pub(crate) unsafe extern "C" fn cmd_sqldb_query(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
     // SAFETY: conf is this module's LocConf; cf is live.
     unsafe {
         let lcf = &mut *(conf as *mut LocConf);
@@ -349,28 +403,39 @@ pub unsafe fn sqldb_srv_conf(uscf: *mut ngx_http_upstream_srv_conf_t) -> Option<
 ///
 /// # Safety
 /// `umcf` must be the live upstream main configuration.
-pub unsafe fn find_upstream(umcf: *mut ngx_http_upstream_main_conf_t, name: &[u8]) -> Option<*mut ngx_http_upstream_srv_conf_t> {
+pub unsafe fn find_upstream(
+    umcf: *mut ngx_http_upstream_main_conf_t,
+    name: &[u8],
+) -> Option<*mut ngx_http_upstream_srv_conf_t> {
     // SAFETY: umcf->upstreams is an array of upstream configuration pointers.
     unsafe {
         let ups = (*umcf).upstreams.as_slice::<*mut ngx_http_upstream_srv_conf_t>();
-        ups.iter().copied().find(|&u| bytes(&(*u).host).eq_ignore_ascii_case(name) && sqldb_srv_conf(u).is_some())
+        ups.iter()
+            .copied()
+            .find(|&u| bytes(&(*u).host).eq_ignore_ascii_case(name) && sqldb_srv_conf(u).is_some())
     }
 }
 
 /// After the whole http block is read: resolve `sqldb_pass NAME`, check each
 /// sqldb upstream, and put our peer init around each one's balancer.
-pub unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
+pub(crate) unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
     // SAFETY: cf->ctx is the http block's context during postconfiguration.
     unsafe {
-        let umcf: *mut ngx_http_upstream_main_conf_t = http_conf_get(cf, ptr::addr_of!(ngx_http_upstream_module), ConfSlot::Main);
+        let umcf: *mut ngx_http_upstream_main_conf_t =
+            http_conf_get(cf, ptr::addr_of!(ngx_http_upstream_module), ConfSlot::Main);
         let ups = (*umcf).upstreams.as_slice::<*mut ngx_http_upstream_srv_conf_t>();
         for &uscf in ups {
             let Some(srv) = sqldb_srv_conf(uscf) else { continue };
             let total = (*(*uscf).servers).nelts;
             if total != srv.servers {
                 let name = String::from_utf8_lossy(bytes(&(*uscf).host));
-                log!(NGX_LOG_EMERG, (*cf).log, "upstream \"{name}\" mixes \"server\" and \"sqldb_server\" in {}:{}",
-                    std::ffi::CStr::from_ptr((*uscf).file_name as *const c_char).to_string_lossy(), (*uscf).line);
+                log!(
+                    NGX_LOG_EMERG,
+                    (*cf).log,
+                    "upstream \"{name}\" mixes \"server\" and \"sqldb_server\" in {}:{}",
+                    std::ffi::CStr::from_ptr((*uscf).file_name as *const c_char).to_string_lossy(),
+                    (*uscf).line
+                );
                 return ERROR;
             }
             if srv.balancer_init.is_none() {
@@ -384,8 +449,14 @@ pub unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
             match find_upstream(umcf, &p.name) {
                 Some(uscf) => (*p.lcf).upstream.upstream = uscf,
                 None => {
-                    log!(NGX_LOG_EMERG, (*cf).log, "\"sqldb_pass\" names upstream \"{}\", which has no \"sqldb_server\" in {}:{}",
-                        String::from_utf8_lossy(&p.name), p.file, p.line);
+                    log!(
+                        NGX_LOG_EMERG,
+                        (*cf).log,
+                        "\"sqldb_pass\" names upstream \"{}\", which has no \"sqldb_server\" in {}:{}",
+                        String::from_utf8_lossy(&p.name),
+                        p.file,
+                        p.line
+                    );
                     return ERROR;
                 }
             }

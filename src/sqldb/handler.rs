@@ -127,7 +127,10 @@ pub struct Ctx {
 // ---------------------------------------------------------------- peer ----
 
 /// Wraps the balancer's per-request init (round robin, least_conn, hash ...).
-pub unsafe extern "C" fn peer_init(r: *mut ngx_http_request_t, us: *mut ngx_http_upstream_srv_conf_t) -> ngx_int_t {
+pub(crate) unsafe extern "C" fn peer_init(
+    r: *mut ngx_http_request_t,
+    us: *mut ngx_http_upstream_srv_conf_t,
+) -> ngx_int_t {
     // SAFETY: nginx calls this with a live request that has an upstream,
     // for an upstream block that postconfiguration found to be ours.
     unsafe {
@@ -144,7 +147,9 @@ pub unsafe extern "C" fn peer_init(r: *mut ngx_http_request_t, us: *mut ngx_http
             balancer_free: (*u).peer.free,
             conn: None,
         };
-        let Some(pd) = pool_alloc((*r).pool, pd) else { return ERROR };
+        let Some(pd) = pool_alloc((*r).pool, pd) else {
+            return ERROR;
+        };
         (*u).peer.data = pd.as_ptr().cast();
         match ctx_of(r) {
             Some(ctx) => ctx.peer = pd.as_ptr(),
@@ -190,7 +195,12 @@ unsafe extern "C" fn peer_get(pc: *mut ngx_peer_connection_t, data: *mut c_void)
         let cp = c.as_ptr();
         (*(*cp).read).log = (*pc).log;
         (*(*cp).write).log = (*pc).log;
-        let mut conn = Conn { pg, c, phase: Phase::Connecting, write_watched: false };
+        let mut conn = Conn {
+            pg,
+            c,
+            phase: Phase::Connecting,
+            write_watched: false,
+        };
         // libpq starts as if it had asked for writability.
         if !add_event((*cp).read, READ_EVENT, LEVEL_EVENT) || !conn.want_write(true) {
             conn.close();
@@ -259,14 +269,18 @@ fn guarded(r: *mut ngx_http_request_t, f: impl FnOnce() -> ngx_int_t) -> ngx_int
         Err(_) => {
             // SAFETY: r is the live request the closure worked on.
             let log = unsafe { (*(*r).connection).log };
-            log!(NGX_LOG_ALERT, log, "sqldb: internal error (panic) while handling the request");
+            log!(
+                NGX_LOG_ALERT,
+                log,
+                "sqldb: internal error (panic) while handling the request"
+            );
             HTTP_INTERNAL_SERVER_ERROR
         }
     }
 }
 
 /// The location's content handler (set by `sqldb_pass`).
-pub unsafe extern "C" fn content_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
+pub(crate) unsafe extern "C" fn content_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
     // SAFETY: nginx calls the content handler with a live request.
     guarded(r, || unsafe { start(r) })
 }
@@ -277,24 +291,40 @@ unsafe fn start(r: *mut ngx_http_request_t) -> ngx_int_t {
         let log = (*(*r).connection).log;
         let lcf = &mut *request_loc_conf::<LocConf>(r, ptr::addr_of!(MODULE));
         if lcf.queries.is_empty() {
-            log!(NGX_LOG_ERR, log, "sqldb: no \"sqldb_query\" is configured for this location");
+            log!(
+                NGX_LOG_ERR,
+                log,
+                "sqldb: no \"sqldb_query\" is configured for this location"
+            );
             return HTTP_INTERNAL_SERVER_ERROR;
         }
         let Some(&template) = lcf.queries.select((*r).method as u32) else {
-            log!(NGX_LOG_INFO, log, "sqldb: no query for method \"{}\"", String::from_utf8_lossy(bytes(&(*r).method_name)));
+            log!(
+                NGX_LOG_INFO,
+                log,
+                "sqldb: no query for method \"{}\"",
+                String::from_utf8_lossy(bytes(&(*r).method_name))
+            );
             return HTTP_NOT_ALLOWED;
         };
         let rc = ngx_http_discard_request_body(r);
         if rc != OK {
             return rc;
         }
-        let mut sql = ngx_str_t { len: 0, data: ptr::null_mut() };
+        let mut sql = ngx_str_t {
+            len: 0,
+            data: ptr::null_mut(),
+        };
         if ngx_http_complex_value(r, template, &mut sql) != OK {
             return HTTP_INTERNAL_SERVER_ERROR;
         }
         let sql = bytes(&sql);
         if sql.is_empty() {
-            log!(NGX_LOG_ERR, log, "sqldb: the query is empty after variable substitution");
+            log!(
+                NGX_LOG_ERR,
+                log,
+                "sqldb: the query is empty after variable substitution"
+            );
             return HTTP_INTERNAL_SERVER_ERROR;
         }
         let Ok(query) = CString::new(sql) else {
@@ -307,17 +337,25 @@ unsafe fn start(r: *mut ngx_http_request_t) -> ngx_int_t {
         }
         let u = (*r).upstream;
         if !lcf.pass_var.is_null() {
-            let mut name = ngx_str_t { len: 0, data: ptr::null_mut() };
+            let mut name = ngx_str_t {
+                len: 0,
+                data: ptr::null_mut(),
+            };
             if ngx_http_complex_value(r, lcf.pass_var, &mut name) != OK {
                 return HTTP_INTERNAL_SERVER_ERROR;
             }
             let umcf = *(*r).main_conf.add(ngx_http_upstream_module.ctx_index) as *mut ngx_http_upstream_main_conf_t;
             if find_upstream(umcf, bytes(&name)).is_none() {
-                log!(NGX_LOG_ERR, log, "sqldb: \"sqldb_pass\" value \"{}\" names no upstream with \"sqldb_server\"",
-                    String::from_utf8_lossy(bytes(&name)));
+                log!(
+                    NGX_LOG_ERR,
+                    log,
+                    "sqldb: \"sqldb_pass\" value \"{}\" names no upstream with \"sqldb_server\"",
+                    String::from_utf8_lossy(bytes(&name))
+                );
                 return HTTP_INTERNAL_SERVER_ERROR;
             }
-            let resolved = ngx_pcalloc((*r).pool, std::mem::size_of::<ngx_http_upstream_resolved_t>()) as *mut ngx_http_upstream_resolved_t;
+            let resolved = ngx_pcalloc((*r).pool, std::mem::size_of::<ngx_http_upstream_resolved_t>())
+                as *mut ngx_http_upstream_resolved_t;
             if resolved.is_null() {
                 return HTTP_INTERNAL_SERVER_ERROR;
             }
@@ -334,15 +372,24 @@ unsafe fn start(r: *mut ngx_http_request_t) -> ngx_int_t {
         (*u).abort_request = Some(abort_request);
         (*u).finalize_request = Some(finalize_request);
 
-        let ctx = Ctx { query, last: None, error: None, done: false, peer: ptr::null_mut() };
-        let Some(ctx) = pool_alloc((*r).pool, ctx) else { return HTTP_INTERNAL_SERVER_ERROR };
+        let ctx = Ctx {
+            query,
+            last: None,
+            error: None,
+            done: false,
+            peer: ptr::null_mut(),
+        };
+        let Some(ctx) = pool_alloc((*r).pool, ctx) else {
+            return HTTP_INTERNAL_SERVER_ERROR;
+        };
         *(*r).ctx.add((*ptr::addr_of!(MODULE)).ctx_index) = ctx.as_ptr().cast();
 
         let main = (*r).main;
         (*main).set_count((*main).count() + 1);
         ngx_http_upstream_init(r);
         // A connection is now being opened, unless the upstream already failed.
-        if !(*ctx.as_ptr()).done && !(*u).peer.connection.is_null() && peer_data(r).is_some_and(|pd| pd.conn.is_some()) {
+        if !(*ctx.as_ptr()).done && !(*u).peer.connection.is_null() && peer_data(r).is_some_and(|pd| pd.conn.is_some())
+        {
             attach(r);
         }
         DONE
@@ -394,7 +441,11 @@ unsafe extern "C" fn pg_event(ev: *mut ngx_event_t) {
 /// What the state machine decided.
 enum Step {
     Wait,
-    Failed { status: ngx_int_t, connecting: bool, msg: String },
+    Failed {
+        status: ngx_int_t,
+        connecting: bool,
+        msg: String,
+    },
     Complete,
 }
 
@@ -417,14 +468,22 @@ unsafe fn drive(r: *mut ngx_http_request_t, timed_out: bool) {
             } else {
                 ("waiting for the result", lcf.result_timeout)
             };
-            Step::Failed { status: HTTP_GATEWAY_TIME_OUT, connecting, msg: format!("timed out ({ms} ms) {what}") }
+            Step::Failed {
+                status: HTTP_GATEWAY_TIME_OUT,
+                connecting,
+                msg: format!("timed out ({ms} ms) {what}"),
+            }
         } else {
             advance(r, u, ctx, conn, lcf)
         };
         match step {
             Step::Wait => {}
             Step::Complete => complete(r),
-            Step::Failed { status, connecting, msg } => {
+            Step::Failed {
+                status,
+                connecting,
+                msg,
+            } => {
                 log!(NGX_LOG_ERR, (*(*r).connection).log, "sqldb: {msg}");
                 if connecting {
                     next(r, status);
@@ -436,7 +495,13 @@ unsafe fn drive(r: *mut ngx_http_request_t, timed_out: bool) {
     }
 }
 
-unsafe fn advance(r: *mut ngx_http_request_t, u: *mut ngx_http_upstream_t, ctx: &mut Ctx, conn: &mut Conn, lcf: &LocConf) -> Step {
+unsafe fn advance(
+    r: *mut ngx_http_request_t,
+    u: *mut ngx_http_upstream_t,
+    ctx: &mut Ctx,
+    conn: &mut Conn,
+    lcf: &LocConf,
+) -> Step {
     let broken = |conn: &Conn, what: &str| Step::Failed {
         status: HTTP_BAD_GATEWAY,
         connecting: false,
@@ -445,15 +510,35 @@ unsafe fn advance(r: *mut ngx_http_request_t, u: *mut ngx_http_upstream_t, ctx: 
     loop {
         match conn.phase {
             Phase::Connecting => match conn.pg.poll_connect() {
-                Poll::Reading => return if conn.want_write(false) { Step::Wait } else { broken(conn, "event error") },
-                Poll::Writing => return if conn.want_write(true) { Step::Wait } else { broken(conn, "event error") },
+                Poll::Reading => {
+                    return if conn.want_write(false) {
+                        Step::Wait
+                    } else {
+                        broken(conn, "event error")
+                    }
+                }
+                Poll::Writing => {
+                    return if conn.want_write(true) {
+                        Step::Wait
+                    } else {
+                        broken(conn, "event error")
+                    }
+                }
                 Poll::Failed => {
-                    return Step::Failed { status: HTTP_BAD_GATEWAY, connecting: true, msg: format!("connecting failed: {}", conn.pg.error_message()) }
+                    return Step::Failed {
+                        status: HTTP_BAD_GATEWAY,
+                        connecting: true,
+                        msg: format!("connecting failed: {}", conn.pg.error_message()),
+                    }
                 }
                 Poll::Ready => {
                     // SAFETY: c is live for as long as conn.
                     if conn.pg.socket() != unsafe { (*conn.c.as_ptr()).fd } {
-                        return Step::Failed { status: HTTP_BAD_GATEWAY, connecting: true, msg: "libpq replaced its socket while connecting".into() };
+                        return Step::Failed {
+                            status: HTTP_BAD_GATEWAY,
+                            connecting: true,
+                            msg: "libpq replaced its socket while connecting".into(),
+                        };
                     }
                     if !conn.pg.set_nonblocking() {
                         return broken(conn, "setting nonblocking mode failed");
@@ -485,7 +570,13 @@ unsafe fn advance(r: *mut ngx_http_request_t, u: *mut ngx_http_upstream_t, ctx: 
                         // SAFETY: r is live.
                         unsafe { set_action(r, c"reading result from PostgreSQL") };
                     }
-                    Flush::Again => return if conn.want_write(true) { Step::Wait } else { broken(conn, "event error") },
+                    Flush::Again => {
+                        return if conn.want_write(true) {
+                            Step::Wait
+                        } else {
+                            broken(conn, "event error")
+                        }
+                    }
                     Flush::Failed => return broken(conn, "sending the query failed"),
                 }
             }
@@ -507,7 +598,10 @@ unsafe fn advance(r: *mut ngx_http_request_t, u: *mut ngx_http_upstream_t, ctx: 
                             return Step::Failed {
                                 status: HTTP_INTERNAL_SERVER_ERROR,
                                 connecting: false,
-                                msg: format!("query returned \"{}\", which the gateway cannot serve", res.command_status()),
+                                msg: format!(
+                                    "query returned \"{}\", which the gateway cannot serve",
+                                    res.command_status()
+                                ),
                             };
                         }
                         _ => ctx.last = Some(res),

@@ -21,7 +21,11 @@ pub unsafe fn send_rds(r: *mut ngx_http_request_t, res: &PgResult) -> ngx_int_t 
         insert_id: res.insert_oid(),
         ..Header::default()
     };
-    let body = if res.kind() == ResultKind::Tuples { Body::Rows(res) } else { Body::NoRows };
+    let body = if res.kind() == ResultKind::Tuples {
+        Body::Rows(res)
+    } else {
+        Body::NoRows
+    };
     let mut out = Vec::new();
     if let Err(e) = rds::encode(&header, &body, &mut out) {
         // SAFETY: r is live.
@@ -53,7 +57,9 @@ pub unsafe fn send_body(r: *mut ngx_http_request_t, content_type: &'static str, 
         if rc == ERROR || rc > OK || (*r).header_only() != 0 || len == 0 {
             return rc;
         }
-        let Some(owned) = pool_alloc((*r).pool, body) else { return ERROR };
+        let Some(owned) = pool_alloc((*r).pool, body) else {
+            return ERROR;
+        };
         let data = (*owned.as_ptr()).as_ptr() as *mut u8;
         let b = ngx_pcalloc((*r).pool, std::mem::size_of::<ngx_buf_t>()) as *mut ngx_buf_t;
         let cl = ngx_alloc_chain_link((*r).pool);

@@ -211,7 +211,9 @@ impl PgResult {
             return 0;
         }
         // SAFETY: live result; PQcmdTuples takes a non-const pointer but does not write.
-        cstr_lossy(unsafe { pq::PQcmdTuples(self.raw() as *mut _) }).parse().unwrap_or(0)
+        cstr_lossy(unsafe { pq::PQcmdTuples(self.raw() as *mut _) })
+            .parse()
+            .unwrap_or(0)
     }
 
     pub fn insert_oid(&self) -> u64 {
