@@ -4,6 +4,7 @@
 #   make vendored build nginx 1.28 and the module against it (objs/vendored/)
 #   make test     install what is missing, unit tests, then the .t suites on both builds
 #   make run      a throwaway PostgreSQL + nginx with nginx-conf/demo.conf on 127.0.0.1:8080
+#   make stop     stop what make run started
 #   make bench    wrk through the gateway next to pgbench in the same run
 #   make check    cargo fmt --check and clippy -D warnings
 
@@ -25,7 +26,7 @@ APT_PACKAGES := nginx nginx-dev libpq-dev libclang-dev clang pkg-config \
                 libtest-base-perl libtext-diff-perl libipc-run-perl liburi-perl \
                 libwww-perl libnginx-mod-http-srcache-filter
 
-.PHONY: all build vendored deps unittest test test-debian test-vendored run bench check clean
+.PHONY: all build vendored deps unittest test test-debian test-vendored run stop bench check clean
 
 all: build
 
@@ -81,6 +82,9 @@ test-vendored: vendored
 
 run: deps build
 	bash nginx-conf/run.sh
+
+stop:
+	bash nginx-conf/run.sh stop
 
 bench: deps build
 	bash bench/run.sh

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# `make run`: a throwaway PostgreSQL with the sample schema and nginx with
+# demo.conf on 127.0.0.1:8080, both in /tmp/ngx-gateway-demo. `make stop` ends them.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(dirname "$here")
+dir=/tmp/ngx-gateway-demo
+module=${MODULE:-$repo/objs/ngx_http_gateway_module.so}
+nginx=${NGINX:-/usr/sbin/nginx}
+
+stop() {
+    if [ -f "$dir/nginx/logs/nginx.pid" ]; then
+        "$nginx" -p "$dir/nginx/" -c "$here/demo.conf" -g "load_module $module;" -s quit 2>/dev/null || true
+        sleep 0.5
+    fi
+    "$here/pg-sandbox.sh" stop "$dir/pg"
+    rm -rf "$dir"
+}
+
+stop
+if [ "${1:-}" = stop ]; then exit 0; fi
+
+"$here/pg-sandbox.sh" start "$dir/pg" 55432 "$here/sample.sql"
+mkdir -p "$dir/nginx/logs" "$dir/nginx/tmp"
+"$nginx" -p "$dir/nginx/" -c "$here/demo.conf" -g "load_module $module;"
+
+cat <<TXT
+
+ngx_gateway demo is running: nginx on 127.0.0.1:8080, PostgreSQL on 127.0.0.1:55432.
+
+  curl -s http://127.0.0.1:8080/echo | od -A d -t x1 -c    # the RDS stream of SPEC.md
+  curl -si http://127.0.0.1:8080/cats                      # three rows, NULLs included
+  curl -s -X LOCK http://127.0.0.1:8080/methods | od -c     # the LOCK template
+  curl -si -X HEAD http://127.0.0.1:8080/cats/1             # headers only
+  curl -si -X POST http://127.0.0.1:8080/cats               # an INSERT: rows affected = 1
+  curl -si -X DELETE http://127.0.0.1:8080/cats/2           # a DELETE
+  curl -si -X PUT http://127.0.0.1:8080/cats/1              # no template for PUT: 405
+
+Logs: $dir/nginx/logs/error.log   Stop: make stop
+TXT
