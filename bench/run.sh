@@ -38,7 +38,10 @@ events { worker_connections 4096; }
 http {
     access_log off;
     client_body_temp_path tmp/body;
-    upstream bench_db { sqldb_server 127.0.0.1:$pgport dbname=demo user=demo "password=demo pass" sslmode=disable; }
+    upstream bench_db {
+        sqldb_server 127.0.0.1:$pgport dbname=demo user=demo "password=demo pass" sslmode=disable;
+        sqldb_keepalive max=$((conns / workers));
+    }
     server {
         listen 127.0.0.1:$port;
         location = /echo { sqldb_pass bench_db; sqldb_query "select 'default' as echo"; }

@@ -20,12 +20,15 @@ pub const DECLINED: ngx_int_t = -5;
 pub const CONF_OK: *mut c_char = ptr::null_mut();
 pub const CONF_ERROR: *mut c_char = usize::MAX as *mut c_char;
 pub const CONF_UNSET_MSEC: ngx_msec_t = ngx_msec_t::MAX;
+pub const CONF_UNSET: ngx_flag_t = -1;
+pub const CONF_UNSET_UINT: ngx_uint_t = ngx_uint_t::MAX;
 
 pub const HTTP_OK: ngx_int_t = 200;
 pub const HTTP_BAD_REQUEST: ngx_int_t = 400;
 pub const HTTP_NOT_ALLOWED: ngx_int_t = 405;
 pub const HTTP_INTERNAL_SERVER_ERROR: ngx_int_t = 500;
 pub const HTTP_BAD_GATEWAY: ngx_int_t = 502;
+pub const HTTP_SERVICE_UNAVAILABLE: ngx_int_t = 503;
 pub const HTTP_GATEWAY_TIME_OUT: ngx_int_t = 504;
 
 /// epoll's values of NGX_READ_EVENT / NGX_WRITE_EVENT on Linux (the macros are

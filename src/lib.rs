@@ -33,7 +33,7 @@ const fn command(
 
 const LOC_ANY: u32 = NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF;
 
-static mut COMMANDS: [ngx_command_t; 6] = [
+static mut COMMANDS: [ngx_command_t; 9] = [
     command(
         "sqldb_server\0",
         NGX_HTTP_UPS_CONF | NGX_CONF_1MORE,
@@ -68,6 +68,27 @@ static mut COMMANDS: [ngx_command_t; 6] = [
         ngx_conf_set_msec_slot,
         NGX_HTTP_LOC_CONF_OFFSET,
         std::mem::offset_of!(sc::LocConf, result_timeout),
+    ),
+    command(
+        "sqldb_keepalive\0",
+        NGX_HTTP_UPS_CONF | NGX_CONF_1MORE,
+        sc::cmd_sqldb_keepalive,
+        NGX_HTTP_SRV_CONF_OFFSET,
+        0,
+    ),
+    command(
+        "sqldb_prepare\0",
+        LOC_ANY | NGX_CONF_FLAG,
+        ngx_conf_set_flag_slot,
+        NGX_HTTP_LOC_CONF_OFFSET,
+        std::mem::offset_of!(sc::LocConf, prepare),
+    ),
+    command(
+        "sqldb_next_upstream\0",
+        LOC_ANY | NGX_CONF_1MORE,
+        sc::cmd_sqldb_next_upstream,
+        NGX_HTTP_LOC_CONF_OFFSET,
+        0,
     ),
     ngx_command_t::empty(),
 ];

@@ -6,3 +6,4 @@
 pub mod conninfo;
 pub mod method;
 pub mod rds;
+pub mod sql;

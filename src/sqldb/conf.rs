@@ -8,6 +8,9 @@ use std::ptr;
 
 use gateway_core::conninfo::{self, Keywords, Target};
 use gateway_core::method::{parse_methods, QuerySet};
+use gateway_core::sql::has_several_statements;
+
+use super::conn::Pool;
 
 use crate::ffi::*;
 use crate::ngx_http_gateway_module as MODULE;
@@ -19,6 +22,8 @@ const DEFAULT_PORT: u16 = 5432;
 /// One address of one `sqldb_server` line, with its finished connection string.
 pub struct ServerAddr {
     pub sockaddr: Vec<u8>,
+    /// The address as text ("127.0.0.1:5432"), in configuration memory.
+    pub name: ngx_str_t,
     pub conninfo: CString,
 }
 
@@ -29,13 +34,27 @@ pub struct SrvConf {
     pub servers: usize,
     /// The balancer's per-request init, wrapped by ours.
     pub balancer_init: ngx_http_upstream_init_peer_pt,
+    /// `sqldb_keepalive` and, in each worker, its idle connections.
+    pub pool: Pool,
+    keepalive_set: bool,
 }
 
 impl SrvConf {
-    /// The connection string for the address a balancer picked.
-    pub fn conninfo_for(&self, sockaddr: &[u8]) -> Option<&CString> {
-        self.addrs.iter().find(|a| a.sockaddr == sockaddr).map(|a| &a.conninfo)
+    /// Which address a balancer picked.
+    pub fn addr_index(&self, sockaddr: &[u8]) -> Option<usize> {
+        self.addrs.iter().position(|a| a.sockaddr == sockaddr)
     }
+}
+
+/// One `sqldb_query` template.
+pub struct Template {
+    pub cv: *mut ngx_http_complex_value_t,
+    /// Names the template's prepared statement on every connection.
+    pub id: usize,
+    /// The text has no variables: the same query every time.
+    pub constant: bool,
+    /// A constant text that holds several statements.
+    pub several: bool,
 }
 
 pub struct LocConf {
@@ -44,9 +63,13 @@ pub struct LocConf {
     pub pass_set: bool,
     /// `sqldb_pass $var`: the value names an upstream at run time.
     pub pass_var: *mut ngx_http_complex_value_t,
-    pub queries: QuerySet<*mut ngx_http_complex_value_t>,
+    pub queries: QuerySet<*const Template>,
     pub connect_timeout: ngx_msec_t,
     pub result_timeout: ngx_msec_t,
+    /// `sqldb_prepare`: prepare constant templates once per connection.
+    pub prepare: ngx_flag_t,
+    /// `sqldb_next_upstream`: NGX_HTTP_UPSTREAM_FT_* bits.
+    pub next_upstream: ngx_uint_t,
 }
 
 /// A `sqldb_pass NAME` waiting for every upstream block to be read.
@@ -72,6 +95,8 @@ pub(crate) unsafe extern "C" fn create_srv_conf(cf: *mut ngx_conf_t) -> *mut c_v
         addrs: Vec::new(),
         servers: 0,
         balancer_init: None,
+        pool: Pool::default(),
+        keepalive_set: false,
     };
     // SAFETY: cf->pool is the configuration pool.
     unsafe { pool_alloc((*cf).pool, conf) }.map_or(ptr::null_mut(), |p| p.as_ptr().cast())
@@ -86,6 +111,8 @@ pub(crate) unsafe extern "C" fn create_loc_conf(cf: *mut ngx_conf_t) -> *mut c_v
         queries: QuerySet::default(),
         connect_timeout: CONF_UNSET_MSEC,
         result_timeout: CONF_UNSET_MSEC,
+        prepare: CONF_UNSET,
+        next_upstream: CONF_UNSET_UINT,
     };
     // SAFETY: cf->pool is the configuration pool.
     unsafe { pool_alloc((*cf).pool, conf) }.map_or(ptr::null_mut(), |p| p.as_ptr().cast())
@@ -110,11 +137,21 @@ pub(crate) unsafe extern "C" fn merge_loc_conf(
     }
     merge_msec(&mut conf.connect_timeout, prev.connect_timeout, DEFAULT_CONNECT_TIMEOUT);
     merge_msec(&mut conf.result_timeout, prev.result_timeout, DEFAULT_RESULT_TIMEOUT);
+    if conf.prepare == CONF_UNSET {
+        conf.prepare = if prev.prepare == CONF_UNSET { 1 } else { prev.prepare };
+    }
+    if conf.next_upstream == CONF_UNSET_UINT {
+        conf.next_upstream = if prev.next_upstream == CONF_UNSET_UINT {
+            (NGX_HTTP_UPSTREAM_FT_ERROR | NGX_HTTP_UPSTREAM_FT_TIMEOUT) as ngx_uint_t
+        } else {
+            prev.next_upstream
+        };
+    }
     let u = &mut conf.upstream;
     u.connect_timeout = conf.connect_timeout;
     u.read_timeout = conf.result_timeout;
     u.send_timeout = conf.result_timeout;
-    u.next_upstream = (NGX_HTTP_UPSTREAM_FT_ERROR | NGX_HTTP_UPSTREAM_FT_TIMEOUT) as ngx_uint_t;
+    u.next_upstream = conf.next_upstream;
     u.module = static_str("sqldb");
     CONF_OK
 }
@@ -260,7 +297,11 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_server(
                 Err(_) => return conf_error(cf, format_args!("\"sqldb_server\" parameters contain a NUL byte")),
             };
             let sockaddr = std::slice::from_raw_parts(a.sockaddr as *const u8, a.socklen as usize).to_vec();
-            srv.addrs.push(ServerAddr { sockaddr, conninfo });
+            srv.addrs.push(ServerAddr {
+                sockaddr,
+                name: a.name,
+                conninfo,
+            });
         }
 
         if (*uscf).servers.is_null() {
@@ -370,10 +411,21 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_query(
             Ok(m) => m,
             Err(e) => return conf_error(cf, format_args!("\"sqldb_query\" directive: {e}")),
         };
+        let text = bytes(&template).to_vec();
         let Some(cv) = compile_complex(cf, &mut template) else {
             return CONF_ERROR;
         };
-        if let Err(e) = lcf.queries.add(methods, cv) {
+        let constant = (*cv).lengths.is_null();
+        let tmpl = Template {
+            cv,
+            id: cv as usize,
+            constant,
+            several: constant && has_several_statements(&text),
+        };
+        let Some(tmpl) = pool_alloc((*cf).pool, tmpl) else {
+            return CONF_ERROR;
+        };
+        if let Err(e) = lcf.queries.add(methods, tmpl.as_ptr().cast_const()) {
             return conf_error(cf, format_args!("\"sqldb_query\" directive {e}"));
         }
         CONF_OK
@@ -462,5 +514,96 @@ pub(crate) unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_in
             }
         }
         OK
+    }
+}
+
+/// `sqldb_keepalive off | max=N [mode=single|multi] [overflow=ignore|reject] [idle_timeout=T] [requests=N]`
+pub(crate) unsafe extern "C" fn cmd_sqldb_keepalive(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    // SAFETY: conf is this module's SrvConf of the enclosing upstream block; cf is live.
+    unsafe {
+        let srv = &mut *(conf as *mut SrvConf);
+        if srv.keepalive_set {
+            return conf_error(cf, format_args!("\"sqldb_keepalive\" directive is duplicate"));
+        }
+        srv.keepalive_set = true;
+        let args = conf_args(cf);
+        let pool = &mut srv.pool;
+        if args.len() == 2 && bytes(&args[1]) == b"off" {
+            pool.max = 0;
+            return CONF_OK;
+        }
+        for arg in &args[1..] {
+            let a = bytes(arg);
+            let text = String::from_utf8_lossy(a);
+            let ok = if let Some(v) = a.strip_prefix(b"max=") {
+                let n = ngx_atoi(v.as_ptr() as *mut u8, v.len());
+                pool.max = n as usize;
+                n > 0
+            } else if let Some(v) = a.strip_prefix(b"mode=") {
+                pool.single = v == b"single";
+                v == b"single" || v == b"multi"
+            } else if let Some(v) = a.strip_prefix(b"overflow=") {
+                pool.reject = v == b"reject";
+                v == b"reject" || v == b"ignore"
+            } else if let Some(v) = a.strip_prefix(b"idle_timeout=") {
+                let mut s = ngx_str_t {
+                    len: v.len(),
+                    data: v.as_ptr() as *mut u8,
+                };
+                let t = ngx_parse_time(&mut s, 0);
+                pool.idle_timeout = t as ngx_msec_t;
+                t != ERROR && t > 0
+            } else if let Some(v) = a.strip_prefix(b"requests=") {
+                let n = ngx_atoi(v.as_ptr() as *mut u8, v.len());
+                pool.max_requests = n as u64;
+                n >= 0
+            } else {
+                false
+            };
+            if !ok {
+                return conf_error(
+                    cf,
+                    format_args!("invalid parameter \"{text}\" in \"sqldb_keepalive\" directive"),
+                );
+            }
+        }
+        CONF_OK
+    }
+}
+
+/// `sqldb_next_upstream error | timeout ... | off`
+pub(crate) unsafe extern "C" fn cmd_sqldb_next_upstream(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    // SAFETY: conf is this module's LocConf; cf is live.
+    unsafe {
+        let lcf = &mut *(conf as *mut LocConf);
+        if lcf.next_upstream != CONF_UNSET_UINT {
+            return conf_error(cf, format_args!("\"sqldb_next_upstream\" directive is duplicate"));
+        }
+        let mut bits: ngx_uint_t = 0;
+        let args = conf_args(cf);
+        for arg in &args[1..] {
+            match bytes(arg) {
+                b"error" => bits |= NGX_HTTP_UPSTREAM_FT_ERROR as ngx_uint_t,
+                b"timeout" => bits |= NGX_HTTP_UPSTREAM_FT_TIMEOUT as ngx_uint_t,
+                b"off" if args.len() == 2 => bits = 0,
+                other => {
+                    let text = String::from_utf8_lossy(other);
+                    return conf_error(
+                        cf,
+                        format_args!("invalid value \"{text}\" in \"sqldb_next_upstream\" directive"),
+                    );
+                }
+            }
+        }
+        lcf.next_upstream = bits;
+        CONF_OK
     }
 }

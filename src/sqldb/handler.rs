@@ -10,99 +10,26 @@
 
 use std::ffi::{c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::ptr::{self, NonNull};
+use std::ptr;
 
-use super::conf::{find_upstream, sqldb_srv_conf, LocConf, SrvConf};
+use super::conf::{find_upstream, sqldb_srv_conf, LocConf, SrvConf, Template};
+use super::conn::{statement_name, Conn, Phase};
 use super::output;
 use super::pq::{Flush, PgConn, PgResult, Poll, ResultKind};
 use crate::ffi::*;
 use crate::ngx_http_gateway_module as MODULE;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Phase {
-    Connecting,
-    Sending,
-    Reading,
-}
-
-/// A libpq connection and the nginx connection that watches its socket.
-pub struct Conn {
-    pg: PgConn,
-    c: NonNull<ngx_connection_t>,
-    phase: Phase,
-    write_watched: bool,
-}
-
-impl Conn {
-    /// Stops watching the socket, frees the nginx connection, then closes
-    /// the libpq connection (which closes the socket).
-    fn close(self) {
-        let c = self.c.as_ptr();
-        // SAFETY: c is the live connection made for this socket in peer_get.
-        unsafe {
-            for ev in [(*c).read, (*c).write] {
-                if (*ev).timer_set() != 0 {
-                    ngx_del_timer(ev);
-                }
-                if (*ev).posted() != 0 {
-                    ngx_delete_posted_event(ev);
-                }
-            }
-            if (*(*c).read).active() != 0 {
-                del_event((*c).read, READ_EVENT, NGX_CLOSE_EVENT as ngx_uint_t);
-            }
-            if (*(*c).write).active() != 0 {
-                del_event((*c).write, WRITE_EVENT, NGX_CLOSE_EVENT as ngx_uint_t);
-            }
-            if !(*c).pool.is_null() {
-                ngx_destroy_pool((*c).pool);
-                (*c).pool = ptr::null_mut();
-            }
-            ngx_free_connection(c);
-            (*c).fd = -1;
-        }
-        drop(self.pg);
-    }
-
-    /// Watches the socket for writability only while libpq has bytes to send.
-    fn want_write(&mut self, on: bool) -> bool {
-        if on == self.write_watched {
-            return true;
-        }
-        // SAFETY: c is live; events are level-triggered so none is lost.
-        let ok = unsafe {
-            let wev = (*self.c.as_ptr()).write;
-            if on {
-                add_event(wev, WRITE_EVENT, LEVEL_EVENT)
-            } else {
-                del_event(wev, WRITE_EVENT, 0)
-            }
-        };
-        if ok {
-            self.write_watched = on;
-        }
-        ok
-    }
-
-    fn set_timer(&mut self, ms: ngx_msec_t) {
-        // SAFETY: c is live; one timer on the read event serves every phase.
-        unsafe {
-            let c = self.c.as_ptr();
-            if (*(*c).write).timer_set() != 0 {
-                ngx_del_timer((*c).write);
-            }
-            ngx_add_timer((*c).read, ms);
-        }
-    }
-}
+use gateway_core::sql::has_several_statements;
 
 /// Per-request peer data: the balancer's own, and the connection in use.
 pub struct PeerData {
-    srv: *const SrvConf,
+    srv: *mut SrvConf,
     balancer_data: *mut c_void,
     balancer_get: ngx_event_get_peer_pt,
     balancer_free: ngx_event_free_peer_pt,
-    conn: Option<Conn>,
+    /// The balancer picked the current peer (not so for a pooled
+    /// connection taken in single mode): it must be told when it is freed.
+    balancer_used: bool,
+    conn: Option<Box<Conn>>,
 }
 
 impl Drop for PeerData {
@@ -117,6 +44,15 @@ impl Drop for PeerData {
 /// Per-request state.
 pub struct Ctx {
     query: CString,
+    template: *const Template,
+    /// The query holds several statements: simple protocol only.
+    several: bool,
+    /// The current round trip prepares the statement (the execution follows).
+    preparing: bool,
+    /// The current round trip executes a named prepared statement.
+    executing_prepared: bool,
+    /// Some result (or error) of this request's query has arrived.
+    got_result: bool,
     last: Option<PgResult>,
     error: Option<PgResult>,
     done: bool,
@@ -145,6 +81,7 @@ pub(crate) unsafe extern "C" fn peer_init(
             balancer_data: (*u).peer.data,
             balancer_get: (*u).peer.get,
             balancer_free: (*u).peer.free,
+            balancer_used: false,
             conn: None,
         };
         let Some(pd) = pool_alloc((*r).pool, pd) else {
@@ -169,59 +106,78 @@ unsafe extern "C" fn peer_get(pc: *mut ngx_peer_connection_t, data: *mut c_void)
     // SAFETY: data is the PeerData installed by peer_init; pc is the request's peer.
     unsafe {
         let pd = &mut *(data as *mut PeerData);
+        let srv = &mut *pd.srv;
+        pd.balancer_used = false;
+        if srv.pool.single {
+            if let Some(conn) = srv.pool.take(None) {
+                let a = &mut srv.addrs[conn.addr];
+                (*pc).sockaddr = a.sockaddr.as_mut_ptr().cast();
+                (*pc).socklen = a.sockaddr.len() as socklen_t;
+                (*pc).name = &mut a.name;
+                return use_conn(pc, pd, conn);
+            }
+        }
         let Some(get) = pd.balancer_get else { return ERROR };
         let rc = get(pc, pd.balancer_data);
         if rc != OK {
             return rc;
         }
+        pd.balancer_used = true;
         let name = String::from_utf8_lossy(bytes(&*(*pc).name)).into_owned();
         let sockaddr = std::slice::from_raw_parts((*pc).sockaddr as *const u8, (*pc).socklen as usize);
-        let Some(conninfo) = (*pd.srv).conninfo_for(sockaddr) else {
+        let Some(addr) = srv.addr_index(sockaddr) else {
             log!(NGX_LOG_ALERT, (*pc).log, "sqldb: no sqldb_server for peer {name}");
             return ERROR;
         };
-        let pg = match PgConn::start(conninfo) {
+        if let Some(conn) = srv.pool.take(Some(addr)) {
+            return use_conn(pc, pd, conn);
+        }
+        let pg = match PgConn::start(&srv.addrs[addr].conninfo) {
             Ok(pg) => pg,
             Err(msg) => {
                 log!(NGX_LOG_ERR, (*pc).log, "sqldb: connecting to {name} failed: {msg}");
                 return DECLINED;
             }
         };
-        let fd = pg.socket();
-        let c = ngx_get_connection(fd, (*pc).log);
-        let Some(c) = NonNull::new(c) else {
-            return ERROR; // nginx logged "worker_connections are not enough"; pg drops here
-        };
-        let cp = c.as_ptr();
-        (*(*cp).read).log = (*pc).log;
-        (*(*cp).write).log = (*pc).log;
-        let mut conn = Conn {
-            pg,
-            c,
-            phase: Phase::Connecting,
-            write_watched: false,
-        };
-        // libpq starts as if it had asked for writability.
-        if !add_event((*cp).read, READ_EVENT, LEVEL_EVENT) || !conn.want_write(true) {
-            conn.close();
+        // On failure nginx has logged why ("worker_connections are not enough").
+        let Some(conn) = Conn::wrap(pg, addr, (*pc).log, &mut srv.pool) else {
             return ERROR;
-        }
-        (*pc).connection = cp;
+        };
+        (*pc).set_cached(0);
+        (*pc).connection = conn.raw();
         pd.conn = Some(conn);
         AGAIN
     }
 }
 
+/// Hands a pooled connection to the request; `attach` starts the query.
+unsafe fn use_conn(pc: *mut ngx_peer_connection_t, pd: &mut PeerData, conn: Box<Conn>) -> ngx_int_t {
+    // SAFETY: pc is the request's live peer connection.
+    unsafe {
+        (*pc).set_cached(1);
+        (*pc).connection = conn.raw();
+    }
+    pd.conn = Some(conn);
+    AGAIN
+}
+
 unsafe extern "C" fn peer_free(pc: *mut ngx_peer_connection_t, data: *mut c_void, state: ngx_uint_t) {
-    // SAFETY: data is our PeerData; the connection, if any, is ours to close.
+    // SAFETY: data is our PeerData; the connection, if any, is ours to keep or close.
     unsafe {
         let pd = &mut *(data as *mut PeerData);
         if let Some(conn) = pd.conn.take() {
-            conn.close();
+            if state & NGX_PEER_FAILED as ngx_uint_t == 0 {
+                (*pd.srv).pool.release(conn);
+            } else {
+                conn.close();
+            }
         }
         (*pc).connection = ptr::null_mut();
-        if let Some(free) = pd.balancer_free {
-            free(pc, pd.balancer_data, state);
+        if pd.balancer_used {
+            pd.balancer_used = false;
+            if let Some(free) = pd.balancer_free {
+                free(pc, pd.balancer_data, state);
+            }
         }
     }
 }
@@ -299,23 +255,20 @@ unsafe fn start(r: *mut ngx_http_request_t) -> ngx_int_t {
             return HTTP_INTERNAL_SERVER_ERROR;
         }
         let Some(&template) = lcf.queries.select((*r).method as u32) else {
-            log!(
-                NGX_LOG_INFO,
-                log,
-                "sqldb: no query for method \"{}\"",
-                String::from_utf8_lossy(bytes(&(*r).method_name))
-            );
+            let method = String::from_utf8_lossy(bytes(&(*r).method_name));
+            log!(NGX_LOG_INFO, log, "sqldb: no query for method \"{method}\"");
             return HTTP_NOT_ALLOWED;
         };
         let rc = ngx_http_discard_request_body(r);
         if rc != OK {
             return rc;
         }
+        let tmpl = &*template;
         let mut sql = ngx_str_t {
             len: 0,
             data: ptr::null_mut(),
         };
-        if ngx_http_complex_value(r, template, &mut sql) != OK {
+        if ngx_http_complex_value(r, tmpl.cv, &mut sql) != OK {
             return HTTP_INTERNAL_SERVER_ERROR;
         }
         let sql = bytes(&sql);
@@ -327,39 +280,64 @@ unsafe fn start(r: *mut ngx_http_request_t) -> ngx_int_t {
             );
             return HTTP_INTERNAL_SERVER_ERROR;
         }
+        let several = if tmpl.constant {
+            tmpl.several
+        } else {
+            has_several_statements(sql)
+        };
         let Ok(query) = CString::new(sql) else {
             log!(NGX_LOG_ERR, log, "sqldb: the query contains a NUL byte");
             return HTTP_BAD_REQUEST;
         };
+
+        // The upstream: named in the configuration, or by a variable now.
+        let mut uscf = lcf.upstream.upstream;
+        let mut by_variable = ngx_str_t {
+            len: 0,
+            data: ptr::null_mut(),
+        };
+        if !lcf.pass_var.is_null() {
+            if ngx_http_complex_value(r, lcf.pass_var, &mut by_variable) != OK {
+                return HTTP_INTERNAL_SERVER_ERROR;
+            }
+            let umcf = *(*r).main_conf.add(ngx_http_upstream_module.ctx_index) as *mut ngx_http_upstream_main_conf_t;
+            match find_upstream(umcf, bytes(&by_variable)) {
+                Some(found) => uscf = found,
+                None => {
+                    let name = String::from_utf8_lossy(bytes(&by_variable));
+                    log!(
+                        NGX_LOG_ERR,
+                        log,
+                        "sqldb: \"sqldb_pass\" value \"{name}\" names no upstream with \"sqldb_server\""
+                    );
+                    return HTTP_INTERNAL_SERVER_ERROR;
+                }
+            }
+        }
+        if let Some(srv) = sqldb_srv_conf(uscf) {
+            if srv.pool.full() {
+                let name = String::from_utf8_lossy(bytes(&(*uscf).host));
+                let max = srv.pool.max;
+                log!(
+                    NGX_LOG_ERR,
+                    log,
+                    "sqldb: all {max} connections to upstream \"{name}\" are busy"
+                );
+                return HTTP_SERVICE_UNAVAILABLE;
+            }
+        }
 
         if ngx_http_upstream_create(r) != OK {
             return HTTP_INTERNAL_SERVER_ERROR;
         }
         let u = (*r).upstream;
         if !lcf.pass_var.is_null() {
-            let mut name = ngx_str_t {
-                len: 0,
-                data: ptr::null_mut(),
-            };
-            if ngx_http_complex_value(r, lcf.pass_var, &mut name) != OK {
-                return HTTP_INTERNAL_SERVER_ERROR;
-            }
-            let umcf = *(*r).main_conf.add(ngx_http_upstream_module.ctx_index) as *mut ngx_http_upstream_main_conf_t;
-            if find_upstream(umcf, bytes(&name)).is_none() {
-                log!(
-                    NGX_LOG_ERR,
-                    log,
-                    "sqldb: \"sqldb_pass\" value \"{}\" names no upstream with \"sqldb_server\"",
-                    String::from_utf8_lossy(bytes(&name))
-                );
-                return HTTP_INTERNAL_SERVER_ERROR;
-            }
             let resolved = ngx_pcalloc((*r).pool, std::mem::size_of::<ngx_http_upstream_resolved_t>())
                 as *mut ngx_http_upstream_resolved_t;
             if resolved.is_null() {
                 return HTTP_INTERNAL_SERVER_ERROR;
             }
-            (*resolved).host = name;
+            (*resolved).host = by_variable;
             (*resolved).no_port = 1;
             (*u).resolved = resolved;
         }
@@ -374,6 +352,11 @@ unsafe fn start(r: *mut ngx_http_request_t) -> ngx_int_t {
 
         let ctx = Ctx {
             query,
+            template,
+            several,
+            preparing: false,
+            executing_prepared: false,
+            got_result: false,
             last: None,
             error: None,
             done: false,
@@ -387,7 +370,8 @@ unsafe fn start(r: *mut ngx_http_request_t) -> ngx_int_t {
         let main = (*r).main;
         (*main).set_count((*main).count() + 1);
         ngx_http_upstream_init(r);
-        // A connection is now being opened, unless the upstream already failed.
+        // A connection is now being opened or was taken from the pool,
+        // unless the upstream already failed.
         if !(*ctx.as_ptr()).done && !(*u).peer.connection.is_null() && peer_data(r).is_some_and(|pd| pd.conn.is_some())
         {
             attach(r);
@@ -396,7 +380,8 @@ unsafe fn start(r: *mut ngx_http_request_t) -> ngx_int_t {
     }
 }
 
-/// Takes over a freshly opened peer connection from nginx's upstream code.
+/// Takes over the peer connection from nginx's upstream code. A new one
+/// waits for libpq's connect events; a pooled one starts the query at once.
 unsafe fn attach(r: *mut ngx_http_request_t) {
     // SAFETY: r is live and u->peer.connection is the connection of our Conn.
     unsafe {
@@ -409,10 +394,17 @@ unsafe fn attach(r: *mut ngx_http_request_t) {
         (*(*c).write).log = (*c).log;
         (*(*c).read).handler = Some(pg_event);
         (*(*c).write).handler = Some(pg_event);
-        if let Some(pd) = peer_data(r) {
-            if let Some(conn) = pd.conn.as_mut() {
-                conn.set_timer(lcf.connect_timeout);
+        let Some(conn) = peer_data(r).and_then(|pd| pd.conn.as_mut()) else {
+            return;
+        };
+        if conn.phase == Phase::Connecting {
+            conn.set_timer(lcf.connect_timeout);
+        } else {
+            conn.set_timer(lcf.result_timeout);
+            if !(*u).state.is_null() {
+                (*(*u).state).connect_time = 0;
             }
+            ngx_post_event((*c).write, ptr::addr_of_mut!(ngx_posted_events));
         }
     }
 }
@@ -468,10 +460,11 @@ unsafe fn drive(r: *mut ngx_http_request_t, timed_out: bool) {
             } else {
                 ("waiting for the result", lcf.result_timeout)
             };
+            let msg = format!("timed out ({ms} ms) {what}");
             Step::Failed {
                 status: HTTP_GATEWAY_TIME_OUT,
                 connecting,
-                msg: format!("timed out ({ms} ms) {what}"),
+                msg,
             }
         } else {
             advance(r, u, ctx, conn, lcf)
@@ -484,15 +477,60 @@ unsafe fn drive(r: *mut ngx_http_request_t, timed_out: bool) {
                 connecting,
                 msg,
             } => {
+                // A pooled connection that the server had closed before our
+                // query reached it: try again on another, like nginx does
+                // for its cached keepalive connections.
+                let stale = !connecting && conn.reused && !ctx.got_result && conn.pg.is_bad();
+                if stale {
+                    log!(
+                        NGX_LOG_INFO,
+                        (*(*r).connection).log,
+                        "sqldb: pooled connection was closed: {msg}"
+                    );
+                    (*u).peer.tries += 1;
+                    next(r, HTTP_BAD_GATEWAY, NGX_HTTP_UPSTREAM_FT_ERROR);
+                    return;
+                }
                 log!(NGX_LOG_ERR, (*(*r).connection).log, "sqldb: {msg}");
                 if connecting {
-                    next(r, status);
+                    let ft = if status == HTTP_GATEWAY_TIME_OUT {
+                        NGX_HTTP_UPSTREAM_FT_TIMEOUT
+                    } else {
+                        NGX_HTTP_UPSTREAM_FT_ERROR
+                    };
+                    next(r, status, ft);
                 } else {
                     fail(r, status, true);
                 }
             }
         }
     }
+}
+
+/// Sends the request's query on an idle connection, choosing the protocol:
+/// a constant single-statement template is prepared once per connection and
+/// executed by name; another single statement runs as the unnamed statement;
+/// several statements go through the simple protocol.
+fn send_query(ctx: &mut Ctx, conn: &mut Conn, lcf: &LocConf) -> bool {
+    // SAFETY: the template lives in the configuration for the cycle.
+    let tmpl = unsafe { &*ctx.template };
+    ctx.preparing = false;
+    ctx.executing_prepared = false;
+    if ctx.several {
+        return conn.pg.send_query(&ctx.query);
+    }
+    if lcf.prepare == 1 && tmpl.constant {
+        let name = statement_name(tmpl.id);
+        if conn.is_prepared(tmpl.id) {
+            ctx.executing_prepared = true;
+            return conn.pg.send_prepared(&name);
+        }
+        if conn.can_prepare_more() {
+            ctx.preparing = true;
+            return conn.pg.send_prepare(&name, &ctx.query);
+        }
+    }
+    conn.pg.send_unnamed(&ctx.query)
 }
 
 unsafe fn advance(
@@ -507,6 +545,7 @@ unsafe fn advance(
         connecting: false,
         msg: format!("{what}: {}", conn.pg.error_message()),
     };
+    let event_error = |conn: &Conn| broken(conn, "event error");
     loop {
         match conn.phase {
             Phase::Connecting => match conn.pg.poll_connect() {
@@ -514,30 +553,32 @@ unsafe fn advance(
                     return if conn.want_write(false) {
                         Step::Wait
                     } else {
-                        broken(conn, "event error")
+                        event_error(conn)
                     }
                 }
                 Poll::Writing => {
                     return if conn.want_write(true) {
                         Step::Wait
                     } else {
-                        broken(conn, "event error")
+                        event_error(conn)
                     }
                 }
                 Poll::Failed => {
+                    let msg = format!("connecting failed: {}", conn.pg.error_message());
                     return Step::Failed {
                         status: HTTP_BAD_GATEWAY,
                         connecting: true,
-                        msg: format!("connecting failed: {}", conn.pg.error_message()),
-                    }
+                        msg,
+                    };
                 }
                 Poll::Ready => {
                     // SAFETY: c is live for as long as conn.
-                    if conn.pg.socket() != unsafe { (*conn.c.as_ptr()).fd } {
+                    if conn.pg.socket() != unsafe { (*conn.raw()).fd } {
+                        let msg = "libpq replaced its socket while connecting".into();
                         return Step::Failed {
                             status: HTTP_BAD_GATEWAY,
                             connecting: true,
-                            msg: "libpq replaced its socket while connecting".into(),
+                            msg,
                         };
                     }
                     if !conn.pg.set_nonblocking() {
@@ -548,15 +589,22 @@ unsafe fn advance(
                         if !(*u).state.is_null() {
                             (*(*u).state).connect_time = current_msec().wrapping_sub((*u).start_time);
                         }
-                        set_action(r, c"sending query to PostgreSQL");
-                    }
-                    if !conn.pg.send_query(&ctx.query) {
-                        return broken(conn, "sending the query failed");
                     }
                     conn.set_timer(lcf.result_timeout);
-                    conn.phase = Phase::Sending;
+                    conn.phase = Phase::Idle;
                 }
             },
+            Phase::Idle => {
+                if ctx.got_result && !ctx.preparing {
+                    return Step::Complete;
+                }
+                // SAFETY: r is live.
+                unsafe { set_action(r, c"sending query to PostgreSQL") };
+                if !send_query(ctx, conn, lcf) {
+                    return broken(conn, "sending the query failed");
+                }
+                conn.phase = Phase::Sending;
+            }
             Phase::Sending => {
                 if !conn.pg.consume_input() {
                     return broken(conn, "reading from PostgreSQL failed");
@@ -564,7 +612,7 @@ unsafe fn advance(
                 match conn.pg.flush() {
                     Flush::Done => {
                         if !conn.want_write(false) {
-                            return broken(conn, "event error");
+                            return event_error(conn);
                         }
                         conn.phase = Phase::Reading;
                         // SAFETY: r is live.
@@ -574,7 +622,7 @@ unsafe fn advance(
                         return if conn.want_write(true) {
                             Step::Wait
                         } else {
-                            broken(conn, "event error")
+                            event_error(conn)
                         }
                     }
                     Flush::Failed => return broken(conn, "sending the query failed"),
@@ -584,30 +632,52 @@ unsafe fn advance(
                 if !conn.pg.consume_input() {
                     return broken(conn, "reading the result failed");
                 }
-                while !conn.pg.is_busy() {
-                    let Some(res) = conn.pg.get_result() else {
-                        return Step::Complete;
-                    };
+                loop {
+                    if conn.pg.is_busy() {
+                        return Step::Wait;
+                    }
+                    let Some(res) = conn.pg.get_result() else { break };
+                    ctx.got_result = true;
                     match res.kind() {
                         ResultKind::Error => {
+                            if ctx.executing_prepared && matches!(res.sqlstate().as_str(), "26000" | "0A000") {
+                                // DEALLOCATE / DISCARD or a schema change: prepare afresh next time.
+                                conn.forget_prepared();
+                            }
                             if ctx.error.is_none() {
                                 ctx.error = Some(res);
                             }
                         }
                         ResultKind::Unsupported => {
+                            let tag = res.command_status();
+                            let msg = format!("query returned \"{tag}\", which the gateway cannot serve");
                             return Step::Failed {
                                 status: HTTP_INTERNAL_SERVER_ERROR,
                                 connecting: false,
-                                msg: format!(
-                                    "query returned \"{}\", which the gateway cannot serve",
-                                    res.command_status()
-                                ),
+                                msg,
                             };
                         }
+                        _ if ctx.preparing => {}
                         _ => ctx.last = Some(res),
                     }
                 }
-                return Step::Wait;
+                // Every result of this round trip is in: the connection is idle again.
+                conn.phase = Phase::Idle;
+                if ctx.preparing {
+                    if ctx.error.is_some() {
+                        return Step::Complete;
+                    }
+                    // SAFETY: the template lives in the configuration.
+                    conn.add_prepared(unsafe { (*ctx.template).id });
+                    ctx.preparing = false;
+                    ctx.executing_prepared = true;
+                    if !conn.pg.send_prepared(&statement_name(unsafe { (*ctx.template).id })) {
+                        return broken(conn, "sending the query failed");
+                    }
+                    conn.phase = Phase::Sending;
+                    continue;
+                }
+                return Step::Complete;
             }
         }
     }
@@ -664,10 +734,11 @@ unsafe fn fail(r: *mut ngx_http_request_t, status: ngx_int_t, peer_failed: bool)
 }
 
 /// A connection attempt failed: try the next server if the balancer has one.
-unsafe fn next(r: *mut ngx_http_request_t, status: ngx_int_t) {
+unsafe fn next(r: *mut ngx_http_request_t, status: ngx_int_t, ft: u32) {
     // SAFETY: r is live with our upstream.
     unsafe {
         let u = (*r).upstream;
+        let lcf = &*request_loc_conf::<LocConf>(r, ptr::addr_of!(MODULE));
         if !(*u).state.is_null() {
             (*(*u).state).status = status as ngx_uint_t;
             (*(*u).state).response_time = current_msec().wrapping_sub((*u).start_time);
@@ -677,7 +748,8 @@ unsafe fn next(r: *mut ngx_http_request_t, status: ngx_int_t) {
         }
         (*u).peer.sockaddr = ptr::null_mut();
         (*u).peer.connection = ptr::null_mut();
-        if (*u).peer.tries == 0 || (*(*r).connection).error() != 0 {
+        let wanted = lcf.upstream.next_upstream & ft as ngx_uint_t != 0;
+        if (*u).peer.tries == 0 || !wanted || (*(*r).connection).error() != 0 {
             fail(r, status, false);
             return;
         }
@@ -709,7 +781,7 @@ unsafe fn reconnect(r: *mut ngx_http_request_t, status: ngx_int_t) {
                 log!(NGX_LOG_ERR, (*(*r).connection).log, "no live upstreams");
                 fail(r, status, false);
             }
-            DECLINED => next(r, HTTP_BAD_GATEWAY),
+            DECLINED => next(r, HTTP_BAD_GATEWAY, NGX_HTTP_UPSTREAM_FT_ERROR),
             _ => fail(r, HTTP_INTERNAL_SERVER_ERROR, false),
         }
     }

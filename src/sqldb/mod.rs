@@ -1,6 +1,7 @@
 //! The database gateway: PostgreSQL behind nginx locations.
 
 pub mod conf;
+pub mod conn;
 pub mod handler;
 pub mod output;
 pub mod pq;

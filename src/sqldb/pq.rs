@@ -90,6 +90,52 @@ impl PgConn {
         unsafe { pq::PQsendQuery(self.raw(), sql.as_ptr()) == 1 }
     }
 
+    /// PQsendQueryParams without parameters: one statement through the
+    /// extended protocol and the unnamed statement, results as text.
+    pub fn send_unnamed(&mut self, sql: &CStr) -> bool {
+        // SAFETY: live connection, NUL-terminated query, no parameters.
+        unsafe {
+            pq::PQsendQueryParams(
+                self.raw(),
+                sql.as_ptr(),
+                0,
+                std::ptr::null(),
+                std::ptr::null(),
+                std::ptr::null(),
+                std::ptr::null(),
+                0,
+            ) == 1
+        }
+    }
+
+    /// PQsendPrepare: parse a statement once under a name.
+    pub fn send_prepare(&mut self, name: &CStr, sql: &CStr) -> bool {
+        // SAFETY: live connection, NUL-terminated name and query.
+        unsafe { pq::PQsendPrepare(self.raw(), name.as_ptr(), sql.as_ptr(), 0, std::ptr::null()) == 1 }
+    }
+
+    /// PQsendQueryPrepared without parameters, results as text.
+    pub fn send_prepared(&mut self, name: &CStr) -> bool {
+        // SAFETY: live connection, NUL-terminated name, no parameters.
+        unsafe {
+            pq::PQsendQueryPrepared(
+                self.raw(),
+                name.as_ptr(),
+                0,
+                std::ptr::null(),
+                std::ptr::null(),
+                std::ptr::null(),
+                0,
+            ) == 1
+        }
+    }
+
+    /// True when the session is outside any transaction block and idle.
+    pub fn is_idle_outside_transaction(&self) -> bool {
+        // SAFETY: live connection.
+        unsafe { pq::PQtransactionStatus(self.raw()) == pq::PGTransactionStatusType::PQTRANS_IDLE }
+    }
+
     pub fn flush(&mut self) -> Flush {
         // SAFETY: live connection.
         match unsafe { pq::PQflush(self.raw()) } {

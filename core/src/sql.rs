@@ -1,0 +1,144 @@
+//! A small SQL scanner: does a query hold more than one statement? Such a
+//! query must go through the simple protocol; a single statement may be
+//! prepared. Quotes, dollar quotes and comments are skipped, so a ';' inside
+//! them does not count.
+
+/// True when a statement follows the first ';' (not inside quotes or comments).
+pub fn has_several_statements(sql: &[u8]) -> bool {
+    let mut i = 0;
+    let n = sql.len();
+    let mut seen_semicolon = false;
+    while i < n {
+        let b = sql[i];
+        match b {
+            b'\'' | b'"' => {
+                // '...' and "..." with doubled quotes; E'...' also takes backslash escapes.
+                let escapes = b == b'\'' && i > 0 && (sql[i - 1] == b'E' || sql[i - 1] == b'e');
+                i += 1;
+                while i < n {
+                    if escapes && sql[i] == b'\\' {
+                        i += 2;
+                        continue;
+                    }
+                    if sql[i] == b {
+                        if i + 1 < n && sql[i + 1] == b {
+                            i += 2;
+                            continue;
+                        }
+                        break;
+                    }
+                    i += 1;
+                }
+                i += 1;
+                if seen_semicolon {
+                    return true;
+                }
+                continue;
+            }
+            b'-' if i + 1 < n && sql[i + 1] == b'-' => {
+                while i < n && sql[i] != b'\n' {
+                    i += 1;
+                }
+                continue;
+            }
+            b'/' if i + 1 < n && sql[i + 1] == b'*' => {
+                let mut depth = 1;
+                i += 2;
+                while i < n && depth > 0 {
+                    if sql[i] == b'/' && i + 1 < n && sql[i + 1] == b'*' {
+                        depth += 1;
+                        i += 2;
+                    } else if sql[i] == b'*' && i + 1 < n && sql[i + 1] == b'/' {
+                        depth -= 1;
+                        i += 2;
+                    } else {
+                        i += 1;
+                    }
+                }
+                continue;
+            }
+            b'$' => {
+                if let Some(tag_len) = dollar_tag(&sql[i..]) {
+                    if seen_semicolon {
+                        return true;
+                    }
+                    let tag = &sql[i..i + tag_len];
+                    i += tag_len;
+                    while i < n && !sql[i..].starts_with(tag) {
+                        i += 1;
+                    }
+                    i += tag_len;
+                    continue;
+                }
+            }
+            b';' => {
+                seen_semicolon = true;
+                i += 1;
+                continue;
+            }
+            _ => {}
+        }
+        if seen_semicolon && !b.is_ascii_whitespace() {
+            return true;
+        }
+        i += 1;
+    }
+    false
+}
+
+/// The length of a dollar-quote opening tag (`$$` or `$name$`) at the start.
+fn dollar_tag(s: &[u8]) -> Option<usize> {
+    let mut j = 1;
+    while j < s.len() {
+        match s[j] {
+            b'$' => return Some(j + 1),
+            c if c.is_ascii_alphanumeric() || c == b'_' => {
+                if j == 1 && c.is_ascii_digit() {
+                    return None; // $1 is a parameter, not a tag
+                }
+                j += 1;
+            }
+            _ => return None,
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::has_several_statements as several;
+
+    #[test]
+    fn single_statements() {
+        for q in [
+            "select 1",
+            "select 1;",
+            "select 1 ;  \n",
+            "select ';' as a",
+            "select 'a;b'';c' as a; -- trailing comment",
+            "select E'it\\'s; here'",
+            "select \"a;b\" from t",
+            "select $$x; y$$",
+            "select $tag$ ; $$ ; $tag$ as body",
+            "select 1 /* a; /* nested; */ b; */",
+            "select $1::int; ",
+            "select 1; /* only a comment */",
+        ] {
+            assert!(!several(q.as_bytes()), "{q}");
+        }
+    }
+
+    #[test]
+    fn several_statements() {
+        for q in [
+            "select 1; select 2",
+            "insert into t values (1);delete from t",
+            "set x = 1; select $$a$$",
+            "select ';'; select 'b'",
+            "begin; commit",
+            "select 1; 'x'",
+        ] {
+            assert!(several(q.as_bytes()), "{q}");
+        }
+    }
+}
