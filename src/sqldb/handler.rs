@@ -53,6 +53,10 @@ pub struct Ctx {
     executing_prepared: bool,
     /// Some result (or error) of this request's query has arrived.
     got_result: bool,
+    /// The prepared statement had vanished (DEALLOCATE, DISCARD, a schema
+    /// change): prepare it again and run it once more, once.
+    reprepare: bool,
+    reprepared: bool,
     last: Option<PgResult>,
     error: Option<PgResult>,
     done: bool,
@@ -357,6 +361,8 @@ unsafe fn start(r: *mut ngx_http_request_t) -> ngx_int_t {
             preparing: false,
             executing_prepared: false,
             got_result: false,
+            reprepare: false,
+            reprepared: false,
             last: None,
             error: None,
             done: false,
@@ -640,9 +646,13 @@ unsafe fn advance(
                     ctx.got_result = true;
                     match res.kind() {
                         ResultKind::Error => {
-                            if ctx.executing_prepared && matches!(res.sqlstate().as_str(), "26000" | "0A000") {
-                                // DEALLOCATE / DISCARD or a schema change: prepare afresh next time.
+                            let vanished = ctx.executing_prepared && matches!(res.sqlstate().as_str(), "26000" | "0A000");
+                            if vanished {
                                 conn.forget_prepared();
+                                if !ctx.reprepared {
+                                    ctx.reprepare = true;
+                                    continue;
+                                }
                             }
                             if ctx.error.is_none() {
                                 ctx.error = Some(res);
@@ -663,6 +673,12 @@ unsafe fn advance(
                 }
                 // Every result of this round trip is in: the connection is idle again.
                 conn.phase = Phase::Idle;
+                if ctx.reprepare {
+                    ctx.reprepare = false;
+                    ctx.reprepared = true;
+                    ctx.got_result = false;
+                    continue;
+                }
                 if ctx.preparing {
                     if ctx.error.is_some() {
                         return Step::Complete;

@@ -21,10 +21,11 @@ use Time::HiRes qw(sleep time);
 use FindBin;
 
 our @EXPORT_OK = qw(start_servers stop_servers psql rds rds_rows rds_command free_port pg_bin pg_stop pg_start
+    pg_restart start_extra_pg nginx_signal nginx_exited
     nginx_start stop_nginx nginx_error_log http_send http_read http_get);
 
 my $PgBin = $ENV{PG_BIN} || (sort { $b cmp $a } glob '/usr/lib/postgresql/*/bin')[0];
-my ($PgDir, $PgData, $Owner);
+our ($PgDir, $PgData);
 
 sub pg_bin { $PgBin }
 
@@ -58,40 +59,57 @@ sub schema_sql {
     return <$fh>;
 }
 
-sub start_pg {
+my @Instances;
+
+# initdb + start on a free port; the instance has the test role and
+# database. Returns { dir, data, port, super }.
+sub new_pg_instance {
     die "PostgreSQL server binaries not found (set PG_BIN)\n" unless $PgBin && -x "$PgBin/initdb";
-    $PgDir = tempdir('ngx-gateway-pg-XXXXXX', TMPDIR => 1, CLEANUP => 0);
+    my $dir = tempdir('ngx-gateway-pg-XXXXXX', TMPDIR => 1, CLEANUP => 0);
     if ($> == 0) {
         my (undef, undef, $uid, $gid) = getpwnam('postgres') or die "no postgres user\n";
-        chown $uid, $gid, $PgDir;
+        chown $uid, $gid, $dir;
     }
-    chmod 0755, $PgDir;
-    $PgData = "$PgDir/data";
-    my $port = free_port();
-    my $super = 'super-' . int(rand(1e9));
-    open my $pw, '>', "$PgDir/pw" or die $!;
-    print $pw "$super\n";
+    chmod 0755, $dir;
+    local $PgDir = $dir;
+    my %pg = (dir => $dir, data => "$dir/data", port => free_port(), super => 'super-' . int(rand(1e9)));
+    push @Instances, \%pg;
+    open my $pw, '>', "$dir/pw" or die $!;
+    print $pw "$pg{super}\n";
     close $pw;
-    chmod 0644, "$PgDir/pw";
-    run_as_owner("$PgBin/initdb", '-D', $PgData, '-U', 'postgres', '-A', 'scram-sha-256',
-        "--pwfile=$PgDir/pw", '--no-sync', '-E', 'UTF8', '--locale=C');
-    open my $conf, '>>', "$PgData/postgresql.conf" or die $!;
-    print $conf "listen_addresses = '127.0.0.1'\nport = $port\nunix_socket_directories = '$PgDir'\n",
+    chmod 0644, "$dir/pw";
+    run_as_owner("$PgBin/initdb", '-D', $pg{data}, '-U', 'postgres', '-A', 'scram-sha-256',
+        "--pwfile=$dir/pw", '--no-sync', '-E', 'UTF8', '--locale=C');
+    open my $conf, '>>', "$pg{data}/postgresql.conf" or die $!;
+    print $conf "listen_addresses = '127.0.0.1'\nport = $pg{port}\nunix_socket_directories = '$dir'\n",
         "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\nmax_connections = 200\n",
         "log_min_messages = fatal\n";
     close $conf;
-    run_as_owner("$PgBin/pg_ctl", '-D', $PgData, '-l', "$PgDir/server.log", '-w', '-s', 'start');
-    $ENV{TEST_NGINX_PG_PORT} = $port;
-    $ENV{TEST_NGINX_PG_SOCKET_DIR} = $PgDir;
-    $ENV{TEST_NGINX_PG_SUPERPW} = $super;
-    $ENV{TEST_NGINX_PG_DATA} = $PgData;
+    run_as_owner("$PgBin/pg_ctl", '-D', $pg{data}, '-l', "$dir/server.log", '-w', '-s', 'start');
+    local $ENV{TEST_NGINX_PG_PORT} = $pg{port};
+    local $ENV{TEST_NGINX_PG_SUPERPW} = $pg{super};
+    psql("create role gateway login password 'it''s a secret'", 'postgres');
+    psql("create database gateway_test owner gateway", 'postgres');
+    local $ENV{TEST_NGINX_PG_PASSWORD} = "it's a secret";
+    psql(schema_sql(), 'gateway_test', 'gateway');
+    return \%pg;
+}
+
+sub start_pg {
+    my $pg = new_pg_instance();
+    ($PgDir, $PgData) = ($pg->{dir}, $pg->{data});
+    $ENV{TEST_NGINX_PG_PORT} = $pg->{port};
+    $ENV{TEST_NGINX_PG_SOCKET_DIR} = $pg->{dir};
+    $ENV{TEST_NGINX_PG_SUPERPW} = $pg->{super};
+    $ENV{TEST_NGINX_PG_DATA} = $pg->{data};
     $ENV{TEST_NGINX_PG_DB} = 'gateway_test';
     $ENV{TEST_NGINX_PG_USER} = 'gateway';
     $ENV{TEST_NGINX_PG_PASSWORD} = "it's a secret";
-    psql("create role gateway login password 'it''s a secret'", 'postgres');
-    psql("create database gateway_test owner gateway", 'postgres');
-    psql(schema_sql(), 'gateway_test', 'gateway');
 }
+
+# A second server with the same role, password and schema (for failover
+# tests); stopped when the test file ends.
+sub start_extra_pg { new_pg_instance() }
 
 sub set_derived_env {
     $ENV{TEST_NGINX_PG_SERVER} = "127.0.0.1:$ENV{TEST_NGINX_PG_PORT} dbname=$ENV{TEST_NGINX_PG_DB} "
@@ -117,15 +135,17 @@ sub psql {
     return $out;
 }
 
-# Stops and starts the test server (for tests of a server that goes away).
+# Stops and starts a test server (for tests of a server that goes away):
+# the main one, or an instance from start_extra_pg.
 sub pg_ctl {
-    my @args = @_;
-    my $data = $ENV{TEST_NGINX_PG_DATA} or die "no TEST_NGINX_PG_DATA\n";
-    $PgDir ||= $ENV{TEST_NGINX_PG_SOCKET_DIR};
-    run_as_owner("$PgBin/pg_ctl", '-D', $data, '-w', '-s', @args);
+    my ($pg, @args) = @_;
+    my $dir = $pg ? $pg->{dir} : $ENV{TEST_NGINX_PG_SOCKET_DIR};
+    local $PgDir = $dir;
+    run_as_owner("$PgBin/pg_ctl", '-D', "$dir/data", '-w', '-s', @args);
 }
-sub pg_stop { pg_ctl('-m', 'fast', 'stop') }
-sub pg_start { pg_ctl('-l', "$ENV{TEST_NGINX_PG_SOCKET_DIR}/server.log", 'start') }
+sub pg_stop { pg_ctl($_[0], '-m', 'fast', 'stop') }
+sub pg_start { my $pg = $_[0]; pg_ctl($pg, '-l', ($pg ? $pg->{dir} : $ENV{TEST_NGINX_PG_SOCKET_DIR}) . '/server.log', 'start') }
+sub pg_restart { my $pg = $_[0]; pg_ctl($pg, '-m', 'fast', '-l', ($pg ? $pg->{dir} : $ENV{TEST_NGINX_PG_SOCKET_DIR}) . '/server.log', 'restart') }
 
 # A port that accepts TCP connections (the kernel completes the handshake)
 # but never answers: for connect timeouts.
@@ -147,15 +167,19 @@ sub start_servers {
 }
 
 sub stop_servers {
-    return unless $PgData && -d $PgData;
-    run_as_owner("$PgBin/pg_ctl", '-D', $PgData, '-m', 'immediate', '-s', 'stop');
-    system('rm', '-rf', $PgDir);
-    $PgData = undef;
+    for my $pg (@Instances) {
+        next unless -d $pg->{data};
+        local $PgDir = $pg->{dir};
+        eval { run_as_owner("$PgBin/pg_ctl", '-D', $pg->{data}, '-m', 'immediate', '-s', 'stop') };
+        system('rm', '-rf', $pg->{dir});
+    }
+    @Instances = ();
 }
 
 END {
     my $rc = $?;
-    stop_servers() if $Started;
+    stop_nginx();
+    stop_servers();
     $? = $rc;
 }
 
@@ -204,7 +228,7 @@ sub rds { my ($name, $value) = @_; rds_rows([[$name, 25]], [[$value]]) }
 # --- nginx for the tests that need several clients at once -----------------
 # (the data-driven format sends one request at a time)
 
-my ($NginxPid, $NginxRoot);
+our ($NginxPid, $NginxRoot);
 
 # Starts nginx (foreground, our child) with an http{} body; returns its port.
 sub nginx_start {
@@ -242,6 +266,18 @@ sub nginx_start {
     die "nginx did not start\n";
 }
 
+sub nginx_signal {
+    my ($sig) = @_;
+    kill $sig, $NginxPid if $NginxPid;
+}
+
+# True when the nginx master started by nginx_start has exited (reaped here).
+sub nginx_exited {
+    return 1 unless $NginxPid;
+    if (waitpid($NginxPid, WNOHANG) == $NginxPid) { $NginxPid = undef; return 1 }
+    return 0;
+}
+
 sub nginx_error_log {
     open my $fh, '<', "$NginxRoot/logs/error.log" or return '';
     local $/;
@@ -261,7 +297,6 @@ sub stop_nginx {
     $NginxPid = undef;
 }
 
-END { stop_nginx() }
 
 # Opens a connection and sends a GET; returns the socket (read it with http_read).
 sub http_send {

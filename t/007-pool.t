@@ -1,0 +1,120 @@
+# The pool over time and under pressure: idle timeout, connections killed
+# by the server while idle, overflow=reject, single mode.
+use strict;
+use warnings;
+use lib 't/lib';
+use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_send http_read http_get psql rds rds_rows);
+use Test::More;
+use Time::HiRes qw(sleep);
+
+sub gateway_backends {
+    psql("select count(*) from pg_stat_activity where application_name = 'ngx_gateway'");
+}
+
+sub wait_for {
+    my ($want, $what) = @_;
+    my $n;
+    for (1 .. 50) {
+        $n = gateway_backends();
+        return $n if $n == $want;
+        sleep 0.1;
+    }
+    return $n;
+}
+
+# 1. Idle connections close after idle_timeout.
+my $port = nginx_start(<<'HTTP');
+upstream database {
+    sqldb_server $TEST_NGINX_PG_SERVER;
+    sqldb_keepalive max=4 idle_timeout=500ms;
+}
+server {
+    listen 127.0.0.1:$PORT;
+    location /echo { sqldb_pass database; sqldb_query "select 'x' as echo"; }
+    location /pid { sqldb_pass database; sqldb_query "select pg_backend_pid()::text as pid"; }
+}
+HTTP
+my ($status) = http_get($port, '/echo');
+is($status, 200, 'request served');
+is(gateway_backends(), 1, 'its connection stays in the pool');
+is(wait_for(0), 0, 'and closes after the idle timeout');
+
+# 2. pg_terminate_backend of the pooled connections: noticed while idle,
+# never handed to a request.
+my @s = map { http_send($port, '/echo') } 1 .. 3;
+is_deeply([map { (http_read($_))[0] } @s], [200, 200, 200], 'three concurrent requests');
+my $pooled = gateway_backends();
+cmp_ok($pooled, '>=', 1, "$pooled connections pooled");
+psql("select pg_terminate_backend(pid) from pg_stat_activity where application_name = 'ngx_gateway'");
+sleep 0.3;
+my @codes = map { (http_get($port, '/echo'))[0] } 1 .. 5;
+is_deeply(\@codes, [(200) x 5], 'requests after pg_terminate_backend all succeed');
+like(nginx_error_log(), qr/sqldb: idle connection closed by the server/, 'the closed idle connections were noticed');
+unlike(nginx_error_log(), qr/\[error\]/, 'no request saw an error');
+
+# 3. A connection terminated between two requests, with no time for the
+# idle handler to run first, is retried on a fresh one.
+my ($st, $body) = http_get($port, '/pid');
+my ($pid) = $body =~ /(\d+)\x00$/;
+psql("select pg_terminate_backend($pid)");
+($st) = http_get($port, '/echo');
+is($st, 200, 'request right after the kill succeeds');
+stop_nginx();
+
+# 4. overflow=reject: 503 when every connection is busy.
+$port = nginx_start(<<'HTTP');
+upstream database {
+    sqldb_server $TEST_NGINX_PG_SERVER;
+    sqldb_keepalive max=1 overflow=reject;
+}
+server {
+    listen 127.0.0.1:$PORT;
+    location /slow { sqldb_pass database; sqldb_query "select pg_sleep(0.8)::text as s"; }
+    location /echo { sqldb_pass database; sqldb_query "select 'x' as echo"; }
+}
+HTTP
+my $slow = http_send($port, '/slow');
+sleep 0.2;
+($st) = http_get($port, '/echo');
+is($st, 503, 'second request while the only connection is busy: 503');
+like(nginx_error_log(), qr/sqldb: all 1 connections to upstream "database" are busy/, 'logged');
+is((http_read($slow))[0], 200, 'the busy one completes');
+($st) = http_get($port, '/echo');
+is($st, 200, 'then the connection serves again');
+stop_nginx();
+
+# 5. overflow=ignore (default): more connections than max when needed, only max kept.
+$port = nginx_start(<<'HTTP');
+upstream database {
+    sqldb_server $TEST_NGINX_PG_SERVER;
+    sqldb_keepalive max=2;
+}
+server {
+    listen 127.0.0.1:$PORT;
+    location /slow { sqldb_pass database; sqldb_query "select pg_sleep(0.3)::text as s"; }
+}
+HTTP
+@s = map { http_send($port, '/slow') } 1 .. 5;
+is_deeply([map { (http_read($_))[0] } @s], [(200) x 5], 'five concurrent requests over a pool of two');
+is(wait_for(2), 2, 'two connections stay pooled');
+stop_nginx();
+
+# 6. mode=single: any idle connection serves, whichever server it goes to.
+$port = nginx_start(<<'HTTP');
+upstream database {
+    sqldb_server $TEST_NGINX_PG_SERVER;
+    sqldb_server unix:$TEST_NGINX_PG_SOCKET_DIR port=$TEST_NGINX_PG_PORT dbname=$TEST_NGINX_PG_DB user=$TEST_NGINX_PG_USER "password=$TEST_NGINX_PG_PASSWORD";
+    sqldb_keepalive max=2 mode=single;
+}
+server {
+    listen 127.0.0.1:$PORT;
+    location /echo { sqldb_pass database; sqldb_query "select 'x' as echo"; add_header X-Addr $upstream_addr; }
+}
+HTTP
+@codes = map { (http_get($port, '/echo'))[0] } 1 .. 6;
+is_deeply(\@codes, [(200) x 6], 'six sequential requests');
+is(gateway_backends(), 1, 'served by one pooled connection although round robin alternates');
+stop_nginx();
+
+unlike(nginx_error_log(), qr/\[alert\]|exited on signal/, 'no alert, no crash');
+done_testing();
