@@ -33,7 +33,7 @@ const fn command(
 
 const LOC_ANY: u32 = NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF;
 
-static mut COMMANDS: [ngx_command_t; 9] = [
+static mut COMMANDS: [ngx_command_t; 10] = [
     command(
         "sqldb_server\0",
         NGX_HTTP_UPS_CONF | NGX_CONF_1MORE,
@@ -73,6 +73,13 @@ static mut COMMANDS: [ngx_command_t; 9] = [
         "sqldb_keepalive\0",
         NGX_HTTP_UPS_CONF | NGX_CONF_1MORE,
         sc::cmd_sqldb_keepalive,
+        NGX_HTTP_SRV_CONF_OFFSET,
+        0,
+    ),
+    command(
+        "sqldb_pipeline\0",
+        NGX_HTTP_UPS_CONF | NGX_CONF_TAKE1,
+        sc::cmd_sqldb_pipeline,
         NGX_HTTP_SRV_CONF_OFFSET,
         0,
     ),

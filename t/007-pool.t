@@ -61,11 +61,12 @@ psql("select pg_terminate_backend($pid)");
 is($st, 200, 'request right after the kill succeeds');
 stop_nginx();
 
-# 4. overflow=reject: 503 when every connection is busy.
+# 4. overflow=reject without pipelining: 503 when every connection is busy.
 $port = nginx_start(<<'HTTP');
 upstream database {
     sqldb_server $TEST_NGINX_PG_SERVER;
     sqldb_keepalive max=1 overflow=reject;
+    sqldb_pipeline off;
 }
 server {
     listen 127.0.0.1:$PORT;
@@ -83,11 +84,13 @@ is((http_read($slow))[0], 200, 'the busy one completes');
 is($st, 200, 'then the connection serves again');
 stop_nginx();
 
-# 5. overflow=ignore (default): more connections than max when needed, only max kept.
+# 5. overflow=ignore (default) without pipelining: more connections than max
+# when needed, only max kept.
 $port = nginx_start(<<'HTTP');
 upstream database {
     sqldb_server $TEST_NGINX_PG_SERVER;
     sqldb_keepalive max=2;
+    sqldb_pipeline off;
 }
 server {
     listen 127.0.0.1:$PORT;

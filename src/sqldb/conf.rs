@@ -607,3 +607,29 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_next_upstream(
         CONF_OK
     }
 }
+
+/// `sqldb_pipeline on | off` (upstream): queue requests onto busy connections.
+pub(crate) unsafe extern "C" fn cmd_sqldb_pipeline(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    // SAFETY: conf is this module's SrvConf of the enclosing upstream block; cf is live.
+    unsafe {
+        let srv = &mut *(conf as *mut SrvConf);
+        srv.pool.pipelining = match bytes(&conf_args(cf)[1]) {
+            b"on" => true,
+            b"off" => false,
+            other => {
+                let text = String::from_utf8_lossy(other);
+                return conf_error(
+                    cf,
+                    format_args!(
+                        "invalid value \"{text}\" in \"sqldb_pipeline\" directive, it must be \"on\" or \"off\""
+                    ),
+                );
+            }
+        };
+        CONF_OK
+    }
+}

@@ -1,115 +1,80 @@
-//! Database connections: a libpq connection with the nginx connection that
-//! watches its socket, and the per-worker keepalive pool of idle ones.
+//! Database connections and the per-worker pool that owns them.
+//!
+//! Every connection belongs to its upstream's pool for its whole life;
+//! requests only queue on it. A connection in pipeline mode carries several
+//! requests at once, each ended by its own sync point so that an error stays
+//! with its request; results come back in order and go to the request at
+//! the head of the queue.
 
+use std::collections::VecDeque;
 use std::ffi::CString;
 use std::ptr::{self, NonNull};
 
+use super::handler::Ctx;
 use super::pq::PgConn;
 use crate::ffi::*;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
+pub enum State {
     /// PQconnectPoll until the session is authenticated.
     Connecting,
-    /// Ready for a query (all results of the previous one are read).
-    Idle,
-    /// A query is being sent (PQflush).
-    Sending,
-    /// Waiting for and reading results.
-    Reading,
+    /// Authenticated; carries queries.
+    Ready,
+}
+
+/// How the results of one queued request end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Simple protocol (several statements): at the NULL result.
+    Simple,
+    /// Pipeline: at the sync point; `preparing` when the first query of the
+    /// request prepares its statement.
+    Pipelined { preparing: bool },
+}
+
+/// A request waiting for its results.
+pub struct Pending {
+    /// Null once the request has gone (client closed, timed out): its
+    /// results are read and dropped.
+    pub ctx: *mut Ctx,
+    pub mode: Mode,
+    /// Queries of this request whose results are complete (pipeline).
+    pub stage: u32,
+    /// Run it once more at the end of its results (its prepared statement vanished).
+    pub again: bool,
 }
 
 /// Templates prepared on one connection at most; later ones run unnamed.
 const MAX_PREPARED: usize = 256;
 
 /// A libpq connection and the nginx connection that watches its socket.
-/// Always boxed: while it sits in the pool, its nginx connection's `data`
-/// points at it.
+/// Boxed and owned by its pool; its nginx connection's `data` points at it.
 pub struct Conn {
     pub pg: PgConn,
-    pub c: NonNull<ngx_connection_t>,
+    c: NonNull<ngx_connection_t>,
     /// Index of the server address in the upstream's SrvConf.
     pub addr: usize,
-    pub phase: Phase,
+    pub state: State,
+    /// libpq pipeline mode is on.
+    pub pipeline: bool,
+    pub queue: VecDeque<Pending>,
+    /// While connecting: the request that opened it (null once it left).
+    pub creator: *mut Ctx,
     write_watched: bool,
-    /// Requests served so far.
-    pub requests: u64,
-    /// Came from the pool for the current request.
-    pub reused: bool,
+    /// Requests served.
+    pub served: u64,
     prepared: Vec<usize>,
-    pool: *mut Pool,
+    pub pool: *mut Pool,
 }
 
 impl Conn {
-    /// Wraps a started libpq connection's socket in an nginx connection and
-    /// watches it (read always, write while libpq needs it).
-    ///
-    /// # Safety
-    /// `log` must be live; `pool` must outlive the connection.
-    pub unsafe fn wrap(pg: PgConn, addr: usize, log: *mut ngx_log_t, pool: *mut Pool) -> Option<Box<Conn>> {
-        // SAFETY: a fresh socket from libpq; nginx gives us a free connection slot.
-        let c = NonNull::new(unsafe { ngx_get_connection(pg.socket(), log) })?;
-        // SAFETY: c is the fresh connection.
-        unsafe {
-            (*(*c.as_ptr()).read).log = log;
-            (*(*c.as_ptr()).write).log = log;
-        }
-        let mut conn = Box::new(Conn {
-            pg,
-            c,
-            addr,
-            phase: Phase::Connecting,
-            write_watched: false,
-            requests: 0,
-            reused: false,
-            prepared: Vec::new(),
-            pool,
-        });
-        // SAFETY: pool outlives the connection (it lives in the cycle's configuration).
-        unsafe { (*pool).open += 1 };
-        // libpq starts as if it had asked for writability.
-        // SAFETY: c is live.
-        if !unsafe { add_event((*c.as_ptr()).read, READ_EVENT, LEVEL_EVENT) } || !conn.want_write(true) {
-            conn.close();
-            return None;
-        }
-        Some(conn)
-    }
-
     pub fn raw(&self) -> *mut ngx_connection_t {
         self.c.as_ptr()
     }
 
-    /// Stops watching the socket, frees the nginx connection, then closes
-    /// the libpq connection (which closes the socket).
-    pub fn close(self: Box<Self>) {
-        let c = self.c.as_ptr();
-        // SAFETY: c is the live connection made for this socket in wrap; the
-        // pool outlives it.
-        unsafe {
-            for ev in [(*c).read, (*c).write] {
-                if (*ev).timer_set() != 0 {
-                    ngx_del_timer(ev);
-                }
-                if (*ev).posted() != 0 {
-                    ngx_delete_posted_event(ev);
-                }
-            }
-            if (*(*c).read).active() != 0 {
-                del_event((*c).read, READ_EVENT, NGX_CLOSE_EVENT as ngx_uint_t);
-            }
-            if (*(*c).write).active() != 0 {
-                del_event((*c).write, WRITE_EVENT, NGX_CLOSE_EVENT as ngx_uint_t);
-            }
-            if !(*c).pool.is_null() {
-                ngx_destroy_pool((*c).pool);
-                (*c).pool = ptr::null_mut();
-            }
-            ngx_free_connection(c);
-            (*c).fd = -1;
-            (*self.pool).open -= 1;
-        }
-        drop(self);
+    /// Requests still waiting on this connection.
+    pub fn live(&self) -> usize {
+        self.queue.iter().filter(|p| !p.ctx.is_null()).count()
     }
 
     /// Watches the socket for writability only while libpq has bytes to send.
@@ -132,23 +97,11 @@ impl Conn {
         ok
     }
 
-    /// One timer on the read event serves every phase.
-    pub fn set_timer(&mut self, ms: ngx_msec_t) {
-        // SAFETY: c is live.
-        unsafe {
-            let c = self.c.as_ptr();
-            if (*(*c).write).timer_set() != 0 {
-                ngx_del_timer((*c).write);
-            }
-            ngx_add_timer((*c).read, ms);
-        }
-    }
-
     pub fn is_prepared(&self, template: usize) -> bool {
         self.prepared.contains(&template)
     }
 
-    /// Remembers a prepared template; false when the cache is full.
+    /// Remembers a template as prepared; false when the cache is full.
     pub fn add_prepared(&mut self, template: usize) -> bool {
         if self.prepared.len() >= MAX_PREPARED {
             return false;
@@ -165,6 +118,32 @@ impl Conn {
     pub fn forget_prepared(&mut self) {
         self.prepared.clear();
     }
+
+    /// Logs to the cycle's log: requests come and go, the connection stays.
+    fn log_to_cycle(&mut self) {
+        // SAFETY: c is live; the cycle's log outlives it.
+        unsafe {
+            let c = self.c.as_ptr();
+            let log = (*ngx_cycle).log;
+            (*c).log = log;
+            (*(*c).read).log = log;
+            (*(*c).write).log = log;
+        }
+    }
+
+    fn set_idle_timer(&mut self, on: bool, ms: ngx_msec_t) {
+        // SAFETY: c is live.
+        unsafe {
+            let c = self.c.as_ptr();
+            (*c).set_idle(on as u32);
+            let rev = (*c).read;
+            if on {
+                ngx_add_timer(rev, ms);
+            } else if (*rev).timer_set() != 0 {
+                ngx_del_timer(rev);
+            }
+        }
+    }
 }
 
 /// The statement name of a template on every connection.
@@ -172,21 +151,39 @@ pub fn statement_name(template: usize) -> CString {
     CString::new(format!("ngx_gateway_{template:x}")).unwrap_or_default()
 }
 
-/// `sqldb_keepalive` settings and the idle connections of one upstream in
-/// one worker process.
+/// What a request gets from the pool.
+pub enum Pick {
+    /// An idle connection (to the address asked for, or any in single mode).
+    Idle(*mut Conn),
+    /// A busy connection in pipeline mode, to queue behind its requests.
+    Share(*mut Conn),
+    /// Open a new connection.
+    New,
+    /// `overflow=reject` and nothing free.
+    Reject,
+}
+
+/// `sqldb_keepalive` / `sqldb_pipeline` settings and, in each worker
+/// process, the connections of one upstream.
 pub struct Pool {
-    /// Idle connections kept at most (and, with `reject`, connections open at most).
+    /// Idle connections kept at most; open connections before requests
+    /// are pipelined onto busy ones (or rejected).
     pub max: usize,
     /// Any idle connection serves a request, whatever server the balancer would pick.
     pub single: bool,
-    /// When `max` connections are open and none is idle, answer 503.
+    /// With no connection to spare: 503 instead of opening more.
     pub reject: bool,
     pub idle_timeout: ngx_msec_t,
     /// Requests one connection serves before it is closed (0: no limit).
     pub max_requests: u64,
-    pub idle: Vec<Box<Conn>>,
-    /// Connections open now, busy and idle.
-    pub open: usize,
+    /// Queue requests onto busy connections (libpq pipeline mode).
+    pub pipelining: bool,
+    /// Every open connection. Boxed so that a connection keeps its address
+    /// (its nginx connection and its requests point at it) as the Vec grows.
+    #[allow(clippy::vec_box)]
+    all: Vec<Box<Conn>>,
+    /// Idle ones, most recently used last.
+    idle: Vec<*mut Conn>,
 }
 
 impl Default for Pool {
@@ -197,108 +194,160 @@ impl Default for Pool {
             reject: false,
             idle_timeout: 60_000,
             max_requests: 0,
+            pipelining: true,
+            all: Vec::new(),
             idle: Vec::new(),
-            open: 0,
         }
     }
 }
 
 impl Pool {
-    /// Takes an idle connection: the most recently used one to `addr`, or any
-    /// one in single mode.
-    pub fn take(&mut self, addr: Option<usize>) -> Option<Box<Conn>> {
-        let i = match addr {
-            Some(a) => self.idle.iter().rposition(|c| c.addr == a)?,
-            None => self.idle.len().checked_sub(1)?,
-        };
-        let mut conn = self.idle.remove(i);
-        // SAFETY: the pooled connection is live.
-        unsafe {
-            let c = conn.raw();
-            (*c).set_idle(0);
-            if (*(*c).read).timer_set() != 0 {
-                ngx_del_timer((*c).read);
+    pub fn open(&self) -> usize {
+        self.all.len()
+    }
+
+    pub fn idle_count(&self) -> usize {
+        self.idle.len()
+    }
+
+    /// Where a request goes. `addr` is the balancer's choice (None: any,
+    /// single mode); `pipelinable` is false for several statements, which
+    /// need a connection of their own.
+    pub fn pick(&mut self, addr: Option<usize>, pipelinable: bool) -> Pick {
+        // SAFETY: idle and all hold live connections of this pool.
+        let fits = |c: &*mut Conn| addr.is_none_or(|a| unsafe { (**c).addr } == a);
+        if let Some(i) = self.idle.iter().rposition(fits) {
+            let conn = self.idle.remove(i);
+            // SAFETY: conn is live.
+            unsafe { (*conn).set_idle_timer(false, 0) };
+            return Pick::Idle(conn);
+        }
+        if self.max == 0 || self.all.len() < self.max {
+            return Pick::New;
+        }
+        if pipelinable && self.pipelining {
+            let best = self
+                .all
+                .iter_mut()
+                .filter(|c| c.state == State::Ready && c.pipeline && addr.is_none_or(|a| c.addr == a))
+                .min_by_key(|c| c.queue.len());
+            if let Some(c) = best {
+                return Pick::Share(&mut **c);
             }
         }
-        conn.reused = true;
-        Some(conn)
+        if self.reject {
+            Pick::Reject
+        } else {
+            Pick::New
+        }
     }
 
-    /// True when `overflow=reject` must turn a request away.
+    /// True when a request would be turned away (checked before nginx's
+    /// upstream starts, so that the answer is 503).
     pub fn full(&self) -> bool {
-        self.reject && self.idle.is_empty() && self.open >= self.max
+        self.reject
+            && self.max > 0
+            && self.idle.is_empty()
+            && self.all.len() >= self.max
+            && !(self.pipelining && self.all.iter().any(|c| c.state == State::Ready && c.pipeline))
     }
 
-    /// Keeps a connection that finished a request, or closes it.
-    pub fn release(&mut self, mut conn: Box<Conn>) {
-        conn.requests += 1;
-        conn.reused = false;
-        // SAFETY: reading nginx's process flags.
-        let exiting = unsafe { ngx_exiting != 0 || ngx_terminate != 0 || ngx_quit != 0 };
-        let healthy = conn.phase == Phase::Idle
-            && !conn.pg.is_bad()
-            && conn.pg.is_idle_outside_transaction()
-            && conn.want_write(false);
-        let spent = self.max_requests != 0 && conn.requests >= self.max_requests;
-        if !healthy || spent || exiting || self.idle.len() >= self.max {
-            conn.close();
+    /// Opens the nginx side of a started libpq connection and adds it to the pool.
+    ///
+    /// # Safety
+    /// `log` must be live.
+    pub unsafe fn add(&mut self, pg: PgConn, addr: usize, log: *mut ngx_log_t) -> Option<*mut Conn> {
+        // SAFETY: a fresh socket from libpq; nginx gives us a free connection slot.
+        let c = NonNull::new(unsafe { ngx_get_connection(pg.socket(), log) })?;
+        let pool: *mut Pool = self;
+        let mut conn = Box::new(Conn {
+            pg,
+            c,
+            addr,
+            state: State::Connecting,
+            pipeline: false,
+            queue: VecDeque::new(),
+            creator: ptr::null_mut(),
+            write_watched: false,
+            served: 0,
+            prepared: Vec::new(),
+            pool,
+        });
+        let raw: *mut Conn = &mut *conn;
+        conn.log_to_cycle();
+        // SAFETY: c is the fresh connection; libpq starts as if it had asked
+        // for writability, and the read side is watched for its whole life.
+        let ok = unsafe {
+            let cp = c.as_ptr();
+            (*cp).data = raw.cast();
+            (*(*cp).read).handler = Some(super::handler::conn_event);
+            (*(*cp).write).handler = Some(super::handler::conn_event);
+            add_event((*cp).read, READ_EVENT, LEVEL_EVENT)
+        };
+        self.all.push(conn);
+        // SAFETY: raw is the box just pushed.
+        if !ok || !unsafe { (*raw).want_write(true) } {
+            self.close(raw);
+            return None;
+        }
+        Some(raw)
+    }
+
+    /// A connection whose queue has emptied: keep it idle or close it.
+    ///
+    /// # Safety
+    /// `conn` must be a live connection of this pool.
+    pub unsafe fn settle(&mut self, conn: *mut Conn) {
+        // SAFETY: see above.
+        let cn = unsafe { &mut *conn };
+        if !cn.queue.is_empty() {
             return;
         }
-        let raw: *mut Conn = &mut *conn;
-        // SAFETY: c is live; the request's log dies with the request, so
-        // the idle connection logs to the cycle's log.
-        unsafe {
-            let c = conn.raw();
-            let log = (*ngx_cycle).log;
-            (*c).log = log;
-            (*(*c).read).log = log;
-            (*(*c).write).log = log;
-            if !(*c).pool.is_null() {
-                (*(*c).pool).log = log;
-            }
-            (*c).data = raw.cast();
-            (*(*c).read).handler = Some(idle_event);
-            (*(*c).write).handler = Some(idle_event);
-            (*c).set_idle(1);
-            ngx_add_timer((*c).read, self.idle_timeout);
+        // SAFETY: reading nginx's process flags.
+        let exiting = unsafe { ngx_exiting != 0 || ngx_terminate != 0 || ngx_quit != 0 };
+        let healthy =
+            cn.state == State::Ready && !cn.pg.is_bad() && cn.pg.is_idle_outside_transaction() && cn.want_write(false);
+        let spent = self.max_requests != 0 && cn.served >= self.max_requests;
+        if !healthy || spent || exiting || self.idle.len() >= self.max {
+            self.close(conn);
+            return;
         }
+        cn.log_to_cycle();
+        cn.set_idle_timer(true, self.idle_timeout);
         self.idle.push(conn);
     }
 
-    fn remove(&mut self, conn: *const Conn) -> Option<Box<Conn>> {
-        let i = self.idle.iter().position(|c| ptr::eq(&**c, conn))?;
-        Some(self.idle.remove(i))
-    }
-}
-
-/// Events on an idle connection: the server closed it (restart,
-/// pg_terminate_backend), the idle timeout passed, or nginx is shutting down.
-unsafe extern "C" fn idle_event(ev: *mut ngx_event_t) {
-    // SAFETY: ev belongs to a pooled connection whose data is its Conn.
-    unsafe {
-        let c = (*ev).data as *mut ngx_connection_t;
-        let conn = (*c).data as *mut Conn;
-        if (*ev).write() != 0 {
-            return; // nothing to write while idle
-        }
-        let pool = (*conn).pool;
-        let drop_it = (*ev).timedout() != 0
-            || (*c).close() != 0
-            || !(*conn).pg.consume_input()
-            || (*conn).pg.is_bad()
-            || (*conn).pg.is_busy();
-        if drop_it {
-            if (*ev).timedout() == 0 && (*c).close() == 0 {
-                log!(
-                    NGX_LOG_INFO,
-                    (*c).log,
-                    "sqldb: idle connection closed by the server: {}",
-                    (*conn).pg.error_message()
-                );
+    /// Closes a connection: stops watching the socket, frees the nginx
+    /// connection, then the libpq one (which closes the socket).
+    ///
+    /// # Safety
+    /// `conn` must be a live connection of this pool; it is freed.
+    pub unsafe fn close(&mut self, conn: *mut Conn) {
+        self.idle.retain(|&c| c != conn);
+        let Some(i) = self.all.iter().position(|c| ptr::eq(&**c, conn)) else {
+            return;
+        };
+        let boxed = self.all.swap_remove(i);
+        let c = boxed.c.as_ptr();
+        // SAFETY: c is the live connection made for this socket in add().
+        unsafe {
+            for ev in [(*c).read, (*c).write] {
+                if (*ev).timer_set() != 0 {
+                    ngx_del_timer(ev);
+                }
+                if (*ev).posted() != 0 {
+                    ngx_delete_posted_event(ev);
+                }
             }
-            if let Some(conn) = (*pool).remove(conn) {
-                conn.close();
+            if (*(*c).read).active() != 0 {
+                del_event((*c).read, READ_EVENT, NGX_CLOSE_EVENT as ngx_uint_t);
             }
+            if (*(*c).write).active() != 0 {
+                del_event((*c).write, WRITE_EVENT, NGX_CLOSE_EVENT as ngx_uint_t);
+            }
+            ngx_free_connection(c);
+            (*c).fd = -1;
         }
+        drop(boxed);
     }
 }

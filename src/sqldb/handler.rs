@@ -1,67 +1,126 @@
 //! The request side of the database gateway: the content handler, nginx
-//! upstream callbacks, the peer wrapper around the balancer, and the
-//! connection state machine driven by nginx events and timers.
+//! upstream callbacks, the peer wrapper around the balancer, and the event
+//! handlers that drive database connections.
 //!
 //! Flow: the content handler picks the template, evaluates it and starts
-//! nginx's upstream. The balancer picks a server; our `peer_get` opens a
-//! nonblocking libpq connection and hands its socket to nginx as the peer
-//! connection. From then on `pg_event` runs on every read/write readiness or
-//! timer of that socket: connect -> send -> read results -> respond.
+//! nginx's upstream. The balancer picks a server; `peer_get` asks the pool
+//! for a connection to it (idle, shared in pipeline mode, or new) and gives
+//! nginx's upstream code a stand-in connection of the request's own, so
+//! that a database connection can serve several requests. `attach` queues
+//! the query; `conn_event` runs on every readiness of a database socket:
+//! connect, send, read results and hand each request its own.
 
 use std::ffi::{c_void, CString};
+use std::mem;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 
+use gateway_core::sql::has_several_statements;
+
 use super::conf::{find_upstream, sqldb_srv_conf, LocConf, SrvConf, Template};
-use super::conn::{statement_name, Conn, Phase};
+use super::conn::{statement_name, Conn, Mode, Pending, Pick, State};
 use super::output;
 use super::pq::{Flush, PgConn, PgResult, Poll, ResultKind};
 use crate::ffi::*;
 use crate::ngx_http_gateway_module as MODULE;
-use gateway_core::sql::has_several_statements;
 
-/// Per-request peer data: the balancer's own, and the connection in use.
+/// The connection nginx's upstream code sees for one request: it sets its
+/// handlers, log and a connect timer on it, none of which may touch a
+/// database connection that other requests share.
+#[repr(C)]
+struct StandIn {
+    c: ngx_connection_t,
+    read: ngx_event_t,
+    write: ngx_event_t,
+}
+
+impl StandIn {
+    /// Timers, posted events and the pool nginx may have given it.
+    fn clear(&mut self) {
+        // SAFETY: the events are ours; the pool was created by nginx for it.
+        unsafe {
+            for ev in [&mut self.read as *mut ngx_event_t, &mut self.write] {
+                if (*ev).timer_set() != 0 {
+                    ngx_del_timer(ev);
+                }
+                if (*ev).posted() != 0 {
+                    ngx_delete_posted_event(ev);
+                }
+            }
+            if !self.c.pool.is_null() {
+                ngx_destroy_pool(self.c.pool);
+                self.c.pool = ptr::null_mut();
+            }
+        }
+    }
+}
+
+/// Per-request peer data: the balancer's own and the stand-in connection.
 pub struct PeerData {
     srv: *mut SrvConf,
     balancer_data: *mut c_void,
     balancer_get: ngx_event_get_peer_pt,
     balancer_free: ngx_event_free_peer_pt,
-    /// The balancer picked the current peer (not so for a pooled
-    /// connection taken in single mode): it must be told when it is freed.
+    /// The balancer picked the current peer (not so for an idle connection
+    /// taken in single mode): it must be told when it is freed.
     balancer_used: bool,
-    conn: Option<Box<Conn>>,
+    ctx: *mut Ctx,
+    standin: StandIn,
 }
 
 impl Drop for PeerData {
     fn drop(&mut self) {
-        // Safety net: a request pool never takes an open connection with it.
-        if let Some(conn) = self.conn.take() {
-            conn.close();
+        // Safety net for the request pool: no timer of ours outlives it and
+        // no connection keeps pointing at its request.
+        // SAFETY: ctx is the request's Ctx, dropped after this (same pool,
+        // allocated earlier, cleaned up later).
+        unsafe {
+            if let Some(ctx) = self.ctx.as_mut() {
+                detach(ctx);
+            }
         }
+        self.standin.clear();
     }
 }
 
 /// Per-request state.
 pub struct Ctx {
+    r: *mut ngx_http_request_t,
     query: CString,
     template: *const Template,
     /// The query holds several statements: simple protocol only.
     several: bool,
-    /// The current round trip prepares the statement (the execution follows).
-    preparing: bool,
-    /// The current round trip executes a named prepared statement.
-    executing_prepared: bool,
+    /// The database connection this request is queued on (or connecting).
+    conn: *mut Conn,
+    /// The connection was opened for this request (not pooled nor shared).
+    fresh: bool,
     /// Some result (or error) of this request's query has arrived.
     got_result: bool,
-    /// The prepared statement had vanished (DEALLOCATE, DISCARD, a schema
-    /// change): prepare it again and run it once more, once.
-    reprepare: bool,
+    /// The prepared statement had vanished once and was prepared again.
     reprepared: bool,
     last: Option<PgResult>,
     error: Option<PgResult>,
     done: bool,
     /// Set by peer_init: the peer data of this request.
     peer: *mut PeerData,
+}
+
+unsafe fn ctx_of<'a>(r: *mut ngx_http_request_t) -> Option<&'a mut Ctx> {
+    // SAFETY: r->ctx has a slot per http module; ours holds a Ctx or null.
+    unsafe {
+        let p = *(*r).ctx.add((*ptr::addr_of!(MODULE)).ctx_index) as *mut Ctx;
+        p.as_mut()
+    }
+}
+
+unsafe fn loc_conf<'a>(r: *mut ngx_http_request_t) -> &'a LocConf {
+    // SAFETY: r is live; every location has our LocConf.
+    unsafe { &*request_loc_conf::<LocConf>(r, ptr::addr_of!(MODULE)) }
+}
+
+unsafe fn client_log(r: *mut ngx_http_request_t) -> *mut ngx_log_t {
+    // SAFETY: r is live.
+    unsafe { (*(*r).connection).log }
 }
 
 // ---------------------------------------------------------------- peer ----
@@ -76,6 +135,7 @@ pub(crate) unsafe extern "C" fn peer_init(
     unsafe {
         let Some(srv) = sqldb_srv_conf(us) else { return ERROR };
         let Some(init) = srv.balancer_init else { return ERROR };
+        let Some(ctx) = ctx_of(r) else { return ERROR };
         if init(r, us) != OK {
             return ERROR;
         }
@@ -86,16 +146,22 @@ pub(crate) unsafe extern "C" fn peer_init(
             balancer_get: (*u).peer.get,
             balancer_free: (*u).peer.free,
             balancer_used: false,
-            conn: None,
+            ctx,
+            standin: mem::zeroed(),
         };
         let Some(pd) = pool_alloc((*r).pool, pd) else {
             return ERROR;
         };
-        (*u).peer.data = pd.as_ptr().cast();
-        match ctx_of(r) {
-            Some(ctx) => ctx.peer = pd.as_ptr(),
-            None => return ERROR,
-        }
+        let pd = pd.as_ptr();
+        let s = &mut (*pd).standin;
+        s.c.read = &mut s.read;
+        s.c.write = &mut s.write;
+        s.c.fd = -1;
+        s.read.data = (&mut s.c as *mut ngx_connection_t).cast();
+        s.write.data = (&mut s.c as *mut ngx_connection_t).cast();
+        s.write.set_write(1);
+        ctx.peer = pd;
+        (*u).peer.data = pd.cast();
         (*u).peer.get = Some(peer_get);
         (*u).peer.free = Some(peer_free);
         // TLS session hooks of the balancer would receive our data: nginx never
@@ -111,14 +177,16 @@ unsafe extern "C" fn peer_get(pc: *mut ngx_peer_connection_t, data: *mut c_void)
     unsafe {
         let pd = &mut *(data as *mut PeerData);
         let srv = &mut *pd.srv;
+        let ctx = &mut *pd.ctx;
+        let pipelinable = !ctx.several;
         pd.balancer_used = false;
         if srv.pool.single {
-            if let Some(conn) = srv.pool.take(None) {
-                let a = &mut srv.addrs[conn.addr];
+            if let Pick::Idle(conn) = srv.pool.pick(None, false) {
+                let a = &mut srv.addrs[(*conn).addr];
                 (*pc).sockaddr = a.sockaddr.as_mut_ptr().cast();
                 (*pc).socklen = a.sockaddr.len() as socklen_t;
                 (*pc).name = &mut a.name;
-                return use_conn(pc, pd, conn);
+                return use_conn(pc, pd, conn, false);
             }
         }
         let Some(get) = pd.balancer_get else { return ERROR };
@@ -127,55 +195,59 @@ unsafe extern "C" fn peer_get(pc: *mut ngx_peer_connection_t, data: *mut c_void)
             return rc;
         }
         pd.balancer_used = true;
-        let name = String::from_utf8_lossy(bytes(&*(*pc).name)).into_owned();
         let sockaddr = std::slice::from_raw_parts((*pc).sockaddr as *const u8, (*pc).socklen as usize);
+        let name = || String::from_utf8_lossy(bytes(&*(*pc).name)).into_owned();
         let Some(addr) = srv.addr_index(sockaddr) else {
-            log!(NGX_LOG_ALERT, (*pc).log, "sqldb: no sqldb_server for peer {name}");
+            log!(NGX_LOG_ALERT, (*pc).log, "sqldb: no sqldb_server for peer {}", name());
             return ERROR;
         };
-        if let Some(conn) = srv.pool.take(Some(addr)) {
-            return use_conn(pc, pd, conn);
-        }
-        let pg = match PgConn::start(&srv.addrs[addr].conninfo) {
-            Ok(pg) => pg,
-            Err(msg) => {
-                log!(NGX_LOG_ERR, (*pc).log, "sqldb: connecting to {name} failed: {msg}");
-                return DECLINED;
+        match srv.pool.pick(Some(addr), pipelinable) {
+            Pick::Idle(conn) | Pick::Share(conn) => use_conn(pc, pd, conn, false),
+            Pick::Reject => {
+                log!(NGX_LOG_ERR, (*pc).log, "sqldb: no connection to spare for {}", name());
+                BUSY
             }
-        };
-        // On failure nginx has logged why ("worker_connections are not enough").
-        let Some(conn) = Conn::wrap(pg, addr, (*pc).log, &mut srv.pool) else {
-            return ERROR;
-        };
-        (*pc).set_cached(0);
-        (*pc).connection = conn.raw();
-        pd.conn = Some(conn);
-        AGAIN
+            Pick::New => {
+                let pg = match PgConn::start(&srv.addrs[addr].conninfo) {
+                    Ok(pg) => pg,
+                    Err(msg) => {
+                        log!(NGX_LOG_ERR, (*pc).log, "sqldb: connecting to {} failed: {msg}", name());
+                        return DECLINED;
+                    }
+                };
+                // On failure nginx has logged why ("worker_connections are not enough").
+                let Some(conn) = srv.pool.add(pg, addr, (*pc).log) else {
+                    return ERROR;
+                };
+                use_conn(pc, pd, conn, true)
+            }
+        }
     }
 }
 
-/// Hands a pooled connection to the request; `attach` starts the query.
-unsafe fn use_conn(pc: *mut ngx_peer_connection_t, pd: &mut PeerData, conn: Box<Conn>) -> ngx_int_t {
-    // SAFETY: pc is the request's live peer connection.
+/// Gives the request a database connection; `attach` queues its query.
+unsafe fn use_conn(pc: *mut ngx_peer_connection_t, pd: &mut PeerData, conn: *mut Conn, fresh: bool) -> ngx_int_t {
+    // SAFETY: pc is the request's live peer; ctx and the stand-in are in the request pool.
     unsafe {
-        (*pc).set_cached(1);
-        (*pc).connection = conn.raw();
+        let ctx = &mut *pd.ctx;
+        ctx.conn = conn;
+        ctx.fresh = fresh;
+        if fresh {
+            (*conn).creator = ctx;
+        }
+        pd.standin.clear();
+        (*pc).set_cached((!fresh) as u32);
+        (*pc).connection = &mut pd.standin.c;
     }
-    pd.conn = Some(conn);
     AGAIN
 }
 
 unsafe extern "C" fn peer_free(pc: *mut ngx_peer_connection_t, data: *mut c_void, state: ngx_uint_t) {
-    // SAFETY: data is our PeerData; the connection, if any, is ours to keep or close.
+    // SAFETY: data is our PeerData.
     unsafe {
         let pd = &mut *(data as *mut PeerData);
-        if let Some(conn) = pd.conn.take() {
-            if state & NGX_PEER_FAILED as ngx_uint_t == 0 {
-                (*pd.srv).pool.release(conn);
-            } else {
-                conn.close();
-            }
-        }
+        detach(&mut *pd.ctx);
+        pd.standin.clear();
         (*pc).connection = ptr::null_mut();
         if pd.balancer_used {
             pd.balancer_used = false;
@@ -186,20 +258,33 @@ unsafe extern "C" fn peer_free(pc: *mut ngx_peer_connection_t, data: *mut c_void
     }
 }
 
-// ------------------------------------------------------------- request ----
-
-unsafe fn ctx_of<'a>(r: *mut ngx_http_request_t) -> Option<&'a mut Ctx> {
-    // SAFETY: r->ctx has a slot per http module; ours holds a Ctx or null.
+/// The request leaves its database connection before its results are in
+/// (client gone, timeout, failure). Its results, if they come, are dropped;
+/// a connection left busy with nobody waiting is closed rather than kept.
+unsafe fn detach(ctx: &mut Ctx) {
+    let conn = mem::replace(&mut ctx.conn, ptr::null_mut());
+    if conn.is_null() {
+        return;
+    }
+    let me: *mut Ctx = ctx;
+    // SAFETY: a request's conn pointer is cleared whenever its connection closes.
     unsafe {
-        let p = *(*r).ctx.add((*ptr::addr_of!(MODULE)).ctx_index) as *mut Ctx;
-        p.as_mut()
+        let cn = &mut *conn;
+        let pool = &mut *cn.pool;
+        if cn.creator == me {
+            cn.creator = ptr::null_mut();
+        }
+        for p in cn.queue.iter_mut().filter(|p| p.ctx == me) {
+            p.ctx = ptr::null_mut();
+        }
+        if cn.state == State::Connecting || (cn.live() == 0 && !cn.queue.is_empty()) {
+            fail_all(conn, None);
+            pool.close(conn);
+        }
     }
 }
 
-unsafe fn peer_data<'a>(r: *mut ngx_http_request_t) -> Option<&'a mut PeerData> {
-    // SAFETY: ctx.peer is set by peer_init to PeerData in the request pool.
-    unsafe { ctx_of(r).and_then(|ctx| ctx.peer.as_mut()) }
-}
+// ------------------------------------------------------------- request ----
 
 unsafe extern "C" fn create_request(_r: *mut ngx_http_request_t) -> ngx_int_t {
     OK
@@ -210,7 +295,7 @@ unsafe extern "C" fn reinit_request(_r: *mut ngx_http_request_t) -> ngx_int_t {
 }
 
 unsafe extern "C" fn process_header(_r: *mut ngx_http_request_t) -> ngx_int_t {
-    ERROR // never reached: our event handler replaces nginx's reader
+    ERROR // never reached: nginx's reader is never installed on our connections
 }
 
 unsafe extern "C" fn abort_request(_r: *mut ngx_http_request_t) {}
@@ -223,17 +308,11 @@ unsafe extern "C" fn finalize_request(r: *mut ngx_http_request_t, _rc: ngx_int_t
 }
 
 /// Runs `f`, turning a panic into a 500 so that none crosses into nginx.
-fn guarded(r: *mut ngx_http_request_t, f: impl FnOnce() -> ngx_int_t) -> ngx_int_t {
+fn guarded(log: *mut ngx_log_t, f: impl FnOnce() -> ngx_int_t) -> ngx_int_t {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(rc) => rc,
         Err(_) => {
-            // SAFETY: r is the live request the closure worked on.
-            let log = unsafe { (*(*r).connection).log };
-            log!(
-                NGX_LOG_ALERT,
-                log,
-                "sqldb: internal error (panic) while handling the request"
-            );
+            log!(NGX_LOG_ALERT, log, "sqldb: internal error (panic)");
             HTTP_INTERNAL_SERVER_ERROR
         }
     }
@@ -242,13 +321,13 @@ fn guarded(r: *mut ngx_http_request_t, f: impl FnOnce() -> ngx_int_t) -> ngx_int
 /// The location's content handler (set by `sqldb_pass`).
 pub(crate) unsafe extern "C" fn content_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
     // SAFETY: nginx calls the content handler with a live request.
-    guarded(r, || unsafe { start(r) })
+    unsafe { guarded(client_log(r), || start(r)) }
 }
 
 unsafe fn start(r: *mut ngx_http_request_t) -> ngx_int_t {
     // SAFETY: r is live; every pointer below comes from it or its configuration.
     unsafe {
-        let log = (*(*r).connection).log;
+        let log = client_log(r);
         let lcf = &mut *request_loc_conf::<LocConf>(r, ptr::addr_of!(MODULE));
         if lcf.queries.is_empty() {
             log!(
@@ -336,7 +415,7 @@ unsafe fn start(r: *mut ngx_http_request_t) -> ngx_int_t {
         }
         let u = (*r).upstream;
         if !lcf.pass_var.is_null() {
-            let resolved = ngx_pcalloc((*r).pool, std::mem::size_of::<ngx_http_upstream_resolved_t>())
+            let resolved = ngx_pcalloc((*r).pool, mem::size_of::<ngx_http_upstream_resolved_t>())
                 as *mut ngx_http_upstream_resolved_t;
             if resolved.is_null() {
                 return HTTP_INTERNAL_SERVER_ERROR;
@@ -355,13 +434,13 @@ unsafe fn start(r: *mut ngx_http_request_t) -> ngx_int_t {
         (*u).finalize_request = Some(finalize_request);
 
         let ctx = Ctx {
+            r,
             query,
             template,
             several,
-            preparing: false,
-            executing_prepared: false,
+            conn: ptr::null_mut(),
+            fresh: false,
             got_result: false,
-            reprepare: false,
             reprepared: false,
             last: None,
             error: None,
@@ -376,325 +455,481 @@ unsafe fn start(r: *mut ngx_http_request_t) -> ngx_int_t {
         let main = (*r).main;
         (*main).set_count((*main).count() + 1);
         ngx_http_upstream_init(r);
-        // A connection is now being opened or was taken from the pool,
-        // unless the upstream already failed.
-        if !(*ctx.as_ptr()).done && !(*u).peer.connection.is_null() && peer_data(r).is_some_and(|pd| pd.conn.is_some())
-        {
+        // A connection was picked, unless the upstream already failed.
+        let ctx = &mut *ctx.as_ptr();
+        if !ctx.done && !ctx.conn.is_null() {
             attach(r);
         }
         DONE
     }
 }
 
-/// Takes over the peer connection from nginx's upstream code. A new one
-/// waits for libpq's connect events; a pooled one starts the query at once.
+/// Takes the request over from nginx's upstream code once a connection is
+/// picked: its own timer on the stand-in, and its query queued.
 unsafe fn attach(r: *mut ngx_http_request_t) {
-    // SAFETY: r is live and u->peer.connection is the connection of our Conn.
+    // SAFETY: r is live with our ctx and peer data; ctx.conn is a live connection.
     unsafe {
-        let u = (*r).upstream;
-        let lcf = &*request_loc_conf::<LocConf>(r, ptr::addr_of!(MODULE));
-        let c = (*u).peer.connection;
-        (*c).data = r.cast();
-        (*c).log = (*(*r).connection).log;
-        (*(*c).read).log = (*c).log;
-        (*(*c).write).log = (*c).log;
-        (*(*c).read).handler = Some(pg_event);
-        (*(*c).write).handler = Some(pg_event);
-        let Some(conn) = peer_data(r).and_then(|pd| pd.conn.as_mut()) else {
+        let Some(ctx) = ctx_of(r) else { return };
+        let Some(pd) = ctx.peer.as_mut() else { return };
+        let lcf = loc_conf(r);
+        pd.standin.clear(); // nginx's connect timer
+        pd.standin.read.handler = Some(request_timer);
+        pd.standin.read.log = client_log(r);
+        pd.standin.c.data = r.cast();
+        let conn = &mut *ctx.conn;
+        if conn.state == State::Connecting {
+            ngx_add_timer(&mut pd.standin.read, lcf.connect_timeout);
             return;
-        };
-        if conn.phase == Phase::Connecting {
-            conn.set_timer(lcf.connect_timeout);
-        } else {
-            conn.set_timer(lcf.result_timeout);
-            if !(*u).state.is_null() {
-                (*(*u).state).connect_time = 0;
-            }
-            ngx_post_event((*c).write, ptr::addr_of_mut!(ngx_posted_events));
+        }
+        let u = (*r).upstream;
+        if !(*u).state.is_null() {
+            (*(*u).state).connect_time = 0;
+        }
+        ngx_add_timer(&mut pd.standin.read, lcf.result_timeout);
+        let conn = ctx.conn;
+        if !send(conn, ctx, lcf) {
+            let msg = format!("sending the query failed: {}", (*conn).pg.error_message());
+            broken(conn, &msg);
         }
     }
 }
 
-/// Read/write readiness or a timer on a database connection.
-unsafe extern "C" fn pg_event(ev: *mut ngx_event_t) {
-    // SAFETY: ev belongs to a connection attached to a live request.
+/// Queues the request's query on a ready connection, choosing the protocol:
+/// a constant single-statement template is prepared once per connection and
+/// executed by name; another single statement runs as the unnamed statement;
+/// both in pipeline mode, each request ended by its own sync point. Several
+/// statements need the simple protocol, outside pipeline mode.
+unsafe fn send(conn: *mut Conn, ctx: &mut Ctx, lcf: &LocConf) -> bool {
+    // SAFETY: conn is live; the template lives in the configuration.
+    let (cn, tmpl) = unsafe { (&mut *conn, &*ctx.template) };
+    let mode;
+    if ctx.several {
+        if cn.pipeline {
+            if !cn.pg.exit_pipeline() {
+                return false;
+            }
+            cn.pipeline = false;
+        }
+        if !cn.pg.send_query(&ctx.query) {
+            return false;
+        }
+        mode = Mode::Simple;
+    } else {
+        if !cn.pipeline {
+            if !cn.pg.enter_pipeline() {
+                return false;
+            }
+            cn.pipeline = true;
+        }
+        let prepare = lcf.prepare == 1 && tmpl.constant;
+        let mut preparing = false;
+        let sent = if prepare && (cn.is_prepared(tmpl.id) || cn.can_prepare_more()) {
+            let name = statement_name(tmpl.id);
+            if !cn.is_prepared(tmpl.id) {
+                preparing = true;
+                cn.add_prepared(tmpl.id);
+                if !cn.pg.send_prepare(&name, &ctx.query) {
+                    return false;
+                }
+            }
+            cn.pg.send_prepared(&name)
+        } else {
+            cn.pg.send_unnamed(&ctx.query)
+        };
+        if !sent || !cn.pg.pipeline_sync() {
+            return false;
+        }
+        mode = Mode::Pipelined { preparing };
+    }
+    cn.queue.push_back(Pending {
+        ctx,
+        mode,
+        stage: 0,
+        again: false,
+    });
+    // SAFETY: r is live.
+    unsafe { set_action(ctx.r, c"reading result from PostgreSQL") };
+    flush(cn)
+}
+
+/// Pushes out what libpq has buffered; watches writability while it cannot.
+fn flush(cn: &mut Conn) -> bool {
+    match cn.pg.flush() {
+        Flush::Done => cn.want_write(false),
+        Flush::Again => cn.want_write(true),
+        Flush::Failed => false,
+    }
+}
+
+/// A request's own timer (on its stand-in): connect or result timeout.
+unsafe extern "C" fn request_timer(ev: *mut ngx_event_t) {
+    // SAFETY: the stand-in's data is its live request.
     unsafe {
         let c = (*ev).data as *mut ngx_connection_t;
         let r = (*c).data as *mut ngx_http_request_t;
         let client = (*r).connection;
         set_log_request((*client).log, r);
-        let timed_out = (*ev).timedout() != 0;
         (*ev).set_timedout(0);
-        let rc = guarded(r, || {
-            drive(r, timed_out);
+        guarded((*client).log, || {
+            let Some(ctx) = ctx_of(r) else { return OK };
+            if ctx.done || ctx.conn.is_null() {
+                return OK;
+            }
+            let lcf = loc_conf(r);
+            let connecting = (*ctx.conn).state == State::Connecting;
+            detach(ctx);
+            if connecting {
+                log!(
+                    NGX_LOG_ERR,
+                    (*client).log,
+                    "sqldb: timed out ({} ms) connecting",
+                    lcf.connect_timeout
+                );
+                next(r, HTTP_GATEWAY_TIME_OUT, NGX_HTTP_UPSTREAM_FT_TIMEOUT);
+            } else {
+                let ms = lcf.result_timeout;
+                log!(
+                    NGX_LOG_ERR,
+                    (*client).log,
+                    "sqldb: timed out ({ms} ms) waiting for the result"
+                );
+                fail(r, HTTP_GATEWAY_TIME_OUT, true);
+            }
             OK
         });
-        if rc != OK {
-            fail(r, HTTP_INTERNAL_SERVER_ERROR, false);
-        }
         ngx_http_run_posted_requests(client);
     }
 }
 
-/// What the state machine decided.
-enum Step {
-    Wait,
+// ---------------------------------------------------------- connection ----
+
+/// What a connection's results mean for one request.
+enum Outcome {
+    Complete(*mut Ctx),
     Failed {
-        status: ngx_int_t,
+        ctx: *mut Ctx,
+        stale: bool,
         connecting: bool,
-        msg: String,
     },
-    Complete,
+    /// The query cannot be served (COPY): 500.
+    Refused(*mut Ctx),
 }
 
-unsafe fn drive(r: *mut ngx_http_request_t, timed_out: bool) {
-    // SAFETY: r is live with our upstream, ctx and peer data.
+/// Read/write readiness or a timer on a database connection.
+pub(crate) unsafe extern "C" fn conn_event(ev: *mut ngx_event_t) {
+    // SAFETY: ev belongs to a connection of a pool; its data is the Conn.
     unsafe {
-        let u = (*r).upstream;
-        let Some(ctx) = ctx_of(r) else { return };
-        if ctx.done {
-            return;
+        let c = (*ev).data as *mut ngx_connection_t;
+        let conn = (*c).data as *mut Conn;
+        let timed_out = (*ev).timedout() != 0;
+        (*ev).set_timedout(0);
+        let readable = (*ev).write() == 0;
+        let mut out = Vec::new();
+        let rc = guarded((*c).log, || {
+            on_conn_event(conn, timed_out, readable, &mut out);
+            OK
+        });
+        if rc != OK {
+            // The connection's state is unknown after a panic: give up on it.
+            fail_all(conn, Some(&mut out));
+            (*(*conn).pool).close(conn);
         }
-        let Some(pd) = ctx.peer.as_mut() else { return };
-        let Some(conn) = pd.conn.as_mut() else { return };
-        let lcf = &*request_loc_conf::<LocConf>(r, ptr::addr_of!(MODULE));
+        deliver(out);
+    }
+}
 
-        let step = if timed_out {
-            let connecting = conn.phase == Phase::Connecting;
-            let (what, ms) = if connecting {
-                ("connecting", lcf.connect_timeout)
-            } else {
-                ("waiting for the result", lcf.result_timeout)
-            };
-            let msg = format!("timed out ({ms} ms) {what}");
-            Step::Failed {
-                status: HTTP_GATEWAY_TIME_OUT,
-                connecting,
-                msg,
-            }
-        } else {
-            advance(r, u, ctx, conn, lcf)
-        };
-        match step {
-            Step::Wait => {}
-            Step::Complete => complete(r),
-            Step::Failed {
-                status,
-                connecting,
-                msg,
-            } => {
-                // A pooled connection that the server had closed before our
-                // query reached it: try again on another, like nginx does
-                // for its cached keepalive connections.
-                let stale = !connecting && conn.reused && !ctx.got_result && conn.pg.is_bad();
-                if stale {
-                    log!(
-                        NGX_LOG_INFO,
-                        (*(*r).connection).log,
-                        "sqldb: pooled connection was closed: {msg}"
-                    );
-                    (*u).peer.tries += 1;
-                    next(r, HTTP_BAD_GATEWAY, NGX_HTTP_UPSTREAM_FT_ERROR);
+unsafe fn on_conn_event(conn: *mut Conn, timed_out: bool, readable: bool, out: &mut Vec<Outcome>) {
+    // SAFETY: conn is a live connection of its pool.
+    unsafe {
+        let cn = &mut *conn;
+        let pool = &mut *cn.pool;
+        let c = cn.raw();
+        match cn.state {
+            State::Connecting => {
+                let ready = match cn.pg.poll_connect() {
+                    Poll::Reading => cn.want_write(false),
+                    Poll::Writing => cn.want_write(true),
+                    Poll::Failed => {
+                        connect_failed(conn, &format!("connecting failed: {}", cn.pg.error_message()), out);
+                        return;
+                    }
+                    Poll::Ready => {
+                        if cn.pg.socket() != (*c).fd {
+                            connect_failed(conn, "libpq replaced its socket while connecting", out);
+                            return;
+                        }
+                        cn.state = State::Ready;
+                        cn.pg.set_nonblocking()
+                    }
+                };
+                if !ready {
+                    connect_failed(conn, "event error", out);
                     return;
                 }
-                log!(NGX_LOG_ERR, (*(*r).connection).log, "sqldb: {msg}");
-                if connecting {
-                    let ft = if status == HTTP_GATEWAY_TIME_OUT {
-                        NGX_HTTP_UPSTREAM_FT_TIMEOUT
-                    } else {
-                        NGX_HTTP_UPSTREAM_FT_ERROR
-                    };
-                    next(r, status, ft);
-                } else {
-                    fail(r, status, true);
+                if cn.state == State::Ready {
+                    connected(conn, out);
                 }
+            }
+            State::Ready if cn.queue.is_empty() => {
+                // Idle: only the idle timeout, nginx shutting down, or the
+                // server closing the connection (restart, pg_terminate_backend).
+                if !readable && !timed_out && (*c).close() == 0 {
+                    return;
+                }
+                let gone = !timed_out && (*c).close() == 0 && (!cn.pg.consume_input() || cn.pg.is_bad());
+                if gone {
+                    log!(
+                        NGX_LOG_INFO,
+                        (*c).log,
+                        "sqldb: idle connection closed by the server: {}",
+                        cn.pg.error_message()
+                    );
+                }
+                if timed_out || (*c).close() != 0 || gone || cn.pg.is_busy() {
+                    pool.close(conn);
+                }
+            }
+            State::Ready => {
+                if !flush(cn) {
+                    broken_into(
+                        conn,
+                        &format!("sending to PostgreSQL failed: {}", cn.pg.error_message()),
+                        out,
+                    );
+                    return;
+                }
+                if readable && !cn.pg.consume_input() {
+                    broken_into(
+                        conn,
+                        &format!("reading from PostgreSQL failed: {}", cn.pg.error_message()),
+                        out,
+                    );
+                    return;
+                }
+                read_results(conn, out);
             }
         }
     }
 }
 
-/// Sends the request's query on an idle connection, choosing the protocol:
-/// a constant single-statement template is prepared once per connection and
-/// executed by name; another single statement runs as the unnamed statement;
-/// several statements go through the simple protocol.
-fn send_query(ctx: &mut Ctx, conn: &mut Conn, lcf: &LocConf) -> bool {
-    // SAFETY: the template lives in the configuration for the cycle.
-    let tmpl = unsafe { &*ctx.template };
-    ctx.preparing = false;
-    ctx.executing_prepared = false;
-    if ctx.several {
-        return conn.pg.send_query(&ctx.query);
-    }
-    if lcf.prepare == 1 && tmpl.constant {
-        let name = statement_name(tmpl.id);
-        if conn.is_prepared(tmpl.id) {
-            ctx.executing_prepared = true;
-            return conn.pg.send_prepared(&name);
+/// The connection is up: the query of the request that opened it goes out.
+unsafe fn connected(conn: *mut Conn, out: &mut Vec<Outcome>) {
+    // SAFETY: conn is live; its creator, if still set, is a live request.
+    unsafe {
+        let cn = &mut *conn;
+        let Some(ctx) = mem::replace(&mut cn.creator, ptr::null_mut()).as_mut() else {
+            (*cn.pool).settle(conn); // its request went away: keep it for the next
+            return;
+        };
+        let r = ctx.r;
+        let u = (*r).upstream;
+        if !(*u).state.is_null() {
+            (*(*u).state).connect_time = current_msec().wrapping_sub((*u).start_time);
         }
-        if conn.can_prepare_more() {
-            ctx.preparing = true;
-            return conn.pg.send_prepare(&name, &ctx.query);
+        if let Some(pd) = ctx.peer.as_mut() {
+            ngx_add_timer(&mut pd.standin.read, loc_conf(r).result_timeout);
+        }
+        if !send(conn, ctx, loc_conf(r)) {
+            broken_into(
+                conn,
+                &format!("sending the query failed: {}", cn.pg.error_message()),
+                out,
+            );
         }
     }
-    conn.pg.send_unnamed(&ctx.query)
 }
 
-unsafe fn advance(
-    r: *mut ngx_http_request_t,
-    u: *mut ngx_http_upstream_t,
-    ctx: &mut Ctx,
-    conn: &mut Conn,
-    lcf: &LocConf,
-) -> Step {
-    let broken = |conn: &Conn, what: &str| Step::Failed {
-        status: HTTP_BAD_GATEWAY,
-        connecting: false,
-        msg: format!("{what}: {}", conn.pg.error_message()),
-    };
-    let event_error = |conn: &Conn| broken(conn, "event error");
-    loop {
-        match conn.phase {
-            Phase::Connecting => match conn.pg.poll_connect() {
-                Poll::Reading => {
-                    return if conn.want_write(false) {
-                        Step::Wait
-                    } else {
-                        event_error(conn)
-                    }
-                }
-                Poll::Writing => {
-                    return if conn.want_write(true) {
-                        Step::Wait
-                    } else {
-                        event_error(conn)
-                    }
-                }
-                Poll::Failed => {
-                    let msg = format!("connecting failed: {}", conn.pg.error_message());
-                    return Step::Failed {
-                        status: HTTP_BAD_GATEWAY,
-                        connecting: true,
-                        msg,
-                    };
-                }
-                Poll::Ready => {
-                    // SAFETY: c is live for as long as conn.
-                    if conn.pg.socket() != unsafe { (*conn.raw()).fd } {
-                        let msg = "libpq replaced its socket while connecting".into();
-                        return Step::Failed {
-                            status: HTTP_BAD_GATEWAY,
-                            connecting: true,
-                            msg,
-                        };
-                    }
-                    if !conn.pg.set_nonblocking() {
-                        return broken(conn, "setting nonblocking mode failed");
-                    }
-                    // SAFETY: u and its state are live.
-                    unsafe {
-                        if !(*u).state.is_null() {
-                            (*(*u).state).connect_time = current_msec().wrapping_sub((*u).start_time);
-                        }
-                    }
-                    conn.set_timer(lcf.result_timeout);
-                    conn.phase = Phase::Idle;
-                }
-            },
-            Phase::Idle => {
-                if ctx.got_result && !ctx.preparing {
-                    return Step::Complete;
-                }
-                // SAFETY: r is live.
-                unsafe { set_action(r, c"sending query to PostgreSQL") };
-                if !send_query(ctx, conn, lcf) {
-                    return broken(conn, "sending the query failed");
-                }
-                conn.phase = Phase::Sending;
+/// Reads every result that has arrived and hands each request its own.
+unsafe fn read_results(conn: *mut Conn, out: &mut Vec<Outcome>) {
+    // SAFETY: conn is live; queued ctx pointers are live requests or null.
+    unsafe {
+        let cn = &mut *conn;
+        let mut again = Vec::new();
+        let mut forget = false;
+        while let Some(head) = cn.queue.front_mut() {
+            if cn.pg.is_busy() {
+                break;
             }
-            Phase::Sending => {
-                if !conn.pg.consume_input() {
-                    return broken(conn, "reading from PostgreSQL failed");
+            let res = cn.pg.get_result();
+            let ctx = head.ctx.as_mut();
+            match (res, head.mode) {
+                (None, Mode::Simple) => {
+                    let p = cn.queue.pop_front();
+                    finish_pending(cn, p, &mut again, out);
                 }
-                match conn.pg.flush() {
-                    Flush::Done => {
-                        if !conn.want_write(false) {
-                            return event_error(conn);
+                (None, Mode::Pipelined { .. }) => head.stage += 1,
+                (Some(res), mode) => {
+                    let kind = res.kind();
+                    if kind == ResultKind::Sync {
+                        let p = cn.queue.pop_front();
+                        finish_pending(cn, p, &mut again, out);
+                        continue;
+                    }
+                    if kind == ResultKind::Unsupported {
+                        // COPY: the protocol state is not one we can carry on from.
+                        let tag = res.command_status();
+                        if let Some(ctx) = ctx {
+                            log!(
+                                NGX_LOG_ERR,
+                                client_log(ctx.r),
+                                "sqldb: query returned \"{tag}\", which the gateway cannot serve"
+                            );
+                            ctx.conn = ptr::null_mut();
+                            out.push(Outcome::Refused(ctx));
+                            head.ctx = ptr::null_mut();
                         }
-                        conn.phase = Phase::Reading;
-                        // SAFETY: r is live.
-                        unsafe { set_action(r, c"reading result from PostgreSQL") };
+                        broken_into(conn, "COPY is not supported", out);
+                        return;
                     }
-                    Flush::Again => {
-                        return if conn.want_write(true) {
-                            Step::Wait
-                        } else {
-                            event_error(conn)
-                        }
-                    }
-                    Flush::Failed => return broken(conn, "sending the query failed"),
-                }
-            }
-            Phase::Reading => {
-                if !conn.pg.consume_input() {
-                    return broken(conn, "reading the result failed");
-                }
-                loop {
-                    if conn.pg.is_busy() {
-                        return Step::Wait;
-                    }
-                    let Some(res) = conn.pg.get_result() else { break };
+                    let Some(ctx) = ctx else { continue };
                     ctx.got_result = true;
-                    match res.kind() {
+                    let preparing = mode == Mode::Pipelined { preparing: true } && head.stage == 0;
+                    match kind {
                         ResultKind::Error => {
-                            let vanished = ctx.executing_prepared && matches!(res.sqlstate().as_str(), "26000" | "0A000");
-                            if vanished {
-                                conn.forget_prepared();
-                                if !ctx.reprepared {
-                                    ctx.reprepare = true;
-                                    continue;
-                                }
+                            let vanished = !preparing && matches!(res.sqlstate().as_str(), "26000" | "0A000");
+                            if vanished && !ctx.reprepared {
+                                head.again = true;
+                                forget = true;
+                                continue;
                             }
+                            forget |= vanished;
                             if ctx.error.is_none() {
                                 ctx.error = Some(res);
                             }
                         }
-                        ResultKind::Unsupported => {
-                            let tag = res.command_status();
-                            let msg = format!("query returned \"{tag}\", which the gateway cannot serve");
-                            return Step::Failed {
-                                status: HTTP_INTERNAL_SERVER_ERROR,
-                                connecting: false,
-                                msg,
-                            };
-                        }
-                        _ if ctx.preparing => {}
+                        ResultKind::Aborted => {}
+                        _ if preparing => {}
                         _ => ctx.last = Some(res),
                     }
                 }
-                // Every result of this round trip is in: the connection is idle again.
-                conn.phase = Phase::Idle;
-                if ctx.reprepare {
-                    ctx.reprepare = false;
-                    ctx.reprepared = true;
-                    ctx.got_result = false;
-                    continue;
-                }
-                if ctx.preparing {
-                    if ctx.error.is_some() {
-                        return Step::Complete;
-                    }
-                    // SAFETY: the template lives in the configuration.
-                    conn.add_prepared(unsafe { (*ctx.template).id });
-                    ctx.preparing = false;
-                    ctx.executing_prepared = true;
-                    if !conn.pg.send_prepared(&statement_name(unsafe { (*ctx.template).id })) {
-                        return broken(conn, "sending the query failed");
-                    }
-                    conn.phase = Phase::Sending;
-                    continue;
-                }
-                return Step::Complete;
             }
+        }
+        if forget {
+            // DEALLOCATE, DISCARD or a schema change: prepare afresh.
+            cn.forget_prepared();
+        }
+        for ctx in again {
+            let ctx: &mut Ctx = &mut *ctx;
+            ctx.reprepared = true;
+            ctx.got_result = false;
+            if !send(conn, ctx, loc_conf(ctx.r)) {
+                broken_into(
+                    conn,
+                    &format!("sending the query failed: {}", cn.pg.error_message()),
+                    out,
+                );
+                return;
+            }
+        }
+        if cn.queue.is_empty() {
+            (*cn.pool).settle(conn);
+        }
+    }
+}
+
+/// One request's results are all in.
+fn finish_pending(cn: &mut Conn, p: Option<Pending>, again: &mut Vec<*mut Ctx>, out: &mut Vec<Outcome>) {
+    let Some(p) = p else { return };
+    if p.ctx.is_null() {
+        return;
+    }
+    if p.again {
+        again.push(p.ctx);
+        return;
+    }
+    cn.served += 1;
+    // SAFETY: a queued non-null ctx is a live request.
+    unsafe { (*p.ctx).conn = ptr::null_mut() };
+    out.push(Outcome::Complete(p.ctx));
+}
+
+/// Every request on the connection fails (it is about to be closed).
+unsafe fn fail_all(conn: *mut Conn, out: Option<&mut Vec<Outcome>>) {
+    // SAFETY: conn is live; its queued requests are live or null.
+    unsafe {
+        let cn = &mut *conn;
+        let connecting = cn.state == State::Connecting;
+        let mut failed = Vec::new();
+        if let Some(ctx) = cn.creator.as_mut() {
+            failed.push(ctx as *mut Ctx);
+        }
+        cn.creator = ptr::null_mut();
+        failed.extend(cn.queue.drain(..).map(|p| p.ctx).filter(|c| !c.is_null()));
+        let mut dropped = Vec::new();
+        let out = match out {
+            Some(o) => o,
+            None => &mut dropped,
+        };
+        for ctx in failed {
+            (*ctx).conn = ptr::null_mut();
+            let stale = !connecting && !(*ctx).fresh && !(*ctx).got_result;
+            out.push(Outcome::Failed { ctx, stale, connecting });
+        }
+    }
+}
+
+/// A connection attempt failed: its request tries the next server.
+unsafe fn connect_failed(conn: *mut Conn, msg: &str, out: &mut Vec<Outcome>) {
+    // SAFETY: conn is live.
+    unsafe {
+        if let Some(ctx) = (*conn).creator.as_ref() {
+            log!(NGX_LOG_ERR, client_log(ctx.r), "sqldb: {msg}");
+        }
+        fail_all(conn, Some(out));
+        (*(*conn).pool).close(conn);
+    }
+}
+
+/// The connection broke: every request on it fails (or, when it never got
+/// a byte of its results from a pooled connection, tries again elsewhere).
+unsafe fn broken_into(conn: *mut Conn, msg: &str, out: &mut Vec<Outcome>) {
+    // SAFETY: conn is live.
+    unsafe {
+        let start = out.len();
+        fail_all(conn, Some(out));
+        for o in &out[start..] {
+            if let Outcome::Failed { ctx, stale, .. } = o {
+                let level = if *stale { NGX_LOG_INFO } else { NGX_LOG_ERR };
+                log!(level, client_log((**ctx).r), "sqldb: {msg}");
+            }
+        }
+        (*(*conn).pool).close(conn);
+    }
+}
+
+/// `broken_into` from outside an event handler: delivers at once.
+unsafe fn broken(conn: *mut Conn, msg: &str) {
+    let mut out = Vec::new();
+    // SAFETY: conn is live.
+    unsafe {
+        broken_into(conn, msg, &mut out);
+        deliver(out);
+    }
+}
+
+/// Answers the requests whose results are in or whose connection failed,
+/// after the connection is settled (so no request touches it any more).
+unsafe fn deliver(out: Vec<Outcome>) {
+    for o in out {
+        // SAFETY: each ctx is a live request, detached from its connection.
+        unsafe {
+            let ctx = match o {
+                Outcome::Complete(ctx) | Outcome::Failed { ctx, .. } | Outcome::Refused(ctx) => &mut *ctx,
+            };
+            let r = ctx.r;
+            let client = (*r).connection;
+            set_log_request((*client).log, r);
+            match o {
+                Outcome::Complete(_) => complete(r),
+                Outcome::Refused(_) => fail(r, HTTP_INTERNAL_SERVER_ERROR, false),
+                Outcome::Failed { stale: true, .. } => {
+                    (*(*r).upstream).peer.tries += 1;
+                    next(r, HTTP_BAD_GATEWAY, NGX_HTTP_UPSTREAM_FT_ERROR);
+                }
+                Outcome::Failed { connecting: true, .. } => next(r, HTTP_BAD_GATEWAY, NGX_HTTP_UPSTREAM_FT_ERROR),
+                Outcome::Failed { .. } => fail(r, HTTP_BAD_GATEWAY, true),
+            }
+            ngx_http_run_posted_requests(client);
         }
     }
 }
@@ -702,7 +937,7 @@ unsafe fn advance(
 /// What the error log says the request was doing ("... while reading result").
 unsafe fn set_action(r: *mut ngx_http_request_t, action: &'static std::ffi::CStr) {
     // SAFETY: r and its connection's log are live; the text is static.
-    unsafe { (*(*(*r).connection).log).action = action.as_ptr() as *mut _ };
+    unsafe { (*client_log(r)).action = action.as_ptr() as *mut _ };
 }
 
 /// Our end of the upstream, as nginx's static ngx_http_upstream_finalize_request
@@ -713,6 +948,7 @@ unsafe fn finish_upstream(r: *mut ngx_http_request_t, status: ngx_int_t, peer_st
         let u = (*r).upstream;
         if let Some(ctx) = ctx_of(r) {
             ctx.done = true;
+            detach(ctx);
         }
         if !(*u).cleanup.is_null() {
             *(*u).cleanup = None;
@@ -725,7 +961,7 @@ unsafe fn finish_upstream(r: *mut ngx_http_request_t, status: ngx_int_t, peer_st
                 st.response_time = current_msec().wrapping_sub((*u).start_time);
             }
         }
-        if (*u).peer.free.is_some() && !(*u).peer.sockaddr.is_null() {
+        if !(*u).peer.sockaddr.is_null() {
             if let Some(free) = (*u).peer.free {
                 free(&mut (*u).peer, (*u).peer.data, peer_state);
             }
@@ -753,8 +989,11 @@ unsafe fn fail(r: *mut ngx_http_request_t, status: ngx_int_t, peer_failed: bool)
 unsafe fn next(r: *mut ngx_http_request_t, status: ngx_int_t, ft: u32) {
     // SAFETY: r is live with our upstream.
     unsafe {
+        if ctx_of(r).is_some_and(|c| c.done) {
+            return;
+        }
         let u = (*r).upstream;
-        let lcf = &*request_loc_conf::<LocConf>(r, ptr::addr_of!(MODULE));
+        let lcf = loc_conf(r);
         if !(*u).state.is_null() {
             (*(*u).state).status = status as ngx_uint_t;
             (*(*u).state).response_time = current_msec().wrapping_sub((*u).start_time);
@@ -773,7 +1012,7 @@ unsafe fn next(r: *mut ngx_http_request_t, status: ngx_int_t, ft: u32) {
     }
 }
 
-/// Asks the balancer for another server and opens a connection to it.
+/// Asks the balancer for another server and a connection to it.
 unsafe fn reconnect(r: *mut ngx_http_request_t, status: ngx_int_t) {
     // SAFETY: r is live with our upstream; the state array exists since the first connect.
     unsafe {
@@ -792,9 +1031,9 @@ unsafe fn reconnect(r: *mut ngx_http_request_t, status: ngx_int_t) {
         let rc = ngx_event_connect_peer(&mut (*u).peer);
         (*st).peer = (*u).peer.name;
         match rc {
-            AGAIN if !(*u).peer.connection.is_null() => attach(r),
+            AGAIN if ctx_of(r).is_some_and(|c| !c.conn.is_null()) => attach(r),
             BUSY => {
-                log!(NGX_LOG_ERR, (*(*r).connection).log, "no live upstreams");
+                log!(NGX_LOG_ERR, client_log(r), "no live upstreams");
                 fail(r, status, false);
             }
             DECLINED => next(r, HTTP_BAD_GATEWAY, NGX_HTTP_UPSTREAM_FT_ERROR),
@@ -803,12 +1042,15 @@ unsafe fn reconnect(r: *mut ngx_http_request_t, status: ngx_int_t) {
     }
 }
 
-/// All results are in: give the connection back and answer the client.
+/// All results are in: answer the client.
 unsafe fn complete(r: *mut ngx_http_request_t) {
     // SAFETY: r is live with our ctx and upstream.
     unsafe {
         let Some(ctx) = ctx_of(r) else { return };
-        let log = (*(*r).connection).log;
+        if ctx.done {
+            return;
+        }
+        let log = client_log(r);
         if let Some(err) = ctx.error.take() {
             log!(NGX_LOG_ERR, log, "sqldb: query failed: {}", err.error_summary());
             fail(r, HTTP_INTERNAL_SERVER_ERROR, false);

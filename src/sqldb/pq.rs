@@ -130,6 +130,25 @@ impl PgConn {
         }
     }
 
+    /// Pipeline mode: several queries in flight, results in order.
+    pub fn enter_pipeline(&mut self) -> bool {
+        // SAFETY: live connection.
+        unsafe { pq::PQenterPipelineMode(self.raw()) == 1 }
+    }
+
+    /// Leaves pipeline mode; only possible when nothing is in flight.
+    pub fn exit_pipeline(&mut self) -> bool {
+        // SAFETY: live connection.
+        unsafe { pq::PQexitPipelineMode(self.raw()) == 1 }
+    }
+
+    /// Ends one request's queries in the pipeline: an error aborts the
+    /// pipeline only up to here.
+    pub fn pipeline_sync(&mut self) -> bool {
+        // SAFETY: live connection in pipeline mode.
+        unsafe { pq::PQpipelineSync(self.raw()) == 1 }
+    }
+
     /// True when the session is outside any transaction block and idle.
     pub fn is_idle_outside_transaction(&self) -> bool {
         // SAFETY: live connection.
@@ -186,6 +205,10 @@ pub enum ResultKind {
     Empty,
     /// An error reported by the server.
     Error,
+    /// PGRES_PIPELINE_SYNC: the end of one request's queries in the pipeline.
+    Sync,
+    /// PGRES_PIPELINE_ABORTED: skipped after an earlier error before the sync.
+    Aborted,
     /// COPY and other states a gateway cannot serve.
     Unsupported,
 }
@@ -212,6 +235,8 @@ impl PgResult {
             PGRES_TUPLES_OK => ResultKind::Tuples,
             PGRES_EMPTY_QUERY => ResultKind::Empty,
             PGRES_BAD_RESPONSE | PGRES_FATAL_ERROR | PGRES_NONFATAL_ERROR => ResultKind::Error,
+            PGRES_PIPELINE_SYNC => ResultKind::Sync,
+            PGRES_PIPELINE_ABORTED => ResultKind::Aborted,
             _ => ResultKind::Unsupported,
         }
     }
