@@ -1,33 +1,51 @@
 #!/usr/bin/env bash
 # `make bench`: requests per second through the gateway (wrk) next to the
-# raw server (pgbench) in the same run, at the same concurrency, as ratios.
-# Absolute numbers vary on shared machines; the ratios are the figures.
-#   BENCH_SECONDS (default 10), BENCH_CONNS (default 32)
+# raw server (pgbench) in the same run, at the same concurrency (wrk -t1
+# -c32, pgbench -c32 -j1), as ratios. Absolute numbers vary on shared
+# machines; the ratios are the figures.
+#   BENCH_SECONDS   seconds per run (default 10)
+#   BENCH_CONNS     client connections (default 32)
+#   BENCH_POOL      sqldb_keepalive max per worker (default 2; pipelining on)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(dirname "$here")
 secs=${BENCH_SECONDS:-10}
 conns=${BENCH_CONNS:-32}
+pool=${BENCH_POOL:-2}
 dir=/tmp/ngx-gateway-bench
 pgport=55433
 port=8081
 nginx=${NGINX:-/usr/sbin/nginx}
 module=${MODULE:-$repo/objs/ngx_http_gateway_module.so}
+export PGPASSWORD='demo pass'
 
+stop_nginx() {
+    if [ -f "$dir/nginx/logs/nginx.pid" ]; then
+        kill -QUIT "$(cat "$dir/nginx/logs/nginx.pid")" 2>/dev/null || true
+        for _ in $(seq 50); do [ -f "$dir/nginx/logs/nginx.pid" ] || break; sleep 0.1; done
+    fi
+}
 cleanup() {
-    [ -f "$dir/nginx/logs/nginx.pid" ] && kill "$(cat "$dir/nginx/logs/nginx.pid")" 2>/dev/null || true
+    stop_nginx
     "$repo/nginx-conf/pg-sandbox.sh" stop "$dir/pg" || true
 }
 trap cleanup EXIT
 
-"$repo/nginx-conf/pg-sandbox.sh" start "$dir/pg" $pgport
-export PGPASSWORD='demo pass'
-pgbench -q -i -s 1 -h 127.0.0.1 -p $pgport -U demo demo >/dev/null 2>&1
-echo "select 'default' as echo;" >"$dir/echo.sql"
+"$repo/nginx-conf/pg-sandbox.sh" start "$dir/pg" $pgport "$here/schema.sql"
+mkdir -p "$dir/scripts"
+echo "select 'default' as echo;" >"$dir/scripts/a.sql"
+printf '\\set id random(1, 10000)\nselect id, label from items where id = :id;\n' >"$dir/scripts/b.sql"
+echo "select id, label, price from items where id <= 100;" >"$dir/scripts/c.sql"
+cat >"$dir/scripts/b.lua" <<'LUA'
+math.randomseed(os.time())
+request = function()
+    return wrk.format("GET", "/b?id=" .. math.random(1, 10000))
+end
+LUA
 
 start_nginx() {
     local workers=$1
-    [ -f "$dir/nginx/logs/nginx.pid" ] && kill "$(cat "$dir/nginx/logs/nginx.pid")" 2>/dev/null && sleep 0.5
+    stop_nginx
     rm -rf "$dir/nginx" && mkdir -p "$dir/nginx/logs" "$dir/nginx/tmp"
     cat >"$dir/nginx/nginx.conf" <<CONF
 load_module $module;
@@ -40,11 +58,14 @@ http {
     client_body_temp_path tmp/body;
     upstream bench_db {
         sqldb_server 127.0.0.1:$pgport dbname=demo user=demo "password=demo pass" sslmode=disable;
-        sqldb_keepalive max=$((conns / workers));
+        sqldb_keepalive max=$pool;
+        sqldb_pipeline on;
     }
     server {
         listen 127.0.0.1:$port;
-        location = /echo { sqldb_pass bench_db; sqldb_query "select 'default' as echo"; }
+        location = /a { sqldb_pass bench_db; sqldb_query "select 'default' as echo"; }
+        location = /b { sqldb_pass bench_db; sqldb_query "select id, label from items where id = \$arg_id"; }
+        location = /c { sqldb_pass bench_db; sqldb_query "select id, label, price from items where id <= 100"; }
     }
 }
 CONF
@@ -52,35 +73,58 @@ CONF
     sleep 0.3
 }
 
-wrk_rps() { # prints "rps p99_ms"
-    wrk -t1 -c"$conns" -d"${secs}s" --latency "http://127.0.0.1:$port$1" | awk '
+# wrk: prints "rps p99_ms"; also samples the server connections the gateway holds.
+wrk_run() {
+    local path=$1 script=${2:-}
+    local args=(-t1 -c"$conns" -d"${secs}s" --latency)
+    [ -n "$script" ] && args+=(-s "$script")
+    (sleep $((secs / 2)); psql -X -A -t -h 127.0.0.1 -p $pgport -U demo demo \
+        -c "select count(*) - 1 from pg_stat_activity where datname = 'demo'" >"$dir/conns" 2>/dev/null) &
+    wrk "${args[@]}" "http://127.0.0.1:$port$path" | awk '
         /Requests\/sec/ { rps = $2 }
         /^ +99%/ { v = $2; if (v ~ /us$/) { sub(/us/, "", v); v /= 1000 } else if (v ~ /ms$/) { sub(/ms/, "", v) } else if (v ~ /s$/) { sub(/s/, "", v); v *= 1000 } p99 = v }
-        / Non-2xx/ { bad = $NF }
-        END { printf "%.0f %.2f %s\n", rps, p99, bad ? bad : 0 }'
+        /Non-2xx/ { bad = $NF }
+        END { printf "%.0f %.2f %d\n", rps, p99, bad }'
+    wait
 }
 
-pgb_tps() { # args: extra pgbench options; prints tps
-    pgbench -n -c"$conns" -j1 -T"$secs" -h 127.0.0.1 -p $pgport -U demo "$@" demo 2>/dev/null |
-        awk '/^tps/ { printf "%.0f\n", $3; exit }'
+pgbench_run() { # mode script: prints "tps p99_ms"
+    pgbench -n -c"$conns" -j1 -T"$secs" -M "$1" -r -l --log-prefix="$dir/pgb" -h 127.0.0.1 -p $pgport -U demo \
+        -f "$2" demo 2>/dev/null | awk '/^tps/ { printf "%.0f", $3 }'
+    # p99 from the per-transaction log (latency in microseconds, column 3)
+    cat "$dir"/pgb.* | awk '{ print $3 }' | sort -n | awk '{ a[NR] = $1 } END { printf " %.2f\n", a[int(NR * 0.99)] / 1000 }'
+    rm -f "$dir"/pgb.*
 }
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.3f", a / b; else print "n/a" }'; }
 
-echo "ngx_gateway benchmark: $conns connections, ${secs}s per run, $(nproc) cores, $("$nginx" -v 2>&1)"
-pg_simple=$(pgb_tps -M simple -f "$dir/echo.sql")
-pg_prep=$(pgb_tps -M prepared -f "$dir/echo.sql")
-pg_connect=$(pgb_tps -M simple -C -f "$dir/echo.sql")
-pg_s=$(pgb_tps -S)
-printf "%-48s %10s\n" "pgbench -S (select-only built-in)" "$pg_s tps"
-printf "%-48s %10s\n" "pgbench select 'default' as echo, simple" "$pg_simple tps"
-printf "%-48s %10s\n" "pgbench select 'default' as echo, prepared" "$pg_prep tps"
-printf "%-48s %10s\n" "pgbench ... simple, new connection each (-C)" "$pg_connect tps"
+echo "ngx_gateway benchmark: $conns client connections, ${secs}s per run, $(nproc) cores, $("$nginx" -v 2>&1 | sed 's/.*: //'), pool $pool per worker, pipelining on"
+echo
+printf "%-34s %12s %12s %16s %16s\n" "" "pgbench" "pgbench" "gateway" "gateway"
+printf "%-34s %12s %12s %16s %16s\n" "" "simple" "prepared" "1 worker" "2 workers"
+
+declare -A g1 g2
 for w in 1 2; do
     start_nginx $w
-    wrk -t1 -c4 -d1s "http://127.0.0.1:$port/echo" >/dev/null 2>&1 || true
-    read -r rps p99 bad < <(wrk_rps /echo)
-    printf "%-48s %10s  p99 %s ms  non-2xx %s\n" "gateway /echo, $w worker(s)" "$rps rps" "$p99" "$bad"
-    printf "    ratio vs pgbench -S %s, vs simple %s, vs prepared %s, vs -C %s\n" \
-        "$(ratio "$rps" "$pg_s")" "$(ratio "$rps" "$pg_simple")" "$(ratio "$rps" "$pg_prep")" "$(ratio "$rps" "$pg_connect")"
+    wrk -t1 -c"$conns" -d1s "http://127.0.0.1:$port/a" >/dev/null 2>&1 || true
+    for s in a b c; do
+        if [ $s = b ]; then r=$(wrk_run /b "$dir/scripts/b.lua"); else r=$(wrk_run /$s); fi
+        read -r rps p99 bad <<<"$r"
+        if [ "$w" = 1 ]; then g1[$s]="$rps $p99 $bad $(cat "$dir/conns")"; else g2[$s]="$rps $p99 $bad $(cat "$dir/conns")"; fi
+    done
+done
+stop_nginx
+
+names=([a]="(a) select 'default' as echo" [b]="(b) primary key lookup, id from URL" [c]="(c) 100 rows x 3 columns")
+for s in a b c; do
+    read -r ps pps <<<"$(pgbench_run simple "$dir/scripts/$s.sql")"
+    read -r pp ppp <<<"$(pgbench_run prepared "$dir/scripts/$s.sql")"
+    read -r r1 p1 b1 c1 <<<"${g1[$s]}"
+    read -r r2 p2 b2 c2 <<<"${g2[$s]}"
+    printf "%-34s %12s %12s %16s %16s\n" "${names[$s]}" "$ps/s" "$pp/s" "$r1/s" "$r2/s"
+    printf "%-34s %12s %12s %16s %16s\n" "   p99 latency (ms)" "$pps" "$ppp" "$p1" "$p2"
+    printf "%-34s %12s %12s %16s %16s\n" "   server connections" "$conns" "$conns" "$c1" "$c2"
+    printf "%-34s %12s %12s %16s %16s\n" "   non-2xx responses" "" "" "$b1" "$b2"
+    printf "%-34s %12s %12s %16s %16s\n" "   gateway / pgbench prepared" "" "" "$(ratio "$r1" "$pp")" "$(ratio "$r2" "$pp")"
+    printf "%-34s %12s %12s %16s %16s\n" "   gateway / pgbench simple" "" "" "$(ratio "$r1" "$ps")" "$(ratio "$r2" "$ps")"
 done

@@ -100,7 +100,7 @@ upstream database {
 server {
     listen 127.0.0.1:$PORT;
     location /slow { sqldb_pass database; sqldb_query "select pg_sleep(0.5)::text as s"; }
-    location /count { sqldb_pass database; sqldb_query "select count(*)::int as n from pg_stat_activity where application_name = 'ngx_gateway' and query like '%pg_sleep%' and pid <> pg_backend_pid()"; }
+    location /count { sqldb_pass database; sqldb_query "select count(*)::int as n from pg_stat_activity where application_name = 'ngx_gateway' and state = 'active' and query like '%pg_sleep%' and pid <> pg_backend_pid()"; }
 }
 HTTP
 @socks = map { http_send($port, '/slow') } 1 .. 3;

@@ -280,6 +280,9 @@ unsafe fn detach(ctx: &mut Ctx) {
         if cn.state == State::Connecting || (cn.live() == 0 && !cn.queue.is_empty()) {
             fail_all(conn, None);
             pool.close(conn);
+        } else if cn.queue.is_empty() {
+            // Picked but never used (nginx failed the request in between).
+            pool.settle(conn);
         }
     }
 }
@@ -499,10 +502,28 @@ unsafe fn attach(r: *mut ngx_http_request_t) {
 /// executed by name; another single statement runs as the unnamed statement;
 /// both in pipeline mode, each request ended by its own sync point. Several
 /// statements need the simple protocol, outside pipeline mode.
+///
+/// The request is queued first: if sending fails, the caller closes the
+/// connection and every request queued on it, this one included, is failed.
 unsafe fn send(conn: *mut Conn, ctx: &mut Ctx, lcf: &LocConf) -> bool {
     // SAFETY: conn is live; the template lives in the configuration.
     let (cn, tmpl) = unsafe { (&mut *conn, &*ctx.template) };
-    let mode;
+    let prepare = !ctx.several && lcf.prepare == 1 && tmpl.constant;
+    let by_name = prepare && (cn.is_prepared(tmpl.id) || cn.can_prepare_more());
+    let preparing = by_name && !cn.is_prepared(tmpl.id);
+    let mode = if ctx.several {
+        Mode::Simple
+    } else {
+        Mode::Pipelined { preparing }
+    };
+    cn.queue.push_back(Pending {
+        ctx,
+        mode,
+        stage: 0,
+        again: false,
+    });
+    // SAFETY: r is live.
+    unsafe { set_action(ctx.r, c"reading result from PostgreSQL") };
     if ctx.several {
         if cn.pipeline {
             if !cn.pg.exit_pipeline() {
@@ -513,7 +534,6 @@ unsafe fn send(conn: *mut Conn, ctx: &mut Ctx, lcf: &LocConf) -> bool {
         if !cn.pg.send_query(&ctx.query) {
             return false;
         }
-        mode = Mode::Simple;
     } else {
         if !cn.pipeline {
             if !cn.pg.enter_pipeline() {
@@ -521,12 +541,9 @@ unsafe fn send(conn: *mut Conn, ctx: &mut Ctx, lcf: &LocConf) -> bool {
             }
             cn.pipeline = true;
         }
-        let prepare = lcf.prepare == 1 && tmpl.constant;
-        let mut preparing = false;
-        let sent = if prepare && (cn.is_prepared(tmpl.id) || cn.can_prepare_more()) {
+        let sent = if by_name {
             let name = statement_name(tmpl.id);
-            if !cn.is_prepared(tmpl.id) {
-                preparing = true;
+            if preparing {
                 cn.add_prepared(tmpl.id);
                 if !cn.pg.send_prepare(&name, &ctx.query) {
                     return false;
@@ -539,16 +556,7 @@ unsafe fn send(conn: *mut Conn, ctx: &mut Ctx, lcf: &LocConf) -> bool {
         if !sent || !cn.pg.pipeline_sync() {
             return false;
         }
-        mode = Mode::Pipelined { preparing };
     }
-    cn.queue.push_back(Pending {
-        ctx,
-        mode,
-        stage: 0,
-        again: false,
-    });
-    // SAFETY: r is live.
-    unsafe { set_action(ctx.r, c"reading result from PostgreSQL") };
     flush(cn)
 }
 
