@@ -64,7 +64,7 @@ http {
     server {
         listen 127.0.0.1:$port;
         location = /a { sqldb_pass bench_db; sqldb_query "select 'default' as echo"; }
-        location = /b { sqldb_pass bench_db; sqldb_query "select id, label from items where id = \$arg_id"; }
+        location = /b { sqldb_pass bench_db; sqldb_query "select id, label from items where id = \$arg_id::int"; }
         location = /c { sqldb_pass bench_db; sqldb_query "select id, label, price from items where id <= 100"; }
     }
 }
@@ -115,7 +115,7 @@ for w in 1 2; do
 done
 stop_nginx
 
-names=([a]="(a) select 'default' as echo" [b]="(b) primary key lookup, id from URL" [c]="(c) 100 rows x 3 columns")
+declare -A names=([a]="(a) select 'default' as echo" [b]="(b) primary key lookup, id from URL" [c]="(c) 100 rows x 3 columns")
 for s in a b c; do
     read -r ps pps <<<"$(pgbench_run simple "$dir/scripts/$s.sql")"
     read -r pp ppp <<<"$(pgbench_run prepared "$dir/scripts/$s.sql")"

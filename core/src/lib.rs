@@ -7,3 +7,4 @@ pub mod conninfo;
 pub mod method;
 pub mod rds;
 pub mod sql;
+pub mod template;

@@ -9,6 +9,7 @@ use std::ptr;
 use gateway_core::conninfo::{self, Keywords, Target};
 use gateway_core::method::{parse_methods, QuerySet};
 use gateway_core::sql::has_several_statements;
+use gateway_core::template::{self, Piece};
 
 use super::conn::Pool;
 
@@ -48,13 +49,65 @@ impl SrvConf {
 
 /// One `sqldb_query` template.
 pub struct Template {
-    pub cv: *mut ngx_http_complex_value_t,
+    pub pieces: Vec<TemplatePiece>,
     /// Names the template's prepared statement on every connection.
     pub id: usize,
-    /// The text has no variables: the same query every time.
+    /// The SQL text has no untyped variables: the same statement every time.
     pub constant: bool,
     /// A constant text that holds several statements.
     pub several: bool,
+    /// Typed parameters ($var::type) in the template.
+    pub params: usize,
+}
+
+pub enum TemplatePiece {
+    /// SQL text, with untyped variables substituted.
+    Text(*mut ngx_http_complex_value_t),
+    /// A bound parameter: its value, and what stands for it in the text ("$1::int").
+    Param(*mut ngx_http_complex_value_t, Vec<u8>),
+}
+
+/// Compiles a template: text pieces and typed parameters.
+///
+/// # Safety
+/// `cf` must be the live configuration being parsed.
+unsafe fn compile_template(cf: *mut ngx_conf_t, text: &[u8]) -> Result<Template, String> {
+    let mut pieces = Vec::new();
+    let mut constant = true;
+    let mut sql = Vec::new();
+    let mut params = 0;
+    for piece in template::split(text) {
+        let (source, placeholder) = match piece {
+            Piece::Text(t) => (t, None),
+            Piece::Param { var, ty } => {
+                params += 1;
+                (format!("${var}").into_bytes(), Some(format!("${params}::{ty}").into_bytes()))
+            }
+        };
+        // SAFETY: cf is live; the compiled value keeps pointing at pool memory.
+        let cv = unsafe {
+            let mut value = pool_str((*cf).pool, &source).ok_or("out of memory")?;
+            compile_complex(cf, &mut value).ok_or("")?
+        };
+        match placeholder {
+            Some(ph) => {
+                sql.extend_from_slice(&ph);
+                pieces.push(TemplatePiece::Param(cv, ph));
+            }
+            None => {
+                // SAFETY: cv was just compiled.
+                constant &= unsafe { (*cv).lengths.is_null() };
+                sql.extend_from_slice(&source);
+                pieces.push(TemplatePiece::Text(cv));
+            }
+        }
+    }
+    let several = constant && has_several_statements(&sql);
+    if several && params > 0 {
+        return Err("typed parameters need a query of one statement".into());
+    }
+    let id = pieces.as_ptr() as usize;
+    Ok(Template { pieces, id, constant, several, params })
 }
 
 pub struct LocConf {
@@ -403,7 +456,7 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_query(
     unsafe {
         let lcf = &mut *(conf as *mut LocConf);
         let args = conf_args(cf);
-        let mut template = args[args.len() - 1];
+        let template = args[args.len() - 1];
         if template.len == 0 {
             return conf_error(cf, format_args!("empty query in \"sqldb_query\" directive"));
         }
@@ -411,16 +464,10 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_query(
             Ok(m) => m,
             Err(e) => return conf_error(cf, format_args!("\"sqldb_query\" directive: {e}")),
         };
-        let text = bytes(&template).to_vec();
-        let Some(cv) = compile_complex(cf, &mut template) else {
-            return CONF_ERROR;
-        };
-        let constant = (*cv).lengths.is_null();
-        let tmpl = Template {
-            cv,
-            id: cv as usize,
-            constant,
-            several: constant && has_several_statements(&text),
+        let tmpl = match compile_template(cf, bytes(&template)) {
+            Ok(t) => t,
+            Err(e) if e.is_empty() => return CONF_ERROR,
+            Err(e) => return conf_error(cf, format_args!("\"sqldb_query\" directive: {e}")),
         };
         let Some(tmpl) = pool_alloc((*cf).pool, tmpl) else {
             return CONF_ERROR;

@@ -17,7 +17,7 @@ use std::ptr;
 
 use gateway_core::sql::has_several_statements;
 
-use super::conf::{find_upstream, sqldb_srv_conf, LocConf, SrvConf, Template};
+use super::conf::{find_upstream, sqldb_srv_conf, LocConf, SrvConf, Template, TemplatePiece};
 use super::conn::{statement_name, Conn, Mode, Pending, Pick, State};
 use super::output;
 use super::pq::{Flush, PgConn, PgResult, Poll, ResultKind};
@@ -87,6 +87,8 @@ impl Drop for PeerData {
 pub struct Ctx {
     r: *mut ngx_http_request_t,
     query: CString,
+    /// Values of the typed parameters, as text.
+    params: Vec<CString>,
     template: *const Template,
     /// The query holds several statements: simple protocol only.
     several: bool,
@@ -350,31 +352,16 @@ unsafe fn start(r: *mut ngx_http_request_t) -> ngx_int_t {
             return rc;
         }
         let tmpl = &*template;
-        let mut sql = ngx_str_t {
-            len: 0,
-            data: ptr::null_mut(),
+        let (sql, params) = match build_query(r, tmpl) {
+            Ok(q) => q,
+            Err(status) => return status,
         };
-        if ngx_http_complex_value(r, tmpl.cv, &mut sql) != OK {
+        let several = if tmpl.constant { tmpl.several } else { has_several_statements(sql.as_bytes()) };
+        if several && !params.is_empty() {
+            log!(NGX_LOG_ERR, log, "sqldb: typed parameters need a query of one statement");
             return HTTP_INTERNAL_SERVER_ERROR;
         }
-        let sql = bytes(&sql);
-        if sql.is_empty() {
-            log!(
-                NGX_LOG_ERR,
-                log,
-                "sqldb: the query is empty after variable substitution"
-            );
-            return HTTP_INTERNAL_SERVER_ERROR;
-        }
-        let several = if tmpl.constant {
-            tmpl.several
-        } else {
-            has_several_statements(sql)
-        };
-        let Ok(query) = CString::new(sql) else {
-            log!(NGX_LOG_ERR, log, "sqldb: the query contains a NUL byte");
-            return HTTP_BAD_REQUEST;
-        };
+        let query = sql;
 
         // The upstream: named in the configuration, or by a variable now.
         let mut uscf = lcf.upstream.upstream;
@@ -439,6 +426,7 @@ unsafe fn start(r: *mut ngx_http_request_t) -> ngx_int_t {
         let ctx = Ctx {
             r,
             query,
+            params,
             template,
             several,
             conn: ptr::null_mut(),
@@ -464,6 +452,48 @@ unsafe fn start(r: *mut ngx_http_request_t) -> ngx_int_t {
             attach(r);
         }
         DONE
+    }
+}
+
+/// The SQL text and the values of its typed parameters for this request.
+unsafe fn build_query(r: *mut ngx_http_request_t, tmpl: &Template) -> Result<(CString, Vec<CString>), ngx_int_t> {
+    // SAFETY: r is live; the template's values were compiled for this configuration.
+    unsafe {
+        let log = client_log(r);
+        let mut sql = Vec::new();
+        let mut params = Vec::with_capacity(tmpl.params);
+        for piece in &tmpl.pieces {
+            let (cv, placeholder) = match piece {
+                TemplatePiece::Text(cv) => (*cv, None),
+                TemplatePiece::Param(cv, ph) => (*cv, Some(ph)),
+            };
+            let mut v = ngx_str_t { len: 0, data: ptr::null_mut() };
+            if ngx_http_complex_value(r, cv, &mut v) != OK {
+                return Err(HTTP_INTERNAL_SERVER_ERROR);
+            }
+            match placeholder {
+                None => sql.extend_from_slice(bytes(&v)),
+                Some(ph) => {
+                    sql.extend_from_slice(ph);
+                    let Ok(value) = CString::new(bytes(&v)) else {
+                        log!(NGX_LOG_INFO, log, "sqldb: parameter ${} contains a NUL byte", params.len() + 1);
+                        return Err(HTTP_BAD_REQUEST);
+                    };
+                    params.push(value);
+                }
+            }
+        }
+        if sql.is_empty() {
+            log!(NGX_LOG_ERR, log, "sqldb: the query is empty after variable substitution");
+            return Err(HTTP_INTERNAL_SERVER_ERROR);
+        }
+        match CString::new(sql) {
+            Ok(sql) => Ok((sql, params)),
+            Err(_) => {
+                log!(NGX_LOG_ERR, log, "sqldb: the query contains a NUL byte");
+                Err(HTTP_BAD_REQUEST)
+            }
+        }
     }
 }
 
@@ -549,9 +579,9 @@ unsafe fn send(conn: *mut Conn, ctx: &mut Ctx, lcf: &LocConf) -> bool {
                     return false;
                 }
             }
-            cn.pg.send_prepared(&name)
+            cn.pg.send_prepared(&name, &ctx.params)
         } else {
-            cn.pg.send_unnamed(&ctx.query)
+            cn.pg.send_unnamed(&ctx.query, &ctx.params)
         };
         if !sent || !cn.pg.pipeline_sync() {
             return false;
@@ -1050,6 +1080,11 @@ unsafe fn reconnect(r: *mut ngx_http_request_t, status: ngx_int_t) {
     }
 }
 
+/// SQLSTATEs of a parameter value that does not fit its type: invalid text
+/// representation, numeric out of range, datetime format and overflow,
+/// characters not valid in the encoding, string too long, bad escape.
+const BAD_PARAMETER: &[&str] = &["22P02", "22003", "22007", "22008", "22021", "22P05", "22001", "22025"];
+
 /// All results are in: answer the client.
 unsafe fn complete(r: *mut ngx_http_request_t) {
     // SAFETY: r is live with our ctx and upstream.
@@ -1060,6 +1095,13 @@ unsafe fn complete(r: *mut ngx_http_request_t) {
         }
         let log = client_log(r);
         if let Some(err) = ctx.error.take() {
+            // A value the server cannot read as its parameter's type is the
+            // client's mistake: 400, logged as client errors are.
+            if !ctx.params.is_empty() && BAD_PARAMETER.contains(&err.sqlstate().as_str()) {
+                log!(NGX_LOG_INFO, log, "sqldb: a parameter was rejected: {}", err.error_summary());
+                fail(r, HTTP_BAD_REQUEST, false);
+                return;
+            }
             log!(NGX_LOG_ERR, log, "sqldb: query failed: {}", err.error_summary());
             fail(r, HTTP_INTERNAL_SERVER_ERROR, false);
             return;

@@ -1,7 +1,7 @@
 //! The only place that calls libpq. Connections are always nonblocking:
 //! nothing here waits for the network.
 
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::ptr::NonNull;
 
 use gateway_core::rds::ResultSet;
@@ -90,17 +90,20 @@ impl PgConn {
         unsafe { pq::PQsendQuery(self.raw(), sql.as_ptr()) == 1 }
     }
 
-    /// PQsendQueryParams without parameters: one statement through the
-    /// extended protocol and the unnamed statement, results as text.
-    pub fn send_unnamed(&mut self, sql: &CStr) -> bool {
-        // SAFETY: live connection, NUL-terminated query, no parameters.
+    /// PQsendQueryParams: one statement through the extended protocol and
+    /// the unnamed statement, parameters and results as text (their types
+    /// come from the casts in the SQL).
+    pub fn send_unnamed(&mut self, sql: &CStr, params: &[CString]) -> bool {
+        let values: Vec<*const c_char> = params.iter().map(|p| p.as_ptr()).collect();
+        // SAFETY: live connection, NUL-terminated query and values that
+        // outlive the call (libpq copies them into its buffer).
         unsafe {
             pq::PQsendQueryParams(
                 self.raw(),
                 sql.as_ptr(),
-                0,
+                values.len() as c_int,
                 std::ptr::null(),
-                std::ptr::null(),
+                values.as_ptr(),
                 std::ptr::null(),
                 std::ptr::null(),
                 0,
@@ -114,15 +117,17 @@ impl PgConn {
         unsafe { pq::PQsendPrepare(self.raw(), name.as_ptr(), sql.as_ptr(), 0, std::ptr::null()) == 1 }
     }
 
-    /// PQsendQueryPrepared without parameters, results as text.
-    pub fn send_prepared(&mut self, name: &CStr) -> bool {
-        // SAFETY: live connection, NUL-terminated name, no parameters.
+    /// PQsendQueryPrepared: parameters and results as text.
+    pub fn send_prepared(&mut self, name: &CStr, params: &[CString]) -> bool {
+        let values: Vec<*const c_char> = params.iter().map(|p| p.as_ptr()).collect();
+        // SAFETY: live connection, NUL-terminated name and values that
+        // outlive the call (libpq copies them into its buffer).
         unsafe {
             pq::PQsendQueryPrepared(
                 self.raw(),
                 name.as_ptr(),
-                0,
-                std::ptr::null(),
+                values.len() as c_int,
+                values.as_ptr(),
                 std::ptr::null(),
                 std::ptr::null(),
                 0,

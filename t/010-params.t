@@ -1,0 +1,153 @@
+# Typed parameters: $var::type is bound, never spliced into the SQL text.
+use lib 't/lib';
+use GatewayTest;
+use Test::Nginx::Socket 'no_plan';
+
+add_block_preprocessor(sub {
+    my $block = shift;
+    $block->set_value(http_config => "upstream database { sqldb_server $ENV{TEST_NGINX_PG_SERVER}; }")
+        unless defined $block->http_config;
+});
+
+run_tests();
+
+__DATA__
+
+=== TEST 1: an integer parameter from the query string
+--- config
+location /item {
+    sqldb_pass database;
+    sqldb_query "select id, label from items where id = $arg_id::int";
+}
+--- request
+GET /item?id=42
+--- response_body eval
+GatewayTest::rds_rows([['id', 23], ['label', 25]], [[42, 'item 42']])
+
+
+
+=== TEST 2: a value that is not an integer: 400, not 500
+--- config
+location /item {
+    sqldb_pass database;
+    sqldb_query "select id, label from items where id = $arg_id::int";
+}
+--- request
+GET /item?id=1%20or%201=1
+--- error_code: 400
+--- error_log
+sqldb: a parameter was rejected: ERROR: invalid input syntax for type integer: "1%20or%201=1" (SQLSTATE 22P02)
+--- no_error_log
+[error]
+
+
+
+=== TEST 3: injection through a text parameter stays data
+--- config
+location /name {
+    sqldb_pass database;
+    sqldb_query "select $arg_n::text as n, length($arg_n::text) as len";
+}
+--- request
+GET /name?n=x');drop%20table%20items;--
+--- response_body eval
+GatewayTest::rds_rows([['n', 25], ['len', 23]], [["x');drop%20table%20items;--", 27]])
+
+
+
+=== TEST 4: quotes, backslashes, semicolons and comments in a text parameter
+--- config
+location /echo {
+    sqldb_pass database;
+    sqldb_query "select ${http_x_value}::text as v, (select count(*) from items)::int as still_there";
+}
+--- more_headers
+X-Value: it's \ a ; -- /* test */ $$ quote
+--- request
+GET /echo
+--- response_body eval
+GatewayTest::rds_rows([['v', 25], ['still_there', 23]], [["it's \\ a ; -- /* test */ \$\$ quote", 10000]])
+
+
+
+=== TEST 5: invalid UTF-8 in a parameter: 400
+--- config
+location /echo {
+    sqldb_pass database;
+    sqldb_query "select $http_x_value::text as v";
+}
+--- more_headers eval
+"X-Value: \xff\xfe"
+--- request
+GET /echo
+--- error_code: 400
+--- error_log
+SQLSTATE 22021
+
+
+
+=== TEST 6: several parameters, of several types, and an untyped variable beside them
+--- config
+location /mix {
+    sqldb_pass database;
+    sqldb_query "select $arg_a::int + $arg_b::int as sum, $arg_d::date as d, '$arg_c' as c";
+}
+--- request
+GET /mix?a=2&b=40&d=2024-02-29&c=plain
+--- response_body eval
+GatewayTest::rds_rows([['sum', 23], ['d', 1082], ['c', 25]], [[42, '2024-02-29', 'plain']])
+
+
+
+=== TEST 7: a constant template with parameters is prepared once per connection
+--- config
+location /item {
+    sqldb_pass database;
+    sqldb_query "select label from items where id = $arg_id::int";
+}
+location /count {
+    sqldb_pass database;
+    sqldb_query "select count(*)::int as n from pg_prepared_statements where name like 'ngx\_gateway\_%'";
+}
+--- request eval
+["GET /item?id=1", "GET /item?id=2", "GET /item?id=3", "GET /count"]
+--- response_body eval
+[GatewayTest::rds_rows([['label', 25]], [['item 1']]), GatewayTest::rds_rows([['label', 25]], [['item 2']]),
+ GatewayTest::rds_rows([['label', 25]], [['item 3']]), GatewayTest::rds_rows([['n', 23]], [[2]])]
+
+
+
+=== TEST 8: a missing variable is an empty value (here: not an integer, 400)
+--- config
+location /item {
+    sqldb_pass database;
+    sqldb_query "select label from items where id = $arg_id::int";
+}
+--- request
+GET /item
+--- error_code: 400
+
+
+
+=== TEST 9: typed parameters with several statements are refused by nginx -t
+--- config
+location /x {
+    sqldb_pass database;
+    sqldb_query "select 1; select $arg_a::int";
+}
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"sqldb_query" directive: typed parameters need a query of one statement in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 10: the ${name}::type form, and a regex capture
+--- config
+location ~ ^/cap/(\d+)$ {
+    sqldb_pass database;
+    sqldb_query "select label from items where id = $1::int and ${arg_x}::text = ''";
+}
+--- request
+GET /cap/7
+--- response_body eval
+GatewayTest::rds_rows([['label', 25]], [['item 7']])
