@@ -24,7 +24,7 @@ APT_PACKAGES := nginx nginx-dev libpq-dev libclang-dev clang pkg-config \
                 libpcre2-dev libssl-dev zlib1g-dev make gcc \
                 postgresql postgresql-contrib redis-server wrk \
                 libtest-base-perl libtext-diff-perl libipc-run-perl liburi-perl \
-                libwww-perl libnginx-mod-http-srcache-filter
+                libwww-perl libnginx-mod-http-srcache-filter openssl
 
 .PHONY: all build vendored deps unittest test test-debian test-vendored run stop bench check clean
 

@@ -62,8 +62,11 @@ sub schema_sql {
 my @Instances;
 
 # initdb + start on a free port; the instance has the test role and
-# database. Returns { dir, data, port, super }.
+# database. Options: ssl => 1 (a self-signed certificate, cert.pem in the
+# instance's folder), ipv6 => 1 (listen on ::1 too).
+# Returns { dir, data, port, super }.
 sub new_pg_instance {
+    my %opt = @_;
     die "PostgreSQL server binaries not found (set PG_BIN)\n" unless $PgBin && -x "$PgBin/initdb";
     my $dir = tempdir('ngx-gateway-pg-XXXXXX', TMPDIR => 1, CLEANUP => 0);
     if ($> == 0) {
@@ -81,10 +84,29 @@ sub new_pg_instance {
     run_as_owner("$PgBin/initdb", '-D', $pg{data}, '-U', 'postgres', '-A', 'scram-sha-256',
         "--pwfile=$dir/pw", '--no-sync', '-E', 'UTF8', '--locale=C');
     open my $conf, '>>', "$pg{data}/postgresql.conf" or die $!;
-    print $conf "listen_addresses = '127.0.0.1'\nport = $pg{port}\nunix_socket_directories = '$dir'\n",
+    my $listen = $opt{ipv6} ? '127.0.0.1,::1' : '127.0.0.1';
+    print $conf "listen_addresses = '$listen'\nport = $pg{port}\nunix_socket_directories = '$dir'\n",
         "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\nmax_connections = 200\n",
         "log_min_messages = fatal\n";
+    if ($opt{ssl}) {
+        system("openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=localhost "
+            . "-keyout '$pg{data}/server.key' -out '$pg{data}/server.crt' >/dev/null 2>&1") == 0
+            or die "openssl failed\n";
+        system('cp', "$pg{data}/server.crt", "$dir/cert.pem");
+        chmod 0644, "$dir/cert.pem";
+        if ($> == 0) {
+            my (undef, undef, $uid, $gid) = getpwnam('postgres');
+            chown $uid, $gid, "$pg{data}/server.key", "$pg{data}/server.crt";
+        }
+        chmod 0600, "$pg{data}/server.key";
+        print $conf "ssl = on\n";
+    }
     close $conf;
+    if ($opt{ipv6}) {
+        open my $hba, '>>', "$pg{data}/pg_hba.conf" or die $!;
+        print $hba "host all all ::1/128 scram-sha-256\n";
+        close $hba;
+    }
     run_as_owner("$PgBin/pg_ctl", '-D', $pg{data}, '-l', "$dir/server.log", '-w', '-s', 'start');
     local $ENV{TEST_NGINX_PG_PORT} = $pg{port};
     local $ENV{TEST_NGINX_PG_SUPERPW} = $pg{super};
@@ -109,7 +131,7 @@ sub start_pg {
 
 # A second server with the same role, password and schema (for failover
 # tests); stopped when the test file ends.
-sub start_extra_pg { new_pg_instance() }
+sub start_extra_pg { new_pg_instance(@_) }
 
 sub set_derived_env {
     $ENV{TEST_NGINX_PG_SERVER} = "127.0.0.1:$ENV{TEST_NGINX_PG_PORT} dbname=$ENV{TEST_NGINX_PG_DB} "
