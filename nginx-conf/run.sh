@@ -35,6 +35,8 @@ ngx_gateway demo is running: nginx on 127.0.0.1:8080, PostgreSQL on 127.0.0.1:55
   curl -si -X POST http://127.0.0.1:8080/cats               # an INSERT: rows affected = 1
   curl -si -X DELETE http://127.0.0.1:8080/cats/2           # a DELETE
   curl -si -X PUT http://127.0.0.1:8080/cats/1              # no template for PUT: 405
+  curl -si http://127.0.0.1:8080/cats/abc                   # not an integer: 400
+  curl -s 'http://127.0.0.1:8080/search?name=o' | od -c     # a bound text parameter
 
 Logs: $dir/nginx/logs/error.log   Stop: make stop
 TXT
