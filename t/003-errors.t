@@ -5,11 +5,7 @@ use lib 't/lib';
 use GatewayTest;
 use Test::Nginx::Socket 'no_plan';
 
-add_block_preprocessor(sub {
-    my $block = shift;
-    $block->set_value(http_config => "upstream database { sqldb_server $ENV{TEST_NGINX_PG_SERVER}; }")
-        unless defined $block->http_config;
-});
+GatewayTest::default_upstream();
 
 run_tests();
 

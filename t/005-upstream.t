@@ -131,3 +131,57 @@ location /hash { sqldb_pass hashed; sqldb_query "select 'hash' as echo"; }
 ["GET /lc", "GET /hash?k=1", "GET /hash?k=2", "GET /hash?k=3"]
 --- response_body eval
 [GatewayTest::rds('echo', 'lc'), GatewayTest::rds('echo', 'hash'), GatewayTest::rds('echo', 'hash'), GatewayTest::rds('echo', 'hash')]
+
+
+
+=== TEST 7: a backup server takes over only while the primary is down
+--- http_config
+upstream database {
+    sqldb_server 127.0.0.1:$TEST_NGINX_CLOSED_PORT dbname=x user=y password=z;
+    sqldb_server unix:$TEST_NGINX_PG_SOCKET_DIR port=$TEST_NGINX_PG_PORT dbname=$TEST_NGINX_PG_DB user=$TEST_NGINX_PG_USER "password=$TEST_NGINX_PG_PASSWORD" backup;
+}
+--- config
+location /b {
+    sqldb_pass database;
+    sqldb_query "select coalesce(host(inet_client_addr()), 'unix') as via";
+}
+--- request eval
+["GET /b", "GET /b"]
+--- response_body eval
+[GatewayTest::rds('via', 'unix'), GatewayTest::rds('via', 'unix')]
+
+
+
+=== TEST 8: weights: three requests out of four go to the server of weight 3
+--- http_config
+upstream database {
+    sqldb_server $TEST_NGINX_PG_SERVER weight=3;
+    sqldb_server unix:$TEST_NGINX_PG_SOCKET_DIR port=$TEST_NGINX_PG_PORT dbname=$TEST_NGINX_PG_DB user=$TEST_NGINX_PG_USER "password=$TEST_NGINX_PG_PASSWORD";
+}
+--- config
+location /w {
+    sqldb_pass database;
+    sqldb_query "select coalesce(host(inet_client_addr()), 'unix') as via";
+}
+--- request eval
+["GET /w", "GET /w", "GET /w", "GET /w", "GET /w", "GET /w", "GET /w", "GET /w"]
+--- response_body eval
+[map { GatewayTest::rds('via', $_) } qw(127.0.0.1 127.0.0.1 unix 127.0.0.1 127.0.0.1 127.0.0.1 unix 127.0.0.1)]
+
+
+
+=== TEST 9: sqldb_next_upstream off: a refused server is not skipped
+--- http_config
+upstream database {
+    sqldb_server 127.0.0.1:$TEST_NGINX_CLOSED_PORT dbname=x user=y password=z;
+    sqldb_server $TEST_NGINX_PG_SERVER;
+}
+--- config
+location /n {
+    sqldb_next_upstream off;
+    sqldb_pass database;
+    sqldb_query "select 'second' as echo";
+}
+--- request
+GET /n
+--- error_code: 502

@@ -7,12 +7,7 @@ use Test::Nginx::Socket 'no_plan';
 
 sub seq { GatewayTest::rds_rows([['nextval', 20]], [[$_[0]]]) }
 
-add_block_preprocessor(sub {
-    my $block = shift;
-    my $keepalive = $block->keepalive // '';
-    $block->set_value(http_config => "upstream database { sqldb_server $ENV{TEST_NGINX_PG_SERVER}; $keepalive }")
-        unless defined $block->http_config;
-});
+GatewayTest::default_upstream();
 
 run_tests();
 

@@ -78,7 +78,11 @@ fn typed_at(s: &[u8], at: usize) -> Option<(String, String, usize)> {
         i += 2;
     }
     let ty = &s[ty_start..i];
-    Some((String::from_utf8_lossy(name).into_owned(), String::from_utf8_lossy(ty).into_owned(), i))
+    Some((
+        String::from_utf8_lossy(name).into_owned(),
+        String::from_utf8_lossy(ty).into_owned(),
+        i,
+    ))
 }
 
 #[cfg(test)]
@@ -89,7 +93,10 @@ mod tests {
         Piece::Text(s.as_bytes().to_vec())
     }
     fn param(v: &str, t: &str) -> Piece {
-        Piece::Param { var: v.into(), ty: t.into() }
+        Piece::Param {
+            var: v.into(),
+            ty: t.into(),
+        }
     }
 
     #[test]

@@ -81,7 +81,10 @@ unsafe fn compile_template(cf: *mut ngx_conf_t, text: &[u8]) -> Result<Template,
             Piece::Text(t) => (t, None),
             Piece::Param { var, ty } => {
                 params += 1;
-                (format!("${var}").into_bytes(), Some(format!("${params}::{ty}").into_bytes()))
+                (
+                    format!("${var}").into_bytes(),
+                    Some(format!("${params}::{ty}").into_bytes()),
+                )
             }
         };
         // SAFETY: cf is live; the compiled value keeps pointing at pool memory.
@@ -107,7 +110,13 @@ unsafe fn compile_template(cf: *mut ngx_conf_t, text: &[u8]) -> Result<Template,
         return Err("typed parameters need a query of one statement".into());
     }
     let id = pieces.as_ptr() as usize;
-    Ok(Template { pieces, id, constant, several, params })
+    Ok(Template {
+        pieces,
+        id,
+        constant,
+        several,
+        params,
+    })
 }
 
 pub struct LocConf {

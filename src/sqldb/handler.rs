@@ -356,9 +356,17 @@ unsafe fn start(r: *mut ngx_http_request_t) -> ngx_int_t {
             Ok(q) => q,
             Err(status) => return status,
         };
-        let several = if tmpl.constant { tmpl.several } else { has_several_statements(sql.as_bytes()) };
+        let several = if tmpl.constant {
+            tmpl.several
+        } else {
+            has_several_statements(sql.as_bytes())
+        };
         if several && !params.is_empty() {
-            log!(NGX_LOG_ERR, log, "sqldb: typed parameters need a query of one statement");
+            log!(
+                NGX_LOG_ERR,
+                log,
+                "sqldb: typed parameters need a query of one statement"
+            );
             return HTTP_INTERNAL_SERVER_ERROR;
         }
         let query = sql;
@@ -467,7 +475,10 @@ unsafe fn build_query(r: *mut ngx_http_request_t, tmpl: &Template) -> Result<(CS
                 TemplatePiece::Text(cv) => (*cv, None),
                 TemplatePiece::Param(cv, ph) => (*cv, Some(ph)),
             };
-            let mut v = ngx_str_t { len: 0, data: ptr::null_mut() };
+            let mut v = ngx_str_t {
+                len: 0,
+                data: ptr::null_mut(),
+            };
             if ngx_http_complex_value(r, cv, &mut v) != OK {
                 return Err(HTTP_INTERNAL_SERVER_ERROR);
             }
@@ -476,7 +487,12 @@ unsafe fn build_query(r: *mut ngx_http_request_t, tmpl: &Template) -> Result<(CS
                 Some(ph) => {
                     sql.extend_from_slice(ph);
                     let Ok(value) = CString::new(bytes(&v)) else {
-                        log!(NGX_LOG_INFO, log, "sqldb: parameter ${} contains a NUL byte", params.len() + 1);
+                        log!(
+                            NGX_LOG_INFO,
+                            log,
+                            "sqldb: parameter ${} contains a NUL byte",
+                            params.len() + 1
+                        );
                         return Err(HTTP_BAD_REQUEST);
                     };
                     params.push(value);
@@ -484,7 +500,11 @@ unsafe fn build_query(r: *mut ngx_http_request_t, tmpl: &Template) -> Result<(CS
             }
         }
         if sql.is_empty() {
-            log!(NGX_LOG_ERR, log, "sqldb: the query is empty after variable substitution");
+            log!(
+                NGX_LOG_ERR,
+                log,
+                "sqldb: the query is empty after variable substitution"
+            );
             return Err(HTTP_INTERNAL_SERVER_ERROR);
         }
         match CString::new(sql) {
@@ -1098,7 +1118,12 @@ unsafe fn complete(r: *mut ngx_http_request_t) {
             // A value the server cannot read as its parameter's type is the
             // client's mistake: 400, logged as client errors are.
             if !ctx.params.is_empty() && BAD_PARAMETER.contains(&err.sqlstate().as_str()) {
-                log!(NGX_LOG_INFO, log, "sqldb: a parameter was rejected: {}", err.error_summary());
+                log!(
+                    NGX_LOG_INFO,
+                    log,
+                    "sqldb: a parameter was rejected: {}",
+                    err.error_summary()
+                );
                 fail(r, HTTP_BAD_REQUEST, false);
                 return;
             }

@@ -243,6 +243,18 @@ my %Std = (20 => 0x0001, 1560 => 0x8002, 1562 => 0x8003, 16 => 0xC004, 18 => 0x8
 
 sub std_type { my $oid = shift; exists $Std{$oid} ? $Std{$oid} : 0x8000 }
 
+# For data-driven suites: a block without its own http_config gets an
+# upstream "database" with the test server (and the block's `--- keepalive`
+# line, if any, inside it).
+sub default_upstream {
+    Test::Nginx::Socket::add_block_preprocessor(sub {
+        my $block = shift;
+        return if defined $block->http_config;
+        my $extra = $block->keepalive // '';
+        $block->set_value(http_config => "upstream database { sqldb_server $ENV{TEST_NGINX_PG_SERVER}; $extra }");
+    });
+}
+
 # A single text value in one column: the stream SPEC.md shows.
 sub rds { my ($name, $value) = @_; rds_rows([[$name, 25]], [[$value]]) }
 
