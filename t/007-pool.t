@@ -32,6 +32,7 @@ server {
     listen 127.0.0.1:$PORT;
     location /echo { sqldb_pass database; sqldb_query "select 'x' as echo"; }
     location /pid { sqldb_pass database; sqldb_query "select pg_backend_pid()::text as pid"; }
+    location /suicide { sqldb_pass database; sqldb_query "select pg_terminate_backend(pg_backend_pid())"; }
 }
 HTTP
 my ($status) = http_get($port, '/echo');
@@ -59,6 +60,16 @@ my ($pid) = $body =~ /(\d+)\x00$/;
 psql("select pg_terminate_backend($pid)");
 ($st) = http_get($port, '/echo');
 is($st, 200, 'request right after the kill succeeds');
+
+# 3b. A query that ends its own session: the pooled connection dies under
+# it without an answer, so it is tried once more on a fresh connection,
+# where it dies again: 502, no hang, no loop.
+($st) = http_get($port, '/suicide', 5);
+is($st, 502, 'a query that kills its own backend: 502');
+like(nginx_error_log(), qr/sqldb: connection lost: FATAL: terminating connection due to administrator command \(SQLSTATE 57P01\)/,
+    'the reason is logged');
+($st) = http_get($port, '/echo');
+is($st, 200, 'and the next request is served');
 stop_nginx();
 
 # 4. overflow=reject without pipelining: 503 when every connection is busy.

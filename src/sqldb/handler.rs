@@ -804,18 +804,34 @@ unsafe fn read_results(conn: *mut Conn, out: &mut Vec<Outcome>) {
         let cn = &mut *conn;
         let mut again = Vec::new();
         let mut forget = false;
+        // Why the connection is going away, when the server said so.
+        let mut lost: Option<String> = None;
         while let Some(head) = cn.queue.front_mut() {
             if cn.pg.is_busy() {
                 break;
             }
             let res = cn.pg.get_result();
             let ctx = head.ctx.as_mut();
+            if res.is_none() && cn.pg.is_bad() {
+                lost.get_or_insert_with(|| cn.pg.error_message());
+                break;
+            }
             match (res, head.mode) {
                 (None, Mode::Simple) => {
                     let p = cn.queue.pop_front();
                     finish_pending(cn, p, &mut again, out);
                 }
+                // A request sends two queries at most: more ends means confusion.
+                (None, Mode::Pipelined { .. }) if head.stage >= 2 => {
+                    lost = Some("unexpected results".into());
+                    break;
+                }
                 (None, Mode::Pipelined { .. }) => head.stage += 1,
+                (Some(res), _) if res.kind() == ResultKind::Error && connection_gone(&res.sqlstate()) => {
+                    // The server is closing the session (shutdown,
+                    // pg_terminate_backend): not an answer to the query.
+                    lost = Some(res.error_summary());
+                }
                 (Some(res), mode) => {
                     let kind = res.kind();
                     if kind == ResultKind::Sync {
@@ -866,6 +882,14 @@ unsafe fn read_results(conn: *mut Conn, out: &mut Vec<Outcome>) {
             // DEALLOCATE, DISCARD or a schema change: prepare afresh.
             cn.forget_prepared();
         }
+        if let Some(why) = lost {
+            if cn.pg.is_bad() || !cn.pg.consume_input() || cn.pg.is_bad() {
+                broken_into(conn, &format!("connection lost: {why}"), out);
+                return;
+            }
+            // The end of the session is announced but not here yet: the
+            // next read event finds it.
+        }
         for ctx in again {
             let ctx: &mut Ctx = &mut *ctx;
             ctx.reprepared = true;
@@ -883,6 +907,12 @@ unsafe fn read_results(conn: *mut Conn, out: &mut Vec<Outcome>) {
             (*cn.pool).settle(conn);
         }
     }
+}
+
+/// SQLSTATEs that end the session rather than answer the query:
+/// connection exceptions and operator intervention (shutdown, terminate).
+fn connection_gone(sqlstate: &str) -> bool {
+    sqlstate.starts_with("08") || sqlstate.starts_with("57P")
 }
 
 /// One request's results are all in.
