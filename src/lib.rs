@@ -3,6 +3,7 @@
 
 #[macro_use]
 pub mod ffi;
+pub mod cache;
 pub mod sqldb;
 
 use std::ptr;
@@ -11,7 +12,7 @@ use ffi::*;
 use sqldb::conf as sc;
 
 /// A directive; `name` ends with NUL because nginx compares names with strcmp.
-const fn command(
+pub(crate) const fn command(
     name: &'static str,
     type_: u32,
     set: unsafe extern "C" fn(*mut ngx_conf_t, *mut ngx_command_t, *mut std::ffi::c_void) -> *mut std::ffi::c_char,
@@ -120,4 +121,26 @@ pub static mut ngx_http_gateway_module: ngx_module_t = ngx_module_t {
     ..ngx_module_t::default()
 };
 
-ngx::ngx_modules!(ngx_http_gateway_module);
+pub use cache::ngx_http_gateway_cache_module;
+
+// What load_module reads: the modules of this object, their names, no order.
+// (ngx's ngx_modules! macro miscounts more than one module.)
+#[no_mangle]
+#[allow(non_upper_case_globals)]
+pub static mut ngx_modules: [*const ngx_module_t; 3] = [
+    ptr::addr_of!(ngx_http_gateway_module),
+    ptr::addr_of!(ngx_http_gateway_cache_module),
+    ptr::null(),
+];
+
+#[no_mangle]
+#[allow(non_upper_case_globals)]
+pub static mut ngx_module_names: [*const std::ffi::c_char; 3] = [
+    c"ngx_http_gateway_module".as_ptr(),
+    c"ngx_http_gateway_cache_module".as_ptr(),
+    ptr::null(),
+];
+
+#[no_mangle]
+#[allow(non_upper_case_globals)]
+pub static mut ngx_module_order: [*const std::ffi::c_char; 1] = [ptr::null()];

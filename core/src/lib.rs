@@ -6,5 +6,6 @@
 pub mod conninfo;
 pub mod method;
 pub mod rds;
+pub mod resp;
 pub mod sql;
 pub mod template;

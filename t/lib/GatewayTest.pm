@@ -21,11 +21,12 @@ use Time::HiRes qw(sleep time);
 use FindBin;
 
 our @EXPORT_OK = qw(start_servers stop_servers psql rds rds_rows rds_command free_port pg_bin pg_stop pg_start
-    pg_restart start_extra_pg nginx_signal nginx_exited
+    pg_restart start_extra_pg nginx_signal nginx_exited start_redis redis_cli garbage_port
     nginx_start stop_nginx nginx_error_log http_send http_read http_get);
 
 my $PgBin = $ENV{PG_BIN} || (sort { $b cmp $a } glob '/usr/lib/postgresql/*/bin')[0];
 our ($PgDir, $PgData);
+our (@Redis, $Garbage);
 
 sub pg_bin { $PgBin }
 
@@ -202,6 +203,8 @@ END {
     my $rc = $?;
     stop_nginx();
     stop_servers();
+    stop_redis();
+    if ($Garbage) { kill 'KILL', $Garbage->{pid}; waitpid($Garbage->{pid}, 0) }
     $? = $rc;
 }
 
@@ -258,6 +261,75 @@ sub default_upstream {
 # A single text value in one column: the stream SPEC.md shows.
 sub rds { my ($name, $value) = @_; rds_rows([[$name, 25]], [[$value]]) }
 
+
+# --- Redis -----------------------------------------------------------------
+
+
+# Starts a redis-server on a free loopback port (options: password => ...).
+# Returns { port, pid, dir }; stopped when the test file ends.
+sub start_redis {
+    my %opt = @_;
+    my $bin = $ENV{REDIS_SERVER} || 'redis-server';
+    my $dir = tempdir('ngx-gateway-redis-XXXXXX', TMPDIR => 1, CLEANUP => 1);
+    my $port = free_port();
+    my @args = ('--port', $port, '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no',
+        '--dir', $dir, '--logfile', "$dir/redis.log", '--daemonize', 'no');
+    push @args, '--requirepass', $opt{password} if defined $opt{password};
+    my $pid = fork;
+    die "fork: $!" unless defined $pid;
+    if (!$pid) {
+        open STDOUT, '>', '/dev/null';
+        exec $bin, @args;
+        exit 127;
+    }
+    my %r = (port => $port, pid => $pid, dir => $dir, password => $opt{password});
+    push @Redis, \%r;
+    for (1 .. 200) {
+        my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port);
+        if ($s) { close $s; return \%r }
+        sleep 0.01;
+    }
+    die "redis-server did not start on port $port\n";
+}
+
+# Runs a command through redis-cli against an instance; returns its output.
+sub redis_cli {
+    my ($r, @cmd) = @_;
+    my @auth = defined $r->{password} ? ('--no-auth-warning', '-a', $r->{password}) : ();
+    open my $fh, '-|', 'redis-cli', '-p', $r->{port}, @auth, @cmd or die "redis-cli: $!";
+    local $/;
+    my $out = <$fh> // '';
+    close $fh;
+    $out =~ s/\n+\z//;
+    return $out;
+}
+
+sub stop_redis {
+    for my $r (@Redis) {
+        kill 'TERM', $r->{pid};
+        waitpid($r->{pid}, 0);
+    }
+    @Redis = ();
+}
+
+# A server that answers anything with bytes that are not RESP.
+sub garbage_port {
+    return $Garbage->{port} if $Garbage;
+    my $l = IO::Socket::INET->new(Listen => 16, LocalAddr => '127.0.0.1', LocalPort => 0, ReuseAddr => 1)
+        or die "listen: $!";
+    my $pid = fork;
+    if (!$pid) {
+        while (my $c = $l->accept) {
+            sysread($c, my $buf, 65536);
+            syswrite($c, "hello there\r\n");
+            close $c;
+        }
+        exit 0;
+    }
+    $Garbage = { port => $l->sockport, pid => $pid };
+    close $l;
+    return $Garbage->{port};
+}
 
 # --- nginx for the tests that need several clients at once -----------------
 # (the data-driven format sends one request at a time)

@@ -1,0 +1,170 @@
+//! The Redis protocol (RESP2) as the cache gateway needs it: commands out,
+//! the header of one reply in. A reply header is looked at as bytes arrive:
+//! an incomplete one is not an error, only "not yet".
+
+/// Appends `*N\r\n`.
+pub fn array_header(out: &mut Vec<u8>, n: usize) {
+    out.push(b'*');
+    out.extend_from_slice(n.to_string().as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends `$LEN\r\n` (the bytes and their `\r\n` follow).
+pub fn bulk_header(out: &mut Vec<u8>, len: usize) {
+    out.push(b'$');
+    out.extend_from_slice(len.to_string().as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends one bulk string.
+pub fn bulk(out: &mut Vec<u8>, arg: &[u8]) {
+    bulk_header(out, arg.len());
+    out.extend_from_slice(arg);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends a whole command.
+pub fn command(out: &mut Vec<u8>, args: &[&[u8]]) {
+    array_header(out, args.len());
+    for a in args {
+        bulk(out, a);
+    }
+}
+
+/// The header of one reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply<'a> {
+    /// Not all of the header is here yet.
+    Incomplete,
+    /// `+OK` and other simple strings.
+    Status(&'a [u8]),
+    /// `-ERR ...`
+    Error(&'a [u8]),
+    /// `:N`
+    Integer(i64),
+    /// `$N`: N bytes and `\r\n` follow the header.
+    Bulk(u64),
+    /// `$-1` or `*-1`: no value.
+    Nil,
+    /// Anything else (arrays, garbage): not a reply we asked for.
+    Invalid,
+}
+
+/// Longest header line accepted: a reply header longer than this is garbage.
+pub const MAX_LINE: usize = 64 * 1024;
+
+/// Parses the reply header at the start of `buf`: the reply and how many
+/// bytes its header line took (0 when incomplete or invalid).
+pub fn reply_header(buf: &[u8]) -> (Reply<'_>, usize) {
+    let Some(end) = buf.windows(2).position(|w| w == b"\r\n") else {
+        let reply = if buf.len() > MAX_LINE {
+            Reply::Invalid
+        } else {
+            Reply::Incomplete
+        };
+        return (reply, 0);
+    };
+    if end == 0 {
+        return (Reply::Invalid, 0);
+    }
+    let line = &buf[1..end];
+    let used = end + 2;
+    let reply = match buf[0] {
+        b'+' => Reply::Status(line),
+        b'-' => Reply::Error(line),
+        b':' => match parse_int(line) {
+            Some(n) => Reply::Integer(n),
+            None => Reply::Invalid,
+        },
+        b'$' | b'*' if line == b"-1" => Reply::Nil,
+        b'$' => match parse_int(line) {
+            Some(n) if n >= 0 => Reply::Bulk(n as u64),
+            _ => Reply::Invalid,
+        },
+        _ => Reply::Invalid,
+    };
+    if reply == Reply::Invalid {
+        return (reply, 0);
+    }
+    (reply, used)
+}
+
+fn parse_int(s: &[u8]) -> Option<i64> {
+    std::str::from_utf8(s).ok()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_match_the_redis_crate() {
+        let mut out = Vec::new();
+        command(&mut out, &[b"GET", b"some key"]);
+        assert_eq!(out, redis::cmd("GET").arg("some key").get_packed_command());
+        let value = b"bin\0ary\r\nvalue".to_vec();
+        let mut out = Vec::new();
+        command(&mut out, &[b"SET", b"k", &value, b"EX", b"30"]);
+        assert_eq!(
+            out,
+            redis::cmd("SET")
+                .arg("k")
+                .arg(&value[..])
+                .arg("EX")
+                .arg(30)
+                .get_packed_command()
+        );
+        let mut out = Vec::new();
+        command(&mut out, &[b"SELECT", b"2"]);
+        command(&mut out, &[b"DEL", b""]);
+        let mut want = redis::cmd("SELECT").arg(2).get_packed_command();
+        want.extend(redis::cmd("DEL").arg("").get_packed_command());
+        assert_eq!(out, want);
+    }
+
+    #[test]
+    fn streamed_value_has_the_same_bytes() {
+        // Header, then the value from elsewhere, then its CRLF: as a whole.
+        let mut out = Vec::new();
+        array_header(&mut out, 3);
+        bulk(&mut out, b"SET");
+        bulk(&mut out, b"key");
+        bulk_header(&mut out, 5);
+        out.extend_from_slice(b"hello\r\n");
+        assert_eq!(out, redis::cmd("SET").arg("key").arg("hello").get_packed_command());
+    }
+
+    #[test]
+    fn reply_headers() {
+        assert_eq!(reply_header(b"+OK\r\n"), (Reply::Status(b"OK"), 5));
+        assert_eq!(reply_header(b"-ERR wrong\r\nmore"), (Reply::Error(b"ERR wrong"), 12));
+        assert_eq!(reply_header(b":1\r\n"), (Reply::Integer(1), 4));
+        assert_eq!(reply_header(b":-3\r\n"), (Reply::Integer(-3), 5));
+        assert_eq!(reply_header(b"$5\r\nhello\r\n"), (Reply::Bulk(5), 4));
+        assert_eq!(reply_header(b"$0\r\n\r\n"), (Reply::Bulk(0), 4));
+        assert_eq!(reply_header(b"$-1\r\n"), (Reply::Nil, 5));
+        assert_eq!(reply_header(b"*-1\r\n"), (Reply::Nil, 5));
+    }
+
+    #[test]
+    fn partial_headers_are_not_errors() {
+        for part in [&b""[..], b"$", b"$12", b"$12\r", b"+O", b"-ERR x"] {
+            assert_eq!(reply_header(part), (Reply::Incomplete, 0), "{part:?}");
+        }
+    }
+
+    #[test]
+    fn garbage_is_invalid() {
+        for bad in [
+            &b"\r\n"[..],
+            b"hello\r\n",
+            b"$abc\r\n",
+            b"$-2\r\n",
+            b":x\r\n",
+            b"*2\r\n$1\r\na\r\n",
+        ] {
+            assert_eq!(reply_header(bad), (Reply::Invalid, 0), "{bad:?}");
+        }
+        assert_eq!(reply_header(&vec![b'+'; MAX_LINE + 1]), (Reply::Invalid, 0));
+    }
+}
