@@ -389,7 +389,11 @@ unsafe fn start(r: *mut ngx_http_request_t) -> ngx_int_t {
         };
         let digits = |v: &Option<Vec<u8>>| v.as_ref().is_none_or(|v| v.iter().all(u8::is_ascii_digit));
         let db = variable(r, mcf.db);
-        let exptime = if command == Command::Set { variable(r, mcf.exptime) } else { None };
+        let exptime = if command == Command::Set {
+            variable(r, mcf.exptime)
+        } else {
+            None
+        };
         if !digits(&db) || !digits(&exptime) {
             log!(
                 NGX_LOG_ERR,
