@@ -332,7 +332,9 @@ struct Ctx {
     tail: Vec<u8>,
 }
 
-/// A variable's value, if it is set and not empty.
+/// A variable's value, if it is set and not empty. A variable that `set`
+/// defines elsewhere but not for this request is simply unset here (not
+/// nginx's "using uninitialized variable" warning on every request).
 ///
 /// # Safety
 /// `r` must be live; `index` a variable index of this configuration.
@@ -340,8 +342,17 @@ unsafe fn variable(r: *mut ngx_http_request_t, index: ngx_int_t) -> Option<Vec<u
     if index < 0 {
         return None;
     }
-    // SAFETY: see above.
+    // SAFETY: see above; r->variables and cmcf->variables have a slot per index.
     unsafe {
+        let i = index as usize;
+        let stored = &*(*r).variables.add(i);
+        if stored.valid() == 0 {
+            let cmcf = *(*r).main_conf.add(ngx_http_core_module.ctx_index) as *mut ngx_http_core_main_conf_t;
+            let var = &(*cmcf).variables.as_slice::<ngx_http_variable_t>()[i];
+            if var.flags & NGX_HTTP_VAR_CHANGEABLE as ngx_uint_t != 0 {
+                return None;
+            }
+        }
         let v = ngx_http_get_indexed_variable(r, index as ngx_uint_t);
         if v.is_null() || (*v).not_found() != 0 || (*v).len() == 0 {
             return None;

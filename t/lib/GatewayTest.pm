@@ -341,6 +341,7 @@ sub nginx_start {
     my ($http, %opt) = @_;
     stop_nginx();
     $NginxRoot = tempdir('ngx-gateway-nginx-XXXXXX', TMPDIR => 1, CLEANUP => 1);
+    chmod 0755, $NginxRoot;    # workers (nobody) use the temp folders in it
     mkdir "$NginxRoot/logs";
     my $port = free_port();
     my $modules = join '', map { "load_module $_;\n" } grep { length } split /[\s:]+/, $ENV{TEST_NGINX_LOAD_MODULES} || '';
