@@ -345,6 +345,7 @@ sub nginx_start {
     mkdir "$NginxRoot/logs";
     my $port = free_port();
     my $modules = join '', map { "load_module $_;\n" } grep { length } split /[\s:]+/, $ENV{TEST_NGINX_LOAD_MODULES} || '';
+    $modules = ($opt{main} // '') . $modules;
     my $workers = $opt{workers} || 1;
     (my $body = $http) =~ s/\$(TEST_NGINX_[_A-Z0-9]+)/$ENV{$1}/g;
     $body =~ s/\$PORT\b/$port/g;
