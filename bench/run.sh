@@ -14,6 +14,7 @@ conns=${BENCH_CONNS:-32}
 pool=${BENCH_POOL:-2}
 dir=/tmp/ngx-gateway-bench
 pgport=55433
+redisport=56379
 port=8081
 nginx=${NGINX:-/usr/sbin/nginx}
 module=${MODULE:-$repo/objs/ngx_http_gateway_module.so}
@@ -27,11 +28,16 @@ stop_nginx() {
 }
 cleanup() {
     stop_nginx
+    redis-cli -p $redisport shutdown nosave >/dev/null 2>&1 || true
     "$repo/nginx-conf/pg-sandbox.sh" stop "$dir/pg" || true
 }
 trap cleanup EXIT
 
 "$repo/nginx-conf/pg-sandbox.sh" start "$dir/pg" $pgport "$here/schema.sql"
+redis-server --port $redisport --bind 127.0.0.1 --save '' --appendonly no --daemonize yes --logfile "$dir/redis.log"
+sleep 0.3
+# redis-benchmark's GET reads the key its SET writes: a 100-byte value.
+redis-benchmark -p $redisport -t set -n 1000 -d 100 -q >/dev/null
 mkdir -p "$dir/scripts"
 echo "select 'default' as echo;" >"$dir/scripts/a.sql"
 printf '\\set id random(1, 10000)\nselect id, label from items where id = :id;\n' >"$dir/scripts/b.sql"
@@ -56,6 +62,7 @@ events { worker_connections 4096; }
 http {
     access_log off;
     client_body_temp_path tmp/body;
+    upstream bench_redis { server 127.0.0.1:$redisport; keepalive $conns; }
     upstream bench_db {
         sqldb_server 127.0.0.1:$pgport dbname=demo user=demo "password=demo pass" sslmode=disable;
         sqldb_keepalive max=$pool;
@@ -66,6 +73,7 @@ http {
         location = /a { sqldb_pass bench_db; sqldb_query "select 'default' as echo"; }
         location = /b { sqldb_pass bench_db; sqldb_query "select id, label from items where id = \$arg_id::int"; }
         location = /c { sqldb_pass bench_db; sqldb_query "select id, label, price from items where id <= 100"; }
+        location = /r { set \$cache_key "key:__rand_int__"; cache_pass bench_redis; }
     }
 }
 CONF
@@ -107,7 +115,7 @@ declare -A g1 g2
 for w in 1 2; do
     start_nginx $w
     wrk -t1 -c"$conns" -d1s "http://127.0.0.1:$port/a" >/dev/null 2>&1 || true
-    for s in a b c; do
+    for s in a b c r; do
         if [ $s = b ]; then r=$(wrk_run /b "$dir/scripts/b.lua"); else r=$(wrk_run /$s); fi
         read -r rps p99 bad <<<"$r"
         if [ "$w" = 1 ]; then g1[$s]="$rps $p99 $bad $(cat "$dir/conns")"; else g2[$s]="$rps $p99 $bad $(cat "$dir/conns")"; fi
@@ -128,3 +136,14 @@ for s in a b c; do
     printf "%-34s %12s %12s %16s %16s\n" "   gateway / pgbench prepared" "" "" "$(ratio "$r1" "$pp")" "$(ratio "$r2" "$pp")"
     printf "%-34s %12s %12s %16s %16s\n" "   gateway / pgbench simple" "" "" "$(ratio "$r1" "$ps")" "$(ratio "$r2" "$ps")"
 done
+
+read -r rb < <(redis-benchmark -p $redisport -t get -c "$conns" -n $((secs * 60000)) -d 100 --csv | awk -F'"' '/GET/ { printf "%.0f\n", $4 }')
+read -r r1 p1 b1 c1 <<<"${g1[r]}"
+read -r r2 p2 b2 c2 <<<"${g2[r]}"
+echo
+printf "%-34s %12s %12s %16s %16s\n" "" "redis-" "" "gateway" "gateway"
+printf "%-34s %12s %12s %16s %16s\n" "" "benchmark" "" "1 worker" "2 workers"
+printf "%-34s %12s %12s %16s %16s\n" "(d) cache GET, 100-byte value" "$rb/s" "" "$r1/s" "$r2/s"
+printf "%-34s %12s %12s %16s %16s\n" "   p99 latency (ms)" "" "" "$p1" "$p2"
+printf "%-34s %12s %12s %16s %16s\n" "   non-2xx responses" "" "" "$b1" "$b2"
+printf "%-34s %12s %12s %16s %16s\n" "   gateway / redis-benchmark" "" "" "$(ratio "$r1" "$rb")" "$(ratio "$r2" "$rb")"

@@ -60,6 +60,10 @@ pub struct Conn {
     pub queue: VecDeque<Pending>,
     /// While connecting: the request that opened it (null once it left).
     pub creator: *mut Ctx,
+    /// While connecting: requests queued behind the creator, sent once it is up.
+    pub waiting: Vec<*mut Ctx>,
+    /// Opened for a query of several statements: nothing may queue behind it.
+    pub exclusive: bool,
     write_watched: bool,
     /// Requests served.
     pub served: u64,
@@ -95,6 +99,15 @@ impl Conn {
             self.write_watched = on;
         }
         ok
+    }
+
+    /// Can a pipelined request queue on it? A ready connection in pipeline
+    /// mode, or one still connecting for a request that does not need it alone.
+    fn shareable(&self) -> bool {
+        match self.state {
+            State::Ready => self.pipeline,
+            State::Connecting => !self.exclusive,
+        }
     }
 
     pub fn is_prepared(&self, template: usize) -> bool {
@@ -155,7 +168,8 @@ pub fn statement_name(template: usize) -> CString {
 pub enum Pick {
     /// An idle connection (to the address asked for, or any in single mode).
     Idle(*mut Conn),
-    /// A busy connection in pipeline mode, to queue behind its requests.
+    /// A busy connection in pipeline mode, or one still connecting, to
+    /// queue behind its requests.
     Share(*mut Conn),
     /// Open a new connection.
     New,
@@ -229,8 +243,8 @@ impl Pool {
             let best = self
                 .all
                 .iter_mut()
-                .filter(|c| c.state == State::Ready && c.pipeline && addr.is_none_or(|a| c.addr == a))
-                .min_by_key(|c| c.queue.len());
+                .filter(|c| c.shareable() && addr.is_none_or(|a| c.addr == a))
+                .min_by_key(|c| c.queue.len() + c.waiting.len());
             if let Some(c) = best {
                 return Pick::Share(&mut **c);
             }
@@ -249,7 +263,7 @@ impl Pool {
             && self.max > 0
             && self.idle.is_empty()
             && self.all.len() >= self.max
-            && !(self.pipelining && self.all.iter().any(|c| c.state == State::Ready && c.pipeline))
+            && !(self.pipelining && self.all.iter().any(|c| c.shareable()))
     }
 
     /// Opens the nginx side of a started libpq connection and adds it to the pool.
@@ -268,6 +282,8 @@ impl Pool {
             pipeline: false,
             queue: VecDeque::new(),
             creator: ptr::null_mut(),
+            waiting: Vec::new(),
+            exclusive: false,
             write_watched: false,
             served: 0,
             prepared: Vec::new(),

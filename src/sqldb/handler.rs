@@ -236,6 +236,7 @@ unsafe fn use_conn(pc: *mut ngx_peer_connection_t, pd: &mut PeerData, conn: *mut
         ctx.fresh = fresh;
         if fresh {
             (*conn).creator = ctx;
+            (*conn).exclusive = ctx.several;
         }
         pd.standin.clear();
         (*pc).set_cached((!fresh) as u32);
@@ -276,10 +277,12 @@ unsafe fn detach(ctx: &mut Ctx) {
         if cn.creator == me {
             cn.creator = ptr::null_mut();
         }
+        cn.waiting.retain(|&c| c != me);
         for p in cn.queue.iter_mut().filter(|p| p.ctx == me) {
             p.ctx = ptr::null_mut();
         }
-        if cn.state == State::Connecting || (cn.live() == 0 && !cn.queue.is_empty()) {
+        let nobody_waits = cn.creator.is_null() && cn.waiting.is_empty();
+        if (cn.state == State::Connecting && nobody_waits) || (cn.live() == 0 && !cn.queue.is_empty()) {
             fail_all(conn, None);
             pool.close(conn);
         } else if cn.queue.is_empty() {
@@ -531,6 +534,9 @@ unsafe fn attach(r: *mut ngx_http_request_t) {
         pd.standin.c.data = r.cast();
         let conn = &mut *ctx.conn;
         if conn.state == State::Connecting {
+            if conn.creator != ctx as *mut Ctx {
+                conn.waiting.push(ctx);
+            }
             ngx_add_timer(&mut pd.standin.read, lcf.connect_timeout);
             return;
         }
@@ -770,29 +776,38 @@ unsafe fn on_conn_event(conn: *mut Conn, timed_out: bool, readable: bool, out: &
     }
 }
 
-/// The connection is up: the query of the request that opened it goes out.
+/// The connection is up: the queries of the request that opened it and of
+/// those queued behind it go out.
 unsafe fn connected(conn: *mut Conn, out: &mut Vec<Outcome>) {
-    // SAFETY: conn is live; its creator, if still set, is a live request.
+    // SAFETY: conn is live; its creator and waiting requests are live requests.
     unsafe {
         let cn = &mut *conn;
-        let Some(ctx) = mem::replace(&mut cn.creator, ptr::null_mut()).as_mut() else {
-            (*cn.pool).settle(conn); // its request went away: keep it for the next
+        let creator = mem::replace(&mut cn.creator, ptr::null_mut());
+        let mut ready: Vec<*mut Ctx> = mem::take(&mut cn.waiting);
+        if !creator.is_null() {
+            ready.insert(0, creator);
+        }
+        if ready.is_empty() {
+            (*cn.pool).settle(conn); // its requests went away: keep it for the next
             return;
-        };
-        let r = ctx.r;
-        let u = (*r).upstream;
-        if !(*u).state.is_null() {
-            (*(*u).state).connect_time = current_msec().wrapping_sub((*u).start_time);
         }
-        if let Some(pd) = ctx.peer.as_mut() {
-            ngx_add_timer(&mut pd.standin.read, loc_conf(r).result_timeout);
-        }
-        if !send(conn, ctx, loc_conf(r)) {
-            broken_into(
-                conn,
-                &format!("sending the query failed: {}", cn.pg.error_message()),
-                out,
-            );
+        for (i, &ctx) in ready.iter().enumerate() {
+            let ctx = &mut *ctx;
+            let r = ctx.r;
+            let u = (*r).upstream;
+            if !(*u).state.is_null() {
+                (*(*u).state).connect_time = current_msec().wrapping_sub((*u).start_time);
+            }
+            if let Some(pd) = ctx.peer.as_mut() {
+                ngx_add_timer(&mut pd.standin.read, loc_conf(r).result_timeout);
+            }
+            if !send(conn, ctx, loc_conf(r)) {
+                // Those not sent yet fail with the rest.
+                cn.waiting.extend_from_slice(&ready[i + 1..]);
+                let msg = format!("sending the query failed: {}", cn.pg.error_message());
+                broken_into(conn, &msg, out);
+                return;
+            }
         }
     }
 }
@@ -942,6 +957,7 @@ unsafe fn fail_all(conn: *mut Conn, out: Option<&mut Vec<Outcome>>) {
             failed.push(ctx as *mut Ctx);
         }
         cn.creator = ptr::null_mut();
+        failed.append(&mut cn.waiting);
         failed.extend(cn.queue.drain(..).map(|p| p.ctx).filter(|c| !c.is_null()));
         let mut dropped = Vec::new();
         let out = match out {
@@ -960,8 +976,12 @@ unsafe fn fail_all(conn: *mut Conn, out: Option<&mut Vec<Outcome>>) {
 unsafe fn connect_failed(conn: *mut Conn, msg: &str, out: &mut Vec<Outcome>) {
     // SAFETY: conn is live.
     unsafe {
-        if let Some(ctx) = (*conn).creator.as_ref() {
-            log!(NGX_LOG_ERR, client_log(ctx.r), "sqldb: {msg}");
+        let cn = &*conn;
+        for &ctx in std::iter::once(&cn.creator)
+            .chain(cn.waiting.iter())
+            .filter(|c| !c.is_null())
+        {
+            log!(NGX_LOG_ERR, client_log((*ctx).r), "sqldb: {msg}");
         }
         fail_all(conn, Some(out));
         (*(*conn).pool).close(conn);
@@ -1010,10 +1030,7 @@ unsafe fn deliver(out: Vec<Outcome>) {
             match o {
                 Outcome::Complete(_) => complete(r),
                 Outcome::Refused(_) => fail(r, HTTP_INTERNAL_SERVER_ERROR, false),
-                Outcome::Failed { stale: true, .. } => {
-                    (*(*r).upstream).peer.tries += 1;
-                    next(r, HTTP_BAD_GATEWAY, NGX_HTTP_UPSTREAM_FT_ERROR);
-                }
+                Outcome::Failed { stale: true, .. } => next_after_stale(r),
                 Outcome::Failed { connecting: true, .. } => next(r, HTTP_BAD_GATEWAY, NGX_HTTP_UPSTREAM_FT_ERROR),
                 Outcome::Failed { .. } => fail(r, HTTP_BAD_GATEWAY, true),
             }
@@ -1075,6 +1092,19 @@ unsafe fn fail(r: *mut ngx_http_request_t, status: ngx_int_t, peer_failed: bool)
 
 /// A connection attempt failed: try the next server if the balancer has one.
 unsafe fn next(r: *mut ngx_http_request_t, status: ngx_int_t, ft: u32) {
+    // SAFETY: r is live.
+    unsafe { next_peer(r, status, ft, false) }
+}
+
+/// A pooled connection had been closed by the server before the query
+/// reached it: not the server's failure (the balancer is not told so), and
+/// one more try, as nginx gives its cached keepalive connections.
+unsafe fn next_after_stale(r: *mut ngx_http_request_t) {
+    // SAFETY: r is live.
+    unsafe { next_peer(r, HTTP_BAD_GATEWAY, NGX_HTTP_UPSTREAM_FT_ERROR, true) }
+}
+
+unsafe fn next_peer(r: *mut ngx_http_request_t, status: ngx_int_t, ft: u32, stale: bool) {
     // SAFETY: r is live with our upstream.
     unsafe {
         if ctx_of(r).is_some_and(|c| c.done) {
@@ -1086,11 +1116,15 @@ unsafe fn next(r: *mut ngx_http_request_t, status: ngx_int_t, ft: u32) {
             (*(*u).state).status = status as ngx_uint_t;
             (*(*u).state).response_time = current_msec().wrapping_sub((*u).start_time);
         }
+        let state = if stale { NGX_PEER_NEXT } else { NGX_PEER_FAILED };
         if let Some(free) = (*u).peer.free {
-            free(&mut (*u).peer, (*u).peer.data, NGX_PEER_FAILED as ngx_uint_t);
+            free(&mut (*u).peer, (*u).peer.data, state as ngx_uint_t);
         }
         (*u).peer.sockaddr = ptr::null_mut();
         (*u).peer.connection = ptr::null_mut();
+        if stale {
+            (*u).peer.tries += 1;
+        }
         let wanted = lcf.upstream.next_upstream & ft as ngx_uint_t != 0;
         if (*u).peer.tries == 0 || !wanted || (*(*r).connection).error() != 0 {
             fail(r, status, false);
