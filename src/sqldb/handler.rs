@@ -534,7 +534,7 @@ unsafe fn attach(r: *mut ngx_http_request_t) {
         pd.standin.c.data = r.cast();
         let conn = &mut *ctx.conn;
         if conn.state == State::Connecting {
-            if conn.creator != ctx as *mut Ctx {
+            if !ptr::eq(conn.creator, ctx) {
                 conn.waiting.push(ctx);
             }
             ngx_add_timer(&mut pd.standin.read, lcf.connect_timeout);
