@@ -9,6 +9,8 @@ use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_send http_read ht
 use Test::More;
 use Time::HiRes qw(sleep);
 
+sub twice { rds_rows([['twice', 23]], [[2 * $_[0]]]) }
+
 my $port = nginx_start(<<'HTTP');
 upstream database {
     sqldb_server $TEST_NGINX_PG_SERVER;
@@ -26,10 +28,19 @@ server {
 }
 HTTP
 
-sub twice { rds_rows([['twice', 23]], [[2 * $_[0]]]) }
 
-# Warm the single pooled connection.
-is((http_get($port, '/const'))[0], 200, 'warm-up');
+# 0. At start-up, requests queue on the connection being opened instead of
+# each opening one of their own.
+my @first = map { [$_, http_send($port, "/i?i=$_")] } 1 .. 20;
+my $first_ok = 1;
+for my $s (@first) {
+    my ($i, $sock) = @$s;
+    my ($st, $body) = http_read($sock);
+    $first_ok &&= $st == 200 && $body eq twice($i);
+}
+ok($first_ok, '20 requests at start-up each got their own result');
+my ($st0, $body0) = http_get($port, '/count');
+is($body0, rds_rows([['n', 23]], [[1]]), 'from the one connection opened for them');
 
 # 1. Many at once over one connection, each with its own result.
 my @socks = map { [$_, http_send($port, "/i?i=$_")] } 1 .. 40;
