@@ -3,10 +3,11 @@ use lib 't/lib';
 use GatewayTest;
 use Test::Nginx::Socket 'no_plan';
 
-our $redis = GatewayTest::start_redis();
+our $redis = GatewayTest::start_redis(unix => 1);
 my $locked = GatewayTest::start_redis(password => 'pass word');
 $ENV{TEST_NGINX_REDIS_PORT} = $redis->{port};
 $ENV{TEST_NGINX_REDIS_AUTH_PORT} = $locked->{port};
+$ENV{TEST_NGINX_REDIS_SOCKET} = $redis->{socket};
 $ENV{TEST_NGINX_GARBAGE_PORT} = GatewayTest::garbage_port();
 GatewayTest::redis_cli($redis, 'RPUSH', 'a-list', 'x');
 
@@ -356,3 +357,63 @@ location /c/ {
 [201, 200, 200]
 --- response_body eval
 ["", "next", "next"]
+
+
+
+=== TEST 21: a unix socket address
+--- config
+location /u/ {
+    set $cache_key /c/k21;
+    cache_pass unix:$TEST_NGINX_REDIS_SOCKET;
+}
+location /c/ {
+    set $cache_key $uri;
+    cache_pass redis;
+}
+--- request eval
+["PUT /c/k21\nover a socket", "GET /u/"]
+--- error_code eval
+[201, 200]
+--- response_body eval
+["", "over a socket"]
+
+
+
+=== TEST 22: a backup server serves while the primary refuses
+--- http_config
+upstream withbackup {
+    server 127.0.0.1:$TEST_NGINX_CLOSED_PORT;
+    server 127.0.0.1:$TEST_NGINX_REDIS_PORT backup;
+}
+upstream redis { server 127.0.0.1:$TEST_NGINX_REDIS_PORT; }
+--- config
+location /bk/ {
+    set $cache_key /c/k22;
+    cache_pass withbackup;
+}
+location /c/ {
+    set $cache_key $uri;
+    cache_pass redis;
+}
+--- request eval
+["PUT /c/k22\nfrom backup", "GET /bk/", "GET /bk/"]
+--- error_code eval
+[201, 200, 200]
+--- response_body eval
+["", "from backup", "from backup"]
+
+
+
+=== TEST 23: a value far larger than cache_buffer_size streams through it
+--- config
+location /c/ {
+    set $cache_key $uri;
+    cache_buffer_size 128;
+    cache_pass redis;
+}
+--- request eval
+["PUT /c/k23\n" . ("0123456789abcdef" x 4096), "GET /c/k23"]
+--- error_code eval
+[201, 200]
+--- response_body eval
+["", "0123456789abcdef" x 4096]

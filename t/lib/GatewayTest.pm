@@ -271,10 +271,12 @@ sub start_redis {
     my %opt = @_;
     my $bin = $ENV{REDIS_SERVER} || 'redis-server';
     my $dir = tempdir('ngx-gateway-redis-XXXXXX', TMPDIR => 1, CLEANUP => 1);
+    chmod 0755, $dir;    # nginx workers reach the socket in it
     my $port = free_port();
     my @args = ('--port', $port, '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no',
         '--dir', $dir, '--logfile', "$dir/redis.log", '--daemonize', 'no');
     push @args, '--requirepass', $opt{password} if defined $opt{password};
+    push @args, '--unixsocket', "$dir/redis.sock", '--unixsocketperm', '777' if $opt{unix};
     my $pid = fork;
     die "fork: $!" unless defined $pid;
     if (!$pid) {
@@ -282,7 +284,7 @@ sub start_redis {
         exec $bin, @args;
         exit 127;
     }
-    my %r = (port => $port, pid => $pid, dir => $dir, password => $opt{password});
+    my %r = (port => $port, pid => $pid, dir => $dir, password => $opt{password}, socket => "$dir/redis.sock");
     push @Redis, \%r;
     for (1 .. 200) {
         my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port);
