@@ -34,7 +34,7 @@ pub(crate) const fn command(
 
 const LOC_ANY: u32 = NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF;
 
-static mut COMMANDS: [ngx_command_t; 10] = [
+static mut COMMANDS: [ngx_command_t; 11] = [
     command(
         "sqldb_server\0",
         NGX_HTTP_UPS_CONF | NGX_CONF_1MORE,
@@ -82,6 +82,13 @@ static mut COMMANDS: [ngx_command_t; 10] = [
         NGX_HTTP_UPS_CONF | NGX_CONF_TAKE1,
         sc::cmd_sqldb_pipeline,
         NGX_HTTP_SRV_CONF_OFFSET,
+        0,
+    ),
+    command(
+        "sqldb_output\0",
+        LOC_ANY | NGX_CONF_TAKE1,
+        sc::cmd_sqldb_output,
+        NGX_HTTP_LOC_CONF_OFFSET,
         0,
     ),
     command(

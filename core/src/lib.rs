@@ -4,6 +4,7 @@
 //! test` can link them: the module itself only links inside an nginx binary.
 
 pub mod conninfo;
+pub mod formats;
 pub mod method;
 pub mod rds;
 pub mod resp;

@@ -12,6 +12,7 @@ use gateway_core::sql::has_several_statements;
 use gateway_core::template::{self, Piece};
 
 use super::conn::Pool;
+use super::output::Output;
 
 use crate::ffi::*;
 use crate::ngx_http_gateway_module as MODULE;
@@ -132,6 +133,8 @@ pub struct LocConf {
     pub prepare: ngx_flag_t,
     /// `sqldb_next_upstream`: NGX_HTTP_UPSTREAM_FT_* bits.
     pub next_upstream: ngx_uint_t,
+    /// `sqldb_output`: an `Output` code.
+    pub output: ngx_uint_t,
 }
 
 /// A `sqldb_pass NAME` waiting for every upstream block to be read.
@@ -175,6 +178,7 @@ pub(crate) unsafe extern "C" fn create_loc_conf(cf: *mut ngx_conf_t) -> *mut c_v
         result_timeout: CONF_UNSET_MSEC,
         prepare: CONF_UNSET,
         next_upstream: CONF_UNSET_UINT,
+        output: CONF_UNSET_UINT,
     };
     // SAFETY: cf->pool is the configuration pool.
     unsafe { pool_alloc((*cf).pool, conf) }.map_or(ptr::null_mut(), |p| p.as_ptr().cast())
@@ -199,6 +203,9 @@ pub(crate) unsafe extern "C" fn merge_loc_conf(
     }
     merge_msec(&mut conf.connect_timeout, prev.connect_timeout, DEFAULT_CONNECT_TIMEOUT);
     merge_msec(&mut conf.result_timeout, prev.result_timeout, DEFAULT_RESULT_TIMEOUT);
+    if conf.output == CONF_UNSET_UINT {
+        conf.output = if prev.output == CONF_UNSET_UINT { 0 } else { prev.output };
+    }
     if conf.prepare == CONF_UNSET {
         conf.prepare = if prev.prepare == CONF_UNSET { 1 } else { prev.prepare };
     }
@@ -686,6 +693,33 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_pipeline(
                 );
             }
         };
+        CONF_OK
+    }
+}
+
+/// `sqldb_output rds | text | value | binary_value | json | csv | none`
+pub(crate) unsafe extern "C" fn cmd_sqldb_output(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    // SAFETY: conf is this module's LocConf; cf is live.
+    unsafe {
+        let lcf = &mut *(conf as *mut LocConf);
+        if lcf.output != CONF_UNSET_UINT {
+            return conf_error(cf, format_args!("\"sqldb_output\" directive is duplicate"));
+        }
+        let value = bytes(&conf_args(cf)[1]);
+        match Output::ALL.iter().position(|(name, _)| name.as_bytes() == value) {
+            Some(code) => lcf.output = code as ngx_uint_t,
+            None => {
+                let text = String::from_utf8_lossy(value);
+                return conf_error(
+                    cf,
+                    format_args!("invalid value \"{text}\" in \"sqldb_output\" directive, it must be rds, text, value, binary_value, json, csv or none"),
+                );
+            }
+        }
         CONF_OK
     }
 }

@@ -19,7 +19,7 @@ use gateway_core::sql::has_several_statements;
 
 use super::conf::{find_upstream, sqldb_srv_conf, LocConf, SrvConf, Template, TemplatePiece};
 use super::conn::{statement_name, Conn, Mode, Pending, Pick, State};
-use super::output;
+use super::output::{self, Output};
 use super::pq::{Flush, PgConn, PgResult, Poll, ResultKind};
 use crate::ffi::*;
 use crate::ngx_http_gateway_module as MODULE;
@@ -567,6 +567,7 @@ unsafe fn send(conn: *mut Conn, ctx: &mut Ctx, lcf: &LocConf) -> bool {
     let prepare = !ctx.several && lcf.prepare == 1 && tmpl.constant;
     let by_name = prepare && (cn.is_prepared(tmpl.id) || cn.can_prepare_more());
     let preparing = by_name && !cn.is_prepared(tmpl.id);
+    let binary = Output::from_code(lcf.output).binary();
     let mode = if ctx.several {
         Mode::Simple
     } else {
@@ -605,9 +606,9 @@ unsafe fn send(conn: *mut Conn, ctx: &mut Ctx, lcf: &LocConf) -> bool {
                     return false;
                 }
             }
-            cn.pg.send_prepared(&name, &ctx.params)
+            cn.pg.send_prepared(&name, &ctx.params, binary)
         } else {
-            cn.pg.send_unnamed(&ctx.query, &ctx.params)
+            cn.pg.send_unnamed(&ctx.query, &ctx.params, binary)
         };
         if !sent || !cn.pg.pipeline_sync() {
             return false;
@@ -1210,7 +1211,7 @@ unsafe fn complete(r: *mut ngx_http_request_t) {
             (*(*u).state).header_time = current_msec().wrapping_sub((*u).start_time);
         }
         finish_upstream(r, HTTP_OK, 0);
-        let rc = output::send_rds(r, &res);
+        let rc = output::send(r, &res, Output::from_code(loc_conf(r).output));
         ngx_http_finalize_request(r, rc);
     }
 }

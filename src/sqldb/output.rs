@@ -2,12 +2,112 @@
 
 use std::ptr;
 
-use gateway_core::rds::{self, Body, Header};
+use gateway_core::formats;
+use gateway_core::rds::{self, Body, Header, ResultSet};
 
 use super::pq::{PgResult, ResultKind};
 use crate::ffi::*;
 
 pub const RDS_CONTENT_TYPE: &str = "application/x-gateway-dbd-stream";
+
+/// `sqldb_output`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    Rds,
+    Text,
+    Value,
+    BinaryValue,
+    Json,
+    Csv,
+    None,
+}
+
+impl Output {
+    pub const ALL: [(&'static str, Output); 7] = [
+        ("rds", Output::Rds),
+        ("text", Output::Text),
+        ("value", Output::Value),
+        ("binary_value", Output::BinaryValue),
+        ("json", Output::Json),
+        ("csv", Output::Csv),
+        ("none", Output::None),
+    ];
+
+    pub fn from_code(code: ngx_uint_t) -> Output {
+        Output::ALL.get(code).map_or(Output::Rds, |&(_, o)| o)
+    }
+
+    /// Results in PostgreSQL's binary format.
+    pub fn binary(self) -> bool {
+        self == Output::BinaryValue
+    }
+}
+
+/// Answers with the result in the location's format; returns what to
+/// finalize the request with.
+///
+/// # Safety
+/// `r` must be a live request whose upstream is finished.
+pub unsafe fn send(r: *mut ngx_http_request_t, res: &PgResult, output: Output) -> ngx_int_t {
+    let rows = res.kind() == ResultKind::Tuples;
+    let mut body = Vec::new();
+    // SAFETY: r is live.
+    let log = unsafe { (*(*r).connection).log };
+    let content_type = match output {
+        // SAFETY: r is live.
+        Output::Rds => return unsafe { send_rds(r, res) },
+        Output::Text => {
+            if rows {
+                formats::text(res, &mut body);
+            }
+            Some("text/plain")
+        }
+        Output::Json => {
+            if rows {
+                formats::json(res, &mut body);
+            } else {
+                formats::json_affected(res.affected_rows(), &mut body);
+            }
+            Some("application/json")
+        }
+        Output::Csv => {
+            if rows {
+                formats::csv(res, &mut body);
+            }
+            Some("text/csv")
+        }
+        Output::Value | Output::BinaryValue => {
+            let (nrows, ncols) = if rows { (res.rows(), res.columns()) } else { (0, 0) };
+            if nrows != 1 || ncols != 1 {
+                log!(
+                    NGX_LOG_ERR,
+                    log,
+                    "sqldb: \"sqldb_output value\" needs one value, the query returned {nrows} rows of {ncols} columns"
+                );
+                return HTTP_INTERNAL_SERVER_ERROR;
+            }
+            match res.value(0, 0) {
+                Some(v) => body.extend_from_slice(v),
+                None => {
+                    log!(NGX_LOG_ERR, log, "sqldb: \"sqldb_output value\" got NULL");
+                    return HTTP_INTERNAL_SERVER_ERROR;
+                }
+            }
+            None
+        }
+        Output::None => {
+            // SAFETY: r is live.
+            unsafe {
+                (*r).headers_out.status = HTTP_OK as ngx_uint_t;
+                (*r).headers_out.content_length_n = 0;
+                (*r).set_header_only(1);
+                return ngx_http_send_header(r);
+            }
+        }
+    };
+    // SAFETY: r is live.
+    unsafe { send_body(r, content_type, body) }
+}
 
 /// Encodes the result as RDS and sends status, headers and body.
 /// Returns what to finalize the request with.
@@ -34,23 +134,34 @@ pub unsafe fn send_rds(r: *mut ngx_http_request_t, res: &PgResult) -> ngx_int_t 
         return HTTP_INTERNAL_SERVER_ERROR;
     }
     // SAFETY: r is live.
-    unsafe { send_body(r, RDS_CONTENT_TYPE, out) }
+    unsafe { send_body(r, Some(RDS_CONTENT_TYPE), out) }
 }
 
-/// Sends a 200 response whose body is `body`, handed to the request pool.
+/// Sends a 200 response whose body is `body`, handed to the request pool;
+/// without a content type, the location's (`default_type`, `types`).
 ///
 /// # Safety
 /// `r` must be a live request.
-pub unsafe fn send_body(r: *mut ngx_http_request_t, content_type: &'static str, body: Vec<u8>) -> ngx_int_t {
+pub unsafe fn send_body(r: *mut ngx_http_request_t, content_type: Option<&'static str>, body: Vec<u8>) -> ngx_int_t {
     // SAFETY: r is live; the body Vec is owned by the request pool until the
     // pool is destroyed, after the response has gone out.
     unsafe {
         let len = body.len();
+        match content_type {
+            Some(t) => {
+                let ho = &mut (*r).headers_out;
+                ho.content_type = static_str(t);
+                ho.content_type_len = t.len();
+                ho.content_type_lowcase = ptr::null_mut();
+            }
+            None => {
+                if ngx_http_set_content_type(r) != OK {
+                    return ERROR;
+                }
+            }
+        }
         let ho = &mut (*r).headers_out;
         ho.status = HTTP_OK as ngx_uint_t;
-        ho.content_type = static_str(content_type);
-        ho.content_type_len = content_type.len();
-        ho.content_type_lowcase = ptr::null_mut();
         ho.content_length_n = len as off_t;
 
         let rc = ngx_http_send_header(r);

@@ -93,7 +93,7 @@ impl PgConn {
     /// PQsendQueryParams: one statement through the extended protocol and
     /// the unnamed statement, parameters and results as text (their types
     /// come from the casts in the SQL).
-    pub fn send_unnamed(&mut self, sql: &CStr, params: &[CString]) -> bool {
+    pub fn send_unnamed(&mut self, sql: &CStr, params: &[CString], binary: bool) -> bool {
         let values: Vec<*const c_char> = params.iter().map(|p| p.as_ptr()).collect();
         // SAFETY: live connection, NUL-terminated query and values that
         // outlive the call (libpq copies them into its buffer).
@@ -106,7 +106,7 @@ impl PgConn {
                 values.as_ptr(),
                 std::ptr::null(),
                 std::ptr::null(),
-                0,
+                binary as c_int,
             ) == 1
         }
     }
@@ -118,7 +118,7 @@ impl PgConn {
     }
 
     /// PQsendQueryPrepared: parameters and results as text.
-    pub fn send_prepared(&mut self, name: &CStr, params: &[CString]) -> bool {
+    pub fn send_prepared(&mut self, name: &CStr, params: &[CString], binary: bool) -> bool {
         let values: Vec<*const c_char> = params.iter().map(|p| p.as_ptr()).collect();
         // SAFETY: live connection, NUL-terminated name and values that
         // outlive the call (libpq copies them into its buffer).
@@ -130,7 +130,7 @@ impl PgConn {
                 values.as_ptr(),
                 std::ptr::null(),
                 std::ptr::null(),
-                0,
+                binary as c_int,
             ) == 1
         }
     }

@@ -1,0 +1,215 @@
+//! Output formats other than RDS, over the same result sets: plain text,
+//! JSON and CSV (RFC 4180).
+
+use crate::rds::ResultSet;
+
+/// PostgreSQL type OIDs that JSON shows as they are.
+const JSON_NUMBERS: &[u32] = &[20, 21, 23, 26, 700, 701, 1700];
+const BOOL: u32 = 16;
+const JSON: u32 = 114;
+const JSONB: u32 = 3802;
+
+/// Every cell, row by row, one per line; NULL as `(null)`.
+pub fn text<R: ResultSet + ?Sized>(rs: &R, out: &mut Vec<u8>) {
+    let mut first = true;
+    for r in 0..rs.rows() {
+        for c in 0..rs.columns() {
+            if !first {
+                out.push(b'\n');
+            }
+            first = false;
+            out.extend_from_slice(rs.value(r, c).unwrap_or(b"(null)"));
+        }
+    }
+}
+
+/// Appends `s` as a JSON string; bytes that are not UTF-8 become U+FFFD.
+pub fn json_string(out: &mut Vec<u8>, s: &[u8]) {
+    out.push(b'"');
+    for ch in String::from_utf8_lossy(s).chars() {
+        match ch {
+            '"' => out.extend_from_slice(b"\\\""),
+            '\\' => out.extend_from_slice(b"\\\\"),
+            '\n' => out.extend_from_slice(b"\\n"),
+            '\r' => out.extend_from_slice(b"\\r"),
+            '\t' => out.extend_from_slice(b"\\t"),
+            c if (c as u32) < 0x20 || c == '\u{2028}' || c == '\u{2029}' => {
+                out.extend_from_slice(format!("\\u{:04x}", c as u32).as_bytes())
+            }
+            c => {
+                let mut b = [0; 4];
+                out.extend_from_slice(c.encode_utf8(&mut b).as_bytes());
+            }
+        }
+    }
+    out.push(b'"');
+}
+
+/// A numeric text that JSON can carry unquoted (not NaN or Infinity).
+fn json_number(v: &[u8]) -> bool {
+    !v.is_empty()
+        && v.iter()
+            .all(|b| b.is_ascii_digit() || matches!(b, b'-' | b'+' | b'.' | b'e' | b'E'))
+        && v.iter().any(u8::is_ascii_digit)
+}
+
+/// An array of objects keyed by column name.
+pub fn json<R: ResultSet + ?Sized>(rs: &R, out: &mut Vec<u8>) {
+    out.push(b'[');
+    for r in 0..rs.rows() {
+        if r > 0 {
+            out.push(b',');
+        }
+        out.push(b'{');
+        for c in 0..rs.columns() {
+            if c > 0 {
+                out.push(b',');
+            }
+            json_string(out, rs.column_name(c));
+            out.push(b':');
+            let ty = rs.column_type(c);
+            match rs.value(r, c) {
+                None => out.extend_from_slice(b"null"),
+                Some(v) if ty == BOOL => out.extend_from_slice(if v == b"t" { b"true" } else { b"false" }),
+                Some(v) if JSON_NUMBERS.contains(&ty) && json_number(v) => out.extend_from_slice(v),
+                Some(v) if ty == JSON || ty == JSONB => out.extend_from_slice(v),
+                Some(v) => json_string(out, v),
+            }
+        }
+        out.push(b'}');
+    }
+    out.push(b']');
+}
+
+/// `{"affected": N}` for a statement without rows.
+pub fn json_affected(affected: u64, out: &mut Vec<u8>) {
+    out.extend_from_slice(format!("{{\"affected\":{affected}}}").as_bytes());
+}
+
+fn csv_field(out: &mut Vec<u8>, v: &[u8]) {
+    if v.iter().any(|b| matches!(b, b',' | b'"' | b'\r' | b'\n')) {
+        out.push(b'"');
+        for &b in v {
+            if b == b'"' {
+                out.push(b'"');
+            }
+            out.push(b);
+        }
+        out.push(b'"');
+    } else {
+        out.extend_from_slice(v);
+    }
+}
+
+/// A header line of column names, then one line per row; CRLF line ends;
+/// NULL is an empty field.
+pub fn csv<R: ResultSet + ?Sized>(rs: &R, out: &mut Vec<u8>) {
+    let cols = rs.columns();
+    let line = |out: &mut Vec<u8>, cell: &dyn Fn(usize) -> Option<Vec<u8>>| {
+        for c in 0..cols {
+            if c > 0 {
+                out.push(b',');
+            }
+            if let Some(v) = cell(c) {
+                csv_field(out, &v);
+            }
+        }
+        out.extend_from_slice(b"\r\n");
+    };
+    line(out, &|c| Some(rs.column_name(c).to_vec()));
+    for r in 0..rs.rows() {
+        line(out, &|c| rs.value(r, c).map(<[u8]>::to_vec));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct T {
+        cols: Vec<(&'static str, u32)>,
+        rows: Vec<Vec<Option<&'static [u8]>>>,
+    }
+    impl ResultSet for T {
+        fn columns(&self) -> usize {
+            self.cols.len()
+        }
+        fn rows(&self) -> usize {
+            self.rows.len()
+        }
+        fn column_name(&self, c: usize) -> &[u8] {
+            self.cols[c].0.as_bytes()
+        }
+        fn column_type(&self, c: usize) -> u32 {
+            self.cols[c].1
+        }
+        fn value(&self, r: usize, c: usize) -> Option<&[u8]> {
+            self.rows[r][c]
+        }
+    }
+
+    fn sample() -> T {
+        T {
+            cols: vec![("id", 23), ("name", 25), ("ok", 16), ("doc", 3802), ("n", 1700)],
+            rows: vec![
+                vec![
+                    Some(b"1"),
+                    Some(b"a \"quoted\", line\nbreak"),
+                    Some(b"t"),
+                    Some(b"{\"x\": [1]}"),
+                    Some(b"1.50"),
+                ],
+                vec![Some(b"2"), None, Some(b"f"), None, Some(b"NaN")],
+            ],
+        }
+    }
+
+    #[test]
+    fn text_lists_every_cell() {
+        let mut out = Vec::new();
+        text(&sample(), &mut out);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "1\na \"quoted\", line\nbreak\nt\n{\"x\": [1]}\n1.50\n2\n(null)\nf\n(null)\nNaN"
+        );
+    }
+
+    #[test]
+    fn json_types() {
+        let mut out = Vec::new();
+        json(&sample(), &mut out);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            r#"[{"id":1,"name":"a \"quoted\", line\nbreak","ok":true,"doc":{"x": [1]},"n":1.50},{"id":2,"name":null,"ok":false,"doc":null,"n":"NaN"}]"#
+        );
+        let mut empty = Vec::new();
+        json(
+            &T {
+                cols: vec![("a", 23)],
+                rows: vec![],
+            },
+            &mut empty,
+        );
+        assert_eq!(empty, b"[]");
+        let mut aff = Vec::new();
+        json_affected(3, &mut aff);
+        assert_eq!(aff, br#"{"affected":3}"#);
+    }
+
+    #[test]
+    fn json_escapes_control_and_invalid_bytes() {
+        let mut out = Vec::new();
+        json_string(&mut out, b"\x01\t\xff\\");
+        assert_eq!(String::from_utf8(out).unwrap(), "\"\\u0001\\t\u{fffd}\\\\\"");
+    }
+
+    #[test]
+    fn csv_rfc4180() {
+        let mut out = Vec::new();
+        csv(&sample(), &mut out);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "id,name,ok,doc,n\r\n1,\"a \"\"quoted\"\", line\nbreak\",t,\"{\"\"x\"\": [1]}\",1.50\r\n2,,f,,NaN\r\n"
+        );
+    }
+}
