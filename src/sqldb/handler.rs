@@ -336,7 +336,7 @@ unsafe fn start(r: *mut ngx_http_request_t) -> ngx_int_t {
     // SAFETY: r is live; every pointer below comes from it or its configuration.
     unsafe {
         let log = client_log(r);
-        let lcf = &mut *request_loc_conf::<LocConf>(r, ptr::addr_of!(MODULE));
+        let lcf = &*request_loc_conf::<LocConf>(r, ptr::addr_of!(MODULE));
         if lcf.queries.is_empty() {
             log!(
                 NGX_LOG_ERR,
@@ -345,14 +345,84 @@ unsafe fn start(r: *mut ngx_http_request_t) -> ngx_int_t {
             );
             return HTTP_INTERNAL_SERVER_ERROR;
         }
-        let Some(&template) = lcf.queries.select((*r).method as u32) else {
+        if lcf.queries.select((*r).method as u32).is_none() {
             let method = String::from_utf8_lossy(bytes(&(*r).method_name));
             log!(NGX_LOG_INFO, log, "sqldb: no query for method \"{method}\"");
             return HTTP_NOT_ALLOWED;
-        };
-        let rc = ngx_http_discard_request_body(r);
-        if rc != OK {
+        }
+        // The body first, so that $request_body is there for the template.
+        // (Reading it counts the request as in use until it is finalized.)
+        let rc = ngx_http_read_client_request_body(r, Some(body_read));
+        if rc >= NGX_HTTP_SPECIAL_RESPONSE as ngx_int_t {
             return rc;
+        }
+        DONE
+    }
+}
+
+/// The request body is in: run the query (or answer with an error).
+unsafe extern "C" fn body_read(r: *mut ngx_http_request_t) {
+    // SAFETY: nginx calls this with the live request whose body was read.
+    unsafe {
+        let rc = guarded(client_log(r), || run(r));
+        if rc != DONE {
+            ngx_http_finalize_request(r, rc);
+        }
+    }
+}
+
+/// A body that nginx wrote to a temporary file is read back into memory,
+/// so that $request_body sees it.
+unsafe fn body_into_memory(r: *mut ngx_http_request_t) -> bool {
+    // SAFETY: r is live; the temporary file is open and its size known.
+    unsafe {
+        let rb = (*r).request_body;
+        if rb.is_null() || (*rb).temp_file.is_null() {
+            return true;
+        }
+        let file = &mut (*(*rb).temp_file).file;
+        let size = file.offset as usize;
+        let data = ngx_pnalloc((*r).pool, size.max(1)) as *mut u8;
+        if data.is_null() || ngx_read_file(file, data, size, 0) != size as isize {
+            return false;
+        }
+        let b = ngx_pcalloc((*r).pool, mem::size_of::<ngx_buf_t>()) as *mut ngx_buf_t;
+        let cl = ngx_alloc_chain_link((*r).pool);
+        if b.is_null() || cl.is_null() {
+            return false;
+        }
+        (*b).start = data;
+        (*b).pos = data;
+        (*b).last = data.add(size);
+        (*b).end = (*b).last;
+        (*b).set_memory(1);
+        (*b).set_last_buf(1);
+        (*cl).buf = b;
+        (*cl).next = ptr::null_mut();
+        (*rb).bufs = cl;
+        (*rb).buf = b;
+        // The file is still deleted with the request pool.
+        (*rb).temp_file = ptr::null_mut();
+        true
+    }
+}
+
+/// Builds the query and starts nginx's upstream; DONE, or an error status.
+unsafe fn run(r: *mut ngx_http_request_t) -> ngx_int_t {
+    // SAFETY: r is live; every pointer below comes from it or its configuration.
+    unsafe {
+        let log = client_log(r);
+        let lcf = &mut *request_loc_conf::<LocConf>(r, ptr::addr_of!(MODULE));
+        let Some(&template) = lcf.queries.select((*r).method as u32) else {
+            return HTTP_NOT_ALLOWED;
+        };
+        if !body_into_memory(r) {
+            log!(
+                NGX_LOG_ERR,
+                log,
+                "sqldb: cannot read the request body back from its temporary file"
+            );
+            return HTTP_INTERNAL_SERVER_ERROR;
         }
         let tmpl = &*template;
         let (sql, params) = match build_query(r, tmpl) {
@@ -454,8 +524,6 @@ unsafe fn start(r: *mut ngx_http_request_t) -> ngx_int_t {
         };
         *(*r).ctx.add((*ptr::addr_of!(MODULE)).ctx_index) = ctx.as_ptr().cast();
 
-        let main = (*r).main;
-        (*main).set_count((*main).count() + 1);
         ngx_http_upstream_init(r);
         // A connection was picked, unless the upstream already failed.
         let ctx = &mut *ctx.as_ptr();
