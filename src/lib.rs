@@ -34,7 +34,7 @@ pub(crate) const fn command(
 
 const LOC_ANY: u32 = NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF;
 
-static mut COMMANDS: [ngx_command_t; 11] = [
+static mut COMMANDS: [ngx_command_t; 14] = [
     command(
         "sqldb_server\0",
         NGX_HTTP_UPS_CONF | NGX_CONF_1MORE,
@@ -92,6 +92,27 @@ static mut COMMANDS: [ngx_command_t; 11] = [
         0,
     ),
     command(
+        "sqldb_set\0",
+        LOC_ANY | NGX_CONF_TAKE3 | NGX_CONF_TAKE4,
+        sqldb::vars::cmd_sqldb_set,
+        NGX_HTTP_LOC_CONF_OFFSET,
+        0,
+    ),
+    command(
+        "sqldb_rewrite\0",
+        LOC_ANY | NGX_CONF_2MORE,
+        sqldb::vars::cmd_sqldb_rewrite,
+        NGX_HTTP_LOC_CONF_OFFSET,
+        0,
+    ),
+    command(
+        "sqldb_escape\0",
+        LOC_ANY | NGX_CONF_TAKE12,
+        sqldb::vars::cmd_sqldb_escape,
+        NGX_HTTP_LOC_CONF_OFFSET,
+        0,
+    ),
+    command(
         "sqldb_prepare\0",
         LOC_ANY | NGX_CONF_FLAG,
         ngx_conf_set_flag_slot,
@@ -109,7 +130,7 @@ static mut COMMANDS: [ngx_command_t; 11] = [
 ];
 
 static CTX: ngx_http_module_t = ngx_http_module_t {
-    preconfiguration: None,
+    preconfiguration: Some(sqldb::vars::preconfiguration),
     postconfiguration: Some(sc::postconfiguration),
     create_main_conf: Some(sc::create_main_conf),
     init_main_conf: None,

@@ -142,3 +142,41 @@ mod tests {
         }
     }
 }
+
+/// A SQL string literal for `value`: `'...'` with quotes doubled, or
+/// `E'...'` with backslashes doubled too when it holds any, which reads the
+/// same whatever `standard_conforming_strings` says. `None` for a value
+/// PostgreSQL cannot hold in text (a NUL byte).
+pub fn quote_literal(value: &[u8]) -> Option<Vec<u8>> {
+    if value.contains(&0) {
+        return None;
+    }
+    let backslash = value.contains(&b'\\');
+    let mut out = Vec::with_capacity(value.len() + 3);
+    if backslash {
+        out.push(b'E');
+    }
+    out.push(b'\'');
+    for &b in value {
+        if b == b'\'' || (backslash && b == b'\\') {
+            out.push(b);
+        }
+        out.push(b);
+    }
+    out.push(b'\'');
+    Some(out)
+}
+
+#[cfg(test)]
+mod quote_tests {
+    use super::quote_literal;
+
+    #[test]
+    fn literals() {
+        assert_eq!(quote_literal(b"plain").unwrap(), b"'plain'");
+        assert_eq!(quote_literal(b"it's").unwrap(), b"'it''s'");
+        assert_eq!(quote_literal(b"a\\' or 1=1 --").unwrap(), b"E'a\\\\'' or 1=1 --'");
+        assert_eq!(quote_literal(b"").unwrap(), b"''");
+        assert_eq!(quote_literal(b"nul\0"), None);
+    }
+}

@@ -13,6 +13,7 @@ use gateway_core::template::{self, Piece};
 
 use super::conn::Pool;
 use super::output::Output;
+use super::vars::{self, EscapeRule, RewriteRule, SetRule};
 
 use crate::ffi::*;
 use crate::ngx_http_gateway_module as MODULE;
@@ -135,6 +136,9 @@ pub struct LocConf {
     pub next_upstream: ngx_uint_t,
     /// `sqldb_output`: an `Output` code.
     pub output: ngx_uint_t,
+    pub sets: Vec<SetRule>,
+    pub rewrites: Vec<RewriteRule>,
+    pub escapes: Vec<EscapeRule>,
 }
 
 /// A `sqldb_pass NAME` waiting for every upstream block to be read.
@@ -145,9 +149,19 @@ struct PendingPass {
     line: usize,
 }
 
-#[derive(Default)]
 pub struct MainConf {
     pending: Vec<PendingPass>,
+    /// Indexes of the `$sqldb_*` variables (vars::NAMES order).
+    pub vars: [ngx_int_t; 5],
+}
+
+impl Default for MainConf {
+    fn default() -> Self {
+        MainConf {
+            pending: Vec::new(),
+            vars: [-1; 5],
+        }
+    }
 }
 
 pub(crate) unsafe extern "C" fn create_main_conf(cf: *mut ngx_conf_t) -> *mut c_void {
@@ -179,6 +193,9 @@ pub(crate) unsafe extern "C" fn create_loc_conf(cf: *mut ngx_conf_t) -> *mut c_v
         prepare: CONF_UNSET,
         next_upstream: CONF_UNSET_UINT,
         output: CONF_UNSET_UINT,
+        sets: Vec::new(),
+        rewrites: Vec::new(),
+        escapes: Vec::new(),
     };
     // SAFETY: cf->pool is the configuration pool.
     unsafe { pool_alloc((*cf).pool, conf) }.map_or(ptr::null_mut(), |p| p.as_ptr().cast())
@@ -203,6 +220,17 @@ pub(crate) unsafe extern "C" fn merge_loc_conf(
     }
     merge_msec(&mut conf.connect_timeout, prev.connect_timeout, DEFAULT_CONNECT_TIMEOUT);
     merge_msec(&mut conf.result_timeout, prev.result_timeout, DEFAULT_RESULT_TIMEOUT);
+    // Rules of the outer level apply where a level has none of its own.
+    // (Pointers only: the outer level's configuration outlives ours.)
+    if conf.sets.is_empty() {
+        conf.sets = prev.sets.iter().map(SetRule::clone_rule).collect();
+    }
+    if conf.rewrites.is_empty() {
+        conf.rewrites = prev.rewrites.iter().map(RewriteRule::clone_rule).collect();
+    }
+    if conf.escapes.is_empty() {
+        conf.escapes = prev.escapes.iter().map(EscapeRule::clone_rule).collect();
+    }
     if conf.output == CONF_UNSET_UINT {
         conf.output = if prev.output == CONF_UNSET_UINT { 0 } else { prev.output };
     }
@@ -444,7 +472,10 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_pass(
 ///
 /// # Safety
 /// `cf` must be the live configuration being parsed.
-unsafe fn compile_complex(cf: *mut ngx_conf_t, value: &mut ngx_str_t) -> Option<*mut ngx_http_complex_value_t> {
+pub(crate) unsafe fn compile_complex(
+    cf: *mut ngx_conf_t,
+    value: &mut ngx_str_t,
+) -> Option<*mut ngx_http_complex_value_t> {
     // SAFETY: cf is live; the compile context is filled as nginx expects.
     unsafe {
         let cv = ngx_pcalloc((*cf).pool, mem::size_of::<ngx_http_complex_value_t>()) as *mut ngx_http_complex_value_t;
@@ -560,6 +591,9 @@ pub(crate) unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_in
         }
 
         let mcf = &mut *http_conf_get::<MainConf>(cf, ptr::addr_of!(MODULE), ConfSlot::Main);
+        if vars::postconfiguration(cf, mcf) != OK {
+            return ERROR;
+        }
         for p in mcf.pending.drain(..) {
             match find_upstream(umcf, &p.name) {
                 Some(uscf) => (*p.lcf).upstream.upstream = uscf,

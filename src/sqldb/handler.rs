@@ -21,6 +21,7 @@ use super::conf::{find_upstream, sqldb_srv_conf, LocConf, SrvConf, Template, Tem
 use super::conn::{statement_name, Conn, Mode, Pending, Pick, State};
 use super::output::{self, Output};
 use super::pq::{Flush, PgConn, PgResult, Poll, ResultKind};
+use super::vars;
 use crate::ffi::*;
 use crate::ngx_http_gateway_module as MODULE;
 
@@ -443,6 +444,7 @@ unsafe fn run(r: *mut ngx_http_request_t) -> ngx_int_t {
             return HTTP_INTERNAL_SERVER_ERROR;
         }
         let query = sql;
+        vars::store_own(r, vars::QUERY, query.as_bytes());
 
         // The upstream: named in the configuration, or by a variable now.
         let mut uscf = lcf.upstream.upstream;
@@ -1248,19 +1250,16 @@ unsafe fn complete(r: *mut ngx_http_request_t) {
         }
         let log = client_log(r);
         if let Some(err) = ctx.error.take() {
+            let summary = err.error_summary();
+            vars::store_own(r, vars::ERROR_TEXT, summary.as_bytes());
             // A value the server cannot read as its parameter's type is the
             // client's mistake: 400, logged as client errors are.
             if !ctx.params.is_empty() && BAD_PARAMETER.contains(&err.sqlstate().as_str()) {
-                log!(
-                    NGX_LOG_INFO,
-                    log,
-                    "sqldb: a parameter was rejected: {}",
-                    err.error_summary()
-                );
+                log!(NGX_LOG_INFO, log, "sqldb: a parameter was rejected: {summary}");
                 fail(r, HTTP_BAD_REQUEST, false);
                 return;
             }
-            log!(NGX_LOG_ERR, log, "sqldb: query failed: {}", err.error_summary());
+            log!(NGX_LOG_ERR, log, "sqldb: query failed: {summary}");
             fail(r, HTTP_INTERNAL_SERVER_ERROR, false);
             return;
         }
@@ -1274,12 +1273,25 @@ unsafe fn complete(r: *mut ngx_http_request_t) {
             fail(r, HTTP_INTERNAL_SERVER_ERROR, false);
             return;
         }
+        let lcf = loc_conf(r);
+        vars::store_counts(r, &res);
+        if let Err(status) = vars::apply_sets(r, lcf, &res) {
+            fail(r, status, false);
+            return;
+        }
         let u = (*r).upstream;
         if !(*u).state.is_null() {
             (*(*u).state).header_time = current_msec().wrapping_sub((*u).start_time);
         }
         finish_upstream(r, HTTP_OK, 0);
-        let rc = output::send(r, &res, Output::from_code(loc_conf(r).output));
+        let rc = match vars::rewrite(r, lcf, &res) {
+            // nginx's own page for the status.
+            Some((status, false)) if status >= 300 => status as ngx_int_t,
+            // The status without a body.
+            Some((status, false)) => output::send(r, &res, Output::None, status),
+            Some((status, true)) => output::send(r, &res, Output::from_code(lcf.output), status),
+            None => output::send(r, &res, Output::from_code(lcf.output), HTTP_OK as ngx_uint_t),
+        };
         ngx_http_finalize_request(r, rc);
     }
 }

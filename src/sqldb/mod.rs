@@ -5,3 +5,4 @@ pub mod conn;
 pub mod handler;
 pub mod output;
 pub mod pq;
+pub mod vars;

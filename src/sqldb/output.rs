@@ -48,14 +48,14 @@ impl Output {
 ///
 /// # Safety
 /// `r` must be a live request whose upstream is finished.
-pub unsafe fn send(r: *mut ngx_http_request_t, res: &PgResult, output: Output) -> ngx_int_t {
+pub unsafe fn send(r: *mut ngx_http_request_t, res: &PgResult, output: Output, status: ngx_uint_t) -> ngx_int_t {
     let rows = res.kind() == ResultKind::Tuples;
     let mut body = Vec::new();
     // SAFETY: r is live.
     let log = unsafe { (*(*r).connection).log };
     let content_type = match output {
         // SAFETY: r is live.
-        Output::Rds => return unsafe { send_rds(r, res) },
+        Output::Rds => return unsafe { send_rds(r, res, status) },
         Output::Text => {
             if rows {
                 formats::text(res, &mut body);
@@ -98,7 +98,7 @@ pub unsafe fn send(r: *mut ngx_http_request_t, res: &PgResult, output: Output) -
         Output::None => {
             // SAFETY: r is live.
             unsafe {
-                (*r).headers_out.status = HTTP_OK as ngx_uint_t;
+                (*r).headers_out.status = status;
                 (*r).headers_out.content_length_n = 0;
                 (*r).set_header_only(1);
                 return ngx_http_send_header(r);
@@ -106,7 +106,7 @@ pub unsafe fn send(r: *mut ngx_http_request_t, res: &PgResult, output: Output) -
         }
     };
     // SAFETY: r is live.
-    unsafe { send_body(r, content_type, body) }
+    unsafe { send_body(r, status, content_type, body) }
 }
 
 /// Encodes the result as RDS and sends status, headers and body.
@@ -114,7 +114,7 @@ pub unsafe fn send(r: *mut ngx_http_request_t, res: &PgResult, output: Output) -
 ///
 /// # Safety
 /// `r` must be a live request whose upstream is finished.
-pub unsafe fn send_rds(r: *mut ngx_http_request_t, res: &PgResult) -> ngx_int_t {
+pub unsafe fn send_rds(r: *mut ngx_http_request_t, res: &PgResult, status: ngx_uint_t) -> ngx_int_t {
     let header = Header {
         driver_errcode: res.status_code(),
         affected_rows: res.affected_rows(),
@@ -134,15 +134,20 @@ pub unsafe fn send_rds(r: *mut ngx_http_request_t, res: &PgResult) -> ngx_int_t 
         return HTTP_INTERNAL_SERVER_ERROR;
     }
     // SAFETY: r is live.
-    unsafe { send_body(r, Some(RDS_CONTENT_TYPE), out) }
+    unsafe { send_body(r, status, Some(RDS_CONTENT_TYPE), out) }
 }
 
-/// Sends a 200 response whose body is `body`, handed to the request pool;
+/// Sends a response whose body is `body`, handed to the request pool;
 /// without a content type, the location's (`default_type`, `types`).
 ///
 /// # Safety
 /// `r` must be a live request.
-pub unsafe fn send_body(r: *mut ngx_http_request_t, content_type: Option<&'static str>, body: Vec<u8>) -> ngx_int_t {
+pub unsafe fn send_body(
+    r: *mut ngx_http_request_t,
+    status: ngx_uint_t,
+    content_type: Option<&'static str>,
+    body: Vec<u8>,
+) -> ngx_int_t {
     // SAFETY: r is live; the body Vec is owned by the request pool until the
     // pool is destroyed, after the response has gone out.
     unsafe {
@@ -161,7 +166,7 @@ pub unsafe fn send_body(r: *mut ngx_http_request_t, content_type: Option<&'stati
             }
         }
         let ho = &mut (*r).headers_out;
-        ho.status = HTTP_OK as ngx_uint_t;
+        ho.status = status;
         ho.content_length_n = len as off_t;
 
         let rc = ngx_http_send_header(r);
