@@ -38,5 +38,12 @@ ngx_gateway demo is running: nginx on 127.0.0.1:8080, PostgreSQL on 127.0.0.1:55
   curl -si http://127.0.0.1:8080/cats/abc                   # not an integer: 400
   curl -s 'http://127.0.0.1:8080/search?name=o' | od -c     # a bound text parameter
 
+  The JSON API of nginx-conf/crud.conf:
+  curl -s http://127.0.0.1:8080/api/cats
+  curl -si -X POST -d '{"name": "Nova", "age": 1}' http://127.0.0.1:8080/api/cats
+  curl -s -X PUT -d '{"age": 4, "indoor": true}' http://127.0.0.1:8080/api/cats/1
+  curl -si -X DELETE http://127.0.0.1:8080/api/cats/3
+  curl -si http://127.0.0.1:8080/api/cats/3                # 404 now
+
 Logs: $dir/nginx/logs/error.log   Stop: make stop
 TXT
