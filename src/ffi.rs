@@ -260,3 +260,54 @@ pub unsafe fn set_log_request(log: *mut ngx_log_t, r: *mut ngx_http_request_t) {
         }
     }
 }
+
+/// Compiles a string with variables into a complex value in the
+/// configuration pool (the string must live as long as the configuration).
+///
+/// # Safety
+/// `cf` must be the live configuration being parsed.
+pub unsafe fn compile_complex(cf: *mut ngx_conf_t, value: &mut ngx_str_t) -> Option<*mut ngx_http_complex_value_t> {
+    // SAFETY: cf is live; the compile context is filled as nginx expects.
+    unsafe {
+        let cv = ngx_pcalloc((*cf).pool, mem::size_of::<ngx_http_complex_value_t>()) as *mut ngx_http_complex_value_t;
+        if cv.is_null() {
+            return None;
+        }
+        let mut ccv: ngx_http_compile_complex_value_t = mem::zeroed();
+        ccv.cf = cf;
+        ccv.value = value;
+        ccv.complex_value = cv;
+        (ngx_http_compile_complex_value(&mut ccv) == OK).then_some(cv)
+    }
+}
+
+/// Parses the arguments of a `*_next_upstream` directive against the
+/// keywords it accepts; `off` alone is 0.
+///
+/// # Safety
+/// `cf` must be the live configuration being parsed.
+pub unsafe fn next_upstream_bits(cf: *mut ngx_conf_t, keywords: &[(&str, u32)]) -> Result<ngx_uint_t, *mut c_char> {
+    // SAFETY: see above.
+    unsafe {
+        let args = conf_args(cf);
+        let directive = String::from_utf8_lossy(bytes(&args[0])).into_owned();
+        let mut bits: ngx_uint_t = 0;
+        for arg in &args[1..] {
+            let a = bytes(arg);
+            if a == b"off" && args.len() == 2 {
+                return Ok(0);
+            }
+            match keywords.iter().find(|(k, _)| k.as_bytes() == a) {
+                Some(&(_, bit)) => bits |= bit as ngx_uint_t,
+                None => {
+                    let text = String::from_utf8_lossy(a);
+                    return Err(conf_error(
+                        cf,
+                        format_args!("invalid value \"{text}\" in \"{directive}\" directive"),
+                    ));
+                }
+            }
+        }
+        Ok(bits)
+    }
+}

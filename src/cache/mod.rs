@@ -159,7 +159,7 @@ unsafe extern "C" fn cmd_cache_pass(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_
         }
         let mut value = conf_args(cf)[1];
         if ngx_http_script_variables_count(&mut value) > 0 {
-            match compile_complex(cf, value) {
+            match compile_complex(cf, &mut value) {
                 Some(cv) => lcf.pass_var = cv,
                 None => return CONF_ERROR,
             }
@@ -184,25 +184,6 @@ unsafe extern "C" fn cmd_cache_pass(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_
     }
 }
 
-/// Compiles a string with variables into a complex value in the configuration pool.
-///
-/// # Safety
-/// `cf` must be the live configuration being parsed.
-unsafe fn compile_complex(cf: *mut ngx_conf_t, mut value: ngx_str_t) -> Option<*mut ngx_http_complex_value_t> {
-    // SAFETY: cf is live; the compile context is filled as nginx expects.
-    unsafe {
-        let cv = ngx_pcalloc((*cf).pool, mem::size_of::<ngx_http_complex_value_t>()) as *mut ngx_http_complex_value_t;
-        if cv.is_null() {
-            return None;
-        }
-        let mut ccv: ngx_http_compile_complex_value_t = mem::zeroed();
-        ccv.cf = cf;
-        ccv.value = &mut value;
-        ccv.complex_value = cv;
-        (ngx_http_compile_complex_value(&mut ccv) == OK).then_some(cv)
-    }
-}
-
 /// `cache_auth password` (may contain variables)
 unsafe extern "C" fn cmd_cache_auth(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, conf: *mut c_void) -> *mut c_char {
     // SAFETY: conf is this module's CacheLocConf; cf is live.
@@ -211,7 +192,7 @@ unsafe extern "C" fn cmd_cache_auth(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_
         if !lcf.auth.is_null() {
             return conf_error(cf, format_args!("\"cache_auth\" directive is duplicate"));
         }
-        match compile_complex(cf, conf_args(cf)[1]) {
+        match compile_complex(cf, &mut conf_args(cf)[1].clone()) {
             Some(cv) => lcf.auth = cv,
             None => return CONF_ERROR,
         }
@@ -231,26 +212,18 @@ unsafe extern "C" fn cmd_cache_next_upstream(
         if lcf.next_upstream_set {
             return conf_error(cf, format_args!("\"cache_next_upstream\" directive is duplicate"));
         }
-        let args = conf_args(cf);
-        let mut bits: u32 = 0;
-        for arg in &args[1..] {
-            bits |= match bytes(arg) {
-                b"error" => NGX_HTTP_UPSTREAM_FT_ERROR,
-                b"timeout" => NGX_HTTP_UPSTREAM_FT_TIMEOUT,
-                b"invalid_response" => NGX_HTTP_UPSTREAM_FT_INVALID_HEADER,
-                b"not_found" => NGX_HTTP_UPSTREAM_FT_HTTP_404,
-                b"off" if args.len() == 2 => NGX_HTTP_UPSTREAM_FT_OFF,
-                other => {
-                    let text = String::from_utf8_lossy(other);
-                    return conf_error(
-                        cf,
-                        format_args!("invalid value \"{text}\" in \"cache_next_upstream\" directive"),
-                    );
-                }
-            };
-        }
+        let keywords = [
+            ("error", NGX_HTTP_UPSTREAM_FT_ERROR),
+            ("timeout", NGX_HTTP_UPSTREAM_FT_TIMEOUT),
+            ("invalid_response", NGX_HTTP_UPSTREAM_FT_INVALID_HEADER),
+            ("not_found", NGX_HTTP_UPSTREAM_FT_HTTP_404),
+        ];
+        let bits = match next_upstream_bits(cf, &keywords) {
+            Ok(b) => b,
+            Err(e) => return e,
+        };
         lcf.next_upstream_set = true;
-        lcf.upstream.next_upstream = bits as ngx_uint_t;
+        lcf.upstream.next_upstream = bits;
         CONF_OK
     }
 }

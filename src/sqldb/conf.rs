@@ -468,31 +468,6 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_pass(
     }
 }
 
-/// Compiles a string with variables into a complex value in the configuration pool.
-///
-/// # Safety
-/// `cf` must be the live configuration being parsed.
-pub(crate) unsafe fn compile_complex(
-    cf: *mut ngx_conf_t,
-    value: &mut ngx_str_t,
-) -> Option<*mut ngx_http_complex_value_t> {
-    // SAFETY: cf is live; the compile context is filled as nginx expects.
-    unsafe {
-        let cv = ngx_pcalloc((*cf).pool, mem::size_of::<ngx_http_complex_value_t>()) as *mut ngx_http_complex_value_t;
-        if cv.is_null() {
-            return None;
-        }
-        let mut ccv: ngx_http_compile_complex_value_t = mem::zeroed();
-        ccv.cf = cf;
-        ccv.value = value;
-        ccv.complex_value = cv;
-        if ngx_http_compile_complex_value(&mut ccv) != OK {
-            return None;
-        }
-        Some(cv)
-    }
-}
-
 /// `sqldb_query [METHOD ...] "template"`
 pub(crate) unsafe extern "C" fn cmd_sqldb_query(
     cf: *mut ngx_conf_t,
@@ -684,22 +659,14 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_next_upstream(
         if lcf.next_upstream != CONF_UNSET_UINT {
             return conf_error(cf, format_args!("\"sqldb_next_upstream\" directive is duplicate"));
         }
-        let mut bits: ngx_uint_t = 0;
-        let args = conf_args(cf);
-        for arg in &args[1..] {
-            match bytes(arg) {
-                b"error" => bits |= NGX_HTTP_UPSTREAM_FT_ERROR as ngx_uint_t,
-                b"timeout" => bits |= NGX_HTTP_UPSTREAM_FT_TIMEOUT as ngx_uint_t,
-                b"off" if args.len() == 2 => bits = 0,
-                other => {
-                    let text = String::from_utf8_lossy(other);
-                    return conf_error(
-                        cf,
-                        format_args!("invalid value \"{text}\" in \"sqldb_next_upstream\" directive"),
-                    );
-                }
-            }
-        }
+        let keywords = [
+            ("error", NGX_HTTP_UPSTREAM_FT_ERROR),
+            ("timeout", NGX_HTTP_UPSTREAM_FT_TIMEOUT),
+        ];
+        let bits = match next_upstream_bits(cf, &keywords) {
+            Ok(b) => b,
+            Err(e) => return e,
+        };
         lcf.next_upstream = bits;
         CONF_OK
     }

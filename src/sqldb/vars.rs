@@ -414,7 +414,7 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_escape(
                 value.data = value.data.add(1);
                 value.len -= 1;
             }
-            match super::conf::compile_complex(cf, &mut value) {
+            match compile_complex(cf, &mut value) {
                 Some(cv) => src = cv,
                 None => return CONF_ERROR,
             }
