@@ -60,25 +60,30 @@ pub fn json<R: ResultSet + ?Sized>(rs: &R, out: &mut Vec<u8>) {
         if r > 0 {
             out.push(b',');
         }
-        out.push(b'{');
-        for c in 0..rs.columns() {
-            if c > 0 {
-                out.push(b',');
-            }
-            json_string(out, rs.column_name(c));
-            out.push(b':');
-            let ty = rs.column_type(c);
-            match rs.value(r, c) {
-                None => out.extend_from_slice(b"null"),
-                Some(v) if ty == BOOL => out.extend_from_slice(if v == b"t" { b"true" } else { b"false" }),
-                Some(v) if JSON_NUMBERS.contains(&ty) && json_number(v) => out.extend_from_slice(v),
-                Some(v) if ty == JSON || ty == JSONB => out.extend_from_slice(v),
-                Some(v) => json_string(out, v),
-            }
-        }
-        out.push(b'}');
+        json_row(rs, r, out);
     }
     out.push(b']');
+}
+
+/// One row as a JSON object.
+fn json_row<R: ResultSet + ?Sized>(rs: &R, r: usize, out: &mut Vec<u8>) {
+    out.push(b'{');
+    for c in 0..rs.columns() {
+        if c > 0 {
+            out.push(b',');
+        }
+        json_string(out, rs.column_name(c));
+        out.push(b':');
+        let ty = rs.column_type(c);
+        match rs.value(r, c) {
+            None => out.extend_from_slice(b"null"),
+            Some(v) if ty == BOOL => out.extend_from_slice(if v == b"t" { b"true" } else { b"false" }),
+            Some(v) if JSON_NUMBERS.contains(&ty) && json_number(v) => out.extend_from_slice(v),
+            Some(v) if ty == JSON || ty == JSONB => out.extend_from_slice(v),
+            Some(v) => json_string(out, v),
+        }
+    }
+    out.push(b'}');
 }
 
 /// `{"affected": N}` for a statement without rows.
@@ -211,5 +216,168 @@ mod tests {
             String::from_utf8(out).unwrap(),
             "id,name,ok,doc,n\r\n1,\"a \"\"quoted\"\", line\nbreak\",t,\"{\"\"x\"\": [1]}\",1.50\r\n2,,f,,NaN\r\n"
         );
+    }
+}
+
+/// The formats a result can be streamed in, row by row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamFormat {
+    Rds,
+    Json,
+    Csv,
+    Text,
+}
+
+/// Writes a result set as its rows arrive: `begin` with the columns (taken
+/// from the first row's result), `row` for each, `end` once. The bytes are
+/// the same as the whole-result encoders give.
+#[derive(Debug, Clone)]
+pub struct Stream {
+    format: StreamFormat,
+    rows: u64,
+}
+
+impl Stream {
+    pub fn new(format: StreamFormat) -> Stream {
+        Stream { format, rows: 0 }
+    }
+
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    pub fn begin<R: ResultSet + ?Sized>(&mut self, rs: &R, out: &mut Vec<u8>) -> Result<(), crate::rds::RdsError> {
+        match self.format {
+            StreamFormat::Rds => {
+                let header = crate::rds::Header {
+                    driver_errcode: 2,
+                    ..Default::default()
+                };
+                crate::rds::encode_prefix(&header, rs, out)?;
+            }
+            StreamFormat::Json => out.push(b'['),
+            StreamFormat::Csv => {
+                for c in 0..rs.columns() {
+                    if c > 0 {
+                        out.push(b',');
+                    }
+                    csv_field(out, rs.column_name(c));
+                }
+                out.extend_from_slice(b"\r\n");
+            }
+            StreamFormat::Text => {}
+        }
+        Ok(())
+    }
+
+    /// Appends every row of `rs` (a single-row result has one).
+    pub fn rows_of<R: ResultSet + ?Sized>(&mut self, rs: &R, out: &mut Vec<u8>) -> Result<(), crate::rds::RdsError> {
+        for r in 0..rs.rows() {
+            match self.format {
+                StreamFormat::Rds => crate::rds::encode_row(rs, r, out)?,
+                StreamFormat::Json => {
+                    if self.rows > 0 {
+                        out.push(b',');
+                    }
+                    json_row(rs, r, out);
+                }
+                StreamFormat::Csv => {
+                    for c in 0..rs.columns() {
+                        if c > 0 {
+                            out.push(b',');
+                        }
+                        if let Some(v) = rs.value(r, c) {
+                            csv_field(out, v);
+                        }
+                    }
+                    out.extend_from_slice(b"\r\n");
+                }
+                StreamFormat::Text => {
+                    for c in 0..rs.columns() {
+                        if self.rows > 0 || c > 0 {
+                            out.push(b'\n');
+                        }
+                        out.extend_from_slice(rs.value(r, c).unwrap_or(b"(null)"));
+                    }
+                }
+            }
+            self.rows += 1;
+        }
+        Ok(())
+    }
+
+    pub fn end(&mut self, out: &mut Vec<u8>) {
+        match self.format {
+            StreamFormat::Rds => out.push(0),
+            StreamFormat::Json => out.push(b']'),
+            StreamFormat::Csv | StreamFormat::Text => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod stream_tests {
+    use super::*;
+
+    struct Rows(Vec<Vec<Option<&'static [u8]>>>);
+    impl ResultSet for Rows {
+        fn columns(&self) -> usize {
+            2
+        }
+        fn rows(&self) -> usize {
+            self.0.len()
+        }
+        fn column_name(&self, c: usize) -> &[u8] {
+            [&b"id"[..], b"name"][c]
+        }
+        fn column_type(&self, c: usize) -> u32 {
+            [23, 25][c]
+        }
+        fn value(&self, r: usize, c: usize) -> Option<&[u8]> {
+            self.0[r][c]
+        }
+    }
+
+    fn all() -> Rows {
+        Rows(vec![
+            vec![Some(b"1"), Some(b"a,\"b\"")],
+            vec![Some(b"2"), None],
+            vec![Some(b"3"), Some(b"")],
+        ])
+    }
+
+    /// Streaming row by row gives the bytes of the whole-result encoders.
+    #[test]
+    fn streamed_equals_whole() {
+        let whole = all();
+        for format in [
+            StreamFormat::Rds,
+            StreamFormat::Json,
+            StreamFormat::Csv,
+            StreamFormat::Text,
+        ] {
+            let mut s = Stream::new(format);
+            let mut out = Vec::new();
+            s.begin(&whole, &mut out).unwrap();
+            for row in &whole.0 {
+                s.rows_of(&Rows(vec![row.clone()]), &mut out).unwrap();
+            }
+            s.end(&mut out);
+            let mut want = Vec::new();
+            match format {
+                StreamFormat::Rds => {
+                    let h = crate::rds::Header {
+                        driver_errcode: 2,
+                        ..Default::default()
+                    };
+                    crate::rds::encode(&h, &crate::rds::Body::Rows(&whole), &mut want).unwrap();
+                }
+                StreamFormat::Json => json(&whole, &mut want),
+                StreamFormat::Csv => csv(&whole, &mut want),
+                StreamFormat::Text => text(&whole, &mut want),
+            }
+            assert_eq!(out, want, "{format:?}");
+            assert_eq!(s.rows(), 3);
+        }
     }
 }

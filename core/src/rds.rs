@@ -169,40 +169,13 @@ pub fn encode<R: ResultSet + ?Sized>(
     let len = encoded_len(header, body)?;
     out.reserve_exact(len);
     let start = out.len();
-    out.push(0); // little endian
-    put_u32(out, VERSION);
-    out.push(0); // result type: a result set
-    put_u16(out, header.std_errcode);
-    put_u16(out, header.driver_errcode);
-    put_u16(out, header.errstr.len() as u16);
-    out.extend_from_slice(header.errstr);
-    put_u64(out, header.affected_rows);
-    put_u64(out, header.insert_id);
     match body {
-        Body::NoRows => put_u16(out, 0),
+        Body::NoRows => encode_prefix(header, &NoColumns, out)?,
         Body::Rows(rs) => {
-            let cols = rs.columns();
-            put_u16(out, cols as u16);
-            for c in 0..cols {
-                let oid = rs.column_type(c);
-                put_u16(out, std_type(oid));
-                put_u16(out, oid as u16);
-                let name = rs.column_name(c);
-                put_u16(out, name.len() as u16);
-                out.extend_from_slice(name);
-            }
-            if cols > 0 {
+            encode_prefix(header, *rs, out)?;
+            if rs.columns() > 0 {
                 for r in 0..rs.rows() {
-                    out.push(1);
-                    for c in 0..cols {
-                        match rs.value(r, c) {
-                            None => put_u32(out, NULL_LEN),
-                            Some(v) => {
-                                put_u32(out, v.len() as u32);
-                                out.extend_from_slice(v);
-                            }
-                        }
-                    }
+                    encode_row(*rs, r, out)?;
                 }
                 out.push(0);
             }
@@ -210,6 +183,78 @@ pub fn encode<R: ResultSet + ?Sized>(
     }
     debug_assert_eq!(out.len() - start, len);
     Ok(out.len() - start)
+}
+
+/// A statement without rows: no columns.
+struct NoColumns;
+
+impl ResultSet for NoColumns {
+    fn columns(&self) -> usize {
+        0
+    }
+    fn rows(&self) -> usize {
+        0
+    }
+    fn column_name(&self, _: usize) -> &[u8] {
+        b""
+    }
+    fn column_type(&self, _: usize) -> u32 {
+        0
+    }
+    fn value(&self, _: usize, _: usize) -> Option<&[u8]> {
+        None
+    }
+}
+
+/// The header and the column list of a result set, for streaming its rows.
+pub fn encode_prefix<R: ResultSet + ?Sized>(header: &Header<'_>, rs: &R, out: &mut Vec<u8>) -> Result<(), RdsError> {
+    u16_len(header.errstr.len(), RdsError::ErrstrTooLong)?;
+    let cols = rs.columns();
+    u16_len(cols, RdsError::TooManyColumns)?;
+    for c in 0..cols {
+        u16_len(rs.column_name(c).len(), |_| RdsError::ColumnNameTooLong(c))?;
+    }
+    out.push(0);
+    put_u32(out, VERSION);
+    out.push(0);
+    put_u16(out, header.std_errcode);
+    put_u16(out, header.driver_errcode);
+    put_u16(out, header.errstr.len() as u16);
+    out.extend_from_slice(header.errstr);
+    put_u64(out, header.affected_rows);
+    put_u64(out, header.insert_id);
+    put_u16(out, cols as u16);
+    for c in 0..cols {
+        let oid = rs.column_type(c);
+        put_u16(out, std_type(oid));
+        put_u16(out, oid as u16);
+        let name = rs.column_name(c);
+        put_u16(out, name.len() as u16);
+        out.extend_from_slice(name);
+    }
+    Ok(())
+}
+
+/// One row record (after `encode_prefix`; the list ends with a 0 byte).
+pub fn encode_row<R: ResultSet + ?Sized>(rs: &R, row: usize, out: &mut Vec<u8>) -> Result<(), RdsError> {
+    out.push(1);
+    for c in 0..rs.columns() {
+        match rs.value(row, c) {
+            None => put_u32(out, NULL_LEN),
+            Some(v) => {
+                if v.len() >= NULL_LEN as usize {
+                    return Err(RdsError::ValueTooLong {
+                        row,
+                        col: c,
+                        len: v.len(),
+                    });
+                }
+                put_u32(out, v.len() as u32);
+                out.extend_from_slice(v);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A decoded stream: what a client of the gateway sees. Used by tests.
