@@ -25,6 +25,7 @@ pub const CONF_UNSET_UINT: ngx_uint_t = ngx_uint_t::MAX;
 
 pub const HTTP_OK: ngx_int_t = 200;
 pub const HTTP_BAD_REQUEST: ngx_int_t = 400;
+pub const HTTP_REQUEST_TIME_OUT: ngx_int_t = 408;
 pub const HTTP_NOT_ALLOWED: ngx_int_t = 405;
 pub const HTTP_INTERNAL_SERVER_ERROR: ngx_int_t = 500;
 pub const HTTP_BAD_GATEWAY: ngx_int_t = 502;

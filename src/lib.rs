@@ -34,7 +34,7 @@ pub(crate) const fn command(
 
 const LOC_ANY: u32 = NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF;
 
-static mut COMMANDS: [ngx_command_t; 14] = [
+static mut COMMANDS: [ngx_command_t; 15] = [
     command(
         "sqldb_server\0",
         NGX_HTTP_UPS_CONF | NGX_CONF_1MORE,
@@ -111,6 +111,13 @@ static mut COMMANDS: [ngx_command_t; 14] = [
         sqldb::vars::cmd_sqldb_escape,
         NGX_HTTP_LOC_CONF_OFFSET,
         0,
+    ),
+    command(
+        "sqldb_stream\0",
+        LOC_ANY | NGX_CONF_FLAG,
+        ngx_conf_set_flag_slot,
+        NGX_HTTP_LOC_CONF_OFFSET,
+        std::mem::offset_of!(sc::LocConf, stream),
     ),
     command(
         "sqldb_prepare\0",

@@ -136,6 +136,8 @@ pub struct LocConf {
     pub next_upstream: ngx_uint_t,
     /// `sqldb_output`: an `Output` code.
     pub output: ngx_uint_t,
+    /// `sqldb_stream`: send rows as they arrive.
+    pub stream: ngx_flag_t,
     pub sets: Vec<SetRule>,
     pub rewrites: Vec<RewriteRule>,
     pub escapes: Vec<EscapeRule>,
@@ -193,6 +195,7 @@ pub(crate) unsafe extern "C" fn create_loc_conf(cf: *mut ngx_conf_t) -> *mut c_v
         prepare: CONF_UNSET,
         next_upstream: CONF_UNSET_UINT,
         output: CONF_UNSET_UINT,
+        stream: CONF_UNSET,
         sets: Vec::new(),
         rewrites: Vec::new(),
         escapes: Vec::new(),
@@ -233,6 +236,9 @@ pub(crate) unsafe extern "C" fn merge_loc_conf(
     }
     if conf.output == CONF_UNSET_UINT {
         conf.output = if prev.output == CONF_UNSET_UINT { 0 } else { prev.output };
+    }
+    if conf.stream == CONF_UNSET {
+        conf.stream = if prev.stream == CONF_UNSET { 0 } else { prev.stream };
     }
     if conf.prepare == CONF_UNSET {
         conf.prepare = if prev.prepare == CONF_UNSET { 1 } else { prev.prepare };

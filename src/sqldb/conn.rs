@@ -42,6 +42,8 @@ pub struct Pending {
     pub stage: u32,
     /// Run it once more at the end of its results (its prepared statement vanished).
     pub again: bool,
+    /// Single-row mode was asked for its query (streamed requests).
+    pub single: bool,
 }
 
 /// Templates prepared on one connection at most; later ones run unnamed.
@@ -64,6 +66,8 @@ pub struct Conn {
     pub waiting: Vec<*mut Ctx>,
     /// Opened for a query of several statements: nothing may queue behind it.
     pub exclusive: bool,
+    /// A streamed request's client is behind: results wait in the socket.
+    pub paused: bool,
     write_watched: bool,
     /// Requests served.
     pub served: u64,
@@ -108,6 +112,27 @@ impl Conn {
             State::Ready => self.pipeline,
             State::Connecting => !self.exclusive,
         }
+    }
+
+    /// Stops (or resumes) reading the socket while a streamed request's
+    /// client catches up.
+    pub fn pause_reading(&mut self, pause: bool) -> bool {
+        if pause == self.paused {
+            return true;
+        }
+        // SAFETY: c is live; its read event is registered (level-triggered).
+        let ok = unsafe {
+            let rev = (*self.c.as_ptr()).read;
+            if pause {
+                del_event(rev, READ_EVENT, 0)
+            } else {
+                add_event(rev, READ_EVENT, LEVEL_EVENT)
+            }
+        };
+        if ok {
+            self.paused = pause;
+        }
+        ok
     }
 
     pub fn is_prepared(&self, template: usize) -> bool {
@@ -284,6 +309,7 @@ impl Pool {
             creator: ptr::null_mut(),
             waiting: Vec::new(),
             exclusive: false,
+            paused: false,
             write_watched: false,
             served: 0,
             prepared: Vec::new(),

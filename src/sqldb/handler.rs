@@ -21,9 +21,11 @@ use super::conf::{find_upstream, sqldb_srv_conf, LocConf, SrvConf, Template, Tem
 use super::conn::{statement_name, Conn, Mode, Pending, Pick, State};
 use super::output::{self, Output};
 use super::pq::{Flush, PgConn, PgResult, Poll, ResultKind};
+use super::stream::Streaming;
 use super::vars;
 use crate::ffi::*;
 use crate::ngx_http_gateway_module as MODULE;
+use gateway_core::formats::StreamFormat;
 
 /// The connection nginx's upstream code sees for one request: it sets its
 /// handlers, log and a connect timer on it, none of which may touch a
@@ -106,6 +108,13 @@ pub struct Ctx {
     done: bool,
     /// Set by peer_init: the peer data of this request.
     peer: *mut PeerData,
+    /// `sqldb_stream on` applies: rows go out as they arrive.
+    stream_format: Option<StreamFormat>,
+    streaming: Option<Streaming>,
+    /// Sending the rows failed mid-way (the request ends without its end).
+    stream_failed: bool,
+    /// The client write handler nginx's upstream had set, while paused.
+    saved_write_handler: ngx_http_event_handler_pt,
 }
 
 unsafe fn ctx_of<'a>(r: *mut ngx_http_request_t) -> Option<&'a mut Ctx> {
@@ -445,6 +454,12 @@ unsafe fn run(r: *mut ngx_http_request_t) -> ngx_int_t {
         }
         let query = sql;
         vars::store_own(r, vars::QUERY, query.as_bytes());
+        let streamable = lcf.stream == 1 && !several && lcf.sets.is_empty() && lcf.rewrites.is_empty();
+        let stream_format = if streamable {
+            Output::from_code(lcf.output).stream_format()
+        } else {
+            None
+        };
 
         // The upstream: named in the configuration, or by a variable now.
         let mut uscf = lcf.upstream.upstream;
@@ -520,6 +535,10 @@ unsafe fn run(r: *mut ngx_http_request_t) -> ngx_int_t {
             error: None,
             done: false,
             peer: ptr::null_mut(),
+            stream_format,
+            streaming: None,
+            stream_failed: false,
+            saved_write_handler: None,
         };
         let Some(ctx) = pool_alloc((*r).pool, ctx) else {
             return HTTP_INTERNAL_SERVER_ERROR;
@@ -648,6 +667,7 @@ unsafe fn send(conn: *mut Conn, ctx: &mut Ctx, lcf: &LocConf) -> bool {
         mode,
         stage: 0,
         again: false,
+        single: false,
     });
     // SAFETY: r is live.
     unsafe { set_action(ctx.r, c"reading result from PostgreSQL") };
@@ -824,6 +844,15 @@ unsafe fn on_conn_event(conn: *mut Conn, timed_out: bool, readable: bool, out: &
                     pool.close(conn);
                 }
             }
+            State::Ready if cn.paused => {
+                if !flush(cn) {
+                    broken_into(
+                        conn,
+                        &format!("sending to PostgreSQL failed: {}", cn.pg.error_message()),
+                        out,
+                    );
+                }
+            }
             State::Ready => {
                 if !flush(cn) {
                     broken_into(
@@ -892,7 +921,20 @@ unsafe fn read_results(conn: *mut Conn, out: &mut Vec<Outcome>) {
         let mut forget = false;
         // Why the connection is going away, when the server said so.
         let mut lost: Option<String> = None;
+        // A streamed request whose client is behind: reading stops there.
+        let mut paused: Option<*mut Ctx> = None;
         while let Some(head) = cn.queue.front_mut() {
+            if cn.paused {
+                break;
+            }
+            // Single-row mode for a streamed request's query, asked before
+            // libpq parses any of its results.
+            if let (false, Some(ctx), Mode::Pipelined { preparing }) = (head.single, head.ctx.as_ref(), head.mode) {
+                if ctx.stream_format.is_some() && head.stage == preparing as u32 {
+                    head.single = true;
+                    cn.pg.set_single_row_mode();
+                }
+            }
             if cn.pg.is_busy() {
                 break;
             }
@@ -943,6 +985,23 @@ unsafe fn read_results(conn: *mut Conn, out: &mut Vec<Outcome>) {
                     }
                     let Some(ctx) = ctx else { continue };
                     ctx.got_result = true;
+                    if kind == ResultKind::Row {
+                        let format = ctx.stream_format.unwrap_or(StreamFormat::Rds);
+                        let output = Output::from_code(loc_conf(ctx.r).output);
+                        let s = ctx.streaming.get_or_insert_with(|| Streaming::new(format, output));
+                        match s.row(ctx.r, &res) {
+                            Ok(false) => {}
+                            Ok(true) => {
+                                paused = Some(ctx);
+                                break;
+                            }
+                            Err(_) => {
+                                s.discard = true;
+                                ctx.stream_failed = true;
+                            }
+                        }
+                        continue;
+                    }
                     let preparing = mode == Mode::Pipelined { preparing: true } && head.stage == 0;
                     match kind {
                         ResultKind::Error => {
@@ -968,6 +1027,9 @@ unsafe fn read_results(conn: *mut Conn, out: &mut Vec<Outcome>) {
             // DEALLOCATE, DISCARD or a schema change: prepare afresh.
             cn.forget_prepared();
         }
+        if let Some(ctx) = paused {
+            pause(conn, &mut *ctx);
+        }
         if let Some(why) = lost {
             if cn.pg.is_bad() || !cn.pg.consume_input() || cn.pg.is_bad() {
                 broken_into(conn, &format!("connection lost: {why}"), out);
@@ -992,6 +1054,94 @@ unsafe fn read_results(conn: *mut Conn, out: &mut Vec<Outcome>) {
         if cn.queue.is_empty() {
             (*cn.pool).settle(conn);
         }
+    }
+}
+
+/// A streamed request's client is behind: stop reading the connection
+/// until the client has taken what is pending.
+unsafe fn pause(conn: *mut Conn, ctx: &mut Ctx) {
+    // SAFETY: conn is live; ctx is its live head request.
+    unsafe {
+        let r = ctx.r;
+        if !(*conn).pause_reading(true) {
+            return;
+        }
+        // The client's pace now, not the database's.
+        if let Some(pd) = ctx.peer.as_mut() {
+            if pd.standin.read.timer_set() != 0 {
+                ngx_del_timer(&mut pd.standin.read);
+            }
+        }
+        ctx.saved_write_handler = (*r).write_event_handler;
+        (*r).write_event_handler = Some(stream_resume);
+        wait_for_client(r);
+    }
+}
+
+/// Arms the client's write event and nginx's send_timeout.
+unsafe fn wait_for_client(r: *mut ngx_http_request_t) {
+    // SAFETY: r is live.
+    unsafe {
+        let wev = (*(*r).connection).write;
+        let clcf = &*request_loc_conf::<ngx_http_core_loc_conf_t>(r, ptr::addr_of!(ngx_http_core_module));
+        ngx_handle_write_event(wev, clcf.send_lowat);
+        ngx_add_timer(wev, clcf.send_timeout);
+    }
+}
+
+/// The client can take more: push what is pending, and once it is caught
+/// up, read the connection again.
+unsafe extern "C" fn stream_resume(r: *mut ngx_http_request_t) {
+    // SAFETY: nginx calls the write handler with a live request.
+    unsafe {
+        let Some(ctx) = ctx_of(r) else { return };
+        if ctx.done {
+            return;
+        }
+        let c = (*r).connection;
+        let wev = (*c).write;
+        if (*wev).timedout() != 0 {
+            (*c).set_timedout(1);
+            log!(
+                NGX_LOG_INFO,
+                (*c).log,
+                "sqldb: client timed out while rows were streamed"
+            );
+            fail(r, HTTP_REQUEST_TIME_OUT, false);
+            return;
+        }
+        let Some(s) = ctx.streaming.as_mut() else { return };
+        match s.flush(r, false) {
+            Err(_) => {
+                ctx.stream_failed = true;
+                fail(r, HTTP_INTERNAL_SERVER_ERROR, false);
+                return;
+            }
+            Ok(true) => {
+                wait_for_client(r);
+                return;
+            }
+            Ok(false) => {}
+        }
+        if (*wev).timer_set() != 0 {
+            ngx_del_timer(wev);
+        }
+        (*r).write_event_handler = ctx.saved_write_handler;
+        let conn = ctx.conn;
+        if conn.is_null() {
+            return;
+        }
+        if let Some(pd) = ctx.peer.as_mut() {
+            ngx_add_timer(&mut pd.standin.read, loc_conf(r).result_timeout);
+        }
+        if !(*conn).pause_reading(false) {
+            broken(conn, "event error");
+            return;
+        }
+        // Results libpq already holds, then the socket's.
+        let mut out = Vec::new();
+        read_results(conn, &mut out);
+        deliver(out);
     }
 }
 
@@ -1156,8 +1306,10 @@ unsafe fn fail(r: *mut ngx_http_request_t, status: ngx_int_t, peer_failed: bool)
             return;
         }
         let state = if peer_failed { NGX_PEER_FAILED as ngx_uint_t } else { 0 };
+        // Once rows are out, no status can follow: the response is cut short.
+        let streamed = ctx_of(r).and_then(|c| c.streaming.as_ref()).is_some_and(|s| s.started);
         finish_upstream(r, status, state);
-        ngx_http_finalize_request(r, status);
+        ngx_http_finalize_request(r, if streamed { ERROR } else { status });
     }
 }
 
@@ -1249,6 +1401,30 @@ unsafe fn complete(r: *mut ngx_http_request_t) {
             return;
         }
         let log = client_log(r);
+        if let Some(s) = ctx.streaming.as_mut().filter(|s| s.started) {
+            let rows = s.rows();
+            vars::store_own(r, vars::ROWS, rows.to_string().as_bytes());
+            let failed = match ctx.error.take() {
+                Some(err) => Some(err.error_summary()),
+                None if ctx.stream_failed => Some("sending the rows to the client failed".to_owned()),
+                None => None,
+            };
+            if let Some(why) = failed {
+                vars::store_own(r, vars::ERROR_TEXT, why.as_bytes());
+                log!(
+                    NGX_LOG_ERR,
+                    log,
+                    "sqldb: the query failed after {rows} rows were sent: {why}"
+                );
+                finish_upstream(r, HTTP_OK, 0);
+                ngx_http_finalize_request(r, ERROR);
+                return;
+            }
+            finish_upstream(r, HTTP_OK, 0);
+            let rc = s.finish(r);
+            ngx_http_finalize_request(r, rc);
+            return;
+        }
         if let Some(err) = ctx.error.take() {
             let summary = err.error_summary();
             vars::store_own(r, vars::ERROR_TEXT, summary.as_bytes());

@@ -5,4 +5,5 @@ pub mod conn;
 pub mod handler;
 pub mod output;
 pub mod pq;
+pub mod stream;
 pub mod vars;

@@ -37,6 +37,28 @@ impl Output {
         Output::ALL.get(code).map_or(Output::Rds, |&(_, o)| o)
     }
 
+    /// The row-by-row format of this output, if it has one.
+    pub fn stream_format(self) -> Option<formats::StreamFormat> {
+        match self {
+            Output::Rds => Some(formats::StreamFormat::Rds),
+            Output::Json => Some(formats::StreamFormat::Json),
+            Output::Csv => Some(formats::StreamFormat::Csv),
+            Output::Text => Some(formats::StreamFormat::Text),
+            _ => None,
+        }
+    }
+
+    /// The Content-Type of the output (None: the location's default_type).
+    pub fn content_type(self) -> Option<&'static str> {
+        match self {
+            Output::Rds => Some(RDS_CONTENT_TYPE),
+            Output::Text => Some("text/plain"),
+            Output::Json => Some("application/json"),
+            Output::Csv => Some("text/csv"),
+            _ => None,
+        }
+    }
+
     /// Results in PostgreSQL's binary format.
     pub fn binary(self) -> bool {
         self == Output::BinaryValue

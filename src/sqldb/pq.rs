@@ -135,6 +135,12 @@ impl PgConn {
         }
     }
 
+    /// Rows of the query whose results come next arrive one result each.
+    pub fn set_single_row_mode(&mut self) -> bool {
+        // SAFETY: live connection.
+        unsafe { pq::PQsetSingleRowMode(self.raw()) == 1 }
+    }
+
     /// Pipeline mode: several queries in flight, results in order.
     pub fn enter_pipeline(&mut self) -> bool {
         // SAFETY: live connection.
@@ -206,6 +212,8 @@ pub enum ResultKind {
     Command,
     /// PGRES_TUPLES_OK: rows (possibly none).
     Tuples,
+    /// PGRES_SINGLE_TUPLE: one row, in single-row mode.
+    Row,
     /// PGRES_EMPTY_QUERY: the server got only white space or comments.
     Empty,
     /// An error reported by the server.
@@ -238,6 +246,7 @@ impl PgResult {
         match unsafe { pq::PQresultStatus(self.raw()) } {
             PGRES_COMMAND_OK => ResultKind::Command,
             PGRES_TUPLES_OK => ResultKind::Tuples,
+            PGRES_SINGLE_TUPLE => ResultKind::Row,
             PGRES_EMPTY_QUERY => ResultKind::Empty,
             PGRES_BAD_RESPONSE | PGRES_FATAL_ERROR | PGRES_NONFATAL_ERROR => ResultKind::Error,
             PGRES_PIPELINE_SYNC => ResultKind::Sync,
