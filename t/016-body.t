@@ -82,3 +82,32 @@ location /g {
 GET /g
 --- response_body chomp
 empty
+
+
+
+=== TEST 6: a NUL byte in a typed parameter (the body): 400, nothing runs
+--- config
+location /nul {
+    sqldb_pass database;
+    sqldb_query POST "insert into kv values ('nul', $request_body::text)";
+}
+--- request eval
+"POST /nul\nbefore\x00after"
+--- error_code: 400
+--- error_log
+sqldb: parameter $1 contains a NUL byte
+
+
+
+=== TEST 7: quotes, semicolons and comments in the body stay data
+--- config
+location /inj {
+    sqldb_pass database;
+    sqldb_output value;
+    sqldb_query POST "select $request_body::text || ' / ' || (select count(*) from items)::text";
+}
+--- request eval
+"POST /inj
+'); delete from items; -- /* x */ \\'"
+--- response_body eval
+"'); delete from items; -- /* x */ \\' / 10000"
