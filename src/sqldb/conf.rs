@@ -54,6 +54,8 @@ pub struct Template {
     pub pieces: Vec<TemplatePiece>,
     /// Names the template's prepared statement on every connection.
     pub id: usize,
+    /// That name, as libpq takes it.
+    pub statement: CString,
     /// The SQL text has no untyped variables: the same statement every time.
     pub constant: bool,
     /// A constant text that holds several statements.
@@ -112,9 +114,11 @@ unsafe fn compile_template(cf: *mut ngx_conf_t, text: &[u8]) -> Result<Template,
         return Err("typed parameters need a query of one statement".into());
     }
     let id = pieces.as_ptr() as usize;
+    let statement = CString::new(format!("ngx_gateway_{id:x}")).map_err(|_| "bad statement name")?;
     Ok(Template {
         pieces,
         id,
+        statement,
         constant,
         several,
         params,

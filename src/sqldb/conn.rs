@@ -7,7 +7,6 @@
 //! the head of the queue.
 
 use std::collections::VecDeque;
-use std::ffi::CString;
 use std::ptr::{self, NonNull};
 
 use super::handler::Ctx;
@@ -139,13 +138,11 @@ impl Conn {
         self.prepared.contains(&template)
     }
 
-    /// Remembers a template as prepared; false when the cache is full.
-    pub fn add_prepared(&mut self, template: usize) -> bool {
-        if self.prepared.len() >= MAX_PREPARED {
-            return false;
+    /// Remembers a template as prepared (callers check `can_prepare_more`).
+    pub fn add_prepared(&mut self, template: usize) {
+        if self.prepared.len() < MAX_PREPARED {
+            self.prepared.push(template);
         }
-        self.prepared.push(template);
-        true
     }
 
     pub fn can_prepare_more(&self) -> bool {
@@ -182,11 +179,6 @@ impl Conn {
             }
         }
     }
-}
-
-/// The statement name of a template on every connection.
-pub fn statement_name(template: usize) -> CString {
-    CString::new(format!("ngx_gateway_{template:x}")).unwrap_or_default()
 }
 
 /// What a request gets from the pool.
@@ -241,14 +233,6 @@ impl Default for Pool {
 }
 
 impl Pool {
-    pub fn open(&self) -> usize {
-        self.all.len()
-    }
-
-    pub fn idle_count(&self) -> usize {
-        self.idle.len()
-    }
-
     /// Where a request goes. `addr` is the balancer's choice (None: any,
     /// single mode); `pipelinable` is false for several statements, which
     /// need a connection of their own.

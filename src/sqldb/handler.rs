@@ -18,7 +18,7 @@ use std::ptr;
 use gateway_core::sql::has_several_statements;
 
 use super::conf::{find_upstream, sqldb_srv_conf, LocConf, SrvConf, Template, TemplatePiece};
-use super::conn::{statement_name, Conn, Mode, Pending, Pick, State};
+use super::conn::{Conn, Mode, Pending, Pick, State};
 use super::output::{self, Output};
 use super::pq::{Flush, PgConn, PgResult, Poll, ResultKind};
 use super::stream::Streaming;
@@ -689,14 +689,14 @@ unsafe fn send(conn: *mut Conn, ctx: &mut Ctx, lcf: &LocConf) -> bool {
             cn.pipeline = true;
         }
         let sent = if by_name {
-            let name = statement_name(tmpl.id);
+            let name = &tmpl.statement;
             if preparing {
                 cn.add_prepared(tmpl.id);
-                if !cn.pg.send_prepare(&name, &ctx.query) {
+                if !cn.pg.send_prepare(name, &ctx.query) {
                     return false;
                 }
             }
-            cn.pg.send_prepared(&name, &ctx.params, binary)
+            cn.pg.send_prepared(name, &ctx.params, binary)
         } else {
             cn.pg.send_unnamed(&ctx.query, &ctx.params, binary)
         };
@@ -986,9 +986,10 @@ unsafe fn read_results(conn: *mut Conn, out: &mut Vec<Outcome>) {
                     let Some(ctx) = ctx else { continue };
                     ctx.got_result = true;
                     if kind == ResultKind::Row {
-                        let format = ctx.stream_format.unwrap_or(StreamFormat::Rds);
-                        let output = Output::from_code(loc_conf(ctx.r).output);
-                        let s = ctx.streaming.get_or_insert_with(|| Streaming::new(format, output));
+                        let (format, r) = (ctx.stream_format.unwrap_or(StreamFormat::Rds), ctx.r);
+                        let s = ctx
+                            .streaming
+                            .get_or_insert_with(|| Streaming::new(format, Output::from_code(loc_conf(r).output)));
                         match s.row(ctx.r, &res) {
                             Ok(false) => {}
                             Ok(true) => {
