@@ -214,6 +214,15 @@ pub unsafe fn request_loc_conf<T>(r: *mut ngx_http_request_t, module: *const ngx
     unsafe { *(*r).loc_conf.add((*module).ctx_index) as *mut T }
 }
 
+/// The log of a request's client connection.
+///
+/// # Safety
+/// `r` must be a live request.
+pub unsafe fn client_log(r: *mut ngx_http_request_t) -> *mut ngx_log_t {
+    // SAFETY: a live request has a live connection.
+    unsafe { (*(*r).connection).log }
+}
+
 /// Adds an event to the event module's watch list.
 ///
 /// # Safety

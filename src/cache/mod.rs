@@ -334,11 +334,6 @@ unsafe fn variable(r: *mut ngx_http_request_t, index: ngx_int_t) -> Option<Vec<u
     }
 }
 
-unsafe fn client_log(r: *mut ngx_http_request_t) -> *mut ngx_log_t {
-    // SAFETY: r is live.
-    unsafe { (*(*r).connection).log }
-}
-
 unsafe extern "C" fn content_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
     // SAFETY: nginx calls the content handler with a live request.
     match catch_unwind(AssertUnwindSafe(|| unsafe { start(r) })) {

@@ -130,11 +130,6 @@ unsafe fn loc_conf<'a>(r: *mut ngx_http_request_t) -> &'a LocConf {
     unsafe { &*request_loc_conf::<LocConf>(r, ptr::addr_of!(MODULE)) }
 }
 
-unsafe fn client_log(r: *mut ngx_http_request_t) -> *mut ngx_log_t {
-    // SAFETY: r is live.
-    unsafe { (*(*r).connection).log }
-}
-
 // ---------------------------------------------------------------- peer ----
 
 /// Wraps the balancer's per-request init (round robin, least_conn, hash ...).

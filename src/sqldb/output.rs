@@ -74,7 +74,7 @@ pub unsafe fn send(r: *mut ngx_http_request_t, res: &PgResult, output: Output, s
     let rows = res.kind() == ResultKind::Tuples;
     let mut body = Vec::new();
     // SAFETY: r is live.
-    let log = unsafe { (*(*r).connection).log };
+    let log = unsafe { client_log(r) };
     let content_type = match output {
         // SAFETY: r is live.
         Output::Rds => return unsafe { send_rds(r, res, status) },
@@ -151,7 +151,7 @@ pub unsafe fn send_rds(r: *mut ngx_http_request_t, res: &PgResult, status: ngx_u
     let mut out = Vec::new();
     if let Err(e) = rds::encode(&header, &body, &mut out) {
         // SAFETY: r is live.
-        let log = unsafe { (*(*r).connection).log };
+        let log = unsafe { client_log(r) };
         log!(NGX_LOG_ERR, log, "sqldb: cannot encode the result: {e}");
         return HTTP_INTERNAL_SERVER_ERROR;
     }

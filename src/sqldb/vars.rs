@@ -265,7 +265,7 @@ pub unsafe fn apply_sets(r: *mut ngx_http_request_t, lcf: &LocConf, res: &PgResu
             }
         } else if rule.required {
             // SAFETY: r is live.
-            let log = unsafe { (*(*r).connection).log };
+            let log = unsafe { client_log(r) };
             let what = if cell.is_none() { "no value" } else { "an empty value" };
             let (name, row) = (&rule.name, rule.row);
             log!(
@@ -456,7 +456,7 @@ unsafe extern "C" fn escape_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
                     None => {
                         log!(
                             NGX_LOG_INFO,
-                            (*(*r).connection).log,
+                            client_log(r),
                             "sqldb: a value to escape contains a NUL byte"
                         );
                         return HTTP_BAD_REQUEST;
