@@ -127,18 +127,25 @@ sqldb: "sqldb_output value" needs one value, the query returned 3 rows of 1 colu
 
 
 
-=== TEST 8: value: NULL is an error
+=== TEST 8: value: NULL and the empty string are errors
 --- config
 location /v {
     sqldb_pass database;
     sqldb_output value;
     sqldb_query "select notes from cats where id = 1";
 }
---- request
-GET /v
---- error_code: 500
+location /empty {
+    sqldb_pass database;
+    sqldb_output value;
+    sqldb_query "select ''::text as nothing";
+}
+--- request eval
+["GET /v", "GET /empty"]
+--- error_code eval
+[500, 500]
 --- error_log
 sqldb: "sqldb_output value" got NULL
+sqldb: "sqldb_output value" got an empty value
 
 
 

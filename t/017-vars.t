@@ -10,7 +10,7 @@ run_tests();
 
 __DATA__
 
-=== TEST 1: $sqldb_columns, $sqldb_rows, $sqldb_affected, $sqldb_query in headers
+=== TEST 1: $sqldb_columns, $sqldb_rows, $sqldb_query in headers; no $sqldb_affected for a SELECT
 --- config
 location /c {
     sqldb_pass database;
@@ -25,7 +25,7 @@ GET /c?n=2
 --- response_headers
 X-Cols: 2
 X-Rows: 2
-X-Affected: 0
+!X-Affected
 X-Query: select id, name from cats where id <= $1::int
 
 
@@ -151,7 +151,7 @@ location /add {
 
 
 
-=== TEST 9: sqldb_rewrite to a 2xx without "=": the status only
+=== TEST 9: sqldb_rewrite to a 2xx without "=" keeps the result (204 has no body by HTTP)
 --- config
 location /del {
     sqldb_pass database;
@@ -159,10 +159,18 @@ location /del {
     sqldb_rewrite DELETE changes 204;
     sqldb_rewrite DELETE no_changes 404;
 }
+location /made {
+    sqldb_pass database;
+    sqldb_output json;
+    sqldb_query "select 1 as made";
+    sqldb_rewrite rows 201;
+}
 --- request eval
-["POST /del", "DELETE /del?k=absent"]
+["POST /del", "DELETE /del?k=absent", "GET /made"]
 --- error_code eval
-[405, 404]
+[405, 404, 201]
+--- response_body_like eval
+["405 Not Allowed", "404 Not Found", '^\[\{"made":1\}\]$']
 
 
 

@@ -1457,11 +1457,10 @@ unsafe fn complete(r: *mut ngx_http_request_t) {
         }
         finish_upstream(r, HTTP_OK, 0);
         let rc = match vars::rewrite(r, lcf, &res) {
-            // nginx's own page for the status.
+            // nginx's own page for the status (`error_page` applies).
             Some((status, false)) if status >= 300 => status as ngx_int_t,
-            // The status without a body.
-            Some((status, false)) => output::send(r, &res, Output::None, status),
-            Some((status, true)) => output::send(r, &res, Output::from_code(lcf.output), status),
+            // `=code`, or a code below 300: the result with that status.
+            Some((status, _)) => output::send(r, &res, Output::from_code(lcf.output), status),
             None => output::send(r, &res, Output::from_code(lcf.output), HTTP_OK as ngx_uint_t),
         };
         ngx_http_finalize_request(r, rc);

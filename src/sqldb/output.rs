@@ -109,7 +109,11 @@ pub unsafe fn send(r: *mut ngx_http_request_t, res: &PgResult, output: Output, s
                 return HTTP_INTERNAL_SERVER_ERROR;
             }
             match res.value(0, 0) {
-                Some(v) => body.extend_from_slice(v),
+                Some(v) if !v.is_empty() => body.extend_from_slice(v),
+                Some(_) => {
+                    log!(NGX_LOG_ERR, log, "sqldb: \"sqldb_output value\" got an empty value");
+                    return HTTP_INTERNAL_SERVER_ERROR;
+                }
                 None => {
                     log!(NGX_LOG_ERR, log, "sqldb: \"sqldb_output value\" got NULL");
                     return HTTP_INTERNAL_SERVER_ERROR;
@@ -192,8 +196,13 @@ pub unsafe fn send_body(
         ho.content_length_n = len as off_t;
 
         let rc = ngx_http_send_header(r);
-        if rc == ERROR || rc > OK || (*r).header_only() != 0 || len == 0 {
+        if rc == ERROR || rc > OK || (*r).header_only() != 0 {
             return rc;
+        }
+        if len == 0 {
+            // The header waits in nginx's buffer until the last buffer
+            // goes out: an empty body still ends the response.
+            return ngx_http_send_special(r, NGX_HTTP_LAST as ngx_uint_t);
         }
         let Some(owned) = pool_alloc((*r).pool, body) else {
             return ERROR;

@@ -290,15 +290,20 @@ impl PgResult {
         cstr_lossy(unsafe { pq::PQcmdStatus(self.raw() as *mut _) })
     }
 
-    /// Rows affected per the command tag; 0 for SELECT and for tags without a count.
-    pub fn affected_rows(&self) -> u64 {
+    /// Rows affected per the command tag of a statement that changes rows
+    /// (INSERT, UPDATE, DELETE, MERGE, ...); None for SELECT and for tags
+    /// without a count (DDL, SET).
+    pub fn affected(&self) -> Option<u64> {
         if self.command_status().starts_with("SELECT") {
-            return 0;
+            return None;
         }
         // SAFETY: live result; PQcmdTuples takes a non-const pointer but does not write.
-        cstr_lossy(unsafe { pq::PQcmdTuples(self.raw() as *mut _) })
-            .parse()
-            .unwrap_or(0)
+        cstr_lossy(unsafe { pq::PQcmdTuples(self.raw() as *mut _) }).parse().ok()
+    }
+
+    /// `affected`, 0 when there is no count.
+    pub fn affected_rows(&self) -> u64 {
+        self.affected().unwrap_or(0)
     }
 
     pub fn insert_oid(&self) -> u64 {

@@ -128,7 +128,11 @@ pub unsafe fn store_counts(r: *mut ngx_http_request_t, res: &PgResult) {
     unsafe {
         store_own(r, COLUMNS, cols.to_string().as_bytes());
         store_own(r, ROWS, rows.to_string().as_bytes());
-        store_own(r, AFFECTED, res.affected_rows().to_string().as_bytes());
+        // Only statements that change rows have a count (as the C module does):
+        // `add_header X-Affected $sqldb_affected` adds nothing for a SELECT.
+        if let Some(n) = res.affected() {
+            store_own(r, AFFECTED, n.to_string().as_bytes());
+        }
     }
 }
 

@@ -195,10 +195,10 @@ sub slurp ($) {
     return defined $s ? $s : '';
 }
 
-sub build_request ($$) {
-    my ($block, $req) = @_;
+sub build_request ($$;$) {
+    my ($block, $req, $keepalive) = @_;
     my $raw = section($block, 'raw_request');
-    return $raw if defined $raw && !ref $raw;
+    return $raw if defined $raw && !ref $raw && !$keepalive;
     $req =~ s/^\s+//;
     my ($line, $body) = split /\n/, $req, 2;
     $body = $block->request_body if defined $block->request_body;
@@ -218,7 +218,7 @@ sub build_request ($$) {
     }
     my $r = "$method $uri $proto\r\n";
     $r .= "Host: localhost\r\n" unless $have{host};
-    $r .= "Connection: close\r\n" unless $have{connection};
+    $r .= $keepalive ? "Connection: keep-alive\r\n" : "Connection: close\r\n" unless $have{connection};
     $r .= "Content-Length: " . length($body) . "\r\n"
         if (length $body || $method =~ /^(POST|PUT|PATCH)$/) && !$have{'content-length'} && !$have{'transfer-encoding'};
     return $r . $headers . "\r\n" . $body;
@@ -247,6 +247,70 @@ sub http_exchange ($$$) {
     }
     close $s;
     return parse_response($buf, $head);
+}
+
+# Pipelined requests: all written at once on one keep-alive connection,
+# then the responses read one after the other (each must end by its own
+# length or chunked framing, not by the connection closing).
+sub http_pipelined ($$$) {
+    my ($raws, $timeout, $heads) = @_;
+    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $Port, Timeout => $timeout)
+        or return ([undef, {}, '', "cannot connect: $!"]);
+    binmode $s;
+    print $s join '', @$raws;
+    my $buf = '';
+    my @out;
+    my $deadline = time + $timeout;
+    my $rin = '';
+    vec($rin, fileno($s), 1) = 1;
+    my $closed = 0;
+    for my $i (0 .. $#$raws) {
+        my $len;
+        while (!defined($len = response_length($buf, $heads->[$i]))) {
+            my $left = $deadline - time;
+            if ($left <= 0 || $closed) {
+                push @out, [undef, {}, $buf, $closed ? 'connection closed' : 'timeout'];
+                close $s;
+                return @out;
+            }
+            my $n = select(my $rout = $rin, undef, undef, $left);
+            next if $n <= 0;
+            my $got = sysread($s, my $chunk, 65536);
+            if (!$got) { $closed = 1; next }
+            $buf .= $chunk;
+        }
+        push @out, [parse_response(substr($buf, 0, $len, ''), $heads->[$i])];
+    }
+    close $s;
+    return @out;
+}
+
+# The length of the first whole response in $buf, or undef.
+sub response_length ($$) {
+    my ($buf, $head_only) = @_;
+    my $i = index($buf, "\r\n\r\n");
+    return undef if $i < 0;
+    my $head = substr($buf, 0, $i);
+    my $start = $i + 4;
+    return $start if $head_only || $head =~ m{^HTTP/\S+ (1\d\d|204|304)\b};
+    return $start + $1 <= length $buf ? $start + $1 : undef if $head =~ /^Content-Length:\s*(\d+)/mi;
+    if ($head =~ /^Transfer-Encoding:\s*chunked/mi) {
+        my $pos = $start;
+        while (1) {
+            my $eol = index($buf, "\r\n", $pos);
+            return undef if $eol < 0;
+            my ($n) = substr($buf, $pos, $eol - $pos) =~ /^([0-9a-fA-F]+)/ or return undef;
+            $n = hex $n;
+            $pos = $eol + 2;
+            if ($n == 0) {
+                my $end = index($buf, "\r\n", $pos);
+                return $end < 0 ? undef : $end + 2;
+            }
+            $pos += $n + 2;
+            return undef if $pos > length $buf;
+        }
+    }
+    return undef;    # framed by closing the connection: not a keep-alive response
 }
 
 sub split_head ($) {
@@ -369,6 +433,8 @@ sub run_test ($) {
     }
 
     my $requests = section($block, 'request');
+    my $pipelined = section($block, 'pipelined_requests');
+    $requests = $pipelined if defined $pipelined;
     my @reqs = ref $requests eq 'ARRAY' ? @$requests : (defined $requests ? $requests : ());
     @reqs = ('') if !@reqs && defined $block->raw_request;
     my @codes  = ref $block->error_code eq 'ARRAY' ? @{ $block->error_code } : (section($block, 'error_code')) x @reqs;
@@ -377,11 +443,21 @@ sub run_test ($) {
     my $timeout = $block->timeout || 10;
     $timeout =~ s/s$//;
 
+    my @pipelined;
+    if (defined $pipelined) {
+        my @raws = map { build_request($block, $reqs[$_], $_ < $#reqs) } 0 .. $#reqs;
+        @pipelined = http_pipelined(\@raws, $timeout, [map { /^\s*HEAD\s/ ? 1 : 0 } @reqs]);
+    }
     for my $i (0 .. $#reqs) {
         my $req = $reqs[$i];
-        my $raw = build_request($block, $req);
         my $head_only = $req =~ /^\s*HEAD\s/;
-        my ($status, $h, $body, $e) = http_exchange($raw, $timeout, $head_only);
+        my ($status, $h, $body, $e);
+        if (defined $pipelined) {
+            last if $i > $#pipelined;
+            ($status, $h, $body, $e) = @{ $pipelined[$i] };
+        } else {
+            ($status, $h, $body, $e) = http_exchange(build_request($block, $req), $timeout, $head_only);
+        }
         my $n = @reqs > 1 ? "$name (req $i)" : $name;
         if ($e) {
             if ($e eq "timeout" && defined $block->abort) {
