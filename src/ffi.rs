@@ -6,6 +6,7 @@
 use std::ffi::{c_char, c_void};
 use std::fmt::{self, Write};
 use std::mem;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::{self, NonNull};
 
 pub use nginx_sys::*;
@@ -128,9 +129,41 @@ pub unsafe fn conf_error(cf: *mut ngx_conf_t, args: fmt::Arguments<'_>) -> *mut 
     CONF_ERROR
 }
 
+/// Runs the body of a function that nginx calls: a panic never crosses into
+/// nginx. It becomes `on_panic` (an error status or code) and one alert line
+/// naming the entry point; the worker carries on.
+pub fn guard<T>(log: *mut ngx_log_t, entry: &str, on_panic: T, body: impl FnOnce() -> T) -> T {
+    match catch_unwind(AssertUnwindSafe(|| {
+        fault_injection(entry);
+        body()
+    })) {
+        Ok(v) => v,
+        Err(_) => {
+            log!(NGX_LOG_ALERT, log, "gateway: internal error (panic) in {entry}");
+            on_panic
+        }
+    }
+}
+
+/// With the `fault-injection` feature (tests only), the entry point named by
+/// the environment variable NGX_GATEWAY_PANIC panics, to show that the guard
+/// holds everywhere.
+#[cfg(feature = "fault-injection")]
+fn fault_injection(entry: &str) {
+    if std::env::var("NGX_GATEWAY_PANIC").is_ok_and(|v| v.split(',').any(|e| e == entry)) {
+        panic!("injected panic in {entry}");
+    }
+}
+
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+fn fault_injection(_entry: &str) {}
+
 unsafe extern "C" fn drop_value<T>(data: *mut c_void) {
     // SAFETY: registered only by pool_alloc for a T written at `data`.
-    unsafe { ptr::drop_in_place(data as *mut T) };
+    guard(cycle_log(), "pool cleanup", (), || unsafe {
+        ptr::drop_in_place(data as *mut T)
+    });
 }
 
 /// Moves `value` into memory of `pool`; it is dropped when the pool is destroyed.
@@ -251,6 +284,18 @@ pub unsafe fn del_event(ev: *mut ngx_event_t, event: ngx_uint_t, flags: ngx_uint
     }
 }
 
+/// The log of the running cycle (for what outlives a request).
+pub fn cycle_log() -> *mut ngx_log_t {
+    // SAFETY: ngx_cycle is set before any module code runs and stays valid.
+    unsafe {
+        if ngx_cycle.is_null() {
+            ptr::null_mut()
+        } else {
+            (*ngx_cycle).log
+        }
+    }
+}
+
 /// `ngx_current_msec`.
 pub fn current_msec() -> ngx_msec_t {
     // SAFETY: a plain read of nginx's clock, updated by the event loop on this thread.
@@ -320,4 +365,107 @@ pub unsafe fn next_upstream_bits(cf: *mut ngx_conf_t, keywords: &[(&str, u32)]) 
         }
         Ok(bits)
     }
+}
+
+/// A location whose content handler a `*_pass` directive set, checked again
+/// once the whole configuration is read (a later directive of another
+/// module, such as `proxy_pass`, would silently replace it).
+pub struct Claim {
+    clcf: *mut ngx_http_core_loc_conf_t,
+    handler: ngx_http_handler_pt,
+    directive: &'static str,
+    file: String,
+    line: usize,
+}
+
+/// A handler's address, for comparing handlers.
+fn handler_addr(h: ngx_http_handler_pt) -> usize {
+    h.map_or(0, |f| f as usize)
+}
+
+impl Claim {
+    pub fn file(&self) -> &str {
+        &self.file
+    }
+    pub fn line(&self) -> usize {
+        self.line
+    }
+}
+
+/// Where the directive being parsed is: (file, line).
+///
+/// # Safety
+/// `cf` must be the live configuration being parsed.
+pub unsafe fn conf_position(cf: *mut ngx_conf_t) -> (String, usize) {
+    // SAFETY: during parsing cf->conf_file is the file being read.
+    unsafe {
+        let file = &*(*cf).conf_file;
+        (String::from_utf8_lossy(bytes(&file.file.name)).into_owned(), file.line)
+    }
+}
+
+/// Makes `handler` the content handler of the location being parsed, for
+/// `directive`. A location has one content handler: another one set before
+/// (`sqldb_pass` and `cache_pass` together, or `proxy_pass` ...) is an error.
+///
+/// # Safety
+/// `cf` must be the live configuration being parsed, inside a location.
+pub unsafe fn claim_content_handler(
+    cf: *mut ngx_conf_t,
+    directive: &'static str,
+    handler: ngx_http_handler_pt,
+    known: &[(ngx_http_handler_pt, &str)],
+) -> Result<Claim, *mut c_char> {
+    // SAFETY: see above.
+    unsafe {
+        let clcf: *mut ngx_http_core_loc_conf_t = http_conf_get(cf, ptr::addr_of!(ngx_http_core_module), ConfSlot::Loc);
+        if let Some(other) = (*clcf).handler {
+            if handler_addr(Some(other)) != handler_addr(handler) {
+                let name = known
+                    .iter()
+                    .find(|(h, _)| handler_addr(*h) == handler_addr(Some(other)))
+                    .map_or("another content handler (such as \"proxy_pass\")", |(_, n)| n);
+                return Err(conf_error(
+                    cf,
+                    format_args!("\"{directive}\" cannot be in the same location as {name}"),
+                ));
+            }
+        }
+        (*clcf).handler = handler;
+        if bytes(&(*clcf).name).last() == Some(&b'/') {
+            (*clcf).set_auto_redirect(1);
+        }
+        let (file, line) = conf_position(cf);
+        Ok(Claim {
+            clcf,
+            handler,
+            directive,
+            file,
+            line,
+        })
+    }
+}
+
+/// After the configuration is read: every claimed location still has the
+/// handler its directive set.
+///
+/// # Safety
+/// The claims must belong to the configuration `cf` finishes.
+pub unsafe fn check_claims(cf: *mut ngx_conf_t, claims: &[Claim]) -> bool {
+    for c in claims {
+        // SAFETY: the location configurations live as long as the configuration.
+        if handler_addr(unsafe { (*c.clcf).handler }) != handler_addr(c.handler) {
+            log!(
+                NGX_LOG_EMERG,
+                // SAFETY: cf is live.
+                unsafe { (*cf).log },
+                "another directive of the location replaced the content handler that \"{}\" set in {}:{}",
+                c.directive,
+                c.file,
+                c.line
+            );
+            return false;
+        }
+    }
+    true
 }

@@ -7,6 +7,7 @@ pub mod conninfo;
 pub mod formats;
 pub mod method;
 pub mod rds;
+pub mod redis;
 pub mod resp;
 pub mod sql;
 pub mod template;

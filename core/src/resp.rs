@@ -42,10 +42,13 @@ pub enum Reply<'a> {
     Error(&'a [u8]),
     /// `:N`
     Integer(i64),
-    /// `$N`: N bytes and `\r\n` follow the header.
+    /// `$N`: N bytes and `\r\n` follow the header (N is at most `MAX_BULK`).
     Bulk(u64),
     /// `$-1` or `*-1`: no value.
     Nil,
+    /// A bulk longer than `MAX_BULK`: never a reply to a command of ours,
+    /// and a length that must not be trusted.
+    TooLong(u64),
     /// Anything else (arrays, garbage): not a reply we asked for.
     Invalid,
 }
@@ -53,8 +56,12 @@ pub enum Reply<'a> {
 /// Longest header line accepted: a reply header longer than this is garbage.
 pub const MAX_LINE: usize = 64 * 1024;
 
+/// Longest bulk value accepted: Redis's own limit (`proto-max-bulk-len`,
+/// 512 MB by default).
+pub const MAX_BULK: u64 = 512 * 1024 * 1024;
+
 /// Parses the reply header at the start of `buf`: the reply and how many
-/// bytes its header line took (0 when incomplete or invalid).
+/// bytes its header line took (0 when incomplete or not a reply).
 pub fn reply_header(buf: &[u8]) -> (Reply<'_>, usize) {
     let Some(end) = buf.windows(2).position(|w| w == b"\r\n") else {
         let reply = if buf.len() > MAX_LINE {
@@ -64,7 +71,7 @@ pub fn reply_header(buf: &[u8]) -> (Reply<'_>, usize) {
         };
         return (reply, 0);
     };
-    if end == 0 {
+    if end == 0 || end > MAX_LINE {
         return (Reply::Invalid, 0);
     }
     let line = &buf[1..end];
@@ -78,19 +85,35 @@ pub fn reply_header(buf: &[u8]) -> (Reply<'_>, usize) {
         },
         b'$' | b'*' if line == b"-1" => Reply::Nil,
         b'$' => match parse_int(line) {
-            Some(n) if n >= 0 => Reply::Bulk(n as u64),
-            _ => Reply::Invalid,
+            Some(n) if n < 0 => Reply::Invalid,
+            Some(n) if n as u64 > MAX_BULK => Reply::TooLong(n as u64),
+            Some(n) => Reply::Bulk(n as u64),
+            None => Reply::Invalid,
         },
         _ => Reply::Invalid,
     };
-    if reply == Reply::Invalid {
-        return (reply, 0);
+    match reply {
+        Reply::Invalid | Reply::TooLong(_) => (reply, 0),
+        _ => (reply, used),
     }
-    (reply, used)
 }
 
+/// A RESP integer: an optional minus and 1 to 19 digits that fit an i64.
 fn parse_int(s: &[u8]) -> Option<i64> {
-    std::str::from_utf8(s).ok()?.parse().ok()
+    let (negative, digits) = match s.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, s),
+    };
+    if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let mut n: i64 = 0;
+    for &d in digits {
+        let v = i64::from(d - b'0');
+        n = n.checked_mul(10)?;
+        n = if negative { n.checked_sub(v)? } else { n.checked_add(v)? };
+    }
+    Some(n)
 }
 
 #[cfg(test)]
@@ -166,5 +189,28 @@ mod tests {
             assert_eq!(reply_header(bad), (Reply::Invalid, 0), "{bad:?}");
         }
         assert_eq!(reply_header(&vec![b'+'; MAX_LINE + 1]), (Reply::Invalid, 0));
+        for bad in [
+            &b"$+5\r\n"[..],
+            b": 1\r\n",
+            b":1 \r\n",
+            b"$\r\n",
+            b":-\r\n",
+            b"$99999999999999999999\r\n",
+        ] {
+            assert_eq!(reply_header(bad), (Reply::Invalid, 0), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn lengths_are_bounded() {
+        assert_eq!(reply_header(b"$536870912\r\n"), (Reply::Bulk(MAX_BULK), 12));
+        assert_eq!(reply_header(b"$536870913\r\n"), (Reply::TooLong(MAX_BULK + 1), 0));
+        assert_eq!(
+            reply_header(b"$9223372036854775807\r\na"),
+            (Reply::TooLong(i64::MAX as u64), 0)
+        );
+        assert_eq!(reply_header(b":9223372036854775807\r\n").0, Reply::Integer(i64::MAX));
+        assert_eq!(reply_header(b":-9223372036854775808\r\n").0, Reply::Integer(i64::MIN));
+        assert_eq!(reply_header(b":9223372036854775808\r\n").0, Reply::Invalid);
     }
 }

@@ -10,30 +10,13 @@
 
 use std::ffi::{c_char, c_void};
 use std::mem;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 
-use gateway_core::resp::{self, Reply};
+use gateway_core::redis::{self, Command, Event, Exchange, ReplyError};
+use gateway_core::resp;
 
 use crate::ffi::*;
-
-/// What the request asks of Redis.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Command {
-    Get,
-    Set,
-    Del,
-}
-
-impl Command {
-    fn name(self) -> &'static str {
-        match self {
-            Command::Get => "GET",
-            Command::Set => "SET",
-            Command::Del => "DEL",
-        }
-    }
-}
+use crate::sqldb::conf::sqldb_srv_conf;
 
 pub struct CacheLocConf {
     pub upstream: ngx_http_upstream_conf_t,
@@ -47,8 +30,9 @@ pub struct CacheLocConf {
 
 /// Locations with `cache_pass`, checked once every variable is known.
 struct PendingPass {
-    file: String,
-    line: usize,
+    claim: Claim,
+    /// The upstream a literal `cache_pass` names.
+    upstream: *mut ngx_http_upstream_srv_conf_t,
 }
 
 pub struct CacheMainConf {
@@ -152,11 +136,11 @@ unsafe extern "C" fn cmd_cache_pass(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_
             return conf_error(cf, format_args!("\"cache_pass\" directive is duplicate"));
         }
         lcf.pass_set = true;
-        let clcf: *mut ngx_http_core_loc_conf_t = http_conf_get(cf, ptr::addr_of!(ngx_http_core_module), ConfSlot::Loc);
-        (*clcf).handler = Some(content_handler);
-        if bytes(&(*clcf).name).last() == Some(&b'/') {
-            (*clcf).set_auto_redirect(1);
-        }
+        let known = [(Some(crate::sqldb::handler::content_handler as _), "\"sqldb_pass\"")];
+        let claim = match claim_content_handler(cf, "cache_pass", Some(content_handler), &known) {
+            Ok(c) => c,
+            Err(e) => return e,
+        };
         let mut value = conf_args(cf)[1];
         if ngx_http_script_variables_count(&mut value) > 0 {
             match compile_complex(cf, &mut value) {
@@ -175,10 +159,9 @@ unsafe extern "C" fn cmd_cache_pass(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_
         }
         let mcf =
             &mut *http_conf_get::<CacheMainConf>(cf, ptr::addr_of!(ngx_http_gateway_cache_module), ConfSlot::Main);
-        let file = &*(*cf).conf_file;
         mcf.pending.push(PendingPass {
-            file: String::from_utf8_lossy(bytes(&file.file.name)).into_owned(),
-            line: file.line,
+            claim,
+            upstream: lcf.upstream.upstream,
         });
         CONF_OK
     }
@@ -262,10 +245,26 @@ unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
                 NGX_LOG_EMERG,
                 (*cf).log,
                 "\"cache_pass\" needs the $cache_key variable, which no \"set $cache_key ...\" defines, in {}:{}",
-                first.file,
-                first.line
+                first.claim.file(),
+                first.claim.line()
             );
             return ERROR;
+        }
+        for p in &mcf.pending {
+            if !p.upstream.is_null() && sqldb_srv_conf(p.upstream).is_some() {
+                log!(
+                    NGX_LOG_EMERG,
+                    (*cf).log,
+                    "\"cache_pass\" names upstream \"{}\", which has \"sqldb_server\" lines (use \"sqldb_pass\") in {}:{}",
+                    String::from_utf8_lossy(bytes(&(*p.upstream).host)),
+                    p.claim.file(),
+                    p.claim.line()
+                );
+                return ERROR;
+            }
+            if !check_claims(cf, std::slice::from_ref(&p.claim)) {
+                return ERROR;
+            }
         }
         let index = |name: &'static str| {
             if !variable_defined(cf, name.as_bytes()) {
@@ -292,14 +291,15 @@ struct Ctx {
     r: *mut ngx_http_request_t,
     command: Command,
     key: Vec<u8>,
-    db: Option<Vec<u8>>,
-    exptime: Option<Vec<u8>>,
+    db: Option<u32>,
+    exptime: Option<u64>,
     auth: Option<Vec<u8>>,
-    /// Replies before the command's own (AUTH, SELECT) still to read.
-    skip: usize,
-    /// Value bytes still to come, then the 2 bytes of its CRLF.
-    rest: u64,
-    crlf: usize,
+    /// The reader of the replies (made with the request's bytes).
+    exchange: Exchange,
+    /// The command's reply is in: its status is known.
+    answered: bool,
+    /// Bytes of a reply line that arrived in pieces after the value.
+    carry: Vec<u8>,
     /// The request's commands, kept alive for nginx's output chain.
     head: Vec<u8>,
     tail: Vec<u8>,
@@ -334,16 +334,14 @@ unsafe fn variable(r: *mut ngx_http_request_t, index: ngx_int_t) -> Option<Vec<u
     }
 }
 
-unsafe extern "C" fn content_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
+pub(crate) unsafe extern "C" fn content_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
     // SAFETY: nginx calls the content handler with a live request.
-    match catch_unwind(AssertUnwindSafe(|| unsafe { start(r) })) {
-        Ok(rc) => rc,
-        Err(_) => {
-            // SAFETY: r is live.
-            log!(NGX_LOG_ALERT, unsafe { client_log(r) }, "cache: internal error (panic)");
-            HTTP_INTERNAL_SERVER_ERROR
-        }
-    }
+    guard(
+        unsafe { client_log(r) },
+        "cache content handler",
+        HTTP_INTERNAL_SERVER_ERROR,
+        || unsafe { start(r) },
+    )
 }
 
 unsafe fn start(r: *mut ngx_http_request_t) -> ngx_int_t {
@@ -362,25 +360,40 @@ unsafe fn start(r: *mut ngx_http_request_t) -> ngx_int_t {
         } else {
             return HTTP_NOT_ALLOWED;
         };
+        // Values that come from the client are the client's mistakes: 400,
+        // logged at "info" as nginx logs client errors.
         let Some(key) = variable(r, mcf.key) else {
-            log!(NGX_LOG_ERR, log, "cache: the \"$cache_key\" variable is empty");
+            log!(NGX_LOG_INFO, log, "cache: the \"$cache_key\" variable is empty");
             return HTTP_BAD_REQUEST;
         };
-        let digits = |v: &Option<Vec<u8>>| v.as_ref().is_none_or(|v| v.iter().all(u8::is_ascii_digit));
-        let db = variable(r, mcf.db);
-        let exptime = if command == Command::Set {
-            variable(r, mcf.exptime)
-        } else {
-            None
+        let db = match variable(r, mcf.db).map(|v| (redis::parse_db(&v), v)) {
+            None => None,
+            Some((Ok(db), _)) => db,
+            Some((Err(_), v)) => {
+                let text = String::from_utf8_lossy(&v);
+                log!(
+                    NGX_LOG_INFO,
+                    log,
+                    "cache: \"$cache_db\" is not a database number: \"{text}\""
+                );
+                return HTTP_BAD_REQUEST;
+            }
         };
-        if !digits(&db) || !digits(&exptime) {
-            log!(
-                NGX_LOG_ERR,
-                log,
-                "cache: \"$cache_db\" and \"$cache_exptime\" must be numbers"
-            );
-            return HTTP_BAD_REQUEST;
-        }
+        let exptime = match (command, variable(r, mcf.exptime)) {
+            (Command::Set, Some(v)) => match redis::parse_exptime(&v) {
+                Ok(t) => t,
+                Err(_) => {
+                    let text = String::from_utf8_lossy(&v);
+                    log!(
+                        NGX_LOG_INFO,
+                        log,
+                        "cache: \"$cache_exptime\" is not a number of seconds: \"{text}\""
+                    );
+                    return HTTP_BAD_REQUEST;
+                }
+            },
+            _ => None,
+        };
         let auth = if lcf.auth.is_null() {
             None
         } else {
@@ -414,7 +427,6 @@ unsafe fn start(r: *mut ngx_http_request_t) -> ngx_int_t {
         (*u).input_filter_init = Some(filter_init);
         (*u).input_filter = Some(filter);
 
-        let skip = auth.is_some() as usize + db.is_some() as usize;
         let ctx = Ctx {
             r,
             command,
@@ -422,9 +434,9 @@ unsafe fn start(r: *mut ngx_http_request_t) -> ngx_int_t {
             db,
             exptime,
             auth,
-            skip,
-            rest: 0,
-            crlf: 0,
+            exchange: Exchange::new(Vec::new(), command, Vec::new()),
+            answered: false,
+            carry: Vec::new(),
             head: Vec::new(),
             tail: Vec::new(),
         };
@@ -455,8 +467,9 @@ unsafe fn start(r: *mut ngx_http_request_t) -> ngx_int_t {
     }
 }
 
-/// `cache_pass $variable`: the value names an upstream block, or is a
-/// numeric `host:port` / `unix:/path`; anything else is no known backend.
+/// `cache_pass $variable`: the value names an upstream block (of `server`
+/// lines), or is a numeric `host:port` / `unix:/path`; anything else is no
+/// known backend.
 unsafe fn resolve(r: *mut ngx_http_request_t, cv: *mut ngx_http_complex_value_t) -> Result<(), ngx_int_t> {
     // SAFETY: r is live with an upstream.
     unsafe {
@@ -469,6 +482,7 @@ unsafe fn resolve(r: *mut ngx_http_request_t, cv: *mut ngx_http_complex_value_t)
             return Err(HTTP_INTERNAL_SERVER_ERROR);
         }
         let name = bytes(&value);
+        let text = || String::from_utf8_lossy(name).into_owned();
         let resolved =
             ngx_pcalloc((*r).pool, mem::size_of::<ngx_http_upstream_resolved_t>()) as *mut ngx_http_upstream_resolved_t;
         if resolved.is_null() {
@@ -476,10 +490,20 @@ unsafe fn resolve(r: *mut ngx_http_request_t, cv: *mut ngx_http_complex_value_t)
         }
         let umcf = *(*r).main_conf.add(ngx_http_upstream_module.ctx_index) as *mut ngx_http_upstream_main_conf_t;
         let ups = (*umcf).upstreams.as_slice::<*mut ngx_http_upstream_srv_conf_t>();
-        let is_block = ups
+        let block = ups
             .iter()
-            .any(|&u| (*u).port == 0 && bytes(&(*u).host).eq_ignore_ascii_case(name));
-        if is_block {
+            .copied()
+            .find(|&u| (*u).port == 0 && bytes(&(*u).host).eq_ignore_ascii_case(name));
+        if let Some(uscf) = block {
+            if sqldb_srv_conf(uscf).is_some() {
+                log!(
+                    NGX_LOG_ERR,
+                    log,
+                    "cache: \"cache_pass\" value \"{}\" names an upstream of \"sqldb_server\" lines",
+                    text()
+                );
+                return Err(HTTP_INTERNAL_SERVER_ERROR);
+            }
             (*resolved).host = value;
             (*resolved).no_port = 1;
         } else {
@@ -487,11 +511,11 @@ unsafe fn resolve(r: *mut ngx_http_request_t, cv: *mut ngx_http_complex_value_t)
             url.url = value;
             url.set_no_resolve(1);
             if name.is_empty() || ngx_parse_url((*r).pool, &mut url) != OK || url.naddrs == 0 {
-                let text = String::from_utf8_lossy(name);
                 log!(
                     NGX_LOG_ERR,
                     log,
-                    "cache: \"cache_pass\" value \"{text}\" names no known backend"
+                    "cache: \"cache_pass\" value \"{}\" names no known backend",
+                    text()
                 );
                 return Err(HTTP_INTERNAL_SERVER_ERROR);
             }
@@ -537,50 +561,42 @@ unsafe fn memory_link(pool: *mut ngx_pool_t, data: &[u8]) -> *mut ngx_chain_t {
     }
 }
 
-/// The commands: [AUTH pw] [SELECT db] GET/DEL key, or SET key <body> [EX n].
+/// The commands (core's `redis::plan`): the head, the request body for
+/// SET, the tail.
 unsafe extern "C" fn create_request(r: *mut ngx_http_request_t) -> ngx_int_t {
     // SAFETY: r is live with our ctx; the body chain is the request's.
-    unsafe {
+    guard(unsafe { client_log(r) }, "cache create_request", ERROR, || unsafe {
         let Some(ctx) = ctx_of(r) else { return ERROR };
-        let mut head = Vec::with_capacity(64 + ctx.key.len());
-        if let Some(pw) = &ctx.auth {
-            resp::command(&mut head, &[b"AUTH", pw]);
-        }
-        if let Some(db) = &ctx.db {
-            resp::command(&mut head, &[b"SELECT", db]);
-        }
         let pool = (*r).pool;
         let mut body: Vec<*mut ngx_buf_t> = Vec::new();
-        match ctx.command {
-            Command::Get => resp::command(&mut head, &[b"GET", &ctx.key]),
-            Command::Del => resp::command(&mut head, &[b"DEL", &ctx.key]),
-            Command::Set => {
-                let mut len: i64 = 0;
-                let rb = (*r).request_body;
-                let mut cl = if rb.is_null() { ptr::null_mut() } else { (*rb).bufs };
-                while !cl.is_null() {
-                    let b = (*cl).buf;
-                    len += if (*b).in_file() != 0 && (*b).temporary() == 0 && (*b).memory() == 0 {
-                        (*b).file_last - (*b).file_pos
-                    } else {
-                        (*b).last.offset_from((*b).pos) as i64
-                    };
-                    body.push(b);
-                    cl = (*cl).next;
-                }
-                let n = if ctx.exptime.is_some() { 5 } else { 3 };
-                resp::array_header(&mut head, n);
-                resp::bulk(&mut head, b"SET");
-                resp::bulk(&mut head, &ctx.key);
-                resp::bulk_header(&mut head, len as usize);
-                ctx.tail.extend_from_slice(b"\r\n");
-                if let Some(t) = &ctx.exptime {
-                    resp::bulk(&mut ctx.tail, b"EX");
-                    resp::bulk(&mut ctx.tail, t);
-                }
+        let mut len: usize = 0;
+        if ctx.command == Command::Set {
+            let rb = (*r).request_body;
+            let mut cl = if rb.is_null() { ptr::null_mut() } else { (*rb).bufs };
+            while !cl.is_null() {
+                let b = (*cl).buf;
+                len += if (*b).in_file() != 0 && (*b).temporary() == 0 && (*b).memory() == 0 {
+                    ((*b).file_last - (*b).file_pos) as usize
+                } else {
+                    (*b).last.offset_from((*b).pos) as usize
+                };
+                body.push(b);
+                cl = (*cl).next;
             }
         }
-        ctx.head = head;
+        let plan = redis::plan(
+            &redis::Request {
+                command: ctx.command,
+                key: &ctx.key,
+                auth: ctx.auth.as_deref(),
+                db: ctx.db,
+                exptime: ctx.exptime,
+            },
+            len,
+        );
+        ctx.head = plan.head;
+        ctx.tail = plan.tail;
+        ctx.exchange = plan.exchange;
         let first = memory_link(pool, &ctx.head);
         if first.is_null() {
             return ERROR;
@@ -605,158 +621,169 @@ unsafe extern "C" fn create_request(r: *mut ngx_http_request_t) -> ngx_int_t {
         }
         (*(*r).upstream).request_bufs = first;
         OK
-    }
+    })
 }
 
 unsafe extern "C" fn reinit_request(r: *mut ngx_http_request_t) -> ngx_int_t {
     // SAFETY: r is live.
-    if let Some(ctx) = unsafe { ctx_of(r) } {
-        ctx.skip = ctx.auth.is_some() as usize + ctx.db.is_some() as usize;
-        ctx.rest = 0;
-        ctx.crlf = 0;
-    }
-    OK
+    guard(unsafe { client_log(r) }, "cache reinit_request", ERROR, || {
+        if let Some(ctx) = unsafe { ctx_of(r) } {
+            ctx.exchange.restart();
+            ctx.answered = false;
+            ctx.carry.clear();
+        }
+        OK
+    })
 }
 
 unsafe extern "C" fn abort_request(_r: *mut ngx_http_request_t) {}
 
 unsafe extern "C" fn finalize_request(_r: *mut ngx_http_request_t, _rc: ngx_int_t) {}
 
-/// Reads the replies: first those of AUTH and SELECT (each must be +OK),
-/// then the command's own, which sets the status.
+/// Reads the replies up to the command's own, which sets the status. A
+/// reply without a value is read here to the end of the request's last
+/// reply, so that a miss keeps its connection too.
 unsafe extern "C" fn process_header(r: *mut ngx_http_request_t) -> ngx_int_t {
     // SAFETY: r is live with our ctx; u->buffer holds what was read.
-    unsafe {
+    guard(unsafe { client_log(r) }, "cache process_header", ERROR, || unsafe {
         let Some(ctx) = ctx_of(r) else { return ERROR };
         let u = (*r).upstream;
         let log = client_log(r);
-        let invalid = NGX_HTTP_UPSTREAM_INVALID_HEADER as ngx_int_t;
         loop {
             let b = &mut (*u).buffer;
-            let len = b.last.offset_from(b.pos) as usize;
-            let buf = std::slice::from_raw_parts(b.pos, len);
-            let (reply, used) = resp::reply_header(buf);
-            if reply == Reply::Incomplete {
-                return AGAIN;
-            }
-            if ctx.skip > 0 {
-                let step = if ctx.skip == 2 || ctx.db.is_none() {
-                    "AUTH"
-                } else {
-                    "SELECT"
-                };
-                match reply {
-                    Reply::Status(_) => {
-                        ctx.skip -= 1;
-                        b.pos = b.pos.add(used);
-                        continue;
-                    }
-                    Reply::Error(msg) => {
-                        let msg = String::from_utf8_lossy(msg);
-                        log!(NGX_LOG_ERR, log, "cache: {step} was refused: {msg}");
-                    }
-                    _ => log!(NGX_LOG_ERR, log, "cache: redis sent an invalid reply to {step}"),
-                }
-                return invalid;
-            }
-            let (status, value_len) = match (ctx.command, &reply) {
-                (Command::Get, Reply::Bulk(n)) => (HTTP_OK, Some(*n)),
-                (Command::Get, Reply::Nil) => (404, None),
-                (Command::Set, Reply::Status(s)) if *s == b"OK" => (201, None),
-                (Command::Del, Reply::Integer(n)) => (if *n > 0 { 204 } else { 404 }, None),
-                (c, Reply::Error(msg)) => {
-                    let msg = String::from_utf8_lossy(msg);
-                    log!(
-                        NGX_LOG_ERR,
-                        log,
-                        "cache: redis answered {} with an error: {msg}",
-                        c.name()
-                    );
-                    return invalid;
-                }
-                (c, _) => {
-                    log!(NGX_LOG_ERR, log, "cache: redis sent an invalid reply to {}", c.name());
-                    return invalid;
-                }
-            };
+            let buf = std::slice::from_raw_parts(b.pos, b.last.offset_from(b.pos) as usize);
+            let (event, used) = ctx.exchange.step(buf);
             b.pos = b.pos.add(used);
-            (*u).headers_in.status_n = status as ngx_uint_t;
-            if !(*u).state.is_null() {
-                (*(*u).state).status = status as ngx_uint_t;
-            }
-            match value_len {
-                Some(n) => {
-                    (*u).headers_in.content_length_n = n as off_t;
-                    ctx.rest = n;
-                    ctx.crlf = 2;
+            match event {
+                Event::More => return AGAIN,
+                Event::Answer { status, value } => {
+                    ctx.answered = true;
+                    (*u).headers_in.status_n = status as ngx_uint_t;
+                    if !(*u).state.is_null() {
+                        (*(*u).state).status = status as ngx_uint_t;
+                    }
+                    match value {
+                        Some(n) => {
+                            (*u).headers_in.content_length_n = n as off_t;
+                            return OK;
+                        }
+                        None => (*u).headers_in.content_length_n = 0,
+                    }
                 }
-                None => {
-                    (*u).headers_in.content_length_n = 0;
-                    (*u).set_keepalive(1);
+                Event::Done => {
+                    // Only after an answer without a value: the exact end.
+                    if b.pos == b.last {
+                        (*u).set_keepalive(1);
+                    } else {
+                        log!(NGX_LOG_ERR, log, "cache: {}", ReplyError::Unsolicited);
+                    }
+                    return OK;
                 }
+                Event::Failed(e) => {
+                    log!(NGX_LOG_ERR, log, "cache: {e}");
+                    // A broken reply after the answer: the answer stands,
+                    // the connection goes.
+                    return if ctx.answered {
+                        OK
+                    } else {
+                        NGX_HTTP_UPSTREAM_INVALID_HEADER as ngx_int_t
+                    };
+                }
+                Event::Value(_) => return ERROR,
             }
-            return OK;
         }
-    }
+    })
 }
 
 unsafe extern "C" fn filter_init(data: *mut c_void) -> ngx_int_t {
-    // SAFETY: data is our Ctx.
-    unsafe {
+    // SAFETY: data is our Ctx, whose request is live.
+    guard(cycle_log(), "cache input_filter_init", ERROR, || unsafe {
         let ctx = &mut *(data as *mut Ctx);
-        let u = (*ctx.r).upstream;
-        (*u).length = if ctx.crlf > 0 { (ctx.rest + 2) as off_t } else { 0 };
-    }
-    OK
+        // nginx reads on while the length is not 0: any other value until
+        // the exchange ends.
+        (*(*ctx.r).upstream).length = ctx.exchange.expects_more() as off_t;
+        OK
+    })
 }
 
-/// Passes the value's bytes on as they arrive; its CRLF is checked, not sent.
+/// Passes the value's bytes on as they arrive; the CRLF after it and the
+/// replies after the command are read and checked, not sent.
 unsafe extern "C" fn filter(data: *mut c_void, bytes: isize) -> ngx_int_t {
     // SAFETY: data is our Ctx; the new bytes are at u->buffer.last.
-    unsafe {
+    guard(cycle_log(), "cache input_filter", ERROR, || unsafe {
         let ctx = &mut *(data as *mut Ctx);
         let r = ctx.r;
         let u = (*r).upstream;
+        let log = client_log(r);
         let b = &mut (*u).buffer;
         let start = b.last;
-        let bytes = bytes.max(0) as usize;
-        let value = (ctx.rest.min(bytes as u64)) as usize;
-        if value > 0 {
-            let mut ll = &mut (*u).out_bufs as *mut *mut ngx_chain_t;
-            while !(*ll).is_null() {
-                ll = &mut (**ll).next;
+        let n = bytes.max(0) as usize;
+        b.last = start.add(n);
+        let fresh = std::slice::from_raw_parts(start, n);
+        let carried = !ctx.carry.is_empty();
+        let owned;
+        let mut input: &[u8] = if carried {
+            let mut joined = mem::take(&mut ctx.carry);
+            joined.extend_from_slice(fresh);
+            owned = joined;
+            &owned
+        } else {
+            fresh
+        };
+        loop {
+            let (event, used) = ctx.exchange.step(input);
+            match event {
+                Event::Value(v) if !carried => {
+                    let mut ll = &mut (*u).out_bufs as *mut *mut ngx_chain_t;
+                    while !(*ll).is_null() {
+                        ll = &mut (**ll).next;
+                    }
+                    let cl = ngx_chain_get_free_buf((*r).pool, &mut (*u).free_bufs);
+                    if cl.is_null() {
+                        return ERROR;
+                    }
+                    let out = (*cl).buf;
+                    (*out).set_flush(1);
+                    (*out).set_memory(1);
+                    (*out).pos = v.as_ptr() as *mut u8;
+                    (*out).last = (*out).pos.add(v.len());
+                    (*out).tag = (*u).output.tag;
+                    *ll = cl;
+                }
+                Event::More => {
+                    let rest = &input[used..];
+                    if rest.len() > resp::MAX_LINE {
+                        log!(NGX_LOG_ERR, log, "cache: redis sent a reply line that is too long");
+                        (*u).length = 0;
+                        return ERROR;
+                    }
+                    ctx.carry = rest.to_vec();
+                    return OK;
+                }
+                Event::Done => {
+                    (*u).length = 0;
+                    if used == input.len() {
+                        (*u).set_keepalive(1);
+                    } else {
+                        log!(NGX_LOG_ERR, log, "cache: {}", ReplyError::Unsolicited);
+                    }
+                    return OK;
+                }
+                Event::Failed(e) => {
+                    log!(NGX_LOG_ERR, log, "cache: {e}");
+                    (*u).length = 0;
+                    // A value that does not end as announced is cut short.
+                    return if e == ReplyError::BadValueEnd { ERROR } else { OK };
+                }
+                Event::Value(_) | Event::Answer { .. } => {
+                    log!(NGX_LOG_ALERT, log, "cache: unexpected reply state");
+                    (*u).length = 0;
+                    return ERROR;
+                }
             }
-            let cl = ngx_chain_get_free_buf((*r).pool, &mut (*u).free_bufs);
-            if cl.is_null() {
-                return ERROR;
-            }
-            let out = (*cl).buf;
-            (*out).set_flush(1);
-            (*out).set_memory(1);
-            (*out).pos = start;
-            (*out).last = start.add(value);
-            (*out).tag = (*u).output.tag;
-            *ll = cl;
-            ctx.rest -= value as u64;
+            input = &input[used..];
         }
-        let trailer = std::slice::from_raw_parts(start.add(value), bytes - value);
-        let mut bad = trailer.len() > ctx.crlf;
-        for &c in trailer.iter().take(ctx.crlf) {
-            bad |= c != b"\r\n"[2 - ctx.crlf];
-            ctx.crlf -= 1;
-        }
-        b.last = start.add(bytes);
-        (*u).length -= bytes as off_t;
-        if bad {
-            log!(NGX_LOG_ERR, client_log(r), "cache: redis sent an invalid end of value");
-            (*u).length = 0;
-            (*u).set_keepalive(0);
-        } else if (*u).length <= 0 {
-            (*u).length = 0;
-            (*u).set_keepalive(1);
-        }
-        OK
-    }
+    })
 }
 
 // ------------------------------------------------------------------ module ----

@@ -150,9 +150,9 @@ pub struct LocConf {
 /// A `sqldb_pass NAME` waiting for every upstream block to be read.
 struct PendingPass {
     lcf: *mut LocConf,
+    /// The upstream's name; empty for `sqldb_pass $variable`.
     name: Vec<u8>,
-    file: String,
-    line: usize,
+    claim: Claim,
 }
 
 pub struct MainConf {
@@ -448,32 +448,27 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_pass(
             return conf_error(cf, format_args!("\"sqldb_pass\" directive is duplicate"));
         }
         lcf.pass_set = true;
-        let clcf: *mut ngx_http_core_loc_conf_t = http_conf_get(cf, ptr::addr_of!(ngx_http_core_module), ConfSlot::Loc);
-        (*clcf).handler = Some(super::handler::content_handler);
-        let loc = bytes(&(*clcf).name);
-        if loc.last() == Some(&b'/') {
-            (*clcf).set_auto_redirect(1);
-        }
+        let known = [(Some(crate::cache::content_handler as _), "\"cache_pass\"")];
+        let claim = match claim_content_handler(cf, "sqldb_pass", Some(super::handler::content_handler), &known) {
+            Ok(c) => c,
+            Err(e) => return e,
+        };
 
         let mut value = conf_args(cf)[1];
         if value.len == 0 {
             return conf_error(cf, format_args!("empty upstream name in \"sqldb_pass\" directive"));
         }
+        let mut name = Vec::new();
         if ngx_http_script_variables_count(&mut value) > 0 {
             match compile_complex(cf, &mut value) {
                 Some(cv) => lcf.pass_var = cv,
                 None => return CONF_ERROR,
             }
-            return CONF_OK;
+        } else {
+            name = bytes(&value).to_vec();
         }
         let mcf = &mut *http_conf_get::<MainConf>(cf, ptr::addr_of!(MODULE), ConfSlot::Main);
-        let file = &*(*cf).conf_file;
-        mcf.pending.push(PendingPass {
-            lcf,
-            name: bytes(&value).to_vec(),
-            file: String::from_utf8_lossy(bytes(&file.file.name)).into_owned(),
-            line: file.line,
-        });
+        mcf.pending.push(PendingPass { lcf, name, claim });
         CONF_OK
     }
 }
@@ -580,6 +575,12 @@ pub(crate) unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_in
             return ERROR;
         }
         for p in mcf.pending.drain(..) {
+            if !check_claims(cf, std::slice::from_ref(&p.claim)) {
+                return ERROR;
+            }
+            if p.name.is_empty() {
+                continue;
+            }
             match find_upstream(umcf, &p.name) {
                 Some(uscf) => (*p.lcf).upstream.upstream = uscf,
                 None => {
@@ -588,8 +589,8 @@ pub(crate) unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_in
                         (*cf).log,
                         "\"sqldb_pass\" names upstream \"{}\", which has no \"sqldb_server\" in {}:{}",
                         String::from_utf8_lossy(&p.name),
-                        p.file,
-                        p.line
+                        p.claim.file(),
+                        p.claim.line()
                     );
                     return ERROR;
                 }

@@ -298,7 +298,9 @@ impl PgResult {
             return None;
         }
         // SAFETY: live result; PQcmdTuples takes a non-const pointer but does not write.
-        cstr_lossy(unsafe { pq::PQcmdTuples(self.raw() as *mut _) }).parse().ok()
+        cstr_lossy(unsafe { pq::PQcmdTuples(self.raw() as *mut _) })
+            .parse()
+            .ok()
     }
 
     /// `affected`, 0 when there is no count.

@@ -20,6 +20,9 @@ use POSIX qw(WNOHANG);
 use Time::HiRes qw(sleep time);
 use File::Path qw(make_path remove_tree);
 use Cwd qw(getcwd);
+use File::Basename qw(dirname);
+use lib dirname(__FILE__) . '/../../..';    # t/lib
+use HttpClient ();
 
 our @EXPORT = qw(
     run_tests run_test repeat_each no_diff workers master_on master_off
@@ -266,7 +269,7 @@ sub http_pipelined ($$$) {
     my $closed = 0;
     for my $i (0 .. $#$raws) {
         my $len;
-        while (!defined($len = response_length($buf, $heads->[$i]))) {
+        while (!defined($len = HttpClient::response_length($buf, $heads->[$i]))) {
             my $left = $deadline - time;
             if ($left <= 0 || $closed) {
                 push @out, [undef, {}, $buf, $closed ? 'connection closed' : 'timeout'];
@@ -285,74 +288,17 @@ sub http_pipelined ($$$) {
     return @out;
 }
 
-# The length of the first whole response in $buf, or undef.
-sub response_length ($$) {
-    my ($buf, $head_only) = @_;
-    my $i = index($buf, "\r\n\r\n");
-    return undef if $i < 0;
-    my $head = substr($buf, 0, $i);
-    my $start = $i + 4;
-    return $start if $head_only || $head =~ m{^HTTP/\S+ (1\d\d|204|304)\b};
-    return $start + $1 <= length $buf ? $start + $1 : undef if $head =~ /^Content-Length:\s*(\d+)/mi;
-    if ($head =~ /^Transfer-Encoding:\s*chunked/mi) {
-        my $pos = $start;
-        while (1) {
-            my $eol = index($buf, "\r\n", $pos);
-            return undef if $eol < 0;
-            my ($n) = substr($buf, $pos, $eol - $pos) =~ /^([0-9a-fA-F]+)/ or return undef;
-            $n = hex $n;
-            $pos = $eol + 2;
-            if ($n == 0) {
-                my $end = index($buf, "\r\n", $pos);
-                return $end < 0 ? undef : $end + 2;
-            }
-            $pos += $n + 2;
-            return undef if $pos > length $buf;
-        }
-    }
-    return undef;    # framed by closing the connection: not a keep-alive response
-}
-
-sub split_head ($) {
-    my $buf = shift;
-    my $i = index($buf, "\r\n\r\n");
-    return if $i < 0;
-    return (substr($buf, 0, $i), substr($buf, $i + 4));
-}
-
 sub response_complete ($$) {
     my ($buf, $head_only) = @_;
-    my ($head, $body) = split_head($buf) or return 0;
-    return 1 if $head_only;
-    if ($head =~ /^Content-Length:\s*(\d+)/mi) { return length($body) >= $1 }
-    if ($head =~ /^Transfer-Encoding:\s*chunked/mi) { return $body =~ /(^|\r\n)0\r\n\r\n\z/ }
-    return 0;
+    return defined HttpClient::response_length($buf, $head_only);
 }
 
 sub parse_response ($$) {
     my ($buf, $head_only) = @_;
-    my ($head, $body) = split_head($buf);
-    return (undef, {}, $buf, 'incomplete response header') unless defined $head;
-    my @lines = split /\r\n/, $head;
-    my $status_line = shift @lines;
-    my ($status) = $status_line =~ m{^HTTP/\d\.\d\s+(\d+)} or return (undef, {}, $buf, "bad status line");
-    my %h;
-    for (@lines) {
-        my ($k, $v) = /^([^:]+):\s*(.*)$/ or next;
-        $h{lc $k} = exists $h{lc $k} ? "$h{lc $k}, $v" : $v;
-    }
-    if (!$head_only && ($h{'transfer-encoding'} || '') =~ /chunked/i) {
-        my $out = '';
-        while ($body =~ s/^([0-9a-fA-F]+)[^\r\n]*\r\n//) {
-            my $n = hex $1;
-            last if $n == 0;
-            $out .= substr($body, 0, $n, '');
-            $body =~ s/^\r\n//;
-        }
-        $body = $out;
-    }
-    $body = '' if $head_only;
-    return ($status, \%h, $body, undef);
+    return (undef, {}, $buf, 'incomplete response header') if index($buf, "\r\n\r\n") < 0;
+    my ($status, $h, $body) = HttpClient::parse_response($buf, $head_only);
+    return (undef, {}, $buf, 'bad status line') unless defined $status;
+    return ($status, $h, $body, undef);
 }
 
 sub hex_context ($$) {

@@ -1,0 +1,631 @@
+//! One cache request's exchange with Redis, without any I/O: the bytes it
+//! sends and a reader of the replies that come back.
+//!
+//! A request may need the connection set up for it (`AUTH`, `SELECT`)
+//! before its command, and then puts the connection back the way a pooled
+//! connection must be, for the next request (`RESET` after `AUTH`,
+//! `SELECT 0` after `SELECT`). Every reply is read to its exact end; only
+//! then can the connection be reused.
+
+use std::fmt;
+
+use crate::resp::{self, Reply};
+
+/// What the request asks of Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    Get,
+    Set,
+    Del,
+}
+
+impl Command {
+    pub fn name(self) -> &'static str {
+        match self {
+            Command::Get => "GET",
+            Command::Set => "SET",
+            Command::Del => "DEL",
+        }
+    }
+}
+
+/// Commands around the request's own, for the connection's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Setup {
+    Auth,
+    Select,
+    /// `SELECT 0` after the request's own `SELECT`.
+    SelectZero,
+    /// `RESET` after `AUTH`: back to the default user and database 0.
+    Reset,
+}
+
+impl Setup {
+    pub fn name(self) -> &'static str {
+        match self {
+            Setup::Auth => "AUTH",
+            Setup::Select | Setup::SelectZero => "SELECT",
+            Setup::Reset => "RESET",
+        }
+    }
+}
+
+/// A value of `$cache_db` or `$cache_exptime` that is not a number in range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BadNumber;
+
+/// `$cache_db`: a database number; 0 needs no `SELECT`.
+pub fn parse_db(v: &[u8]) -> Result<Option<u32>, BadNumber> {
+    let n: u32 = parse_digits(v).and_then(|n| u32::try_from(n).ok()).ok_or(BadNumber)?;
+    Ok((n != 0).then_some(n))
+}
+
+/// `$cache_exptime`: seconds; 0 means no expiry (as memcached has it).
+/// Redis refuses more than its millisecond clock can hold.
+pub fn parse_exptime(v: &[u8]) -> Result<Option<u64>, BadNumber> {
+    let n = parse_digits(v)
+        .filter(|&n| n <= i64::MAX as u64 / 1000)
+        .ok_or(BadNumber)?;
+    Ok((n != 0).then_some(n))
+}
+
+fn parse_digits(v: &[u8]) -> Option<u64> {
+    if v.is_empty() || v.len() > 20 || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(v).ok()?.parse().ok()
+}
+
+/// One request, as the configuration and the variables give it.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    pub command: Command,
+    pub key: &'a [u8],
+    pub auth: Option<&'a [u8]>,
+    pub db: Option<u32>,
+    pub exptime: Option<u64>,
+}
+
+/// What to send: `head`, then (for `SET`) the request body of `body_len`
+/// bytes, then `tail`; and the reader of the replies.
+#[derive(Debug)]
+pub struct Plan {
+    pub head: Vec<u8>,
+    pub tail: Vec<u8>,
+    pub exchange: Exchange,
+}
+
+/// The bytes of a request and the reader for its replies.
+pub fn plan(req: &Request<'_>, body_len: usize) -> Plan {
+    let mut head = Vec::with_capacity(64 + req.key.len());
+    let mut before = Vec::new();
+    let mut after = Vec::new();
+    if let Some(pw) = req.auth {
+        resp::command(&mut head, &[b"AUTH", pw]);
+        before.push(Setup::Auth);
+    }
+    if let Some(db) = req.db {
+        resp::command(&mut head, &[b"SELECT", db.to_string().as_bytes()]);
+        before.push(Setup::Select);
+    }
+    let mut tail = Vec::new();
+    match req.command {
+        Command::Get => resp::command(&mut head, &[b"GET", req.key]),
+        Command::Del => resp::command(&mut head, &[b"DEL", req.key]),
+        Command::Set => {
+            resp::array_header(&mut head, if req.exptime.is_some() { 5 } else { 3 });
+            resp::bulk(&mut head, b"SET");
+            resp::bulk(&mut head, req.key);
+            resp::bulk_header(&mut head, body_len);
+            tail.extend_from_slice(b"\r\n");
+            if let Some(t) = req.exptime {
+                resp::bulk(&mut tail, b"EX");
+                resp::bulk(&mut tail, t.to_string().as_bytes());
+            }
+        }
+    }
+    // RESET also selects database 0.
+    let restore = if req.auth.is_some() {
+        Some((&[&b"RESET"[..]][..], Setup::Reset))
+    } else if req.db.is_some() {
+        Some((&[&b"SELECT"[..], b"0"][..], Setup::SelectZero))
+    } else {
+        None
+    };
+    if let Some((args, setup)) = restore {
+        let out = if req.command == Command::Set {
+            &mut tail
+        } else {
+            &mut head
+        };
+        resp::command(out, args);
+        after.push(setup);
+    }
+    Plan {
+        head,
+        tail,
+        exchange: Exchange::new(before, req.command, after),
+    }
+}
+
+/// Why the replies cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplyError {
+    /// An error reply to a setup command (a wrong password, a database out of range).
+    Refused { setup: Setup, message: Vec<u8> },
+    /// An error reply to the command (`WRONGTYPE`, `NOAUTH`, `OOM`).
+    Failed { command: Command, message: Vec<u8> },
+    /// A reply of a kind that does not answer the command.
+    Unexpected { what: &'static str },
+    /// Bytes that are not RESP.
+    NotResp { what: &'static str },
+    /// A bulk length over `MAX_BULK`.
+    TooLong(u64),
+    /// The value is not followed by its CRLF.
+    BadValueEnd,
+    /// Bytes after the last reply that nothing asked for.
+    Unsolicited,
+}
+
+impl fmt::Display for ReplyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReplyError::Refused { setup, message } => {
+                write!(f, "{} was refused: {}", setup.name(), String::from_utf8_lossy(message))
+            }
+            ReplyError::Failed { command, message } => write!(
+                f,
+                "redis answered {} with an error: {}",
+                command.name(),
+                String::from_utf8_lossy(message)
+            ),
+            ReplyError::Unexpected { what } | ReplyError::NotResp { what } => {
+                write!(f, "redis sent an invalid reply to {what}")
+            }
+            ReplyError::TooLong(n) => write!(
+                f,
+                "redis sent a value length of {n} bytes, more than {} allowed",
+                resp::MAX_BULK
+            ),
+            ReplyError::BadValueEnd => f.write_str("redis sent an invalid end of value"),
+            ReplyError::Unsolicited => f.write_str("redis sent bytes that no command asked for"),
+        }
+    }
+}
+
+impl std::error::Error for ReplyError {}
+
+/// What reading the replies gives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event<'a> {
+    /// More bytes are needed. Bytes not consumed (a partial reply line)
+    /// must be given again, followed by the next ones.
+    More,
+    /// The command's reply: the HTTP status and, for a value, its length.
+    Answer { status: u16, value: Option<u64> },
+    /// Bytes of the value (they are within the input).
+    Value(&'a [u8]),
+    /// Every reply is read, to its exact end: the connection can be reused.
+    Done,
+    /// The exchange is broken: the connection must not be reused.
+    Failed(ReplyError),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Replies of the setup commands before the command (index into `before`).
+    Before(usize),
+    Command,
+    /// Value bytes still to come, then the CRLF bytes still to come.
+    Value {
+        rest: u64,
+        crlf: u8,
+    },
+    /// Replies of the commands after (index into `after`).
+    After(usize),
+    Done,
+    Failed,
+}
+
+/// Reads the replies of one request, in order, as bytes arrive in any pieces.
+#[derive(Debug, Clone)]
+pub struct Exchange {
+    before: Vec<Setup>,
+    command: Command,
+    after: Vec<Setup>,
+    phase: Phase,
+}
+
+impl Exchange {
+    pub fn new(before: Vec<Setup>, command: Command, after: Vec<Setup>) -> Exchange {
+        let phase = if before.is_empty() {
+            Phase::Command
+        } else {
+            Phase::Before(0)
+        };
+        Exchange {
+            before,
+            command,
+            after,
+            phase,
+        }
+    }
+
+    /// Back to the first reply (the request is sent again, to another server).
+    pub fn restart(&mut self) {
+        self.phase = if self.before.is_empty() {
+            Phase::Command
+        } else {
+            Phase::Before(0)
+        };
+    }
+
+    /// Every reply has been read to its end.
+    pub fn is_done(&self) -> bool {
+        self.phase == Phase::Done
+    }
+
+    /// More bytes belong to this exchange (it has neither ended nor failed).
+    pub fn expects_more(&self) -> bool {
+        !matches!(self.phase, Phase::Done | Phase::Failed)
+    }
+
+    /// The command's reply is known (what follows is its value or the
+    /// replies after it).
+    pub fn answered(&self) -> bool {
+        matches!(self.phase, Phase::Value { .. } | Phase::After(_) | Phase::Done)
+    }
+
+    /// Takes bytes from the start of `buf`: the event and how many bytes it
+    /// used. Replies that need no action (setup commands, the CRLF after a
+    /// value) are read on the way; `More` means every whole reply line is
+    /// used and what is left is the start of the next one.
+    pub fn step<'a>(&mut self, buf: &'a [u8]) -> (Event<'a>, usize) {
+        let mut used = 0;
+        loop {
+            let before = self.phase;
+            let (event, n) = self.step_once(&buf[used..]);
+            used += n;
+            let silent = event == Event::More && n > 0 && before != self.phase;
+            if !silent {
+                return (event, used);
+            }
+        }
+    }
+
+    fn step_once<'a>(&mut self, buf: &'a [u8]) -> (Event<'a>, usize) {
+        match self.phase {
+            Phase::Done if buf.is_empty() => (Event::Done, 0),
+            Phase::Done | Phase::Failed => self.fail(ReplyError::Unsolicited),
+            Phase::Value { rest, crlf } => self.value(buf, rest, crlf),
+            Phase::Before(i) => {
+                let setup = self.before[i];
+                self.setup_reply(buf, setup, |ex| {
+                    ex.phase = if i + 1 < ex.before.len() {
+                        Phase::Before(i + 1)
+                    } else {
+                        Phase::Command
+                    }
+                })
+            }
+            Phase::After(i) => {
+                let setup = self.after[i];
+                self.setup_reply(buf, setup, |ex| {
+                    ex.phase = if i + 1 < ex.after.len() {
+                        Phase::After(i + 1)
+                    } else {
+                        Phase::Done
+                    }
+                })
+            }
+            Phase::Command => self.command_reply(buf),
+        }
+    }
+
+    fn fail<'a>(&mut self, e: ReplyError) -> (Event<'a>, usize) {
+        self.phase = Phase::Failed;
+        (Event::Failed(e), 0)
+    }
+
+    /// After the command's reply and its value: the replies after, or the end.
+    fn after_command(&mut self) {
+        self.phase = if self.after.is_empty() {
+            Phase::Done
+        } else {
+            Phase::After(0)
+        };
+    }
+
+    fn setup_reply<'a>(&mut self, buf: &'a [u8], setup: Setup, next: impl FnOnce(&mut Self)) -> (Event<'a>, usize) {
+        let what = setup.name();
+        match resp::reply_header(buf) {
+            (Reply::Incomplete, _) => (Event::More, 0),
+            (Reply::Status(_), used) => {
+                next(self);
+                if self.phase == Phase::Done {
+                    (Event::Done, used)
+                } else {
+                    (Event::More, used)
+                }
+            }
+            (Reply::Error(msg), _) => self.fail(ReplyError::Refused {
+                setup,
+                message: msg.to_vec(),
+            }),
+            (Reply::Invalid, _) => self.fail(ReplyError::NotResp { what }),
+            (Reply::TooLong(n), _) => self.fail(ReplyError::TooLong(n)),
+            (_, _) => self.fail(ReplyError::Unexpected { what }),
+        }
+    }
+
+    fn command_reply<'a>(&mut self, buf: &'a [u8]) -> (Event<'a>, usize) {
+        let command = self.command;
+        let what = command.name();
+        let (reply, used) = resp::reply_header(buf);
+        let (status, value) = match (command, reply) {
+            (_, Reply::Incomplete) => return (Event::More, 0),
+            (Command::Get, Reply::Bulk(n)) => (200, Some(n)),
+            (Command::Get, Reply::Nil) => (404, None),
+            (Command::Set, Reply::Status(s)) if s == b"OK" => (201, None),
+            (Command::Del, Reply::Integer(n)) => (if n > 0 { 204 } else { 404 }, None),
+            (_, Reply::Error(msg)) => {
+                return self.fail(ReplyError::Failed {
+                    command,
+                    message: msg.to_vec(),
+                })
+            }
+            (_, Reply::Invalid) => return self.fail(ReplyError::NotResp { what }),
+            (_, Reply::TooLong(n)) => return self.fail(ReplyError::TooLong(n)),
+            (_, _) => return self.fail(ReplyError::Unexpected { what }),
+        };
+        match value {
+            Some(n) => self.phase = Phase::Value { rest: n, crlf: 2 },
+            None => self.after_command(),
+        }
+        (Event::Answer { status, value }, used)
+    }
+
+    fn value<'a>(&mut self, buf: &'a [u8], rest: u64, crlf: u8) -> (Event<'a>, usize) {
+        if rest > 0 {
+            if buf.is_empty() {
+                return (Event::More, 0);
+            }
+            let n = usize::try_from(rest).map_or(buf.len(), |r| r.min(buf.len()));
+            self.phase = Phase::Value {
+                rest: rest - n as u64,
+                crlf,
+            };
+            return (Event::Value(&buf[..n]), n);
+        }
+        let want = &b"\r\n"[2 - crlf as usize..];
+        let n = want.len().min(buf.len());
+        if buf[..n] != want[..n] {
+            return self.fail(ReplyError::BadValueEnd);
+        }
+        if n < want.len() {
+            self.phase = Phase::Value {
+                rest: 0,
+                crlf: crlf - n as u8,
+            };
+            return (Event::More, n);
+        }
+        self.after_command();
+        let event = if self.phase == Phase::Done {
+            Event::Done
+        } else {
+            Event::More
+        };
+        (event, n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(command: Command) -> Request<'static> {
+        Request {
+            command,
+            key: b"k",
+            auth: None,
+            db: None,
+            exptime: None,
+        }
+    }
+
+    /// Feeds `input` in pieces of `piece` bytes, keeping unconsumed bytes
+    /// as a caller must; returns the events (values joined) and the rest.
+    fn run(ex: &mut Exchange, input: &[u8], piece: usize) -> (Vec<String>, Vec<u8>) {
+        let mut events = Vec::new();
+        let mut pending: Vec<u8> = Vec::new();
+        let mut value = Vec::new();
+        for chunk in input.chunks(piece.max(1)) {
+            pending.extend_from_slice(chunk);
+            loop {
+                let (ev, used) = ex.step(&pending);
+                let done = match &ev {
+                    Event::More => true,
+                    Event::Value(v) => {
+                        value.extend_from_slice(v);
+                        false
+                    }
+                    Event::Answer { status, value } => {
+                        events.push(format!("answer {status} {value:?}"));
+                        false
+                    }
+                    Event::Done => {
+                        events.push("done".into());
+                        // Bytes after the end are for the next step to refuse.
+                        used == pending.len()
+                    }
+                    Event::Failed(e) => {
+                        events.push(format!("failed {e}"));
+                        true
+                    }
+                };
+                pending.drain(..used);
+                if done {
+                    break;
+                }
+            }
+            if ex.phase == Phase::Failed {
+                break;
+            }
+        }
+        if !value.is_empty() {
+            events.push(format!("value {}", String::from_utf8_lossy(&value)));
+        }
+        (events, pending)
+    }
+
+    #[test]
+    fn plans_send_what_redis_expects() {
+        let p = plan(&req(Command::Get), 0);
+        assert_eq!(p.head, b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n");
+        assert!(p.tail.is_empty());
+        let p = plan(
+            &Request {
+                auth: Some(b"pw"),
+                db: Some(3),
+                ..req(Command::Del)
+            },
+            0,
+        );
+        let mut want = Vec::new();
+        resp::command(&mut want, &[b"AUTH", b"pw"]);
+        resp::command(&mut want, &[b"SELECT", b"3"]);
+        resp::command(&mut want, &[b"DEL", b"k"]);
+        resp::command(&mut want, &[b"RESET"]);
+        assert_eq!(p.head, want);
+        let p = plan(
+            &Request {
+                db: Some(2),
+                exptime: Some(30),
+                ..req(Command::Set)
+            },
+            5,
+        );
+        let mut whole = p.head.clone();
+        whole.extend_from_slice(b"hello");
+        whole.extend_from_slice(&p.tail);
+        let mut want = Vec::new();
+        resp::command(&mut want, &[b"SELECT", b"2"]);
+        resp::command(&mut want, &[b"SET", b"k", b"hello", b"EX", b"30"]);
+        resp::command(&mut want, &[b"SELECT", b"0"]);
+        assert_eq!(whole, want);
+    }
+
+    #[test]
+    fn numbers() {
+        assert_eq!(parse_db(b"0"), Ok(None));
+        assert_eq!(parse_db(b"15"), Ok(Some(15)));
+        assert_eq!(parse_db(b"4294967296"), Err(BadNumber));
+        assert_eq!(parse_db(b"-1"), Err(BadNumber));
+        assert_eq!(parse_db(b""), Err(BadNumber));
+        assert_eq!(parse_db(b"1 "), Err(BadNumber));
+        assert_eq!(parse_exptime(b"0"), Ok(None));
+        assert_eq!(parse_exptime(b"300"), Ok(Some(300)));
+        assert_eq!(parse_exptime(b"9223372036854775"), Ok(Some(9223372036854775)));
+        assert_eq!(parse_exptime(b"9223372036854776"), Err(BadNumber));
+        assert_eq!(parse_exptime(b"99999999999999999999999"), Err(BadNumber));
+    }
+
+    #[test]
+    fn a_value_in_any_pieces() {
+        let input = b"+OK\r\n$12\r\nhello\r\nworld\r\n+OK\r\n";
+        for piece in 1..input.len() + 1 {
+            let mut ex = Exchange::new(vec![Setup::Select], Command::Get, vec![Setup::SelectZero]);
+            let (events, rest) = run(&mut ex, input, piece);
+            assert_eq!(
+                events,
+                ["answer 200 Some(12)", "done", "value hello\r\nworld"],
+                "piece {piece}"
+            );
+            assert!(rest.is_empty());
+            assert!(ex.is_done());
+        }
+    }
+
+    #[test]
+    fn answers_without_values() {
+        for (command, input, status) in [
+            (Command::Get, &b"$-1\r\n"[..], 404),
+            (Command::Set, b"+OK\r\n", 201),
+            (Command::Del, b":1\r\n", 204),
+            (Command::Del, b":0\r\n", 404),
+        ] {
+            let mut ex = Exchange::new(vec![], command, vec![]);
+            let (events, _) = run(&mut ex, input, 1);
+            assert_eq!(events, [format!("answer {status} None"), "done".into()]);
+        }
+    }
+
+    #[test]
+    fn errors_and_garbage_fail() {
+        let cases: [(&[u8], &str); 8] = [
+            (b"-ERR wrong\r\n", "failed redis answered GET with an error: ERR wrong"),
+            (b"+OK\r\n", "failed redis sent an invalid reply to GET"),
+            (b"hello\r\n", "failed redis sent an invalid reply to GET"),
+            (b"*1\r\n$1\r\na\r\n", "failed redis sent an invalid reply to GET"),
+            (
+                b"$9223372036854775807\r\na",
+                "failed redis sent a value length of 9223372036854775807 bytes, more than 536870912 allowed",
+            ),
+            (b"$1\r\naXY", "failed redis sent an invalid end of value"),
+            (
+                b"$1\r\na\r\n+OK\r\n",
+                "failed redis sent bytes that no command asked for",
+            ),
+            (b"$-1\r\n:1\r\n", "failed redis sent bytes that no command asked for"),
+        ];
+        for (input, want) in cases {
+            let mut ex = Exchange::new(vec![], Command::Get, vec![]);
+            let (events, _) = run(&mut ex, input, input.len());
+            assert_eq!(
+                events.iter().find(|e| e.starts_with("failed")).unwrap(),
+                want,
+                "{input:?}"
+            );
+            assert!(!ex.is_done());
+        }
+    }
+
+    #[test]
+    fn refused_setup_and_restore() {
+        let mut ex = Exchange::new(vec![Setup::Auth], Command::Get, vec![Setup::Reset]);
+        let (events, _) = run(&mut ex, b"-WRONGPASS invalid password\r\n", 3);
+        assert_eq!(events, ["failed AUTH was refused: WRONGPASS invalid password"]);
+        let mut ex = Exchange::new(vec![Setup::Auth], Command::Get, vec![Setup::Reset]);
+        let (events, _) = run(&mut ex, b"+OK\r\n$-1\r\n-ERR unknown command 'RESET'\r\n", 4);
+        assert_eq!(
+            events,
+            [
+                "answer 404 None",
+                "failed RESET was refused: ERR unknown command 'RESET'"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_value_longer_than_usize_pieces_is_counted_exactly() {
+        let mut ex = Exchange::new(vec![], Command::Get, vec![]);
+        let (ev, used) = ex.step(b"$5\r\nab");
+        assert_eq!(
+            (ev, used),
+            (
+                Event::Answer {
+                    status: 200,
+                    value: Some(5)
+                },
+                4
+            )
+        );
+        assert_eq!(ex.step(b"ab"), (Event::Value(b"ab"), 2));
+        assert_eq!(ex.step(b""), (Event::More, 0));
+        assert_eq!(ex.step(b"cde\r"), (Event::Value(b"cde"), 3));
+        assert_eq!(ex.step(b"\r"), (Event::More, 1));
+        assert_eq!(ex.step(b"\n"), (Event::Done, 1));
+        assert_eq!(ex.step(b""), (Event::Done, 0));
+        assert!(matches!(ex.step(b"x").0, Event::Failed(ReplyError::Unsolicited)));
+    }
+}

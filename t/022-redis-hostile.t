@@ -1,0 +1,186 @@
+# The cache gateway against a hostile or broken Redis: overflowing lengths,
+# malformed, dripped, truncated, late and unsolicited replies. Each case
+# checks the status, the error-log line, and that the next request on the
+# same pooled connection (keepalive 1) gets its own answer, never bytes
+# meant for another. Then the state of pooled connections against a real
+# Redis: $cache_db and AUTH never outlive their request.
+use strict;
+use warnings;
+use lib 't/lib';
+use GatewayTest qw(nginx_start stop_nginx nginx_error_log start_redis redis_cli);
+use FakeRedis;
+use HttpClient qw(keepalive_requests);
+use Test::More;
+use Time::HiRes qw(sleep);
+
+# What the fake answers: per key of the GET, the steps of the reply.
+my %reply = (
+    'ok'       => [['send', "\$2\r\nok\r\n"]],
+    'other'    => [['send', "\$5\r\nother\r\n"]],
+    'miss'     => [['send', "\$-1\r\n"]],
+    'huge'     => [['send', "\$9223372036854775807\r\na"], ['later', 0.05, "\$5\r\nEVIL!\r\n"]],
+    'overmax'  => [['send', "\$536870913\r\nabc"]],
+    'negative' => [['send', "\$-5\r\n"]],
+    'garbage'  => [['send', "hello there\r\n"]],
+    'array'    => [['send', "*1\r\n\$2\r\nok\r\n"]],
+    'integer'  => [['send', ":12\r\n"]],
+    'status'   => [['send', "+OK\r\n"]],
+    'huge-int' => [['send', ":99999999999999999999\r\n"]],
+    'drip'     => [['drip', "\$12\r\nhello\r\nworld\r\n", 0.005]],
+    'cut'      => [['send', "\$10\r\nhello"], ['close']],
+    'cut-head' => [['send', "\$1"], ['close']],
+    'extra'    => [['send', "\$2\r\nok\r\n+SURPRISE\r\n"]],
+    'extra-miss' => [['send', "\$-1\r\n\$4\r\nevil\r\n"]],
+    'idle-junk'  => [['send', "\$2\r\nok\r\n"], ['later', 0.05, "\$4\r\nevil\r\n"]],
+    'late'     => [['sleep', 0.6], ['send', "\$4\r\nlate\r\n"]],
+    'bad-end'  => [['send', "\$2\r\nokXY"]],
+    'error'    => [['send', "-ERR something broke\r\n"]],
+    'long-line' => [['send', '+' . ('x' x 70000) . "\r\n"]],
+);
+
+my $fake = FakeRedis->start(sub {
+    my ($conn, $n, $cmd, @args) = @_;
+    return @{ $reply{ $args[0] // '' } // [['send', "-ERR unknown\r\n"]] } if uc $cmd eq 'GET';
+    return (['send', "+OK\r\n"]) if uc $cmd eq 'SELECT';
+    return (['send', "-ERR unknown command\r\n"]);
+});
+
+my $port = nginx_start(<<"HTTP");
+upstream fake { server 127.0.0.1:@{[ $fake->port ]}; keepalive 1; }
+server {
+    listen 127.0.0.1:\$PORT;
+    location /k/ {
+        set \$cache_key \$arg_key;
+        set \$cache_db \$arg_db;
+        cache_read_timeout 300ms;
+        cache_pass fake;
+    }
+}
+HTTP
+
+# One hostile reply, then a good one on the same client and (when the first
+# left it reusable) the same upstream connection.
+sub case {
+    my ($key, $status, $log, $name, %opt) = @_;
+    my $before = $fake->connections;
+    my $mark = length nginx_error_log();
+    my @r = keepalive_requests($port, 5, ['GET', "/k/?key=$key"], ['GET', '/k/?key=other']);
+    if (defined $status) {
+        is($r[0]{status}, $status, "$name: status $status");
+    } else {
+        ok(!defined $r[0]{status} || ($r[0]{error} // '') ne '', "$name: the response is cut short")
+            or diag(explain $r[0]);
+    }
+    my $after_log = substr(nginx_error_log(), $mark);
+    like($after_log, $log, "$name: the error log says why") if $log;
+    if (defined $status) {
+        is($r[1]{status}, 200, "$name: the next request succeeds");
+        is($r[1]{body}, 'other', "$name: and gets its own answer");
+    } else {
+        # The client connection was cut: ask again on a new one.
+        my @again = keepalive_requests($port, 5, ['GET', '/k/?key=other']);
+        is($again[0]{body}, 'other', "$name: the next request gets its own answer");
+    }
+    sleep 0.1;    # anything the fake sends later
+    my @after = keepalive_requests($port, 5, ['GET', '/k/?key=other']);
+    is($after[0]{body}, 'other', "$name: and so does the one after");
+    unlike($after_log, qr/\[alert\]|exited on signal/, "$name: no worker trouble");
+    return $fake->connections - $before;
+}
+
+my $n;
+$n = case('huge', 502, qr/\[error\].*value length of 9223372036854775807 bytes, more than 536870912 allowed/,
+    'a bulk length near 2^63');
+cmp_ok($n, '>=', 2, 'the connection of the overflowing reply was not reused');
+case('overmax', 502, qr/\[error\].*value length of 536870913 bytes/, 'a bulk one byte over 512 MB');
+case('negative', 502, qr/invalid reply to GET/, 'a negative bulk length');
+case('garbage', 502, qr/\[error\].*cache: redis sent an invalid reply to GET/, 'a reply that is not RESP');
+case('array', 502, qr/invalid reply to GET/, 'an array to GET');
+case('integer', 502, qr/invalid reply to GET/, 'an integer to GET');
+case('status', 502, qr/invalid reply to GET/, 'a status to GET');
+case('huge-int', 502, qr/invalid reply to GET/, 'an integer that overflows');
+case('error', 502, qr/redis answered GET with an error: ERR something broke/, 'an error reply');
+case('long-line', 502, qr/upstream sent too big header|invalid reply/, 'a reply line longer than the buffer');
+case('miss', 404, undef, 'a miss');
+
+# A dripped reply is whole, and its connection is reused.
+my $before = $fake->connections;
+my @r = keepalive_requests($port, 5, ['GET', '/k/?key=drip'], ['GET', '/k/?key=ok']);
+is($r[0]{status}, 200, 'a reply dripped byte by byte: 200');
+is($r[0]{body}, "hello\r\nworld", 'and the value is whole');
+is($r[1]{body}, 'ok', 'the next request gets its own answer');
+is($fake->connections - $before, 0, 'on the same upstream connection (reused)');
+
+# Truncated replies: the value cut mid-way cannot complete.
+case('cut', undef, qr/upstream prematurely closed connection/, 'a value cut mid-way');
+case('cut-head', 502, qr/upstream prematurely closed connection/, 'a reply header cut mid-way');
+
+# Unsolicited bytes: right after the reply, or later on an idle connection.
+$n = case('extra', 200, qr/\[error\].*redis sent bytes that no command asked for/, 'bytes after the reply');
+cmp_ok($n, '>=', 1, 'the connection with extra bytes was not reused');
+case('extra-miss', 404, qr/redis sent bytes that no command asked for/, 'bytes after a miss');
+case('idle-junk', 200, undef, 'bytes sent later to an idle pooled connection');
+
+# A reply after the timeout goes nowhere.
+case('late', 504, qr/upstream timed out/, 'a reply after cache_read_timeout');
+sleep 0.7;
+@r = keepalive_requests($port, 5, ['GET', '/k/?key=ok'], ['GET', '/k/?key=other']);
+is_deeply([map { $_->{body} } @r], ['ok', 'other'], 'after the late reply arrived, answers are still right');
+
+# A value that does not end with CRLF.
+case('bad-end', undef, qr/redis sent an invalid end of value/, 'a value without its CRLF');
+
+# $cache_db: the fake sees SELECT n, the command, and SELECT 0 before the connection is reused.
+my $mark = scalar $fake->log_lines;
+@r = keepalive_requests($port, 5, ['GET', '/k/?key=ok&db=5'], ['GET', '/k/?key=other']);
+is_deeply([map { $_->{body} } @r], ['ok', 'other'], '$cache_db: both requests answered');
+my @cmds = map { s/^\d+: //r } grep { /^\d+: / } ($fake->log_lines)[$mark .. scalar($fake->log_lines) - 1];
+is_deeply(\@cmds, ['SELECT 5', 'GET ok', 'SELECT 0', 'GET other'], 'SELECT 0 puts the connection back to database 0');
+
+stop_nginx();
+
+# Against a real Redis: nothing of one request's database or AUTH is left
+# on the pooled connection for the next one.
+my $redis = start_redis(password => 'pw');
+$port = nginx_start(<<"HTTP");
+upstream redis { server 127.0.0.1:$redis->{port}; keepalive 1; }
+server {
+    listen 127.0.0.1:\$PORT;
+    location /auth/ {
+        set \$cache_key \$uri;
+        set \$cache_db \$arg_db;
+        set \$cache_exptime \$arg_ttl;
+        cache_auth pw;
+        cache_pass redis;
+    }
+    location /noauth/ {
+        set \$cache_key \$uri;
+        cache_pass redis;
+    }
+}
+HTTP
+@r = keepalive_requests($port, 5, ['PUT', '/auth/x?db=5', 'in five'], ['GET', '/auth/x'], ['GET', '/auth/x?db=5'],
+    ['GET', '/noauth/x']);
+is_deeply([map { $_->{status} } @r], [201, 404, 200, 502],
+    'db 5 stays with its request; a request without cache_auth is not authenticated by an earlier one');
+is($r[2]{body}, 'in five', 'the value is in database 5');
+like(nginx_error_log(), qr/redis answered GET with an error: NOAUTH/, 'the unauthenticated request got NOAUTH');
+my $clients = redis_cli($redis, 'INFO', 'stats');
+my ($conns) = $clients =~ /total_connections_received:(\d+)/;
+# The start-up probe, nginx's one connection, and this redis-cli.
+cmp_ok($conns, '<=', 3, "the pooled connection was reused ($conns connections, the probe's and redis-cli's included)");
+
+# $cache_exptime 0 is no expiry; a number is seconds; anything else 400 at info.
+# (nginx closes the client connection after a 400.)
+@r = map { keepalive_requests($port, 5, $_) } ['PUT', '/auth/t0?ttl=0', 'forever'],
+    ['PUT', '/auth/t9?ttl=90', 'ninety'], ['PUT', '/auth/tx?ttl=abc', 'bad'], ['PUT', '/auth/ty?db=x', 'bad'];
+is_deeply([map { $_->{status} } @r], [201, 201, 400, 400], '$cache_exptime 0 and 90 stored; bad numbers 400');
+is(redis_cli($redis, 'TTL', '/auth/t0'), '-1', '$cache_exptime 0: no expiry');
+cmp_ok(redis_cli($redis, 'TTL', '/auth/t9'), '>', 80, '$cache_exptime 90: expires');
+my $log = nginx_error_log();
+like($log, qr/\[info\].*cache: "\$cache_exptime" is not a number of seconds: "abc"/, 'a bad $cache_exptime is logged at info');
+like($log, qr/\[info\].*cache: "\$cache_db" is not a database number: "x"/, 'a bad $cache_db is logged at info');
+unlike($log, qr/\[alert\]|exited on signal/, 'no worker trouble');
+stop_nginx();
+
+done_testing();

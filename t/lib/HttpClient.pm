@@ -1,0 +1,113 @@
+package HttpClient;
+
+# HTTP/1.1 framing for the tests: where one response ends in a stream of
+# bytes (Content-Length, chunked, or a response without a body), and a
+# client that sends requests one after the other on one keep-alive
+# connection.
+
+use strict;
+use warnings;
+use Exporter 'import';
+use IO::Socket::INET;
+use Time::HiRes qw(time);
+
+our @EXPORT_OK = qw(response_length parse_response keepalive_requests);
+
+# The length of the first whole response in $buf, or undef when it is not
+# all there (or is framed by the connection closing).
+sub response_length {
+    my ($buf, $head_only) = @_;
+    my $i = index($buf, "\r\n\r\n");
+    return undef if $i < 0;
+    my $head = substr($buf, 0, $i);
+    my $start = $i + 4;
+    return $start if $head_only || $head =~ m{^HTTP/\S+ (1\d\d|204|304)\b};
+    return $start + $1 <= length $buf ? $start + $1 : undef if $head =~ /^Content-Length:\s*(\d+)/mi;
+    if ($head =~ /^Transfer-Encoding:\s*chunked/mi) {
+        my $pos = $start;
+        while (1) {
+            my $eol = index($buf, "\r\n", $pos);
+            return undef if $eol < 0;
+            my ($n) = substr($buf, $pos, $eol - $pos) =~ /^([0-9a-fA-F]+)/ or return undef;
+            $n = hex $n;
+            $pos = $eol + 2;
+            if ($n == 0) {
+                my $end = index($buf, "\r\n", $pos);
+                return $end < 0 ? undef : $end + 2;
+            }
+            $pos += $n + 2;
+            return undef if $pos > length $buf;
+        }
+    }
+    return undef;
+}
+
+# (status, {lower-case header => value}, body) of one whole response.
+sub parse_response {
+    my ($buf, $head_only) = @_;
+    my $i = index($buf, "\r\n\r\n");
+    return (undef, {}, $buf) if $i < 0;
+    my ($head, $body) = (substr($buf, 0, $i), substr($buf, $i + 4));
+    my @lines = split /\r\n/, $head;
+    my ($status) = (shift @lines) =~ m{^HTTP/\d\.\d\s+(\d+)};
+    my %h;
+    for (@lines) {
+        my ($k, $v) = /^([^:]+):\s*(.*)$/ or next;
+        $h{lc $k} = exists $h{lc $k} ? "$h{lc $k}, $v" : $v;
+    }
+    if (!$head_only && ($h{'transfer-encoding'} || '') =~ /chunked/i) {
+        my $out = '';
+        while ($body =~ s/^([0-9a-fA-F]+)[^\r\n]*\r\n//) {
+            my $n = hex $1;
+            last if $n == 0;
+            $out .= substr($body, 0, $n, '');
+            $body =~ s/^\r\n//;
+        }
+        $body = $out;
+    }
+    $body = '' if $head_only;
+    return ($status, \%h, $body);
+}
+
+# Sends [METHOD, PATH, BODY, {header => value}] requests one after the other
+# on one connection, each after the previous answer. Returns one hash per
+# request: { status, headers, body, error }; the first error ends the list.
+sub keepalive_requests {
+    my ($port, $timeout, @reqs) = @_;
+    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port)
+        or return ({ error => "connect: $!" });
+    binmode $s;
+    my @out;
+    my $buf = '';
+    for my $i (0 .. $#reqs) {
+        my ($method, $path, $body, $headers) = @{ $reqs[$i] };
+        $body //= '';
+        my $raw = "$method $path HTTP/1.1\r\nHost: localhost\r\n";
+        $raw .= "Connection: close\r\n" if $i == $#reqs;
+        $raw .= "Content-Length: " . length($body) . "\r\n" if length $body || $method =~ /^(POST|PUT)$/;
+        $raw .= "$_: $headers->{$_}\r\n" for sort keys %{ $headers || {} };
+        print $s "$raw\r\n$body";
+        my $head_only = $method eq 'HEAD';
+        my $deadline = time + $timeout;
+        my $len;
+        my $closed = 0;
+        while (!defined($len = response_length($buf, $head_only))) {
+            my $left = $deadline - time;
+            if ($left <= 0 || $closed) {
+                push @out, { error => $closed ? 'connection closed' : 'timeout', partial => $buf };
+                return @out;
+            }
+            my $rin = '';
+            vec($rin, fileno($s), 1) = 1;
+            next unless select(my $rout = $rin, undef, undef, $left) > 0;
+            my $got = sysread($s, my $chunk, 65536);
+            if ($got) { $buf .= $chunk } else { $closed = 1 }
+        }
+        my ($status, $h, $b) = parse_response(substr($buf, 0, $len, ''), $head_only);
+        push @out, { status => $status, headers => $h, body => $b };
+    }
+    close $s;
+    return @out;
+}
+
+1;
