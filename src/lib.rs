@@ -51,7 +51,7 @@ static mut COMMANDS: [ngx_command_t; 15] = [
     ),
     command(
         "sqldb_query\0",
-        NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF | NGX_CONF_1MORE,
+        LOC_ANY | NGX_HTTP_LIF_CONF | NGX_CONF_1MORE,
         sc::cmd_sqldb_query,
         NGX_HTTP_LOC_CONF_OFFSET,
         0,
@@ -86,7 +86,7 @@ static mut COMMANDS: [ngx_command_t; 15] = [
     ),
     command(
         "sqldb_output\0",
-        LOC_ANY | NGX_CONF_TAKE1,
+        LOC_ANY | NGX_HTTP_LIF_CONF | NGX_CONF_TAKE1,
         sc::cmd_sqldb_output,
         NGX_HTTP_LOC_CONF_OFFSET,
         0,
@@ -100,7 +100,7 @@ static mut COMMANDS: [ngx_command_t; 15] = [
     ),
     command(
         "sqldb_rewrite\0",
-        LOC_ANY | NGX_CONF_2MORE,
+        LOC_ANY | NGX_HTTP_LIF_CONF | NGX_CONF_2MORE,
         sqldb::vars::cmd_sqldb_rewrite,
         NGX_HTTP_LOC_CONF_OFFSET,
         0,

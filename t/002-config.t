@@ -290,3 +290,103 @@ location /if {
 --- request
 GET /if
 --- error_code: 404
+
+
+
+=== TEST 21: a mistyped libpq keyword is refused when the configuration is read
+--- http_config
+upstream database { sqldb_server 127.0.0.1:5432 dbnmae=x user=y; }
+--- config
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"sqldb_server" directive: invalid connection option "dbnmae" in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 22: a value libpq checks only when connecting (sslmode) is checked now
+--- http_config
+upstream database { sqldb_server 127.0.0.1:5432 dbname=x sslmode=requird; }
+--- config
+--- must_die
+--- error_log eval
+qr/\[emerg\].*invalid value "requird" of "sslmode", it must be disable, allow, prefer, require, verify-ca, verify-full in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 23: port= next to host:port is a conflict
+--- http_config
+upstream database { sqldb_server 127.0.0.1:5432 port=5433 dbname=x; }
+--- config
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"port=" conflicts with the port of the address "127\.0\.0\.1:5432" in the "sqldb_server" directive in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 24: port= with an address without a port is the port
+--- http_config
+upstream database { sqldb_server 127.0.0.1 port=$TEST_NGINX_PG_PORT dbname=$TEST_NGINX_PG_DB user=$TEST_NGINX_PG_USER "password=$TEST_NGINX_PG_PASSWORD"; }
+--- config
+location /p { sqldb_pass database; sqldb_output value; sqldb_query "select current_setting('port')"; }
+--- request
+GET /p
+--- response_body_like: ^\d+$
+--- response_body eval
+$ENV{TEST_NGINX_PG_PORT}
+
+
+
+=== TEST 25: cache_pass to an upstream of sqldb_server lines
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; }
+--- config
+location /c { set $cache_key $uri; cache_pass database; }
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"cache_pass" names upstream "database", which has "sqldb_server" lines \(use "sqldb_pass"\) in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 26: sqldb_pass and cache_pass in one location, in either order
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; }
+upstream redis { server 127.0.0.1:6379; }
+--- config
+location /a { set $cache_key $uri; sqldb_pass database; cache_pass redis; }
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"cache_pass" cannot be in the same location as "sqldb_pass" in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 27: cache_pass then sqldb_pass
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; }
+upstream redis { server 127.0.0.1:6379; }
+--- config
+location /a { set $cache_key $uri; cache_pass redis; sqldb_pass database; }
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"sqldb_pass" cannot be in the same location as "cache_pass" in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 28: another module's content handler after sqldb_pass
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; }
+--- config
+location /a { sqldb_pass database; sqldb_query "select 1"; proxy_pass http://127.0.0.1:1; }
+--- must_die
+--- error_log eval
+qr/\[emerg\].*another directive of the location replaced the content handler that "sqldb_pass" set in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 29: ... and before it
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; }
+--- config
+location /a { proxy_pass http://127.0.0.1:1; sqldb_pass database; sqldb_query "select 1"; }
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"sqldb_pass" cannot be in the same location as another content handler \(such as "proxy_pass"\) in \S+nginx\.conf:\d+/

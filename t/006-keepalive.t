@@ -179,11 +179,11 @@ location /count {
 
 
 === TEST 11: invalid sqldb_keepalive parameters
---- keepalive: sqldb_keepalive max=0;
+--- keepalive: sqldb_keepalive max=-1;
 --- config
 --- must_die
 --- error_log eval
-qr/\[emerg\].*invalid parameter "max=0" in "sqldb_keepalive" directive in \S+nginx\.conf:\d+/
+qr/\[emerg\].*invalid parameter "max=-1" in "sqldb_keepalive" directive in \S+nginx\.conf:\d+/
 
 
 

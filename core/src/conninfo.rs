@@ -13,6 +13,11 @@ pub enum ConninfoError {
     BadKeyword(String),
     AddressKeyword(String),
     Repeated(String),
+    BadValue {
+        key: String,
+        value: String,
+        allowed: &'static [&'static str],
+    },
 }
 
 impl fmt::Display for ConninfoError {
@@ -24,6 +29,13 @@ impl fmt::Display for ConninfoError {
                 write!(f, "\"{k}\" is not allowed: the address is the first parameter")
             }
             ConninfoError::Repeated(k) => write!(f, "keyword \"{k}\" is given twice"),
+            ConninfoError::BadValue { key, value, allowed } => {
+                write!(
+                    f,
+                    "invalid value \"{value}\" of \"{key}\", it must be {}",
+                    allowed.join(", ")
+                )
+            }
         }
     }
 }
@@ -32,6 +44,21 @@ impl std::error::Error for ConninfoError {}
 
 /// libpq keywords that the address argument sets.
 const ADDRESS_KEYWORDS: &[&str] = &["host", "hostaddr"];
+
+/// Keywords whose values libpq only checks when it connects: checked when
+/// the configuration is read instead.
+const ENUMERATED: &[(&str, &[&str])] = &[
+    (
+        "sslmode",
+        &["disable", "allow", "prefer", "require", "verify-ca", "verify-full"],
+    ),
+    ("gssencmode", &["disable", "prefer", "require"]),
+    ("channel_binding", &["disable", "prefer", "require"]),
+    (
+        "target_session_attrs",
+        &["any", "read-write", "read-only", "primary", "standby", "prefer-standby"],
+    ),
+];
 
 /// The keyword=value pairs of one server, in the order given.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -54,8 +81,29 @@ impl Keywords {
         if self.get(key).is_some() {
             return Err(ConninfoError::Repeated(key.to_owned()));
         }
+        if let Some(&(_, allowed)) = ENUMERATED.iter().find(|(k, _)| *k == key) {
+            if !allowed.contains(&value) {
+                return Err(ConninfoError::BadValue {
+                    key: key.to_owned(),
+                    value: value.to_owned(),
+                    allowed,
+                });
+            }
+        }
+        if key == "port" && port_number(value).is_none() {
+            return Err(ConninfoError::BadValue {
+                key: key.to_owned(),
+                value: value.to_owned(),
+                allowed: &["a port number from 1 to 65535"],
+            });
+        }
         self.pairs.push((key.to_owned(), value.to_owned()));
         Ok(())
+    }
+
+    /// The `port=` keyword, if given (checked by `push_arg`).
+    pub fn port(&self) -> Option<u16> {
+        self.get("port").and_then(port_number)
     }
 
     pub fn get(&self, key: &str) -> Option<&str> {
@@ -65,6 +113,10 @@ impl Keywords {
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
         self.pairs.iter().map(|(k, v)| (k.as_str(), v.as_str()))
     }
+}
+
+fn port_number(v: &str) -> Option<u16> {
+    v.parse().ok().filter(|&p| p != 0)
 }
 
 /// Where one connection goes.
@@ -184,5 +236,14 @@ mod tests {
         assert_eq!(kw(&["user=a", "user=b"]), Err(ConninfoError::Repeated("user".into())));
         // A value may hold '=' and spaces.
         assert_eq!(kw(&["options=-c a=b"]).unwrap().get("options"), Some("-c a=b"));
+        assert_eq!(
+            kw(&["sslmode=requir"]).unwrap_err().to_string(),
+            "invalid value \"requir\" of \"sslmode\", it must be disable, allow, prefer, require, verify-ca, verify-full"
+        );
+        assert!(kw(&["sslmode=verify-full", "target_session_attrs=read-write"]).is_ok());
+        assert!(kw(&["port=0"]).is_err());
+        assert!(kw(&["port=65536"]).is_err());
+        assert!(kw(&["port=x"]).is_err());
+        assert_eq!(kw(&["port=6432"]).unwrap().port(), Some(6432));
     }
 }

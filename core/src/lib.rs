@@ -9,5 +9,6 @@ pub mod method;
 pub mod rds;
 pub mod redis;
 pub mod resp;
+pub mod rewrite;
 pub mod sql;
 pub mod template;

@@ -22,9 +22,13 @@ pub const METHODS: &[(&str, u32)] = &[
     ("TRACE", 0x8000),
 ];
 
-/// The bit of one method name (exact, upper case), if nginx knows it.
+/// The bit of one method name (any letter case, as the C module takes
+/// them), if nginx knows it.
 pub fn method_bit(name: &[u8]) -> Option<u32> {
-    METHODS.iter().find(|(n, _)| n.as_bytes() == name).map(|&(_, bit)| bit)
+    METHODS
+        .iter()
+        .find(|(n, _)| n.as_bytes().eq_ignore_ascii_case(name))
+        .map(|&(_, bit)| bit)
 }
 
 /// The name of one method bit.
@@ -152,7 +156,8 @@ mod tests {
 
     #[test]
     fn bad_method_lists() {
-        assert_eq!(mask(&["get"]), Err(QueryError::UnknownMethod("get".into())));
+        assert_eq!(mask(&["get", "Post"]), Ok(0x2 | 0x8));
+        assert_eq!(mask(&["GET", "get"]), Err(QueryError::RepeatedMethod("GET")));
         assert_eq!(mask(&["FETCH"]), Err(QueryError::UnknownMethod("FETCH".into())));
         assert_eq!(mask(&["GET", "GET"]), Err(QueryError::RepeatedMethod("GET")));
     }

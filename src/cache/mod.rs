@@ -72,7 +72,7 @@ unsafe extern "C" fn create_loc_conf(cf: *mut ngx_conf_t) -> *mut c_void {
     unsafe { pool_alloc((*cf).pool, conf) }.map_or(ptr::null_mut(), |p| p.as_ptr().cast())
 }
 
-unsafe extern "C" fn merge_loc_conf(_cf: *mut ngx_conf_t, parent: *mut c_void, child: *mut c_void) -> *mut c_char {
+unsafe extern "C" fn merge_loc_conf(cf: *mut ngx_conf_t, parent: *mut c_void, child: *mut c_void) -> *mut c_char {
     // SAFETY: nginx passes two CacheLocConf made by create_loc_conf.
     let (prev, conf) = unsafe { (&*(parent as *const CacheLocConf), &mut *(child as *mut CacheLocConf)) };
     let (p, u) = (&prev.upstream, &mut conf.upstream);
@@ -111,7 +111,14 @@ unsafe extern "C" fn merge_loc_conf(_cf: *mut ngx_conf_t, parent: *mut c_void, c
     if conf.auth.is_null() {
         conf.auth = prev.auth;
     }
-    if u.upstream.is_null() && conf.pass_var.is_null() {
+    // An `if` block (or limit_except) without cache_pass of its own passes
+    // its location's requests to the same backend.
+    // SAFETY: during the merge cf->ctx holds the child's configurations.
+    let noname = unsafe {
+        (*http_conf_get::<ngx_http_core_loc_conf_t>(cf, ptr::addr_of!(ngx_http_core_module), ConfSlot::Loc)).noname()
+            != 0
+    };
+    if noname && u.upstream.is_null() && conf.pass_var.is_null() {
         u.upstream = p.upstream;
         conf.pass_var = prev.pass_var;
     }

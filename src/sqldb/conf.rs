@@ -13,7 +13,9 @@ use gateway_core::template::{self, Piece};
 
 use super::conn::Pool;
 use super::output::Output;
-use super::vars::{self, EscapeRule, RewriteRule, SetRule};
+use super::pq::check_conninfo;
+use super::vars::{self, EscapeRule, SetRule};
+use gateway_core::rewrite::Rule as RewriteRule;
 
 use crate::ffi::*;
 use crate::ngx_http_gateway_module as MODULE;
@@ -131,6 +133,8 @@ pub struct LocConf {
     pub pass_set: bool,
     /// `sqldb_pass $var`: the value names an upstream at run time.
     pub pass_var: *mut ngx_http_complex_value_t,
+    /// `sqldb_pass NAME`: resolved once every upstream block is read.
+    pass_name: Vec<u8>,
     pub queries: QuerySet<*const Template>,
     pub connect_timeout: ngx_msec_t,
     pub result_timeout: ngx_msec_t,
@@ -150,9 +154,8 @@ pub struct LocConf {
 /// A `sqldb_pass NAME` waiting for every upstream block to be read.
 struct PendingPass {
     lcf: *mut LocConf,
-    /// The upstream's name; empty for `sqldb_pass $variable`.
-    name: Vec<u8>,
-    claim: Claim,
+    /// Where the directive is; none for an `if` block that inherits it.
+    claim: Option<Claim>,
 }
 
 pub struct MainConf {
@@ -193,6 +196,7 @@ pub(crate) unsafe extern "C" fn create_loc_conf(cf: *mut ngx_conf_t) -> *mut c_v
         upstream: unsafe { mem::zeroed() },
         pass_set: false,
         pass_var: ptr::null_mut(),
+        pass_name: Vec::new(),
         queries: QuerySet::default(),
         connect_timeout: CONF_UNSET_MSEC,
         result_timeout: CONF_UNSET_MSEC,
@@ -215,12 +219,28 @@ fn merge_msec(conf: &mut ngx_msec_t, prev: ngx_msec_t, default: ngx_msec_t) {
 }
 
 pub(crate) unsafe extern "C" fn merge_loc_conf(
-    _cf: *mut ngx_conf_t,
+    cf: *mut ngx_conf_t,
     parent: *mut c_void,
     child: *mut c_void,
 ) -> *mut c_char {
     // SAFETY: nginx passes two LocConf made by create_loc_conf.
     let (prev, conf) = unsafe { (&*(parent as *const LocConf), &mut *(child as *mut LocConf)) };
+    // An `if` block (or limit_except) without sqldb_pass of its own serves
+    // its location's requests: it passes them to the same upstream.
+    // SAFETY: during the merge cf->ctx holds the child's configurations.
+    let noname = unsafe {
+        (*http_conf_get::<ngx_http_core_loc_conf_t>(cf, ptr::addr_of!(ngx_http_core_module), ConfSlot::Loc)).noname()
+            != 0
+    };
+    if noname && !conf.pass_set && (!prev.pass_name.is_empty() || !prev.pass_var.is_null()) {
+        conf.pass_var = prev.pass_var;
+        conf.pass_name = prev.pass_name.clone();
+        if !conf.pass_name.is_empty() {
+            // SAFETY: the main configuration is ours and lives as long as cf.
+            let mcf = unsafe { &mut *http_conf_get::<MainConf>(cf, ptr::addr_of!(MODULE), ConfSlot::Main) };
+            mcf.pending.push(PendingPass { lcf: conf, claim: None });
+        }
+    }
     // A level with any sqldb_query of its own ignores every outer one.
     if conf.queries.is_empty() {
         conf.queries = prev.queries.clone();
@@ -233,7 +253,7 @@ pub(crate) unsafe extern "C" fn merge_loc_conf(
         conf.sets = prev.sets.iter().map(SetRule::clone_rule).collect();
     }
     if conf.rewrites.is_empty() {
-        conf.rewrites = prev.rewrites.iter().map(RewriteRule::clone_rule).collect();
+        conf.rewrites = prev.rewrites.clone();
     }
     if conf.escapes.is_empty() {
         conf.escapes = prev.escapes.iter().map(EscapeRule::clone_rule).collect();
@@ -305,25 +325,6 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_server(
         let args = conf_args(cf);
         let address = args[1];
 
-        let mut url: ngx_url_t = mem::zeroed();
-        url.url = address;
-        url.default_port = DEFAULT_PORT;
-        if ngx_parse_url((*cf).pool, &mut url) != OK {
-            let err = if url.err.is_null() {
-                "invalid address".into()
-            } else {
-                std::ffi::CStr::from_ptr(url.err).to_string_lossy()
-            };
-            return conf_error(
-                cf,
-                format_args!(
-                    "{} in \"{}\" of the \"sqldb_server\" directive",
-                    err,
-                    String::from_utf8_lossy(bytes(&address))
-                ),
-            );
-        }
-
         let mut params = ServerParams {
             weight: 1,
             max_fails: 1,
@@ -375,6 +376,35 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_server(
             }
         }
 
+        let mut url: ngx_url_t = mem::zeroed();
+        url.url = address;
+        url.default_port = keywords.port().unwrap_or(DEFAULT_PORT);
+        if ngx_parse_url((*cf).pool, &mut url) != OK {
+            let err = if url.err.is_null() {
+                "invalid address".into()
+            } else {
+                std::ffi::CStr::from_ptr(url.err).to_string_lossy()
+            };
+            return conf_error(
+                cf,
+                format_args!(
+                    "{} in \"{}\" of the \"sqldb_server\" directive",
+                    err,
+                    String::from_utf8_lossy(bytes(&address))
+                ),
+            );
+        }
+
+        let unix = bytes(&address).starts_with(b"unix:");
+        if !unix && url.no_port() == 0 && keywords.port().is_some() {
+            return conf_error(
+                cf,
+                format_args!(
+                    "\"port=\" conflicts with the port of the address \"{}\" in the \"sqldb_server\" directive",
+                    String::from_utf8_lossy(bytes(&address))
+                ),
+            );
+        }
         let host = String::from_utf8_lossy(bytes(&url.host)).into_owned();
         for i in 0..url.naddrs {
             let a = &*url.addrs.add(i);
@@ -403,6 +433,10 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_server(
                 Ok(c) => c,
                 Err(_) => return conf_error(cf, format_args!("\"sqldb_server\" parameters contain a NUL byte")),
             };
+            // libpq's own reading of the keywords, now rather than at the first request.
+            if let Err(e) = check_conninfo(&conninfo) {
+                return conf_error(cf, format_args!("\"sqldb_server\" directive: {e}"));
+            }
             let sockaddr = std::slice::from_raw_parts(a.sockaddr as *const u8, a.socklen as usize).to_vec();
             srv.addrs.push(ServerAddr {
                 sockaddr,
@@ -458,17 +492,19 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_pass(
         if value.len == 0 {
             return conf_error(cf, format_args!("empty upstream name in \"sqldb_pass\" directive"));
         }
-        let mut name = Vec::new();
         if ngx_http_script_variables_count(&mut value) > 0 {
             match compile_complex(cf, &mut value) {
                 Some(cv) => lcf.pass_var = cv,
                 None => return CONF_ERROR,
             }
         } else {
-            name = bytes(&value).to_vec();
+            lcf.pass_name = bytes(&value).to_vec();
         }
         let mcf = &mut *http_conf_get::<MainConf>(cf, ptr::addr_of!(MODULE), ConfSlot::Main);
-        mcf.pending.push(PendingPass { lcf, name, claim });
+        mcf.pending.push(PendingPass {
+            lcf,
+            claim: Some(claim),
+        });
         CONF_OK
     }
 }
@@ -575,22 +611,28 @@ pub(crate) unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_in
             return ERROR;
         }
         for p in mcf.pending.drain(..) {
-            if !check_claims(cf, std::slice::from_ref(&p.claim)) {
+            if p.claim
+                .as_ref()
+                .is_some_and(|c| !check_claims(cf, std::slice::from_ref(c)))
+            {
                 return ERROR;
             }
-            if p.name.is_empty() {
+            let name = &(*p.lcf).pass_name;
+            if name.is_empty() {
                 continue;
             }
-            match find_upstream(umcf, &p.name) {
+            match find_upstream(umcf, name) {
                 Some(uscf) => (*p.lcf).upstream.upstream = uscf,
+                // Reported once, where the directive is (an `if` block inherits it).
                 None => {
+                    let Some(claim) = &p.claim else { continue };
                     log!(
                         NGX_LOG_EMERG,
                         (*cf).log,
                         "\"sqldb_pass\" names upstream \"{}\", which has no \"sqldb_server\" in {}:{}",
-                        String::from_utf8_lossy(&p.name),
-                        p.claim.file(),
-                        p.claim.line()
+                        String::from_utf8_lossy(name),
+                        claim.file(),
+                        claim.line()
                     );
                     return ERROR;
                 }
@@ -622,16 +664,17 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_keepalive(
         for arg in &args[1..] {
             let a = bytes(arg);
             let text = String::from_utf8_lossy(a);
+            // Values in any letter case, as the C module takes them; max=0 is off.
             let ok = if let Some(v) = a.strip_prefix(b"max=") {
                 let n = ngx_atoi(v.as_ptr() as *mut u8, v.len());
                 pool.max = n as usize;
-                n > 0
+                n >= 0
             } else if let Some(v) = a.strip_prefix(b"mode=") {
-                pool.single = v == b"single";
-                v == b"single" || v == b"multi"
+                pool.single = v.eq_ignore_ascii_case(b"single");
+                pool.single || v.eq_ignore_ascii_case(b"multi")
             } else if let Some(v) = a.strip_prefix(b"overflow=") {
-                pool.reject = v == b"reject";
-                v == b"reject" || v == b"ignore"
+                pool.reject = v.eq_ignore_ascii_case(b"reject");
+                pool.reject || v.eq_ignore_ascii_case(b"ignore")
             } else if let Some(v) = a.strip_prefix(b"idle_timeout=") {
                 let mut s = ngx_str_t {
                     len: v.len(),
@@ -722,7 +765,10 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_output(
             return conf_error(cf, format_args!("\"sqldb_output\" directive is duplicate"));
         }
         let value = bytes(&conf_args(cf)[1]);
-        match Output::ALL.iter().position(|(name, _)| name.as_bytes() == value) {
+        match Output::ALL
+            .iter()
+            .position(|(name, _)| name.as_bytes().eq_ignore_ascii_case(value))
+        {
             Some(code) => lcf.output = code as ngx_uint_t,
             None => {
                 let text = String::from_utf8_lossy(value);

@@ -1447,22 +1447,26 @@ unsafe fn complete(r: *mut ngx_http_request_t) {
         }
         let lcf = loc_conf(r);
         vars::store_counts(r, &res);
-        if let Err(status) = vars::apply_sets(r, lcf, &res) {
-            fail(r, status, false);
-            return;
-        }
         let u = (*r).upstream;
         if !(*u).state.is_null() {
             (*(*u).state).header_time = current_msec().wrapping_sub((*u).start_time);
         }
+        // The rewrite first: a code of 300 or more without "=" answers with
+        // nginx's own page for it (`error_page` applies), before sqldb_set.
+        let rewritten = vars::rewrite(r, lcf, &res);
+        if let Some((status, false)) = rewritten.filter(|&(s, _)| s >= 300) {
+            finish_upstream(r, HTTP_OK, 0);
+            ngx_http_finalize_request(r, status as ngx_int_t);
+            return;
+        }
+        if let Err(status) = vars::apply_sets(r, lcf, &res) {
+            fail(r, status, false);
+            return;
+        }
         finish_upstream(r, HTTP_OK, 0);
-        let rc = match vars::rewrite(r, lcf, &res) {
-            // nginx's own page for the status (`error_page` applies).
-            Some((status, false)) if status >= 300 => status as ngx_int_t,
-            // `=code`, or a code below 300: the result with that status.
-            Some((status, _)) => output::send(r, &res, Output::from_code(lcf.output), status),
-            None => output::send(r, &res, Output::from_code(lcf.output), HTTP_OK as ngx_uint_t),
-        };
+        // `=code`, or a code below 300: the result with that status.
+        let status = rewritten.map_or(HTTP_OK as ngx_uint_t, |(s, _)| s);
+        let rc = output::send(r, &res, Output::from_code(lcf.output), status);
         ngx_http_finalize_request(r, rc);
     }
 }

@@ -163,8 +163,23 @@ pub unsafe fn send_rds(r: *mut ngx_http_request_t, res: &PgResult, status: ngx_u
     unsafe { send_body(r, status, Some(RDS_CONTENT_TYPE), out) }
 }
 
+/// Content-Type: the location's `default_type`.
+///
+/// # Safety
+/// `r` must be a live request.
+pub unsafe fn set_default_type(r: *mut ngx_http_request_t) {
+    // SAFETY: r is live; the core module's location configuration outlives it.
+    unsafe {
+        let clcf = &*request_loc_conf::<ngx_http_core_loc_conf_t>(r, ptr::addr_of!(ngx_http_core_module));
+        let ho = &mut (*r).headers_out;
+        ho.content_type = clcf.default_type;
+        ho.content_type_len = clcf.default_type.len;
+        ho.content_type_lowcase = ptr::null_mut();
+    }
+}
+
 /// Sends a response whose body is `body`, handed to the request pool;
-/// without a content type, the location's (`default_type`, `types`).
+/// without a content type, the location's `default_type`.
 ///
 /// # Safety
 /// `r` must be a live request.
@@ -185,11 +200,8 @@ pub unsafe fn send_body(
                 ho.content_type_len = t.len();
                 ho.content_type_lowcase = ptr::null_mut();
             }
-            None => {
-                if ngx_http_set_content_type(r) != OK {
-                    return ERROR;
-                }
-            }
+            // The location's default_type, whatever the URI's extension.
+            None => set_default_type(r),
         }
         let ho = &mut (*r).headers_out;
         ho.status = status;

@@ -24,6 +24,28 @@ pub enum Flush {
     Failed,
 }
 
+/// Checks a connection string as libpq reads it (keywords and quoting),
+/// without connecting: libpq's own message when it does not parse.
+pub fn check_conninfo(conninfo: &CStr) -> Result<(), String> {
+    let mut err: *mut c_char = std::ptr::null_mut();
+    // SAFETY: conninfo is NUL-terminated; err receives a message to free.
+    let opts = unsafe { pq::PQconninfoParse(conninfo.as_ptr(), &mut err) };
+    if opts.is_null() {
+        let msg = if err.is_null() {
+            "out of memory".to_owned()
+        } else {
+            let m = cstr_lossy(err);
+            // SAFETY: err was allocated by libpq for us.
+            unsafe { pq::PQfreemem(err.cast()) };
+            m
+        };
+        return Err(msg);
+    }
+    // SAFETY: opts came from PQconninfoParse.
+    unsafe { pq::PQconninfoFree(opts) };
+    Ok(())
+}
+
 /// An owned libpq connection; dropping it closes the socket (PQfinish).
 pub struct PgConn(NonNull<pq::PGconn>);
 

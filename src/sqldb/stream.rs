@@ -101,11 +101,7 @@ impl Streaming {
                     ho.content_type_len = t.len();
                     ho.content_type_lowcase = ptr::null_mut();
                 }
-                None => {
-                    if ngx_http_set_content_type(r) != OK {
-                        return Err(CutShort);
-                    }
-                }
+                None => super::output::set_default_type(r),
             }
             let u = (*r).upstream;
             if !u.is_null() {

@@ -5,8 +5,8 @@
 use std::ffi::{c_char, c_void};
 use std::ptr;
 
-use gateway_core::method::parse_methods;
 use gateway_core::rds::ResultSet;
+use gateway_core::rewrite;
 use gateway_core::sql::quote_literal;
 
 use super::conf::{LocConf, MainConf};
@@ -221,7 +221,7 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_set(
             Some(c) => Column::Index(c),
             None => Column::Name(bytes(&args[3]).to_vec()),
         };
-        let required = match args.get(4).map(|a| bytes(a)) {
+        let required = match args.get(4).map(|a| bytes(a).to_ascii_lowercase()).as_deref() {
             None | Some(b"optional") => false,
             Some(b"required") => true,
             Some(other) => {
@@ -285,27 +285,6 @@ pub unsafe fn apply_sets(r: *mut ngx_http_request_t, lcf: &LocConf, res: &PgResu
 
 // -------------------------------------------------------- sqldb_rewrite ----
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Condition {
-    NoChanges,
-    Changes,
-    NoRows,
-    Rows,
-}
-
-pub struct RewriteRule {
-    methods: u32,
-    condition: Condition,
-    status: ngx_uint_t,
-    keep_body: bool,
-}
-
-impl RewriteRule {
-    pub fn clone_rule(&self) -> RewriteRule {
-        RewriteRule { ..*self }
-    }
-}
-
 /// `sqldb_rewrite [METHOD ...] no_changes | changes | no_rows | rows [=]CODE`
 pub(crate) unsafe extern "C" fn cmd_sqldb_rewrite(
     cf: *mut ngx_conf_t,
@@ -316,67 +295,31 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_rewrite(
     unsafe {
         let lcf = &mut *(conf as *mut LocConf);
         let args = conf_args(cf);
-        let n = args.len();
-        let condition = match bytes(&args[n - 2]) {
-            b"no_changes" => Condition::NoChanges,
-            b"changes" => Condition::Changes,
-            b"no_rows" => Condition::NoRows,
-            b"rows" => Condition::Rows,
-            other => {
-                let text = String::from_utf8_lossy(other);
-                return conf_error(
-                    cf,
-                    format_args!("invalid condition \"{text}\" in \"sqldb_rewrite\" directive"),
-                );
-            }
-        };
-        let code = bytes(&args[n - 1]);
-        let (keep_body, digits) = match code.strip_prefix(b"=") {
-            Some(d) => (true, d),
-            None => (false, code),
-        };
-        let status = std::str::from_utf8(digits)
-            .ok()
-            .and_then(|s| s.parse::<ngx_uint_t>().ok());
-        let Some(status) = status.filter(|s| (200..=599).contains(s)) else {
-            let text = String::from_utf8_lossy(code);
-            return conf_error(
-                cf,
-                format_args!("invalid status \"{text}\" in \"sqldb_rewrite\" directive"),
-            );
-        };
-        let methods = match parse_methods(args[1..n - 2].iter().map(|a| bytes(a))) {
-            Ok(m) => m,
-            Err(e) => return conf_error(cf, format_args!("\"sqldb_rewrite\" directive: {e}")),
-        };
-        lcf.rewrites.push(RewriteRule {
-            methods,
-            condition,
-            status,
-            keep_body,
-        });
+        match rewrite::parse_rule(args[1..].iter().map(|a| bytes(a))) {
+            Ok(rule) => lcf.rewrites.push(rule),
+            Err(e) => return conf_error(cf, format_args!("{e} in \"sqldb_rewrite\" directive")),
+        }
         CONF_OK
     }
 }
 
-/// The first `sqldb_rewrite` that applies: (status, keep the body).
+/// The `sqldb_rewrite` rule for this request and result: (status, keep the body).
 ///
 /// # Safety
 /// `r` must be live.
 pub unsafe fn rewrite(r: *mut ngx_http_request_t, lcf: &LocConf, res: &PgResult) -> Option<(ngx_uint_t, bool)> {
     // SAFETY: r is live.
     let method = unsafe { (*r).method } as u32;
-    let holds = |c: Condition| match (res.kind(), c) {
-        (ResultKind::Tuples, Condition::Rows) => res.rows() > 0,
-        (ResultKind::Tuples, Condition::NoRows) => res.rows() == 0,
-        (ResultKind::Command, Condition::Changes) => res.affected_rows() > 0,
-        (ResultKind::Command, Condition::NoChanges) => res.affected_rows() == 0,
-        _ => false,
+    let rows = if res.kind() == ResultKind::Tuples {
+        res.rows()
+    } else {
+        0
     };
-    lcf.rewrites
-        .iter()
-        .find(|w| (w.methods == 0 || w.methods & method != 0) && holds(w.condition))
-        .map(|w| (w.status, w.keep_body))
+    let facts = rewrite::Facts {
+        rows: rows as u64,
+        affected: res.affected(),
+    };
+    rewrite::choose(&lcf.rewrites, method, facts).map(|w| (ngx_uint_t::from(w.status), w.keep_body))
 }
 
 // --------------------------------------------------------- sqldb_escape ----
@@ -405,12 +348,19 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_escape(
     unsafe {
         let lcf = &mut *(conf as *mut LocConf);
         let args = conf_args(cf);
-        let dst = match writable_variable(cf, &args[1]) {
+        let mut empty_string = false;
+        let mut name = args[1];
+        // `sqldb_escape =$var`: in place, an empty value as ''.
+        if args.len() == 2 && bytes(&name).starts_with(b"=") {
+            empty_string = true;
+            name.data = name.data.add(1);
+            name.len -= 1;
+        }
+        let dst = match writable_variable(cf, &name) {
             Ok(i) => i,
             Err(e) => return e,
         };
         let mut src = ptr::null_mut();
-        let mut empty_string = false;
         if let Some(a) = args.get(2) {
             let mut value = *a;
             if bytes(&value).first() == Some(&b'=') {
