@@ -6,6 +6,7 @@
 pub mod conninfo;
 pub mod formats;
 pub mod method;
+pub mod pgwire;
 pub mod rds;
 pub mod redis;
 pub mod resp;

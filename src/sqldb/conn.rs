@@ -9,8 +9,9 @@
 use std::collections::VecDeque;
 use std::ptr::{self, NonNull};
 
+use super::cancel::Canceller;
 use super::handler::Ctx;
-use super::pq::PgConn;
+use super::pq::{CancelKey, PgConn};
 use crate::ffi::*;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +44,11 @@ pub struct Pending {
     pub again: bool,
     /// Single-row mode was asked for its query (streamed requests).
     pub single: bool,
+    /// Its rows are streamed: nothing may queue behind it (a client that
+    /// stops reading would hold them up).
+    pub streaming: bool,
+    /// Its number on the connection (to cancel each running query once).
+    pub seq: u64,
 }
 
 /// Templates prepared on one connection at most; later ones run unnamed.
@@ -55,6 +61,8 @@ pub struct Conn {
     c: NonNull<ngx_connection_t>,
     /// Index of the server address in the upstream's SrvConf.
     pub addr: usize,
+    /// That address as text, for the log.
+    pub name: String,
     pub state: State,
     /// libpq pipeline mode is on.
     pub pipeline: bool,
@@ -72,6 +80,18 @@ pub struct Conn {
     pub served: u64,
     prepared: Vec<usize>,
     pub pool: *mut Pool,
+    /// The session's cancel key (None: its queries cannot be cancelled).
+    pub cancel_key: Option<CancelKey>,
+    /// A cancel request under way.
+    pub canceller: Option<Canceller>,
+    /// Every request queued on it has gone: its queries are being
+    /// cancelled and their results read and dropped. It still counts
+    /// against `max`; new requests wait in `waiting` until it is clean.
+    pub draining: bool,
+    /// The `seq` of the last request queued, and of the last one whose
+    /// query a cancel request was sent for.
+    pub last_seq: u64,
+    pub cancelled_seq: Option<u64>,
 }
 
 impl Conn {
@@ -105,12 +125,56 @@ impl Conn {
     }
 
     /// Can a pipelined request queue on it? A ready connection in pipeline
-    /// mode, or one still connecting for a request that does not need it alone.
+    /// mode without a streamed request, one still connecting for a request
+    /// that does not need it alone, or one draining (the request waits).
     fn shareable(&self) -> bool {
         match self.state {
-            State::Ready => self.pipeline,
+            State::Ready if self.draining => true,
+            State::Ready => self.pipeline && !self.queue.iter().any(|p| p.streaming),
             State::Connecting => !self.exclusive,
         }
+    }
+
+    /// Requests wait in `waiting` rather than being sent (connecting or draining).
+    pub fn holds_requests(&self) -> bool {
+        self.state == State::Connecting || self.draining
+    }
+
+    /// An idle connection is still open at the server's end: nothing to
+    /// read, or only messages of no consequence (parameter changes). A
+    /// connection the server closed (restart, pg_terminate_backend) is found
+    /// here before a query is sent on it.
+    fn alive(&mut self) -> bool {
+        let peek = |c: &Conn| {
+            let mut b = 0u8;
+            // SAFETY: c's socket is open (libpq owns it); a 1-byte peek that never blocks.
+            let n = unsafe {
+                libc::recv(
+                    (*c.c.as_ptr()).fd,
+                    (&mut b as *mut u8).cast(),
+                    1,
+                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
+                )
+            };
+            match n {
+                0 => Some(false),
+                n if n > 0 => None,
+                _ => Some(matches!(
+                    std::io::Error::last_os_error().raw_os_error(),
+                    Some(libc::EAGAIN | libc::EINTR)
+                )),
+            }
+        };
+        if let Some(verdict) = peek(self) {
+            return verdict;
+        }
+        // Bytes on an idle session: let libpq read them (a FATAL message
+        // before the end, or a parameter change).
+        if !self.pg.consume_input() || self.pg.is_bad() {
+            return false;
+        }
+        let _ = self.pg.is_busy();
+        !self.pg.is_bad() && peek(self) != Some(false)
     }
 
     /// Stops (or resumes) reading the socket while a streamed request's
@@ -166,16 +230,23 @@ impl Conn {
         }
     }
 
+    /// Idle in the pool (nginx may close it on shutdown), with the idle timeout.
     fn set_idle_timer(&mut self, on: bool, ms: ngx_msec_t) {
         // SAFETY: c is live.
+        unsafe { (*self.c.as_ptr()).set_idle(on as u32) };
+        self.set_timer(on.then_some(ms));
+    }
+
+    /// Arms (or clears) the connection's own timer: the idle timeout, or
+    /// how long draining may take.
+    pub fn set_timer(&mut self, ms: Option<ngx_msec_t>) {
+        // SAFETY: c is live; its read event carries the connection's timer.
         unsafe {
-            let c = self.c.as_ptr();
-            (*c).set_idle(on as u32);
-            let rev = (*c).read;
-            if on {
-                ngx_add_timer(rev, ms);
-            } else if (*rev).timer_set() != 0 {
-                ngx_del_timer(rev);
+            let rev = (*self.c.as_ptr()).read;
+            match ms {
+                Some(ms) => ngx_add_timer(rev, ms),
+                None if (*rev).timer_set() != 0 => ngx_del_timer(rev),
+                None => {}
             }
         }
     }
@@ -239,10 +310,17 @@ impl Pool {
     pub fn pick(&mut self, addr: Option<usize>, pipelinable: bool) -> Pick {
         // SAFETY: idle and all hold live connections of this pool.
         let fits = |c: &*mut Conn| addr.is_none_or(|a| unsafe { (**c).addr } == a);
-        if let Some(i) = self.idle.iter().rposition(fits) {
+        while let Some(i) = self.idle.iter().rposition(fits) {
             let conn = self.idle.remove(i);
             // SAFETY: conn is live.
-            unsafe { (*conn).set_idle_timer(false, 0) };
+            unsafe {
+                if !(*conn).alive() {
+                    // Closed by the server a moment ago: no query was sent on it.
+                    self.close(conn);
+                    continue;
+                }
+                (*conn).set_idle_timer(false, 0);
+            }
             return Pick::Idle(conn);
         }
         if self.max == 0 || self.all.len() < self.max {
@@ -279,7 +357,7 @@ impl Pool {
     ///
     /// # Safety
     /// `log` must be live.
-    pub unsafe fn add(&mut self, pg: PgConn, addr: usize, log: *mut ngx_log_t) -> Option<*mut Conn> {
+    pub unsafe fn add(&mut self, pg: PgConn, addr: usize, name: String, log: *mut ngx_log_t) -> Option<*mut Conn> {
         // SAFETY: a fresh socket from libpq; nginx gives us a free connection slot.
         let c = NonNull::new(unsafe { ngx_get_connection(pg.socket(), log) })?;
         let pool: *mut Pool = self;
@@ -287,6 +365,7 @@ impl Pool {
             pg,
             c,
             addr,
+            name,
             state: State::Connecting,
             pipeline: false,
             queue: VecDeque::new(),
@@ -298,6 +377,11 @@ impl Pool {
             served: 0,
             prepared: Vec::new(),
             pool,
+            cancel_key: None,
+            canceller: None,
+            draining: false,
+            last_seq: 0,
+            cancelled_seq: None,
         });
         let raw: *mut Conn = &mut *conn;
         conn.log_to_cycle();
@@ -353,7 +437,10 @@ impl Pool {
         let Some(i) = self.all.iter().position(|c| ptr::eq(&**c, conn)) else {
             return;
         };
-        let boxed = self.all.swap_remove(i);
+        let mut boxed = self.all.swap_remove(i);
+        if let Some(canceller) = boxed.canceller.take() {
+            canceller.close();
+        }
         let c = boxed.c.as_ptr();
         // SAFETY: c is the live connection made for this socket in add().
         unsafe {

@@ -17,6 +17,7 @@ use std::ptr;
 
 use gateway_core::sql::has_several_statements;
 
+use super::cancel::{Canceller, Progress};
 use super::conf::{find_upstream, sqldb_srv_conf, LocConf, SrvConf, Template, TemplatePiece};
 use super::conn::{Conn, Mode, Pending, Pick, State};
 use super::output::{self, Output};
@@ -99,8 +100,6 @@ pub struct Ctx {
     conn: *mut Conn,
     /// The connection was opened for this request (not pooled nor shared).
     fresh: bool,
-    /// Some result (or error) of this request's query has arrived.
-    got_result: bool,
     /// The prepared statement had vanished once and was prepared again.
     reprepared: bool,
     last: Option<PgResult>,
@@ -223,7 +222,7 @@ unsafe extern "C" fn peer_get(pc: *mut ngx_peer_connection_t, data: *mut c_void)
                     }
                 };
                 // On failure nginx has logged why ("worker_connections are not enough").
-                let Some(conn) = srv.pool.add(pg, addr, (*pc).log) else {
+                let Some(conn) = srv.pool.add(pg, addr, name(), (*pc).log) else {
                     return ERROR;
                 };
                 use_conn(pc, pd, conn, true)
@@ -241,7 +240,9 @@ unsafe fn use_conn(pc: *mut ngx_peer_connection_t, pd: &mut PeerData, conn: *mut
         ctx.fresh = fresh;
         if fresh {
             (*conn).creator = ctx;
-            (*conn).exclusive = ctx.several;
+            // Several statements need the connection alone; a streamed
+            // request lets nothing queue behind it.
+            (*conn).exclusive = ctx.several || ctx.stream_format.is_some();
         }
         pd.standin.clear();
         (*pc).set_cached((!fresh) as u32);
@@ -267,8 +268,9 @@ unsafe extern "C" fn peer_free(pc: *mut ngx_peer_connection_t, data: *mut c_void
 }
 
 /// The request leaves its database connection before its results are in
-/// (client gone, timeout, failure). Its results, if they come, are dropped;
-/// a connection left busy with nobody waiting is closed rather than kept.
+/// (client gone, timeout, failure). Its results, if they come, are read and
+/// dropped; when no request is left waiting on the connection, the queries
+/// still running are cancelled on the server (see `begin_drain`).
 unsafe fn detach(ctx: &mut Ctx) {
     let conn = mem::replace(&mut ctx.conn, ptr::null_mut());
     if conn.is_null() {
@@ -283,17 +285,169 @@ unsafe fn detach(ctx: &mut Ctx) {
             cn.creator = ptr::null_mut();
         }
         cn.waiting.retain(|&c| c != me);
+        let was_head = cn.queue.front().is_some_and(|p| p.ctx == me);
         for p in cn.queue.iter_mut().filter(|p| p.ctx == me) {
             p.ctx = ptr::null_mut();
         }
         let nobody_waits = cn.creator.is_null() && cn.waiting.is_empty();
-        if (cn.state == State::Connecting && nobody_waits) || (cn.live() == 0 && !cn.queue.is_empty()) {
+        if cn.state == State::Connecting {
+            if nobody_waits {
+                fail_all(conn, None);
+                pool.close(conn);
+            }
+            return;
+        }
+        // A streamed request whose client stopped reading: reading resumes,
+        // for what comes after it.
+        if was_head && cn.paused && !cn.pause_reading(false) {
             fail_all(conn, None);
             pool.close(conn);
-        } else if cn.queue.is_empty() {
+            return;
+        }
+        if cn.queue.is_empty() && !cn.draining {
             // Picked but never used (nginx failed the request in between).
             pool.settle(conn);
+        } else if cn.live() == 0 && !cn.queue.is_empty() {
+            begin_drain(conn);
         }
+    }
+}
+
+/// How long the queries of requests that are gone may take to end once
+/// cancelled; then the connection is closed.
+const DRAIN_TIMEOUT: ngx_msec_t = 5_000;
+/// How long a cancel request may take.
+const CANCEL_TIMEOUT: ngx_msec_t = 5_000;
+
+/// Every request queued on the connection has gone while queries of theirs
+/// still run: cancel them on the server and read their results, so that
+/// the connection comes back clean. It stays in the pool meanwhile,
+/// counted against `max`, and new requests wait on it.
+unsafe fn begin_drain(conn: *mut Conn) {
+    // SAFETY: conn is a live connection of its pool.
+    unsafe {
+        let cn = &mut *conn;
+        if cn.draining {
+            return;
+        }
+        cn.draining = true;
+        cn.set_timer(Some(DRAIN_TIMEOUT));
+        cancel_running(conn);
+    }
+}
+
+/// Sends a cancel request for the query running now on a draining
+/// connection (one of a request that is gone: no other is on it), once per
+/// query: the one at the head of the queue.
+unsafe fn cancel_running(conn: *mut Conn) {
+    // SAFETY: conn is a live connection of its pool; the canceller is closed
+    // before the connection is freed (Pool::close).
+    unsafe {
+        let cn = &mut *conn;
+        let Some(head) = cn.queue.front().map(|p| p.seq) else {
+            return;
+        };
+        if !cn.draining || cn.canceller.is_some() || cn.cancelled_seq == Some(head) {
+            return;
+        }
+        cn.cancelled_seq = Some(head);
+        let log = cycle_log();
+        let pid = cn.pg.backend_pid();
+        let Some(key) = cn.cancel_key.as_ref() else {
+            log!(
+                NGX_LOG_INFO,
+                log,
+                "sqldb: a query of a request that is gone runs on {} (backend {pid}); it cannot be cancelled, its results are read and dropped",
+                cn.name
+            );
+            return;
+        };
+        match Canceller::start(key, Some(cancel_event), conn.cast(), CANCEL_TIMEOUT) {
+            Ok(c) => {
+                log!(
+                    NGX_LOG_INFO,
+                    log,
+                    "sqldb: cancelling the query of a request that is gone on {} (backend {pid})",
+                    cn.name
+                );
+                cn.canceller = Some(c);
+            }
+            Err(e) => log!(
+                NGX_LOG_WARN,
+                log,
+                "sqldb: cancel request to {} (backend {pid}) failed: {e}",
+                cn.name
+            ),
+        }
+    }
+}
+
+/// A draining connection whose queue has emptied: once its cancel request
+/// is through, the requests that waited on it go out, or it goes back to
+/// the pool.
+unsafe fn finish_drain(conn: *mut Conn, out: &mut Vec<Outcome>) {
+    // SAFETY: conn is a live connection of its pool.
+    unsafe {
+        let cn = &mut *conn;
+        if !cn.draining || !cn.queue.is_empty() || cn.canceller.is_some() {
+            return;
+        }
+        cn.draining = false;
+        cn.set_timer(None);
+        let waiting = mem::take(&mut cn.waiting);
+        send_all(conn, waiting, false, out);
+    }
+}
+
+/// Events of a cancel request's connection (its data is the database connection).
+pub(crate) unsafe extern "C" fn cancel_event(ev: *mut ngx_event_t) {
+    guard(cycle_log(), "sqldb cancel event", (), || {
+        // SAFETY: the cancel connection's data is the live Conn that owns it.
+        unsafe {
+            let c = (*ev).data as *mut ngx_connection_t;
+            let conn = (*c).data as *mut Conn;
+            let timed_out = (*ev).timedout() != 0;
+            (*ev).set_timedout(0);
+            let cn = &mut *conn;
+            let Some(canceller) = cn.canceller.as_mut() else { return };
+            match canceller.on_event(timed_out) {
+                Progress::Pending => return,
+                Progress::Done => {}
+                Progress::Failed(why) => log!(
+                    NGX_LOG_WARN,
+                    cycle_log(),
+                    "sqldb: cancel request to {} (backend {}) failed: {why}",
+                    cn.name,
+                    cn.pg.backend_pid()
+                ),
+            }
+            if let Some(canceller) = cn.canceller.take() {
+                canceller.close();
+            }
+            // The next query of a request that is gone may run by now.
+            cancel_running(conn);
+            let mut out = Vec::new();
+            finish_drain(conn, &mut out);
+            deliver(out);
+        }
+    })
+}
+
+/// The queries of requests that are gone did not end in time: the
+/// connection goes; requests that waited on it try again.
+unsafe fn drain_expired(conn: *mut Conn, out: &mut Vec<Outcome>) {
+    // SAFETY: conn is live.
+    unsafe {
+        let cn = &*conn;
+        log!(
+            NGX_LOG_WARN,
+            cycle_log(),
+            "sqldb: queries of requests that are gone did not end within {DRAIN_TIMEOUT} ms on {} (backend {}): closing the connection",
+            cn.name,
+            cn.pg.backend_pid()
+        );
+        fail_all(conn, Some(out));
+        (*cn.pool).close(conn);
     }
 }
 
@@ -524,7 +678,6 @@ unsafe fn run(r: *mut ngx_http_request_t) -> ngx_int_t {
             several,
             conn: ptr::null_mut(),
             fresh: false,
-            got_result: false,
             reprepared: false,
             last: None,
             error: None,
@@ -617,11 +770,16 @@ unsafe fn attach(r: *mut ngx_http_request_t) {
         pd.standin.read.log = client_log(r);
         pd.standin.c.data = r.cast();
         let conn = &mut *ctx.conn;
-        if conn.state == State::Connecting {
+        if conn.holds_requests() {
             if !ptr::eq(conn.creator, ctx) {
                 conn.waiting.push(ctx);
             }
-            ngx_add_timer(&mut pd.standin.read, lcf.connect_timeout);
+            let wait = if conn.state == State::Connecting {
+                lcf.connect_timeout
+            } else {
+                lcf.result_timeout
+            };
+            ngx_add_timer(&mut pd.standin.read, wait);
             return;
         }
         let u = (*r).upstream;
@@ -657,12 +815,15 @@ unsafe fn send(conn: *mut Conn, ctx: &mut Ctx, lcf: &LocConf) -> bool {
     } else {
         Mode::Pipelined { preparing }
     };
+    cn.last_seq += 1;
     cn.queue.push_back(Pending {
         ctx,
         mode,
         stage: 0,
         again: false,
         single: false,
+        streaming: ctx.stream_format.is_some(),
+        seq: cn.last_seq,
     });
     // SAFETY: r is live.
     unsafe { set_action(ctx.r, c"reading result from PostgreSQL") };
@@ -758,8 +919,7 @@ enum Outcome {
     Complete(*mut Ctx),
     Failed {
         ctx: *mut Ctx,
-        stale: bool,
-        connecting: bool,
+        lost: Lost,
     },
     /// The query cannot be served (COPY): 500.
     Refused(*mut Ctx),
@@ -820,6 +980,15 @@ unsafe fn on_conn_event(conn: *mut Conn, timed_out: bool, readable: bool, out: &
                     connected(conn, out);
                 }
             }
+            State::Ready if cn.draining && timed_out => drain_expired(conn, out),
+            State::Ready if cn.draining && cn.queue.is_empty() => {
+                // Its queries are done, its cancel request not yet: only the
+                // server closing the connection matters.
+                if readable && (!cn.pg.consume_input() || cn.pg.is_bad()) {
+                    let msg = format!("connection lost: {}", cn.pg.error_message());
+                    broken_into(conn, &msg, out);
+                }
+            }
             State::Ready if cn.queue.is_empty() => {
                 // Idle: only the idle timeout, nginx shutting down, or the
                 // server closing the connection (restart, pg_terminate_backend).
@@ -857,13 +1026,10 @@ unsafe fn on_conn_event(conn: *mut Conn, timed_out: bool, readable: bool, out: &
                     );
                     return;
                 }
-                if readable && !cn.pg.consume_input() {
-                    broken_into(
-                        conn,
-                        &format!("reading from PostgreSQL failed: {}", cn.pg.error_message()),
-                        out,
-                    );
-                    return;
+                // When reading fails, what arrived before (the server's
+                // reason for closing, results) is still read first.
+                if readable {
+                    let _ = cn.pg.consume_input();
                 }
                 read_results(conn, out);
             }
@@ -877,11 +1043,22 @@ unsafe fn connected(conn: *mut Conn, out: &mut Vec<Outcome>) {
     // SAFETY: conn is live; its creator and waiting requests are live requests.
     unsafe {
         let cn = &mut *conn;
+        cn.cancel_key = cn.pg.cancel_key();
         let creator = mem::replace(&mut cn.creator, ptr::null_mut());
         let mut ready: Vec<*mut Ctx> = mem::take(&mut cn.waiting);
         if !creator.is_null() {
             ready.insert(0, creator);
         }
+        send_all(conn, ready, true, out);
+    }
+}
+
+/// Sends the queries of requests that waited on the connection (while it
+/// was connecting or draining); with none, the connection goes back to the pool.
+unsafe fn send_all(conn: *mut Conn, ready: Vec<*mut Ctx>, connecting: bool, out: &mut Vec<Outcome>) {
+    // SAFETY: conn is live; the waiting requests are live requests.
+    unsafe {
+        let cn = &mut *conn;
         if ready.is_empty() {
             (*cn.pool).settle(conn); // its requests went away: keep it for the next
             return;
@@ -891,13 +1068,17 @@ unsafe fn connected(conn: *mut Conn, out: &mut Vec<Outcome>) {
             let r = ctx.r;
             let u = (*r).upstream;
             if !(*u).state.is_null() {
-                (*(*u).state).connect_time = current_msec().wrapping_sub((*u).start_time);
+                (*(*u).state).connect_time = if connecting {
+                    current_msec().wrapping_sub((*u).start_time)
+                } else {
+                    0
+                };
             }
             if let Some(pd) = ctx.peer.as_mut() {
                 ngx_add_timer(&mut pd.standin.read, loc_conf(r).result_timeout);
             }
             if !send(conn, ctx, loc_conf(r)) {
-                // Those not sent yet fail with the rest.
+                // Those not sent yet fail with the rest (and may try again).
                 cn.waiting.extend_from_slice(&ready[i + 1..]);
                 let msg = format!("sending the query failed: {}", cn.pg.error_message());
                 broken_into(conn, &msg, out);
@@ -979,7 +1160,6 @@ unsafe fn read_results(conn: *mut Conn, out: &mut Vec<Outcome>) {
                         return;
                     }
                     let Some(ctx) = ctx else { continue };
-                    ctx.got_result = true;
                     if kind == ResultKind::Row {
                         let (format, r) = (ctx.stream_format.unwrap_or(StreamFormat::Rds), ctx.r);
                         let s = ctx
@@ -1026,18 +1206,17 @@ unsafe fn read_results(conn: *mut Conn, out: &mut Vec<Outcome>) {
         if let Some(ctx) = paused {
             pause(conn, &mut *ctx);
         }
-        if let Some(why) = lost {
-            if cn.pg.is_bad() || !cn.pg.consume_input() || cn.pg.is_bad() {
-                broken_into(conn, &format!("connection lost: {why}"), out);
-                return;
-            }
-            // The end of the session is announced but not here yet: the
-            // next read event finds it.
+        // The end of the session may be announced (a FATAL message) before it
+        // is here: then the next read event finds it.
+        let gone = cn.pg.is_bad() || (lost.is_some() && (!cn.pg.consume_input() || cn.pg.is_bad()));
+        if gone {
+            let why = lost.unwrap_or_else(|| cn.pg.error_message());
+            broken_into(conn, &format!("connection lost: {why}"), out);
+            return;
         }
         for ctx in again {
             let ctx: &mut Ctx = &mut *ctx;
             ctx.reprepared = true;
-            ctx.got_result = false;
             if !send(conn, ctx, loc_conf(ctx.r)) {
                 broken_into(
                     conn,
@@ -1048,7 +1227,15 @@ unsafe fn read_results(conn: *mut Conn, out: &mut Vec<Outcome>) {
             }
         }
         if cn.queue.is_empty() {
-            (*cn.pool).settle(conn);
+            if cn.draining {
+                finish_drain(conn, out);
+            } else {
+                (*cn.pool).settle(conn);
+            }
+        } else if cn.live() == 0 {
+            // Only requests that are gone are left: cancel what runs.
+            begin_drain(conn);
+            cancel_running(conn);
         }
     }
 }
@@ -1163,28 +1350,48 @@ fn finish_pending(cn: &mut Conn, p: Option<Pending>, again: &mut Vec<*mut Ctx>, 
     out.push(Outcome::Complete(p.ctx));
 }
 
+/// Why a request lost its connection, and so what it may do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lost {
+    /// Connecting failed: the next server, counted as this one's failure.
+    Connect,
+    /// Its query was never sent (it waited on the connection): one more try.
+    NotSent,
+    /// Its query was sent and may have run: never sent again; 502.
+    Sent,
+}
+
 /// Every request on the connection fails (it is about to be closed).
 unsafe fn fail_all(conn: *mut Conn, out: Option<&mut Vec<Outcome>>) {
     // SAFETY: conn is live; its queued requests are live or null.
     unsafe {
         let cn = &mut *conn;
-        let connecting = cn.state == State::Connecting;
-        let mut failed = Vec::new();
+        let waited = if cn.state == State::Connecting {
+            Lost::Connect
+        } else {
+            Lost::NotSent
+        };
+        let mut failed: Vec<(*mut Ctx, Lost)> = Vec::new();
         if let Some(ctx) = cn.creator.as_mut() {
-            failed.push(ctx as *mut Ctx);
+            failed.push((ctx, Lost::Connect));
         }
         cn.creator = ptr::null_mut();
-        failed.append(&mut cn.waiting);
-        failed.extend(cn.queue.drain(..).map(|p| p.ctx).filter(|c| !c.is_null()));
+        failed.extend(cn.waiting.drain(..).map(|c| (c, waited)));
+        failed.extend(
+            cn.queue
+                .drain(..)
+                .map(|p| p.ctx)
+                .filter(|c| !c.is_null())
+                .map(|c| (c, Lost::Sent)),
+        );
         let mut dropped = Vec::new();
         let out = match out {
             Some(o) => o,
             None => &mut dropped,
         };
-        for ctx in failed {
+        for (ctx, lost) in failed {
             (*ctx).conn = ptr::null_mut();
-            let stale = !connecting && !(*ctx).fresh && !(*ctx).got_result;
-            out.push(Outcome::Failed { ctx, stale, connecting });
+            out.push(Outcome::Failed { ctx, lost });
         }
     }
 }
@@ -1213,8 +1420,12 @@ unsafe fn broken_into(conn: *mut Conn, msg: &str, out: &mut Vec<Outcome>) {
         let start = out.len();
         fail_all(conn, Some(out));
         for o in &out[start..] {
-            if let Outcome::Failed { ctx, stale, .. } = o {
-                let level = if *stale { NGX_LOG_INFO } else { NGX_LOG_ERR };
+            if let Outcome::Failed { ctx, lost } = o {
+                let level = if *lost == Lost::NotSent {
+                    NGX_LOG_INFO
+                } else {
+                    NGX_LOG_ERR
+                };
                 log!(level, client_log((**ctx).r), "sqldb: {msg}");
             }
         }
@@ -1247,9 +1458,13 @@ unsafe fn deliver(out: Vec<Outcome>) {
             match o {
                 Outcome::Complete(_) => complete(r),
                 Outcome::Refused(_) => fail(r, HTTP_INTERNAL_SERVER_ERROR, false),
-                Outcome::Failed { stale: true, .. } => next_after_stale(r),
-                Outcome::Failed { connecting: true, .. } => next(r, HTTP_BAD_GATEWAY, NGX_HTTP_UPSTREAM_FT_ERROR),
-                Outcome::Failed { .. } => fail(r, HTTP_BAD_GATEWAY, true),
+                Outcome::Failed {
+                    lost: Lost::NotSent, ..
+                } => next_after_stale(r),
+                Outcome::Failed {
+                    lost: Lost::Connect, ..
+                } => next(r, HTTP_BAD_GATEWAY, NGX_HTTP_UPSTREAM_FT_ERROR),
+                Outcome::Failed { lost: Lost::Sent, .. } => fail(r, HTTP_BAD_GATEWAY, true),
             }
             ngx_http_run_posted_requests(client);
         }
@@ -1315,9 +1530,9 @@ unsafe fn next(r: *mut ngx_http_request_t, status: ngx_int_t, ft: u32) {
     unsafe { next_peer(r, status, ft, false) }
 }
 
-/// A pooled connection had been closed by the server before the query
-/// reached it: not the server's failure (the balancer is not told so), and
-/// one more try, as nginx gives its cached keepalive connections.
+/// The request waited on a connection that closed before its query was
+/// sent: not the server's failure (the balancer is not told so), and one
+/// more try, as nginx gives its cached keepalive connections.
 unsafe fn next_after_stale(r: *mut ngx_http_request_t) {
     // SAFETY: r is live.
     unsafe { next_peer(r, HTTP_BAD_GATEWAY, NGX_HTTP_UPSTREAM_FT_ERROR, true) }

@@ -1,5 +1,6 @@
 //! The database gateway: PostgreSQL behind nginx locations.
 
+pub mod cancel;
 pub mod conf;
 pub mod conn;
 pub mod handler;

@@ -214,9 +214,91 @@ impl PgConn {
         NonNull::new(unsafe { pq::PQgetResult(self.raw()) }).map(PgResult)
     }
 
+    /// libpq's message for the connection: its first line (the lines after
+    /// it are libpq's advice, or errors of later calls on a dead connection).
     pub fn error_message(&self) -> String {
+        // SAFETY: live connection; the message is copied at once.
+        let p = unsafe { pq::PQerrorMessage(self.raw()) };
+        if p.is_null() {
+            return String::new();
+        }
+        // SAFETY: libpq's messages are NUL-terminated.
+        let text = unsafe { CStr::from_ptr(p) }.to_string_lossy();
+        text.lines()
+            .map(str::trim)
+            .find(|l| !l.is_empty())
+            .unwrap_or("")
+            .to_owned()
+    }
+}
+
+/// What a cancel request for a connection's backend needs: the server's
+/// address as libpq connected to it (a sockaddr), the backend's PID and
+/// its secret key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CancelKey {
+    pub addr: Vec<u8>,
+    pub pid: i32,
+    pub key: i32,
+}
+
+/// The start of libpq's internal `struct pg_cancel` (libpq-int.h), the same
+/// from PostgreSQL 9 to 17: the server's address (`SockAddr`: a
+/// sockaddr_storage and its length), the backend's PID and key.
+#[repr(C)]
+struct PgCancelHead {
+    raddr: SockAddr,
+    be_pid: c_int,
+    be_key: c_int,
+}
+
+/// libpq's `SockAddr` (padded as a struct of its own, which matters).
+#[repr(C)]
+struct SockAddr {
+    addr: libc::sockaddr_storage,
+    salen: libc::socklen_t,
+}
+
+impl PgConn {
+    /// The cancel key of a connected session, for a cancel request sent on
+    /// nginx's events (libpq before 17 only sends one blocking, PQcancel).
+    /// None when libpq is of another layout or the key does not check out.
+    pub fn cancel_key(&self) -> Option<CancelKey> {
+        // SAFETY: plain calls on a live connection.
+        let (version, pid) = unsafe { (pq::PQlibVersion(), pq::PQbackendPID(self.raw())) };
+        if !(90000..180000).contains(&version) || pid == 0 {
+            return None;
+        }
+        // SAFETY: live connection; the result is freed below.
+        let cancel = NonNull::new(unsafe { pq::PQgetCancel(self.raw()) })?;
+        // SAFETY: for the libpq versions admitted above, PGcancel begins with
+        // PgCancelHead's fields; the PID is checked against PQbackendPID
+        // before anything read here is used.
+        let head = unsafe { &*(cancel.as_ptr() as *const PgCancelHead) };
+        let len = head.raddr.salen as usize;
+        let family = i32::from(head.raddr.addr.ss_family);
+        let sane = head.be_pid == pid
+            && len > 0
+            && len <= std::mem::size_of::<libc::sockaddr_storage>()
+            && matches!(family, libc::AF_INET | libc::AF_INET6 | libc::AF_UNIX);
+        let key = sane.then(|| {
+            // SAFETY: len bytes of the sockaddr_storage, checked above.
+            let addr = unsafe { std::slice::from_raw_parts(&head.raddr.addr as *const _ as *const u8, len) };
+            CancelKey {
+                addr: addr.to_vec(),
+                pid,
+                key: head.be_key,
+            }
+        });
+        // SAFETY: the object came from PQgetCancel and is not used after this.
+        unsafe { pq::PQfreeCancel(cancel.as_ptr()) };
+        key
+    }
+
+    /// The backend's process ID.
+    pub fn backend_pid(&self) -> i32 {
         // SAFETY: live connection.
-        cstr_lossy(unsafe { pq::PQerrorMessage(self.raw()) })
+        unsafe { pq::PQbackendPID(self.raw()) }
     }
 }
 
