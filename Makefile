@@ -26,7 +26,7 @@ APT_PACKAGES := nginx nginx-dev libpq-dev libclang-dev clang pkg-config \
                 libtest-base-perl libtext-diff-perl libipc-run-perl liburi-perl \
                 libwww-perl libnginx-mod-http-srcache-filter openssl
 
-.PHONY: all build vendored deps unittest test test-debian test-vendored run stop bench check clean
+.PHONY: all build fault vendored deps unittest test test-debian test-vendored run stop bench check clean
 
 all: build
 
@@ -55,6 +55,15 @@ $(DEB_MODULE): $(DEB_BUILD)/objs/ngx_auto_config.h FORCE
 	NGINX_BUILD_DIR=$(DEB_BUILD)/objs $(CARGO) build --release --target-dir $(DEB_TARGET)
 	mkdir -p $(OBJS) && cp $(DEB_TARGET)/release/lib$(MODULE) $(DEB_MODULE)
 
+# The Debian build with fault injection (NGX_GATEWAY_PANIC=<entry point>),
+# for the suite that shows every entry point survives a panic.
+FAULT_TARGET := $(CURDIR)/target/fault
+FAULT_MODULE := $(OBJS)/fault/$(MODULE)
+
+fault: $(DEB_BUILD)/objs/ngx_auto_config.h FORCE
+	NGINX_BUILD_DIR=$(DEB_BUILD)/objs $(CARGO) build --release --features fault-injection --target-dir $(FAULT_TARGET)
+	mkdir -p $(OBJS)/fault && cp $(FAULT_TARGET)/release/lib$(MODULE) $(FAULT_MODULE)
+
 vendored: FORCE
 	$(CARGO) build --release --features vendored --target-dir $(VEN_TARGET)
 	mkdir -p $(OBJS)/vendored
@@ -65,16 +74,16 @@ unittest:
 	$(CARGO) test -p gateway-core --target-dir $(DEB_TARGET)
 
 test: deps
-	$(MAKE) check unittest build vendored
+	$(MAKE) check unittest build fault vendored
 	$(MAKE) test-debian test-vendored
 
 # The .t suites against one nginx build; t/lib/harness holds the runner
 # (an upstream Test::Nginx::Socket earlier in @INC is used instead).
 PROVE := prove -I t/lib/harness $(PROVE_FLAGS) t/
 
-test-debian: build
+test-debian: build fault
 	@echo "=== suites on Debian's nginx: $$(/usr/sbin/nginx -v 2>&1)"
-	TEST_NGINX_BINARY=/usr/sbin/nginx TEST_NGINX_LOAD_MODULES=$(DEB_MODULE) $(PROVE)
+	TEST_NGINX_BINARY=/usr/sbin/nginx TEST_NGINX_LOAD_MODULES=$(DEB_MODULE) TEST_NGINX_FAULT_MODULE=$(FAULT_MODULE) $(PROVE)
 
 test-vendored: vendored
 	@echo "=== suites on the vendored nginx: $$($(VEN_NGINX) -v 2>&1)"
@@ -91,6 +100,7 @@ bench: deps build
 
 check: $(DEB_BUILD)/objs/ngx_auto_config.h
 	$(CARGO) fmt --all -- --check
+	perl tools/check-entry-points
 	NGINX_BUILD_DIR=$(DEB_BUILD)/objs $(CARGO) clippy --release --target-dir $(DEB_TARGET) --workspace -- -D warnings
 
 clean:

@@ -76,7 +76,7 @@ is(seq_value(), $before + 1, 'the query ran exactly once (no silent retry)');
 # Whether the server's FATAL message arrives before the end depends on the
 # server: either is a clear reason.
 like(nginx_error_log(),
-    qr/\[error\].*sqldb: connection lost: (FATAL: terminating connection due to administrator command|server closed the connection unexpectedly) while/,
+    qr/\[error\].*sqldb: connection lost: (FATAL: terminating connection due to administrator command \(SQLSTATE 57P01\)|server closed the connection unexpectedly) while/,
     'the log says why');
 is((http_get($port, '/echo'))[1], 'echo', 'the next request is served');
 

@@ -43,101 +43,111 @@ pub struct CacheMainConf {
 }
 
 unsafe extern "C" fn create_main_conf(cf: *mut ngx_conf_t) -> *mut c_void {
-    let conf = CacheMainConf {
-        pending: Vec::new(),
-        key: -1,
-        db: -1,
-        exptime: -1,
-    };
-    // SAFETY: cf->pool is the configuration pool.
-    unsafe { pool_alloc((*cf).pool, conf) }.map_or(ptr::null_mut(), |p| p.as_ptr().cast())
+    // SAFETY: nginx passes the live configuration.
+    guard(unsafe { (*cf).log }, "cache create_main_conf", ptr::null_mut(), || {
+        let conf = CacheMainConf {
+            pending: Vec::new(),
+            key: -1,
+            db: -1,
+            exptime: -1,
+        };
+        // SAFETY: cf->pool is the configuration pool.
+        unsafe { pool_alloc((*cf).pool, conf) }.map_or(ptr::null_mut(), |p| p.as_ptr().cast())
+    })
 }
 
 unsafe extern "C" fn create_loc_conf(cf: *mut ngx_conf_t) -> *mut c_void {
-    // SAFETY: ngx_http_upstream_conf_t is plain C data for which all-zero is "unset".
-    let mut u: ngx_http_upstream_conf_t = unsafe { mem::zeroed() };
-    u.connect_timeout = CONF_UNSET_MSEC;
-    u.send_timeout = CONF_UNSET_MSEC;
-    u.read_timeout = CONF_UNSET_MSEC;
-    u.buffer_size = usize::MAX;
-    u.socket_keepalive = CONF_UNSET;
-    let conf = CacheLocConf {
-        upstream: u,
-        pass_set: false,
-        pass_var: ptr::null_mut(),
-        auth: ptr::null_mut(),
-        next_upstream_set: false,
-    };
-    // SAFETY: cf->pool is the configuration pool.
-    unsafe { pool_alloc((*cf).pool, conf) }.map_or(ptr::null_mut(), |p| p.as_ptr().cast())
+    // SAFETY: nginx passes the live configuration.
+    guard(unsafe { (*cf).log }, "cache create_loc_conf", ptr::null_mut(), || {
+        // SAFETY: ngx_http_upstream_conf_t is plain C data for which all-zero is "unset".
+        let mut u: ngx_http_upstream_conf_t = unsafe { mem::zeroed() };
+        u.connect_timeout = CONF_UNSET_MSEC;
+        u.send_timeout = CONF_UNSET_MSEC;
+        u.read_timeout = CONF_UNSET_MSEC;
+        u.buffer_size = usize::MAX;
+        u.socket_keepalive = CONF_UNSET;
+        let conf = CacheLocConf {
+            upstream: u,
+            pass_set: false,
+            pass_var: ptr::null_mut(),
+            auth: ptr::null_mut(),
+            next_upstream_set: false,
+        };
+        // SAFETY: cf->pool is the configuration pool.
+        unsafe { pool_alloc((*cf).pool, conf) }.map_or(ptr::null_mut(), |p| p.as_ptr().cast())
+    })
 }
 
 unsafe extern "C" fn merge_loc_conf(cf: *mut ngx_conf_t, parent: *mut c_void, child: *mut c_void) -> *mut c_char {
-    // SAFETY: nginx passes two CacheLocConf made by create_loc_conf.
-    let (prev, conf) = unsafe { (&*(parent as *const CacheLocConf), &mut *(child as *mut CacheLocConf)) };
-    let (p, u) = (&prev.upstream, &mut conf.upstream);
-    for (c, pv) in [
-        (&mut u.connect_timeout, p.connect_timeout),
-        (&mut u.send_timeout, p.send_timeout),
-        (&mut u.read_timeout, p.read_timeout),
-    ] {
-        if *c == CONF_UNSET_MSEC {
-            *c = if pv == CONF_UNSET_MSEC { 60_000 } else { pv };
+    // SAFETY: nginx passes the live configuration.
+    guard(unsafe { (*cf).log }, "cache merge_loc_conf", CONF_ERROR, || {
+        // SAFETY: nginx passes two CacheLocConf made by create_loc_conf.
+        let (prev, conf) = unsafe { (&*(parent as *const CacheLocConf), &mut *(child as *mut CacheLocConf)) };
+        let (p, u) = (&prev.upstream, &mut conf.upstream);
+        for (c, pv) in [
+            (&mut u.connect_timeout, p.connect_timeout),
+            (&mut u.send_timeout, p.send_timeout),
+            (&mut u.read_timeout, p.read_timeout),
+        ] {
+            if *c == CONF_UNSET_MSEC {
+                *c = if pv == CONF_UNSET_MSEC { 60_000 } else { pv };
+            }
         }
-    }
-    if u.buffer_size == usize::MAX {
-        // SAFETY: ngx_pagesize is set at nginx start-up.
-        u.buffer_size = if p.buffer_size == usize::MAX {
-            unsafe { ngx_pagesize }
-        } else {
-            p.buffer_size
+        if u.buffer_size == usize::MAX {
+            // SAFETY: ngx_pagesize is set at nginx start-up.
+            u.buffer_size = if p.buffer_size == usize::MAX {
+                unsafe { ngx_pagesize }
+            } else {
+                p.buffer_size
+            };
+        }
+        if !conf.next_upstream_set {
+            conf.next_upstream_set = prev.next_upstream_set;
+            u.next_upstream = if prev.next_upstream_set {
+                p.next_upstream
+            } else {
+                (NGX_HTTP_UPSTREAM_FT_ERROR | NGX_HTTP_UPSTREAM_FT_TIMEOUT) as ngx_uint_t
+            };
+        }
+        if u.socket_keepalive == CONF_UNSET {
+            u.socket_keepalive = if p.socket_keepalive == CONF_UNSET {
+                0
+            } else {
+                p.socket_keepalive
+            };
+        }
+        if conf.auth.is_null() {
+            conf.auth = prev.auth;
+        }
+        // An `if` block (or limit_except) without cache_pass of its own passes
+        // its location's requests to the same backend.
+        // SAFETY: during the merge cf->ctx holds the child's configurations.
+        let noname = unsafe {
+            (*http_conf_get::<ngx_http_core_loc_conf_t>(cf, ptr::addr_of!(ngx_http_core_module), ConfSlot::Loc))
+                .noname()
+                != 0
         };
-    }
-    if !conf.next_upstream_set {
-        conf.next_upstream_set = prev.next_upstream_set;
-        u.next_upstream = if prev.next_upstream_set {
-            p.next_upstream
-        } else {
-            (NGX_HTTP_UPSTREAM_FT_ERROR | NGX_HTTP_UPSTREAM_FT_TIMEOUT) as ngx_uint_t
-        };
-    }
-    if u.socket_keepalive == CONF_UNSET {
-        u.socket_keepalive = if p.socket_keepalive == CONF_UNSET {
-            0
-        } else {
-            p.socket_keepalive
-        };
-    }
-    if conf.auth.is_null() {
-        conf.auth = prev.auth;
-    }
-    // An `if` block (or limit_except) without cache_pass of its own passes
-    // its location's requests to the same backend.
-    // SAFETY: during the merge cf->ctx holds the child's configurations.
-    let noname = unsafe {
-        (*http_conf_get::<ngx_http_core_loc_conf_t>(cf, ptr::addr_of!(ngx_http_core_module), ConfSlot::Loc)).noname()
-            != 0
-    };
-    if noname && u.upstream.is_null() && conf.pass_var.is_null() {
-        u.upstream = p.upstream;
-        conf.pass_var = prev.pass_var;
-    }
-    // What a cache never does: buffer to disk, pass the client's headers.
-    u.buffering = 0;
-    u.ignore_client_abort = 0;
-    u.pass_request_headers = 0;
-    u.pass_request_body = 0;
-    u.intercept_errors = 1;
-    u.force_ranges = 1;
-    u.set_intercept_404(1);
-    u.module = static_str("cache");
-    CONF_OK
+        if noname && u.upstream.is_null() && conf.pass_var.is_null() {
+            u.upstream = p.upstream;
+            conf.pass_var = prev.pass_var;
+        }
+        // What a cache never does: buffer to disk, pass the client's headers.
+        u.buffering = 0;
+        u.ignore_client_abort = 0;
+        u.pass_request_headers = 0;
+        u.pass_request_body = 0;
+        u.intercept_errors = 1;
+        u.force_ranges = 1;
+        u.set_intercept_404(1);
+        u.module = static_str("cache");
+        CONF_OK
+    })
 }
 
 /// `cache_pass upstream | host:port | unix:/path | $variable`
 unsafe extern "C" fn cmd_cache_pass(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, conf: *mut c_void) -> *mut c_char {
     // SAFETY: conf is this module's CacheLocConf; cf is live.
-    unsafe {
+    guard(unsafe { (*cf).log }, "cmd_cache_pass", CONF_ERROR, || unsafe {
         let lcf = &mut *(conf as *mut CacheLocConf);
         if lcf.pass_set {
             return conf_error(cf, format_args!("\"cache_pass\" directive is duplicate"));
@@ -171,13 +181,13 @@ unsafe extern "C" fn cmd_cache_pass(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_
             upstream: lcf.upstream.upstream,
         });
         CONF_OK
-    }
+    })
 }
 
 /// `cache_auth password` (may contain variables)
 unsafe extern "C" fn cmd_cache_auth(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_t, conf: *mut c_void) -> *mut c_char {
     // SAFETY: conf is this module's CacheLocConf; cf is live.
-    unsafe {
+    guard(unsafe { (*cf).log }, "cmd_cache_auth", CONF_ERROR, || unsafe {
         let lcf = &mut *(conf as *mut CacheLocConf);
         if !lcf.auth.is_null() {
             return conf_error(cf, format_args!("\"cache_auth\" directive is duplicate"));
@@ -187,7 +197,7 @@ unsafe extern "C" fn cmd_cache_auth(cf: *mut ngx_conf_t, _cmd: *mut ngx_command_
             None => return CONF_ERROR,
         }
         CONF_OK
-    }
+    })
 }
 
 /// `cache_next_upstream error | timeout | invalid_response | not_found ... | off`
@@ -197,7 +207,7 @@ unsafe extern "C" fn cmd_cache_next_upstream(
     conf: *mut c_void,
 ) -> *mut c_char {
     // SAFETY: conf is this module's CacheLocConf; cf is live.
-    unsafe {
+    guard(unsafe { (*cf).log }, "cmd_cache_next_upstream", CONF_ERROR, || unsafe {
         let lcf = &mut *(conf as *mut CacheLocConf);
         if lcf.next_upstream_set {
             return conf_error(cf, format_args!("\"cache_next_upstream\" directive is duplicate"));
@@ -215,7 +225,7 @@ unsafe extern "C" fn cmd_cache_next_upstream(
         lcf.next_upstream_set = true;
         lcf.upstream.next_upstream = bits;
         CONF_OK
-    }
+    })
 }
 
 /// True when a variable of that name is defined somewhere (by `set`, ...).
@@ -243,7 +253,7 @@ unsafe fn variable_defined(cf: *mut ngx_conf_t, name: &[u8]) -> bool {
 /// `$cache_exptime` are used when some configuration sets them.
 unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
     // SAFETY: cf->ctx is the http block's context during postconfiguration.
-    unsafe {
+    guard(unsafe { (*cf).log }, "cache postconfiguration", ERROR, || unsafe {
         let mcf =
             &mut *http_conf_get::<CacheMainConf>(cf, ptr::addr_of!(ngx_http_gateway_cache_module), ConfSlot::Main);
         let Some(first) = mcf.pending.first() else { return OK };
@@ -288,7 +298,7 @@ unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
         }
         mcf.pending.clear();
         OK
-    }
+    })
 }
 
 // ------------------------------------------------------------- request ----

@@ -175,41 +175,49 @@ impl Default for MainConf {
 
 pub(crate) unsafe extern "C" fn create_main_conf(cf: *mut ngx_conf_t) -> *mut c_void {
     // SAFETY: cf->pool is the configuration pool.
-    unsafe { pool_alloc((*cf).pool, MainConf::default()) }.map_or(ptr::null_mut(), |p| p.as_ptr().cast())
+    guard(unsafe { (*cf).log }, "create_main_conf", ptr::null_mut(), || {
+        unsafe { pool_alloc((*cf).pool, MainConf::default()) }.map_or(ptr::null_mut(), |p| p.as_ptr().cast())
+    })
 }
 
 pub(crate) unsafe extern "C" fn create_srv_conf(cf: *mut ngx_conf_t) -> *mut c_void {
-    let conf = SrvConf {
-        addrs: Vec::new(),
-        servers: 0,
-        balancer_init: None,
-        pool: Pool::default(),
-        keepalive_set: false,
-    };
-    // SAFETY: cf->pool is the configuration pool.
-    unsafe { pool_alloc((*cf).pool, conf) }.map_or(ptr::null_mut(), |p| p.as_ptr().cast())
+    // SAFETY: nginx passes the live configuration.
+    guard(unsafe { (*cf).log }, "create_srv_conf", ptr::null_mut(), || {
+        let conf = SrvConf {
+            addrs: Vec::new(),
+            servers: 0,
+            balancer_init: None,
+            pool: Pool::default(),
+            keepalive_set: false,
+        };
+        // SAFETY: cf->pool is the configuration pool.
+        unsafe { pool_alloc((*cf).pool, conf) }.map_or(ptr::null_mut(), |p| p.as_ptr().cast())
+    })
 }
 
 pub(crate) unsafe extern "C" fn create_loc_conf(cf: *mut ngx_conf_t) -> *mut c_void {
-    let conf = LocConf {
-        // SAFETY: ngx_http_upstream_conf_t is plain C data for which all-zero is "unset".
-        upstream: unsafe { mem::zeroed() },
-        pass_set: false,
-        pass_var: ptr::null_mut(),
-        pass_name: Vec::new(),
-        queries: QuerySet::default(),
-        connect_timeout: CONF_UNSET_MSEC,
-        result_timeout: CONF_UNSET_MSEC,
-        prepare: CONF_UNSET,
-        next_upstream: CONF_UNSET_UINT,
-        output: CONF_UNSET_UINT,
-        stream: CONF_UNSET,
-        sets: Vec::new(),
-        rewrites: Vec::new(),
-        escapes: Vec::new(),
-    };
-    // SAFETY: cf->pool is the configuration pool.
-    unsafe { pool_alloc((*cf).pool, conf) }.map_or(ptr::null_mut(), |p| p.as_ptr().cast())
+    // SAFETY: nginx passes the live configuration.
+    guard(unsafe { (*cf).log }, "create_loc_conf", ptr::null_mut(), || {
+        let conf = LocConf {
+            // SAFETY: ngx_http_upstream_conf_t is plain C data for which all-zero is "unset".
+            upstream: unsafe { mem::zeroed() },
+            pass_set: false,
+            pass_var: ptr::null_mut(),
+            pass_name: Vec::new(),
+            queries: QuerySet::default(),
+            connect_timeout: CONF_UNSET_MSEC,
+            result_timeout: CONF_UNSET_MSEC,
+            prepare: CONF_UNSET,
+            next_upstream: CONF_UNSET_UINT,
+            output: CONF_UNSET_UINT,
+            stream: CONF_UNSET,
+            sets: Vec::new(),
+            rewrites: Vec::new(),
+            escapes: Vec::new(),
+        };
+        // SAFETY: cf->pool is the configuration pool.
+        unsafe { pool_alloc((*cf).pool, conf) }.map_or(ptr::null_mut(), |p| p.as_ptr().cast())
+    })
 }
 
 fn merge_msec(conf: &mut ngx_msec_t, prev: ngx_msec_t, default: ngx_msec_t) {
@@ -223,64 +231,68 @@ pub(crate) unsafe extern "C" fn merge_loc_conf(
     parent: *mut c_void,
     child: *mut c_void,
 ) -> *mut c_char {
-    // SAFETY: nginx passes two LocConf made by create_loc_conf.
-    let (prev, conf) = unsafe { (&*(parent as *const LocConf), &mut *(child as *mut LocConf)) };
-    // An `if` block (or limit_except) without sqldb_pass of its own serves
-    // its location's requests: it passes them to the same upstream.
-    // SAFETY: during the merge cf->ctx holds the child's configurations.
-    let noname = unsafe {
-        (*http_conf_get::<ngx_http_core_loc_conf_t>(cf, ptr::addr_of!(ngx_http_core_module), ConfSlot::Loc)).noname()
-            != 0
-    };
-    if noname && !conf.pass_set && (!prev.pass_name.is_empty() || !prev.pass_var.is_null()) {
-        conf.pass_var = prev.pass_var;
-        conf.pass_name = prev.pass_name.clone();
-        if !conf.pass_name.is_empty() {
-            // SAFETY: the main configuration is ours and lives as long as cf.
-            let mcf = unsafe { &mut *http_conf_get::<MainConf>(cf, ptr::addr_of!(MODULE), ConfSlot::Main) };
-            mcf.pending.push(PendingPass { lcf: conf, claim: None });
-        }
-    }
-    // A level with any sqldb_query of its own ignores every outer one.
-    if conf.queries.is_empty() {
-        conf.queries = prev.queries.clone();
-    }
-    merge_msec(&mut conf.connect_timeout, prev.connect_timeout, DEFAULT_CONNECT_TIMEOUT);
-    merge_msec(&mut conf.result_timeout, prev.result_timeout, DEFAULT_RESULT_TIMEOUT);
-    // Rules of the outer level apply where a level has none of its own.
-    // (Pointers only: the outer level's configuration outlives ours.)
-    if conf.sets.is_empty() {
-        conf.sets = prev.sets.iter().map(SetRule::clone_rule).collect();
-    }
-    if conf.rewrites.is_empty() {
-        conf.rewrites = prev.rewrites.clone();
-    }
-    if conf.escapes.is_empty() {
-        conf.escapes = prev.escapes.iter().map(EscapeRule::clone_rule).collect();
-    }
-    if conf.output == CONF_UNSET_UINT {
-        conf.output = if prev.output == CONF_UNSET_UINT { 0 } else { prev.output };
-    }
-    if conf.stream == CONF_UNSET {
-        conf.stream = if prev.stream == CONF_UNSET { 0 } else { prev.stream };
-    }
-    if conf.prepare == CONF_UNSET {
-        conf.prepare = if prev.prepare == CONF_UNSET { 1 } else { prev.prepare };
-    }
-    if conf.next_upstream == CONF_UNSET_UINT {
-        conf.next_upstream = if prev.next_upstream == CONF_UNSET_UINT {
-            (NGX_HTTP_UPSTREAM_FT_ERROR | NGX_HTTP_UPSTREAM_FT_TIMEOUT) as ngx_uint_t
-        } else {
-            prev.next_upstream
+    // SAFETY: nginx passes the live configuration.
+    guard(unsafe { (*cf).log }, "merge_loc_conf", CONF_ERROR, || {
+        // SAFETY: nginx passes two LocConf made by create_loc_conf.
+        let (prev, conf) = unsafe { (&*(parent as *const LocConf), &mut *(child as *mut LocConf)) };
+        // An `if` block (or limit_except) without sqldb_pass of its own serves
+        // its location's requests: it passes them to the same upstream.
+        // SAFETY: during the merge cf->ctx holds the child's configurations.
+        let noname = unsafe {
+            (*http_conf_get::<ngx_http_core_loc_conf_t>(cf, ptr::addr_of!(ngx_http_core_module), ConfSlot::Loc))
+                .noname()
+                != 0
         };
-    }
-    let u = &mut conf.upstream;
-    u.connect_timeout = conf.connect_timeout;
-    u.read_timeout = conf.result_timeout;
-    u.send_timeout = conf.result_timeout;
-    u.next_upstream = conf.next_upstream;
-    u.module = static_str("sqldb");
-    CONF_OK
+        if noname && !conf.pass_set && (!prev.pass_name.is_empty() || !prev.pass_var.is_null()) {
+            conf.pass_var = prev.pass_var;
+            conf.pass_name = prev.pass_name.clone();
+            if !conf.pass_name.is_empty() {
+                // SAFETY: the main configuration is ours and lives as long as cf.
+                let mcf = unsafe { &mut *http_conf_get::<MainConf>(cf, ptr::addr_of!(MODULE), ConfSlot::Main) };
+                mcf.pending.push(PendingPass { lcf: conf, claim: None });
+            }
+        }
+        // A level with any sqldb_query of its own ignores every outer one.
+        if conf.queries.is_empty() {
+            conf.queries = prev.queries.clone();
+        }
+        merge_msec(&mut conf.connect_timeout, prev.connect_timeout, DEFAULT_CONNECT_TIMEOUT);
+        merge_msec(&mut conf.result_timeout, prev.result_timeout, DEFAULT_RESULT_TIMEOUT);
+        // Rules of the outer level apply where a level has none of its own.
+        // (Pointers only: the outer level's configuration outlives ours.)
+        if conf.sets.is_empty() {
+            conf.sets = prev.sets.iter().map(SetRule::clone_rule).collect();
+        }
+        if conf.rewrites.is_empty() {
+            conf.rewrites = prev.rewrites.clone();
+        }
+        if conf.escapes.is_empty() {
+            conf.escapes = prev.escapes.iter().map(EscapeRule::clone_rule).collect();
+        }
+        if conf.output == CONF_UNSET_UINT {
+            conf.output = if prev.output == CONF_UNSET_UINT { 0 } else { prev.output };
+        }
+        if conf.stream == CONF_UNSET {
+            conf.stream = if prev.stream == CONF_UNSET { 0 } else { prev.stream };
+        }
+        if conf.prepare == CONF_UNSET {
+            conf.prepare = if prev.prepare == CONF_UNSET { 1 } else { prev.prepare };
+        }
+        if conf.next_upstream == CONF_UNSET_UINT {
+            conf.next_upstream = if prev.next_upstream == CONF_UNSET_UINT {
+                (NGX_HTTP_UPSTREAM_FT_ERROR | NGX_HTTP_UPSTREAM_FT_TIMEOUT) as ngx_uint_t
+            } else {
+                prev.next_upstream
+            };
+        }
+        let u = &mut conf.upstream;
+        u.connect_timeout = conf.connect_timeout;
+        u.read_timeout = conf.result_timeout;
+        u.send_timeout = conf.result_timeout;
+        u.next_upstream = conf.next_upstream;
+        u.module = static_str("sqldb");
+        CONF_OK
+    })
 }
 
 fn socket_addr(sa: *const libc::sockaddr) -> Option<SocketAddr> {
@@ -318,7 +330,7 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_server(
     conf: *mut c_void,
 ) -> *mut c_char {
     // SAFETY: conf is this module's SrvConf of the enclosing upstream block; cf is live.
-    unsafe {
+    guard(unsafe { (*cf).log }, "cmd_sqldb_server", CONF_ERROR, || unsafe {
         let srv = &mut *(conf as *mut SrvConf);
         let uscf: *mut ngx_http_upstream_srv_conf_t =
             http_conf_get(cf, ptr::addr_of!(ngx_http_upstream_module), ConfSlot::Srv);
@@ -466,7 +478,7 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_server(
         (*us).down = params.down as ngx_uint_t;
         srv.servers += 1;
         CONF_OK
-    }
+    })
 }
 
 /// `sqldb_pass NAME | $variable`
@@ -476,7 +488,7 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_pass(
     conf: *mut c_void,
 ) -> *mut c_char {
     // SAFETY: conf is this module's LocConf; cf is live.
-    unsafe {
+    guard(unsafe { (*cf).log }, "cmd_sqldb_pass", CONF_ERROR, || unsafe {
         let lcf = &mut *(conf as *mut LocConf);
         if lcf.pass_set {
             return conf_error(cf, format_args!("\"sqldb_pass\" directive is duplicate"));
@@ -506,7 +518,7 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_pass(
             claim: Some(claim),
         });
         CONF_OK
-    }
+    })
 }
 
 /// `sqldb_query [METHOD ...] "template"`
@@ -516,7 +528,7 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_query(
     conf: *mut c_void,
 ) -> *mut c_char {
     // SAFETY: conf is this module's LocConf; cf is live.
-    unsafe {
+    guard(unsafe { (*cf).log }, "cmd_sqldb_query", CONF_ERROR, || unsafe {
         let lcf = &mut *(conf as *mut LocConf);
         let args = conf_args(cf);
         let template = args[args.len() - 1];
@@ -539,7 +551,7 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_query(
             return conf_error(cf, format_args!("\"sqldb_query\" directive {e}"));
         }
         CONF_OK
-    }
+    })
 }
 
 /// Our SrvConf of an upstream block, if the block declared any `sqldb_server`.
@@ -582,7 +594,7 @@ pub unsafe fn find_upstream(
 /// sqldb upstream, and put our peer init around each one's balancer.
 pub(crate) unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
     // SAFETY: cf->ctx is the http block's context during postconfiguration.
-    unsafe {
+    guard(unsafe { (*cf).log }, "postconfiguration", ERROR, || unsafe {
         let umcf: *mut ngx_http_upstream_main_conf_t =
             http_conf_get(cf, ptr::addr_of!(ngx_http_upstream_module), ConfSlot::Main);
         let ups = (*umcf).upstreams.as_slice::<*mut ngx_http_upstream_srv_conf_t>();
@@ -639,7 +651,7 @@ pub(crate) unsafe extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_in
             }
         }
         OK
-    }
+    })
 }
 
 /// `sqldb_keepalive off | max=N [mode=single|multi] [overflow=ignore|reject] [idle_timeout=T] [requests=N]`
@@ -649,7 +661,7 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_keepalive(
     conf: *mut c_void,
 ) -> *mut c_char {
     // SAFETY: conf is this module's SrvConf of the enclosing upstream block; cf is live.
-    unsafe {
+    guard(unsafe { (*cf).log }, "cmd_sqldb_keepalive", CONF_ERROR, || unsafe {
         let srv = &mut *(conf as *mut SrvConf);
         if srv.keepalive_set {
             return conf_error(cf, format_args!("\"sqldb_keepalive\" directive is duplicate"));
@@ -698,7 +710,7 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_keepalive(
             }
         }
         CONF_OK
-    }
+    })
 }
 
 /// `sqldb_next_upstream error | timeout ... | off`
@@ -708,7 +720,7 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_next_upstream(
     conf: *mut c_void,
 ) -> *mut c_char {
     // SAFETY: conf is this module's LocConf; cf is live.
-    unsafe {
+    guard(unsafe { (*cf).log }, "cmd_sqldb_next_upstream", CONF_ERROR, || unsafe {
         let lcf = &mut *(conf as *mut LocConf);
         if lcf.next_upstream != CONF_UNSET_UINT {
             return conf_error(cf, format_args!("\"sqldb_next_upstream\" directive is duplicate"));
@@ -723,7 +735,7 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_next_upstream(
         };
         lcf.next_upstream = bits;
         CONF_OK
-    }
+    })
 }
 
 /// `sqldb_pipeline on | off` (upstream): queue requests onto busy connections.
@@ -733,7 +745,7 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_pipeline(
     conf: *mut c_void,
 ) -> *mut c_char {
     // SAFETY: conf is this module's SrvConf of the enclosing upstream block; cf is live.
-    unsafe {
+    guard(unsafe { (*cf).log }, "cmd_sqldb_pipeline", CONF_ERROR, || unsafe {
         let srv = &mut *(conf as *mut SrvConf);
         srv.pool.pipelining = match bytes(&conf_args(cf)[1]) {
             b"on" => true,
@@ -749,7 +761,7 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_pipeline(
             }
         };
         CONF_OK
-    }
+    })
 }
 
 /// `sqldb_output rds | text | value | binary_value | json | csv | none`
@@ -759,7 +771,7 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_output(
     conf: *mut c_void,
 ) -> *mut c_char {
     // SAFETY: conf is this module's LocConf; cf is live.
-    unsafe {
+    guard(unsafe { (*cf).log }, "cmd_sqldb_output", CONF_ERROR, || unsafe {
         let lcf = &mut *(conf as *mut LocConf);
         if lcf.output != CONF_UNSET_UINT {
             return conf_error(cf, format_args!("\"sqldb_output\" directive is duplicate"));
@@ -779,5 +791,5 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_output(
             }
         }
         CONF_OK
-    }
+    })
 }

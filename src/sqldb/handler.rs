@@ -12,7 +12,6 @@
 
 use std::ffi::{c_void, CString};
 use std::mem;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 
 use gateway_core::sql::has_several_statements;
@@ -138,7 +137,7 @@ pub(crate) unsafe extern "C" fn peer_init(
 ) -> ngx_int_t {
     // SAFETY: nginx calls this with a live request that has an upstream,
     // for an upstream block that postconfiguration found to be ours.
-    unsafe {
+    guard(unsafe { client_log(r) }, "peer_init", ERROR, || unsafe {
         let Some(srv) = sqldb_srv_conf(us) else { return ERROR };
         let Some(init) = srv.balancer_init else { return ERROR };
         let Some(ctx) = ctx_of(r) else { return ERROR };
@@ -175,12 +174,12 @@ pub(crate) unsafe extern "C" fn peer_init(
         (*u).peer.set_session = None;
         (*u).peer.save_session = None;
         OK
-    }
+    })
 }
 
 unsafe extern "C" fn peer_get(pc: *mut ngx_peer_connection_t, data: *mut c_void) -> ngx_int_t {
     // SAFETY: data is the PeerData installed by peer_init; pc is the request's peer.
-    unsafe {
+    guard(cycle_log(), "peer_get", ERROR, || unsafe {
         let pd = &mut *(data as *mut PeerData);
         let srv = &mut *pd.srv;
         let ctx = &mut *pd.ctx;
@@ -228,7 +227,7 @@ unsafe extern "C" fn peer_get(pc: *mut ngx_peer_connection_t, data: *mut c_void)
                 use_conn(pc, pd, conn, true)
             }
         }
-    }
+    })
 }
 
 /// Gives the request a database connection; `attach` queues its query.
@@ -253,7 +252,7 @@ unsafe fn use_conn(pc: *mut ngx_peer_connection_t, pd: &mut PeerData, conn: *mut
 
 unsafe extern "C" fn peer_free(pc: *mut ngx_peer_connection_t, data: *mut c_void, state: ngx_uint_t) {
     // SAFETY: data is our PeerData.
-    unsafe {
+    guard(cycle_log(), "peer_free", (), || unsafe {
         let pd = &mut *(data as *mut PeerData);
         detach(&mut *pd.ctx);
         pd.standin.clear();
@@ -264,7 +263,7 @@ unsafe extern "C" fn peer_free(pc: *mut ngx_peer_connection_t, data: *mut c_void
                 free(pc, pd.balancer_data, state);
             }
         }
-    }
+    })
 }
 
 /// The request leaves its database connection before its results are in
@@ -453,6 +452,8 @@ unsafe fn drain_expired(conn: *mut Conn, out: &mut Vec<Outcome>) {
 
 // ------------------------------------------------------------- request ----
 
+// nginx's upstream calls these; the query goes out on our own connections,
+// so there is no request to create and no header to read here.
 unsafe extern "C" fn create_request(_r: *mut ngx_http_request_t) -> ngx_int_t {
     OK
 }
@@ -469,26 +470,36 @@ unsafe extern "C" fn abort_request(_r: *mut ngx_http_request_t) {}
 
 unsafe extern "C" fn finalize_request(r: *mut ngx_http_request_t, _rc: ngx_int_t) {
     // SAFETY: called by nginx's upstream with a live request.
-    if let Some(ctx) = unsafe { ctx_of(r) } {
-        ctx.done = true;
-    }
+    guard(unsafe { client_log(r) }, "finalize_request", (), || {
+        if let Some(ctx) = unsafe { ctx_of(r) } {
+            ctx.done = true;
+        }
+    })
 }
 
-/// Runs `f`, turning a panic into a 500 so that none crosses into nginx.
-fn guarded(log: *mut ngx_log_t, f: impl FnOnce() -> ngx_int_t) -> ngx_int_t {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(rc) => rc,
-        Err(_) => {
-            log!(NGX_LOG_ALERT, log, "sqldb: internal error (panic)");
-            HTTP_INTERNAL_SERVER_ERROR
-        }
+/// Runs the body of an entry point that serves one request; a panic ends
+/// the request with 500 (and never crosses into nginx).
+unsafe fn guard_request(r: *mut ngx_http_request_t, entry: &str, body: impl FnOnce()) {
+    // SAFETY: r is live.
+    let log = unsafe { client_log(r) };
+    if !guard(log, entry, false, || {
+        body();
+        true
+    }) {
+        // SAFETY: r is live; fail() does nothing for a request already ended.
+        unsafe { fail(r, HTTP_INTERNAL_SERVER_ERROR, false) };
     }
 }
 
 /// The location's content handler (set by `sqldb_pass`).
 pub(crate) unsafe extern "C" fn content_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
     // SAFETY: nginx calls the content handler with a live request.
-    unsafe { guarded(client_log(r), || start(r)) }
+    guard(
+        unsafe { client_log(r) },
+        "content_handler",
+        HTTP_INTERNAL_SERVER_ERROR,
+        || unsafe { start(r) },
+    )
 }
 
 unsafe fn start(r: *mut ngx_http_request_t) -> ngx_int_t {
@@ -523,7 +534,7 @@ unsafe fn start(r: *mut ngx_http_request_t) -> ngx_int_t {
 unsafe extern "C" fn body_read(r: *mut ngx_http_request_t) {
     // SAFETY: nginx calls this with the live request whose body was read.
     unsafe {
-        let rc = guarded(client_log(r), || run(r));
+        let rc = guard(client_log(r), "body_read", HTTP_INTERNAL_SERVER_ERROR, || run(r));
         if rc != DONE {
             ngx_http_finalize_request(r, rc);
         }
@@ -881,10 +892,10 @@ unsafe extern "C" fn request_timer(ev: *mut ngx_event_t) {
         let client = (*r).connection;
         set_log_request((*client).log, r);
         (*ev).set_timedout(0);
-        guarded((*client).log, || {
-            let Some(ctx) = ctx_of(r) else { return OK };
+        guard_request(r, "request_timer", || {
+            let Some(ctx) = ctx_of(r) else { return };
             if ctx.done || ctx.conn.is_null() {
-                return OK;
+                return;
             }
             let lcf = loc_conf(r);
             let connecting = (*ctx.conn).state == State::Connecting;
@@ -906,7 +917,6 @@ unsafe extern "C" fn request_timer(ev: *mut ngx_event_t) {
                 );
                 fail(r, HTTP_GATEWAY_TIME_OUT, true);
             }
-            OK
         });
         ngx_http_run_posted_requests(client);
     }
@@ -928,24 +938,24 @@ enum Outcome {
 /// Read/write readiness or a timer on a database connection.
 pub(crate) unsafe extern "C" fn conn_event(ev: *mut ngx_event_t) {
     // SAFETY: ev belongs to a connection of a pool; its data is the Conn.
-    unsafe {
+    guard(cycle_log(), "conn_event", (), || unsafe {
         let c = (*ev).data as *mut ngx_connection_t;
         let conn = (*c).data as *mut Conn;
         let timed_out = (*ev).timedout() != 0;
         (*ev).set_timedout(0);
         let readable = (*ev).write() == 0;
         let mut out = Vec::new();
-        let rc = guarded((*c).log, || {
+        let handled = guard((*c).log, "database connection event", false, || {
             on_conn_event(conn, timed_out, readable, &mut out);
-            OK
+            true
         });
-        if rc != OK {
+        if !handled {
             // The connection's state is unknown after a panic: give up on it.
             fail_all(conn, Some(&mut out));
             (*(*conn).pool).close(conn);
         }
         deliver(out);
-    }
+    })
 }
 
 unsafe fn on_conn_event(conn: *mut Conn, timed_out: bool, readable: bool, out: &mut Vec<Outcome>) {
@@ -1276,7 +1286,7 @@ unsafe fn wait_for_client(r: *mut ngx_http_request_t) {
 /// up, read the connection again.
 unsafe extern "C" fn stream_resume(r: *mut ngx_http_request_t) {
     // SAFETY: nginx calls the write handler with a live request.
-    unsafe {
+    guard_request(r, "stream_resume", || unsafe {
         let Some(ctx) = ctx_of(r) else { return };
         if ctx.done {
             return;
@@ -1325,7 +1335,7 @@ unsafe extern "C" fn stream_resume(r: *mut ngx_http_request_t) {
         let mut out = Vec::new();
         read_results(conn, &mut out);
         deliver(out);
-    }
+    })
 }
 
 /// SQLSTATEs that end the session rather than answer the query:

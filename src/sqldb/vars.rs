@@ -29,25 +29,30 @@ pub const QUERY: usize = 3;
 pub const ERROR_TEXT: usize = 4;
 
 /// Until the gateway stores a value, a variable is not found.
-unsafe extern "C" fn not_set(_r: *mut ngx_http_request_t, v: *mut ngx_variable_value_t, _data: usize) -> ngx_int_t {
-    // SAFETY: nginx passes the value slot to fill.
-    unsafe { (*v).set_not_found(1) };
-    OK
+unsafe extern "C" fn not_set(r: *mut ngx_http_request_t, v: *mut ngx_variable_value_t, _data: usize) -> ngx_int_t {
+    // SAFETY: nginx passes a live request and the value slot to fill.
+    guard(unsafe { client_log(r) }, "variable", ERROR, || {
+        unsafe { (*v).set_not_found(1) };
+        OK
+    })
 }
 
 /// Declares the `$sqldb_*` variables (preconfiguration).
 pub(crate) unsafe extern "C" fn preconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
-    for name in NAMES {
-        let mut n = static_str(name);
-        // SAFETY: cf is the http block being read.
-        let v = unsafe { ngx_http_add_variable(cf, &mut n, NGX_HTTP_VAR_NOHASH as ngx_uint_t) };
-        if v.is_null() {
-            return ERROR;
+    // SAFETY: cf is the http block being read.
+    guard(unsafe { (*cf).log }, "preconfiguration", ERROR, || {
+        for name in NAMES {
+            let mut n = static_str(name);
+            // SAFETY: cf is the http block being read.
+            let v = unsafe { ngx_http_add_variable(cf, &mut n, NGX_HTTP_VAR_NOHASH as ngx_uint_t) };
+            if v.is_null() {
+                return ERROR;
+            }
+            // SAFETY: v was just added.
+            unsafe { (*v).get_handler = Some(not_set) };
         }
-        // SAFETY: v was just added.
-        unsafe { (*v).get_handler = Some(not_set) };
-    }
-    OK
+        OK
+    })
 }
 
 /// Looks up the variables' indexes and installs the escape handler
@@ -205,7 +210,7 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_set(
     conf: *mut c_void,
 ) -> *mut c_char {
     // SAFETY: conf is this module's LocConf; cf is live.
-    unsafe {
+    guard(unsafe { (*cf).log }, "cmd_sqldb_set", CONF_ERROR, || unsafe {
         let lcf = &mut *(conf as *mut LocConf);
         let args = conf_args(cf);
         let index = match writable_variable(cf, &args[1]) {
@@ -243,7 +248,7 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_set(
             required,
         });
         CONF_OK
-    }
+    })
 }
 
 /// Stores the cells `sqldb_set` asks for; Err with the status when a
@@ -292,7 +297,7 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_rewrite(
     conf: *mut c_void,
 ) -> *mut c_char {
     // SAFETY: conf is this module's LocConf; cf is live.
-    unsafe {
+    guard(unsafe { (*cf).log }, "cmd_sqldb_rewrite", CONF_ERROR, || unsafe {
         let lcf = &mut *(conf as *mut LocConf);
         let args = conf_args(cf);
         match rewrite::parse_rule(args[1..].iter().map(|a| bytes(a))) {
@@ -300,7 +305,7 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_rewrite(
             Err(e) => return conf_error(cf, format_args!("{e} in \"sqldb_rewrite\" directive")),
         }
         CONF_OK
-    }
+    })
 }
 
 /// The `sqldb_rewrite` rule for this request and result: (status, keep the body).
@@ -345,7 +350,7 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_escape(
     conf: *mut c_void,
 ) -> *mut c_char {
     // SAFETY: conf is this module's LocConf; cf is live.
-    unsafe {
+    guard(unsafe { (*cf).log }, "cmd_sqldb_escape", CONF_ERROR, || unsafe {
         let lcf = &mut *(conf as *mut LocConf);
         let args = conf_args(cf);
         let mut empty_string = false;
@@ -375,52 +380,57 @@ pub(crate) unsafe extern "C" fn cmd_sqldb_escape(
         }
         lcf.escapes.push(EscapeRule { dst, src, empty_string });
         CONF_OK
-    }
+    })
 }
 
 /// Makes the escaped literals of the location before its content handler runs
 /// (after `set`, so that the values `set` makes can be escaped).
 unsafe extern "C" fn escape_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
     // SAFETY: nginx calls phase handlers with a live request.
-    unsafe {
-        let lcf = &*request_loc_conf::<LocConf>(r, ptr::addr_of!(MODULE));
-        for rule in &lcf.escapes {
-            let value: Vec<u8> = if rule.src.is_null() {
-                let v = ngx_http_get_indexed_variable(r, rule.dst as ngx_uint_t);
-                if v.is_null() || (*v).not_found() != 0 {
-                    Vec::new()
+    guard(
+        unsafe { client_log(r) },
+        "escape_handler",
+        HTTP_INTERNAL_SERVER_ERROR,
+        || unsafe {
+            let lcf = &*request_loc_conf::<LocConf>(r, ptr::addr_of!(MODULE));
+            for rule in &lcf.escapes {
+                let value: Vec<u8> = if rule.src.is_null() {
+                    let v = ngx_http_get_indexed_variable(r, rule.dst as ngx_uint_t);
+                    if v.is_null() || (*v).not_found() != 0 {
+                        Vec::new()
+                    } else {
+                        (*v).as_bytes().to_vec()
+                    }
                 } else {
-                    (*v).as_bytes().to_vec()
-                }
-            } else {
-                let mut s = ngx_str_t {
-                    len: 0,
-                    data: ptr::null_mut(),
+                    let mut s = ngx_str_t {
+                        len: 0,
+                        data: ptr::null_mut(),
+                    };
+                    if ngx_http_complex_value(r, rule.src, &mut s) != OK {
+                        return HTTP_INTERNAL_SERVER_ERROR;
+                    }
+                    bytes(&s).to_vec()
                 };
-                if ngx_http_complex_value(r, rule.src, &mut s) != OK {
+                let literal = if value.is_empty() && !rule.empty_string {
+                    b"NULL".to_vec()
+                } else {
+                    match quote_literal(&value) {
+                        Some(l) => l,
+                        None => {
+                            log!(
+                                NGX_LOG_INFO,
+                                client_log(r),
+                                "sqldb: a value to escape contains a NUL byte"
+                            );
+                            return HTTP_BAD_REQUEST;
+                        }
+                    }
+                };
+                if !store(r, rule.dst, &literal) {
                     return HTTP_INTERNAL_SERVER_ERROR;
                 }
-                bytes(&s).to_vec()
-            };
-            let literal = if value.is_empty() && !rule.empty_string {
-                b"NULL".to_vec()
-            } else {
-                match quote_literal(&value) {
-                    Some(l) => l,
-                    None => {
-                        log!(
-                            NGX_LOG_INFO,
-                            client_log(r),
-                            "sqldb: a value to escape contains a NUL byte"
-                        );
-                        return HTTP_BAD_REQUEST;
-                    }
-                }
-            };
-            if !store(r, rule.dst, &literal) {
-                return HTTP_INTERNAL_SERVER_ERROR;
             }
-        }
-        DECLINED
-    }
+            DECLINED
+        },
+    )
 }

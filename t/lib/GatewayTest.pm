@@ -368,7 +368,10 @@ sub nginx_start {
     }
     my $deadline = time + 10;
     while (time < $deadline) {
-        die "nginx exited: " . `cat $NginxRoot/logs/stderr.log` if waitpid($NginxPid, WNOHANG) == $NginxPid;
+        if (waitpid($NginxPid, WNOHANG) == $NginxPid) {
+            $NginxPid = undef;
+            die "nginx exited: " . `cat $NginxRoot/logs/stderr.log`;
+        }
         my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port);
         if ($s) { close $s; return $port }
         sleep 0.01;

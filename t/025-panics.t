@@ -1,0 +1,196 @@
+# Every function nginx calls survives a panic inside it: the build with
+# fault injection (make fault) makes the entry point named by
+# NGX_GATEWAY_PANIC panic; the request gets an error status (or its answer
+# when the panic comes after it), one alert line names the entry point, and
+# the worker lives on (the harness fails a block whose worker died).
+use lib 't/lib';
+use GatewayTest;
+use Test::Nginx::Socket;
+
+BEGIN {
+    if (!$ENV{TEST_NGINX_FAULT_MODULE} || !-f $ENV{TEST_NGINX_FAULT_MODULE}) {
+        Test::More::plan(skip_all => 'the fault-injection build is made for Debian\'s nginx only (make fault)');
+    }
+    $ENV{TEST_NGINX_LOAD_MODULES} = $ENV{TEST_NGINX_FAULT_MODULE};
+    $ENV{TEST_NGINX_ALLOW_PANICS} = 1;
+}
+
+plan 'no_plan';
+
+our $redis = GatewayTest::start_redis();
+$ENV{TEST_NGINX_REDIS_PORT} = $redis->{port};
+GatewayTest::redis_cli($redis, 'SET', '/c/there', 'value');
+
+add_block_preprocessor(sub {
+    my $block = shift;
+    $block->set_value(http_config => "upstream database { sqldb_server $ENV{TEST_NGINX_PG_SERVER}; }\n"
+        . "upstream redis { server 127.0.0.1:$ENV{TEST_NGINX_REDIS_PORT}; keepalive 2; }\n"
+        . ($block->http_config // ''));
+    my $entry = $block->entry;
+    chomp $entry;
+    $block->set_value(main_config => "env \"NGX_GATEWAY_PANIC=$entry\";");
+    $block->set_value(config => ($block->config // '') . "\nlocation = /alive { return 200 \"alive\"; }\n"
+        . "location /q { sqldb_pass database; sqldb_output value; sqldb_query \"select 'ok'\"; }\n"
+        . "location /c/ { set \$cache_key \$uri; cache_pass redis; }\n");
+    $block->set_value(error_log => "gateway: internal error (panic) in $entry");
+});
+
+run_tests();
+
+# While the configuration is read: a panic in a directive, a merge or a
+# post-configuration step is a configuration error (nginx -t fails, naming
+# the entry point), not a crash of the master.
+for my $entry ('cmd_sqldb_query', 'cmd_sqldb_server', 'merge_loc_conf', 'postconfiguration', 'cmd_cache_pass',
+    'cache merge_loc_conf', 'create_loc_conf')
+{
+    local $ENV{NGX_GATEWAY_PANIC} = $entry;
+    my $ok = eval {
+        GatewayTest::nginx_start(<<'HTTP');
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; }
+server {
+    listen 127.0.0.1:$PORT;
+    location /q { sqldb_pass database; sqldb_query "select 1"; }
+    location /c/ { set $cache_key $uri; cache_pass 127.0.0.1:6379; }
+}
+HTTP
+        1;
+    };
+    my $err = $@;
+    ok(!$ok, "a panic in $entry: nginx does not start");
+    like($err, qr/\[alert\].*gateway: internal error \(panic\) in \Q$entry\E/, "and says where");
+    unlike($err, qr/exited on signal|core dumped/, 'no crash');
+}
+
+__DATA__
+
+=== TEST 1: the database content handler
+--- entry: content_handler
+--- request eval
+["GET /q", "GET /alive"]
+--- error_code eval
+[500, 200]
+
+
+
+=== TEST 2: the request body handler
+--- entry: body_read
+--- request eval
+["POST /q\nbody", "GET /alive"]
+--- error_code eval
+[500, 200]
+
+
+
+=== TEST 3: the balancer wrappers
+--- entry: peer_init
+--- request eval
+["GET /q", "GET /alive"]
+--- error_code eval
+[500, 200]
+
+
+
+=== TEST 4: picking a connection
+--- entry: peer_get
+--- request eval
+["GET /q", "GET /alive"]
+--- error_code eval
+[500, 200]
+
+
+
+=== TEST 5: freeing the peer (after the answer)
+--- entry: peer_free
+--- request eval
+["GET /q", "GET /q", "GET /alive"]
+--- response_body eval
+["ok", "ok", "alive"]
+
+
+
+=== TEST 6: the events of database connections
+--- entry: database connection event
+--- request eval
+["GET /q", "GET /alive"]
+--- error_code eval
+[502, 200]
+
+
+
+=== TEST 7: a request's timer
+--- entry: request_timer
+--- config
+location /slow { sqldb_pass database; sqldb_result_timeout 100ms; sqldb_query "select pg_sleep(1)"; }
+--- request eval
+["GET /slow", "GET /alive"]
+--- error_code eval
+[500, 200]
+
+
+
+=== TEST 8: the $sqldb_* variables
+--- entry: variable
+--- config
+location /v { sqldb_pass database; sqldb_query "select 1"; add_header X-Error "[$sqldb_error]"; }
+--- request eval
+["GET /v", "GET /alive"]
+--- response_body_like eval
+["", "alive"]
+
+
+
+=== TEST 9: sqldb_escape's phase handler
+--- entry: escape_handler
+--- config
+location /e { sqldb_escape $v $arg_v; sqldb_pass database; sqldb_query "select $v"; }
+--- request eval
+["GET /e?v=x", "GET /alive"]
+--- error_code eval
+[500, 200]
+
+
+
+=== TEST 10: the cache content handler
+--- entry: cache content handler
+--- request eval
+["GET /c/there", "GET /alive"]
+--- error_code eval
+[500, 200]
+
+
+
+=== TEST 11: the cache's request
+--- entry: cache create_request
+--- request eval
+["GET /c/there", "GET /alive"]
+--- error_code eval
+[500, 200]
+
+
+
+=== TEST 12: the cache's reply header
+--- entry: cache process_header
+--- request eval
+["GET /c/there", "GET /alive"]
+--- error_code eval
+[500, 200]
+
+
+
+=== TEST 13: the cache's value filter
+--- entry: cache input_filter_init
+--- request
+GET /c/there
+--- ignore_response
+
+
+
+=== TEST 14: the finalizer of the database upstream (a client that leaves mid-query)
+--- entry: finalize_request
+--- config
+location /slow { sqldb_pass database; sqldb_query "select pg_sleep(1)"; }
+--- request
+GET /slow
+--- timeout: 0.3
+--- abort
+--- wait: 0.5
