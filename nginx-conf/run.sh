@@ -28,10 +28,10 @@ cat <<TXT
 
 ngx_gateway demo is running: nginx on 127.0.0.1:8080, PostgreSQL on 127.0.0.1:55432.
 
-  curl -s http://127.0.0.1:8080/echo | od -A d -t x1 -c    # the RDS stream of SPEC.md
+  curl -s http://127.0.0.1:8080/echo | od -A d -t x1 -c    # the RDS stream (README: The response)
   curl -si http://127.0.0.1:8080/cats                      # three rows, NULLs included
   curl -s -X LOCK http://127.0.0.1:8080/methods | od -c     # the LOCK template
-  curl -si -X HEAD http://127.0.0.1:8080/cats/1             # headers only
+  curl -sI http://127.0.0.1:8080/cats/1                    # HEAD: headers only
   curl -si -X POST http://127.0.0.1:8080/cats               # an INSERT: rows affected = 1
   curl -si -X DELETE http://127.0.0.1:8080/cats/2           # a DELETE
   curl -si -X PUT http://127.0.0.1:8080/cats/1              # no template for PUT: 405

@@ -1,4 +1,4 @@
-# The behaviour SPEC.md shows: template selection by method, inheritance
+# The specified behaviour: template selection by method, inheritance
 # from the server level, $request_method, 405, and the RDS stream.
 use lib 't/lib';
 use GatewayTest;

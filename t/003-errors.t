@@ -206,7 +206,7 @@ location /after {
 --- error_code eval
 [500, 200]
 --- error_log
-which the gateway cannot serve
+sqldb: the query started a COPY (PGRES_COPY_OUT), which the gateway cannot serve
 
 
 

@@ -1,4 +1,4 @@
-# The cache gateway: commands from the method, statuses, SPEC.md's errors.
+# The cache gateway: commands from the method, statuses, the specified errors.
 use lib 't/lib';
 use GatewayTest;
 use Test::Nginx::Socket 'no_plan';
@@ -204,7 +204,7 @@ cache: redis sent an invalid reply to GET
 
 
 
-=== TEST 12: SPEC: a variable naming no known backend: 500
+=== TEST 12: a variable naming no known backend: 500
 --- config
 location /v/ {
     set $cache_key $uri;
@@ -220,7 +220,7 @@ cache: "cache_pass" value "nosuch" names no known backend
 
 
 
-=== TEST 13: SPEC: the backend refuses the connection: 502
+=== TEST 13: the backend refuses the connection: 502
 --- config
 location /r/ {
     set $cache_key $uri;

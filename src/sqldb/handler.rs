@@ -1155,12 +1155,12 @@ unsafe fn read_results(conn: *mut Conn, out: &mut Vec<Outcome>) {
                     }
                     if kind == ResultKind::Unsupported {
                         // COPY: the protocol state is not one we can carry on from.
-                        let tag = res.command_status();
+                        let status = res.status_name();
                         if let Some(ctx) = ctx {
                             log!(
                                 NGX_LOG_ERR,
                                 client_log(ctx.r),
-                                "sqldb: query returned \"{tag}\", which the gateway cannot serve"
+                                "sqldb: the query started a COPY ({status}), which the gateway cannot serve"
                             );
                             ctx.conn = ptr::null_mut();
                             out.push(Outcome::Refused(ctx));
@@ -1623,7 +1623,7 @@ unsafe fn complete(r: *mut ngx_http_request_t) {
         }
         let log = client_log(r);
         if let Some(s) = ctx.streaming.as_mut().filter(|s| s.started) {
-            let rows = s.rows();
+            let (rows, sent) = (s.rows(), s.rows_sent());
             vars::store_own(r, vars::ROWS, rows.to_string().as_bytes());
             let failed = match ctx.error.take() {
                 Some(err) => Some(err.error_summary()),
@@ -1635,7 +1635,7 @@ unsafe fn complete(r: *mut ngx_http_request_t) {
                 log!(
                     NGX_LOG_ERR,
                     log,
-                    "sqldb: the query failed after {rows} rows were sent: {why}"
+                    "sqldb: the response was cut short after {sent} rows had gone out: {why}"
                 );
                 finish_upstream(r, HTTP_OK, 0);
                 ngx_http_finalize_request(r, ERROR);

@@ -359,6 +359,12 @@ impl PgResult {
         }
     }
 
+    /// libpq's name of the result's status ("PGRES_COPY_OUT", ...).
+    pub fn status_name(&self) -> String {
+        // SAFETY: live result; PQresStatus returns a static string.
+        cstr_lossy(unsafe { pq::PQresStatus(pq::PQresultStatus(self.raw())) })
+    }
+
     pub fn error_message(&self) -> String {
         // SAFETY: live result.
         cstr_lossy(unsafe { pq::PQresultErrorMessage(self.raw()) })

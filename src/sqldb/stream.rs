@@ -30,6 +30,8 @@ pub struct Streaming {
     /// HEAD, or the client went away: rows are read and dropped.
     pub discard: bool,
     out: Vec<u8>,
+    /// Rows in the buffers handed to nginx so far.
+    sent: u64,
     free: *mut ngx_chain_t,
     busy: *mut ngx_chain_t,
 }
@@ -42,6 +44,7 @@ impl Streaming {
             started: false,
             discard: false,
             out: Vec::new(),
+            sent: 0,
             free: ptr::null_mut(),
             busy: ptr::null_mut(),
         }
@@ -49,6 +52,11 @@ impl Streaming {
 
     pub fn rows(&self) -> u64 {
         self.enc.rows()
+    }
+
+    /// Rows whose bytes have been handed to the client connection.
+    pub fn rows_sent(&self) -> u64 {
+        self.sent
     }
 
     /// The client has more than MAX_PENDING buffers to read.
@@ -170,6 +178,7 @@ impl Streaming {
             if rc == ERROR {
                 return Err(CutShort);
             }
+            self.sent = self.enc.rows();
             Ok(self.backed_up())
         }
     }
