@@ -1,0 +1,531 @@
+//! Result routing for one database connection, as a pure state machine:
+//! which queued request a result belongs to, where each request's results
+//! end, what is sent again and what never is, and what happens to the
+//! requests of a connection that is lost or whose requests have gone.
+//!
+//! The driver feeds it events (the connection is up, a query went out, a
+//! result arrived, a request left, the connection was lost, a cancel request
+//! finished) and carries out what comes back. Requests are opaque tokens
+//! `T`; the machine never sees a query, a result or a request.
+//!
+//! On the wire (libpq's pipeline mode) each request's queries end with their
+//! own sync point: an error aborts that request's queries only. A query of
+//! several statements goes through the simple protocol, outside pipeline
+//! mode, alone on its connection. A request that is gone stays in the queue
+//! without its token, so that its results are read and dropped in order.
+
+use std::collections::VecDeque;
+
+/// How the results of one queued request end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// The simple protocol (several statements): at the end-of-results mark.
+    Simple,
+    /// Pipeline mode: at the request's sync point. `preparing`: its first
+    /// query prepares the statement that the second executes.
+    Pipelined { preparing: bool },
+}
+
+/// What one result from libpq is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResultKind {
+    /// One row of a query in single-row mode.
+    Row,
+    /// A whole result: rows, a statement without rows, or an empty query.
+    Final,
+    /// An error the server reported for the query.
+    Error(ErrorClass),
+    /// The end of one query's results (libpq's NULL result).
+    End,
+    /// The sync point that ends a request's queries in pipeline mode.
+    Sync,
+    /// A query skipped after an earlier error before the sync point.
+    Aborted,
+    /// COPY: a protocol state the gateway cannot carry on from.
+    Copy,
+}
+
+/// Errors that change what happens to the connection or the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// An error of the statement (syntax, constraint, a bad value ...).
+    Statement,
+    /// The prepared statement is gone (DEALLOCATE, DISCARD) or its plan no
+    /// longer fits (a schema change): nothing ran; it can be prepared again.
+    Vanished,
+    /// The server is ending the session (shutdown, pg_terminate_backend):
+    /// not an answer to the query.
+    SessionEnd,
+}
+
+impl ErrorClass {
+    /// The class of a SQLSTATE.
+    pub fn of(sqlstate: &str) -> ErrorClass {
+        match sqlstate {
+            // invalid_sql_statement_name; feature_not_supported ("cached
+            // plan must not change result type")
+            "26000" | "0A000" => ErrorClass::Vanished,
+            // connection exceptions, operator intervention (admin shutdown,
+            // crash shutdown, cannot connect now)
+            s if s.starts_with("08") || s.starts_with("57P") => ErrorClass::SessionEnd,
+            _ => ErrorClass::Statement,
+        }
+    }
+}
+
+/// Why a request lost its connection, and so what it may do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lost {
+    /// Connecting failed: the next server, counted as this one's failure.
+    Connect,
+    /// Its query was never sent (it waited on the connection): one more try.
+    NotSent,
+    /// Its query was sent and may have run: never sent again.
+    Sent,
+}
+
+/// Where a result goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route<T> {
+    /// A row of a streamed request.
+    Row(T),
+    /// A whole result of the request (the last one counts).
+    Result(T),
+    /// An error of the request (the first one counts).
+    Error(T),
+    /// The request's query started a COPY: it fails (500), and the
+    /// connection must be closed (`lost` for the others).
+    Refused(T),
+    /// Read and dropped: a request that is gone, a statement being prepared,
+    /// a query skipped after an error, the end of one query.
+    Drop,
+    /// The server announced the end of the session: once the connection is
+    /// seen closed, everyone on it is `lost`.
+    SessionEnding,
+    /// More results than the requests asked for: the connection cannot be
+    /// trusted and must be closed (`lost`).
+    Confused,
+}
+
+/// What the driver does next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step<T> {
+    /// Every result of the request is in.
+    Complete(T),
+    /// The request's prepared statement had vanished: prepare and send it
+    /// again (it did not run).
+    Resend(T),
+    /// The connection's prepared statements are gone.
+    ForgetPrepared,
+    /// Send a cancel request for the query running now (one of a request
+    /// that is gone; no other request is on the connection).
+    Cancel,
+    /// Start the timer that bounds how long the connection may drain.
+    DrainTimer,
+    /// Send these requests' queries now, in this order (they waited while
+    /// the connection was connecting or draining).
+    Send(Vec<T>),
+    /// The connection is idle: back to the pool.
+    Settle,
+    /// Read the connection again (a paused stream's request left).
+    Resume,
+    /// Nobody is left on a connection that cannot serve yet: close it.
+    Close,
+}
+
+/// Whether a request joining the connection is sent now or waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Join {
+    SendNow,
+    Wait,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Connecting,
+    Ready,
+    Closed,
+}
+
+#[derive(Debug, Clone)]
+struct Entry<T> {
+    /// None once the request has gone.
+    req: Option<T>,
+    mode: Mode,
+    /// Queries of the request whose results have ended (pipeline mode).
+    stage: u8,
+    /// Its prepared statement vanished: sent again after its sync point.
+    again: bool,
+    /// It was sent again once already.
+    resent: bool,
+    streaming: bool,
+    /// Single-row mode was asked for its query.
+    single: bool,
+    seq: u64,
+}
+
+impl<T> Entry<T> {
+    /// The result being read belongs to the statement being prepared.
+    fn preparing_step(&self) -> bool {
+        self.mode == Mode::Pipelined { preparing: true } && self.stage == 0
+    }
+}
+
+/// The requests of one connection and the state of their results.
+#[derive(Debug, Clone)]
+pub struct Pipeline<T> {
+    phase: Phase,
+    queue: VecDeque<Entry<T>>,
+    /// Requests not sent yet, in order (connecting or draining).
+    waiting: Vec<T>,
+    /// Requests told to send again (`Step::Resend`), until they have.
+    resending: Vec<T>,
+    /// Opened for a request that needs it alone (several statements, a stream).
+    exclusive: bool,
+    /// Every request queued has gone: queries are being cancelled and
+    /// their results dropped; new requests wait.
+    draining: bool,
+    cancel_in_flight: bool,
+    cancelled_seq: Option<u64>,
+    /// A streamed request's client is behind: the driver stopped reading.
+    paused: bool,
+    last_seq: u64,
+    served: u64,
+}
+
+impl<T: Copy + Eq> Pipeline<T> {
+    /// A connection being opened for `creator`.
+    pub fn connecting(creator: T, exclusive: bool) -> Pipeline<T> {
+        Pipeline {
+            phase: Phase::Connecting,
+            queue: VecDeque::new(),
+            waiting: vec![creator],
+            resending: Vec::new(),
+            exclusive,
+            draining: false,
+            cancel_in_flight: false,
+            cancelled_seq: None,
+            paused: false,
+            last_seq: 0,
+            served: 0,
+        }
+    }
+
+    pub fn is_connecting(&self) -> bool {
+        self.phase == Phase::Connecting
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.phase == Phase::Closed
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining
+    }
+
+    pub fn is_paused(&self) -> bool {
+        self.paused
+    }
+
+    /// Nothing queued, nothing waiting: the connection can be idle.
+    pub fn is_idle(&self) -> bool {
+        self.phase == Phase::Ready && !self.draining && self.queue.is_empty() && self.waiting.is_empty()
+    }
+
+    /// Requests served to the end on this connection.
+    pub fn served(&self) -> u64 {
+        self.served
+    }
+
+    /// Requests queued or waiting that have not gone.
+    pub fn live(&self) -> usize {
+        self.queue.iter().filter(|e| e.req.is_some()).count() + self.waiting.len()
+    }
+
+    /// Queued and waiting requests (how busy the connection is).
+    pub fn depth(&self) -> usize {
+        self.queue.len() + self.waiting.len()
+    }
+
+    /// Can another pipelined request join? A ready connection whose queue
+    /// holds only pipelined, unstreamed queries; one connecting for a
+    /// request that does not need it alone; one draining (the request waits).
+    pub fn shareable(&self) -> bool {
+        match self.phase {
+            Phase::Ready if self.draining => true,
+            Phase::Ready => self.queue.iter().all(|e| e.mode != Mode::Simple && !e.streaming),
+            Phase::Connecting => !self.exclusive,
+            Phase::Closed => false,
+        }
+    }
+
+    /// Nothing is in flight (a query of several statements can go out:
+    /// libpq must leave pipeline mode for it).
+    pub fn nothing_in_flight(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    /// A request joins: sent now, or waiting for the connection.
+    pub fn join(&mut self, req: T) -> Join {
+        if self.phase == Phase::Connecting || self.draining {
+            if !self.waiting.contains(&req) {
+                self.waiting.push(req);
+            }
+            Join::Wait
+        } else {
+            Join::SendNow
+        }
+    }
+
+    /// The request's query was handed to libpq: it is in flight. (Queued
+    /// before the bytes go out, so that a failed send fails it too.)
+    pub fn sent(&mut self, req: T, mode: Mode, streaming: bool) {
+        self.waiting.retain(|&w| w != req);
+        let resent = match self.resending.iter().position(|&r| r == req) {
+            Some(i) => {
+                self.resending.swap_remove(i);
+                true
+            }
+            None => false,
+        };
+        self.last_seq += 1;
+        self.queue.push_back(Entry {
+            req: Some(req),
+            mode,
+            stage: 0,
+            again: false,
+            resent,
+            streaming,
+            single: false,
+            seq: self.last_seq,
+        });
+    }
+
+    /// The connection is up: the requests that waited go out, in order.
+    pub fn connected(&mut self) -> Vec<Step<T>> {
+        if self.phase != Phase::Connecting {
+            return Vec::new();
+        }
+        self.phase = Phase::Ready;
+        self.send_waiting()
+    }
+
+    fn send_waiting(&mut self) -> Vec<Step<T>> {
+        let waiting = std::mem::take(&mut self.waiting);
+        if waiting.is_empty() {
+            vec![Step::Settle]
+        } else {
+            vec![Step::Send(waiting)]
+        }
+    }
+
+    /// Before the next result is read: true when single-row mode must be
+    /// asked for it (the head request streams, and its rows come next).
+    pub fn wants_single_row(&mut self) -> bool {
+        match self.queue.front_mut() {
+            Some(e) if e.req.is_some() && e.streaming && !e.single => {
+                let rows_next = match e.mode {
+                    Mode::Simple => true,
+                    Mode::Pipelined { preparing } => e.stage == u8::from(preparing),
+                };
+                e.single = rows_next;
+                rows_next
+            }
+            _ => false,
+        }
+    }
+
+    /// A result arrived for the head of the queue: where it goes, and what
+    /// follows (a request whose results are all in, one to send again).
+    pub fn on_result(&mut self, kind: ResultKind) -> (Route<T>, Vec<Step<T>>) {
+        let mut steps = Vec::new();
+        let Some(head) = self.queue.front_mut() else {
+            return (Route::Confused, steps);
+        };
+        let route = match (kind, head.mode) {
+            (ResultKind::End, Mode::Simple) => {
+                self.finish_head(&mut steps);
+                Route::Drop
+            }
+            // A request sends two queries at most: more ends mean confusion.
+            (ResultKind::End, Mode::Pipelined { .. }) if head.stage >= 2 => Route::Confused,
+            (ResultKind::End, Mode::Pipelined { .. }) => {
+                head.stage += 1;
+                Route::Drop
+            }
+            (ResultKind::Sync, Mode::Pipelined { .. }) => {
+                self.finish_head(&mut steps);
+                Route::Drop
+            }
+            (ResultKind::Sync, Mode::Simple) => Route::Confused,
+            (ResultKind::Error(ErrorClass::SessionEnd), _) => Route::SessionEnding,
+            (ResultKind::Copy, _) => match head.req.take() {
+                Some(req) => Route::Refused(req),
+                None => Route::Confused,
+            },
+            (ResultKind::Aborted, _) => Route::Drop,
+            (ResultKind::Error(ErrorClass::Vanished), _) if !head.preparing_step() => {
+                steps.push(Step::ForgetPrepared);
+                if head.resent {
+                    head.req.map_or(Route::Drop, Route::Error)
+                } else {
+                    head.again = true;
+                    Route::Drop
+                }
+            }
+            (ResultKind::Error(_), _) => head.req.map_or(Route::Drop, Route::Error),
+            (ResultKind::Row, _) => head.req.map_or(Route::Drop, Route::Row),
+            (ResultKind::Final, _) if head.preparing_step() => Route::Drop,
+            (ResultKind::Final, _) => head.req.map_or(Route::Drop, Route::Result),
+        };
+        (route, steps)
+    }
+
+    /// The head request's results are all in.
+    fn finish_head(&mut self, steps: &mut Vec<Step<T>>) {
+        let Some(e) = self.queue.pop_front() else { return };
+        match e.req {
+            None => {}
+            Some(req) if e.again => {
+                self.resending.push(req);
+                steps.push(Step::Resend(req));
+            }
+            Some(req) => {
+                self.served += 1;
+                steps.push(Step::Complete(req));
+            }
+        }
+    }
+
+    /// After the results that arrived were read (and requests sent again):
+    /// the connection is idle, drains, or carries on.
+    pub fn after_results(&mut self) -> Vec<Step<T>> {
+        let mut steps = Vec::new();
+        if self.phase != Phase::Ready {
+            return steps;
+        }
+        if self.queue.is_empty() && self.resending.is_empty() {
+            if self.draining {
+                if !self.cancel_in_flight {
+                    steps.extend(self.finish_drain());
+                }
+            } else {
+                steps.push(Step::Settle);
+            }
+        } else if self.live() == 0 && self.resending.is_empty() {
+            steps.extend(self.begin_drain());
+        }
+        steps
+    }
+
+    /// Every request left: cancel what runs, or close a connection still
+    /// connecting, or let an idle one settle.
+    fn begin_drain(&mut self) -> Vec<Step<T>> {
+        let mut steps = Vec::new();
+        if !self.draining {
+            self.draining = true;
+            steps.push(Step::DrainTimer);
+        }
+        steps.extend(self.cancel_running());
+        steps
+    }
+
+    /// One cancel request per query that runs (the head's), one at a time.
+    fn cancel_running(&mut self) -> Option<Step<T>> {
+        let head = self.queue.front()?.seq;
+        if !self.draining || self.cancel_in_flight || self.cancelled_seq == Some(head) {
+            return None;
+        }
+        self.cancelled_seq = Some(head);
+        self.cancel_in_flight = true;
+        Some(Step::Cancel)
+    }
+
+    fn finish_drain(&mut self) -> Vec<Step<T>> {
+        self.draining = false;
+        self.send_waiting()
+    }
+
+    /// A cancel request is through (or failed): the next query that runs may
+    /// need one; a drained connection serves again.
+    pub fn cancel_done(&mut self) -> Vec<Step<T>> {
+        self.cancel_in_flight = false;
+        if self.phase != Phase::Ready || !self.draining {
+            return Vec::new();
+        }
+        if self.queue.is_empty() {
+            return self.finish_drain();
+        }
+        self.cancel_running().into_iter().collect()
+    }
+
+    /// A cancel request could not be sent: no more are tried on this connection.
+    pub fn cancel_unavailable(&mut self) {
+        self.cancel_in_flight = false;
+        self.cancelled_seq = Some(u64::MAX);
+    }
+
+    /// The request left (client gone, timeout). Its results, if they come,
+    /// are dropped; what the connection does next.
+    pub fn abandon(&mut self, req: T) -> Vec<Step<T>> {
+        self.waiting.retain(|&w| w != req);
+        self.resending.retain(|&w| w != req);
+        let was_head = self.queue.front().is_some_and(|e| e.req == Some(req));
+        for e in self.queue.iter_mut().filter(|e| e.req == Some(req)) {
+            e.req = None;
+        }
+        let mut steps = Vec::new();
+        match self.phase {
+            Phase::Closed => {}
+            Phase::Connecting => {
+                if self.waiting.is_empty() {
+                    self.phase = Phase::Closed;
+                    steps.push(Step::Close);
+                }
+            }
+            Phase::Ready => {
+                if was_head && self.paused {
+                    self.paused = false;
+                    steps.push(Step::Resume);
+                }
+                if self.queue.is_empty() && !self.draining && self.waiting.is_empty() {
+                    // Picked but never used.
+                    steps.push(Step::Settle);
+                } else if !self.queue.is_empty() && self.live() == 0 {
+                    steps.extend(self.begin_drain());
+                }
+            }
+        }
+        steps
+    }
+
+    /// The connection is gone (broken, closed by the server, timed out
+    /// draining): every request on it fails, each with what it may do next.
+    pub fn lost(&mut self) -> Vec<(T, Lost)> {
+        let waited = if self.phase == Phase::Connecting {
+            Lost::Connect
+        } else {
+            Lost::NotSent
+        };
+        self.phase = Phase::Closed;
+        self.draining = false;
+        self.paused = false;
+        let mut failed: Vec<(T, Lost)> = self.waiting.drain(..).map(|r| (r, waited)).collect();
+        failed.extend(self.resending.drain(..).map(|r| (r, Lost::Sent)));
+        failed.extend(self.queue.drain(..).filter_map(|e| e.req).map(|r| (r, Lost::Sent)));
+        failed
+    }
+
+    /// The head streamed request's client is behind: reading stops.
+    pub fn pause(&mut self) {
+        self.paused = true;
+    }
+
+    /// Its client caught up: reading resumes.
+    pub fn resume(&mut self) {
+        self.paused = false;
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,577 @@
+//! Every transition of the result routing, the sequences outside testing
+//! found (a connection lost mid-query, a request gone mid-stream or while
+//! queued), and random event sequences against the invariants: every
+//! request gets exactly one outcome, a query that was sent is never sent
+//! again (unless its statement vanished, which means it did not run), no
+//! outcome reaches a request that has gone, and a cancel request never
+//! reaches a query of a request that is still there.
+
+use super::*;
+
+const P: Mode = Mode::Pipelined { preparing: false };
+const PREP: Mode = Mode::Pipelined { preparing: true };
+
+fn ready(reqs: &[(u32, Mode)]) -> Pipeline<u32> {
+    let mut p = Pipeline::connecting(reqs[0].0, false);
+    for &(r, _) in &reqs[1..] {
+        assert_eq!(p.join(r), Join::Wait);
+    }
+    let steps = p.connected();
+    assert_eq!(steps, vec![Step::Send(reqs.iter().map(|r| r.0).collect())]);
+    for &(r, m) in reqs {
+        p.sent(r, m, false);
+    }
+    p
+}
+
+/// Feeds results; returns the routes and steps in order.
+fn feed(p: &mut Pipeline<u32>, kinds: &[ResultKind]) -> Vec<String> {
+    let mut out = Vec::new();
+    for &k in kinds {
+        let (route, steps) = p.on_result(k);
+        if route != Route::Drop {
+            out.push(format!("{route:?}"));
+        }
+        out.extend(steps.into_iter().map(|s| format!("{s:?}")));
+    }
+    out
+}
+
+use ResultKind::*;
+
+#[test]
+fn a_request_in_pipeline_mode() {
+    let mut p = ready(&[(1, P)]);
+    assert!(p.shareable());
+    assert_eq!(feed(&mut p, &[Final, End, Sync]), ["Result(1)", "Complete(1)"]);
+    assert_eq!(p.after_results(), vec![Step::Settle]);
+    assert!(p.is_idle());
+    assert_eq!(p.served(), 1);
+}
+
+#[test]
+fn a_prepared_request_drops_the_prepare_result() {
+    let mut p = ready(&[(1, PREP)]);
+    assert_eq!(
+        feed(&mut p, &[Final, End, Final, End, Sync]),
+        ["Result(1)", "Complete(1)"]
+    );
+}
+
+#[test]
+fn pipelined_requests_get_their_own_results_and_errors() {
+    let mut p = ready(&[(1, P), (2, P), (3, P)]);
+    let out = feed(
+        &mut p,
+        &[
+            Final,
+            End,
+            Sync,
+            Error(ErrorClass::Statement),
+            End,
+            Sync,
+            Final,
+            End,
+            Sync,
+        ],
+    );
+    assert_eq!(
+        out,
+        [
+            "Result(1)",
+            "Complete(1)",
+            "Error(2)",
+            "Complete(2)",
+            "Result(3)",
+            "Complete(3)"
+        ]
+    );
+}
+
+#[test]
+fn several_statements_end_at_the_end_mark() {
+    let mut p = Pipeline::connecting(7, true);
+    assert!(!p.shareable(), "opened for a query that needs it alone");
+    p.connected();
+    p.sent(7, Mode::Simple, false);
+    assert!(!p.shareable());
+    assert_eq!(
+        feed(&mut p, &[Final, Final, End]),
+        ["Result(7)", "Result(7)", "Complete(7)"]
+    );
+}
+
+#[test]
+fn a_vanished_statement_is_sent_again_once() {
+    let mut p = ready(&[(1, P)]);
+    let out = feed(&mut p, &[Error(ErrorClass::Vanished), End, Sync]);
+    assert_eq!(out, ["ForgetPrepared", "Resend(1)"]);
+    assert!(p.after_results().is_empty(), "not idle while the request is sent again");
+    p.sent(1, PREP, false);
+    // It vanishes again: now it is the request's error.
+    let out = feed(&mut p, &[Final, End, Error(ErrorClass::Vanished), End, Sync]);
+    assert_eq!(out, ["Error(1)", "ForgetPrepared", "Complete(1)"]);
+}
+
+#[test]
+fn a_failed_prepare_is_the_request_error() {
+    let mut p = ready(&[(1, PREP)]);
+    let out = feed(&mut p, &[Error(ErrorClass::Vanished), End, Aborted, Sync]);
+    assert_eq!(out, ["Error(1)", "Complete(1)"]);
+}
+
+#[test]
+fn lost_mid_query_fails_sent_queries_and_never_resends_them() {
+    let mut p = ready(&[(1, P), (2, P)]);
+    assert_eq!(feed(&mut p, &[Error(ErrorClass::SessionEnd)]), ["SessionEnding"]);
+    assert_eq!(p.lost(), vec![(1, Lost::Sent), (2, Lost::Sent)]);
+    assert!(p.is_closed());
+    assert!(!p.shareable());
+}
+
+#[test]
+fn lost_while_connecting_or_draining() {
+    let mut p = Pipeline::connecting(1, false);
+    p.join(2);
+    assert_eq!(p.lost(), vec![(1, Lost::Connect), (2, Lost::Connect)]);
+    // Waiting on a draining connection: never sent, so one more try.
+    let mut p = ready(&[(1, P)]);
+    p.abandon(1);
+    assert_eq!(p.join(2), Join::Wait);
+    assert_eq!(p.lost(), vec![(2, Lost::NotSent)]);
+}
+
+#[test]
+fn a_request_gone_mid_stream_releases_the_connection() {
+    let mut p = Pipeline::connecting(1, true);
+    p.connected();
+    p.sent(1, P, true);
+    assert!(!p.shareable(), "nothing queues behind a stream");
+    assert!(p.wants_single_row());
+    assert!(!p.wants_single_row(), "asked once");
+    assert_eq!(feed(&mut p, &[Row, Row]), ["Row(1)", "Row(1)"]);
+    p.pause();
+    let steps = p.abandon(1);
+    assert_eq!(steps, vec![Step::Resume, Step::DrainTimer, Step::Cancel]);
+    // The rest of its rows are dropped; a new request waits for the drain.
+    assert_eq!(p.join(2), Join::Wait);
+    assert!(feed(&mut p, &[Row, Error(ErrorClass::Statement), End, Sync]).is_empty());
+    assert!(p.after_results().is_empty(), "the cancel request is not through yet");
+    assert_eq!(p.cancel_done(), vec![Step::Send(vec![2])]);
+    p.sent(2, P, false);
+    assert_eq!(feed(&mut p, &[Final, End, Sync]), ["Result(2)", "Complete(2)"]);
+    assert_eq!(p.after_results(), vec![Step::Settle]);
+}
+
+#[test]
+fn a_request_gone_while_queued_behind_a_live_one_is_not_cancelled() {
+    let mut p = ready(&[(1, P), (2, P)]);
+    assert!(p.abandon(2).is_empty(), "request 1 is still there: no cancel");
+    assert_eq!(feed(&mut p, &[Final, End, Sync]), ["Result(1)", "Complete(1)"]);
+    // Only the gone one is left, running: now it is cancelled.
+    assert_eq!(p.after_results(), vec![Step::DrainTimer, Step::Cancel]);
+    assert!(feed(&mut p, &[Final, End, Sync]).is_empty());
+    assert!(p.after_results().is_empty());
+    assert_eq!(p.cancel_done(), vec![Step::Settle]);
+    assert!(p.is_idle());
+}
+
+#[test]
+fn each_running_query_of_gone_requests_is_cancelled_in_turn() {
+    let mut p = ready(&[(1, P), (2, P), (3, P)]);
+    p.abandon(1);
+    p.abandon(2);
+    assert_eq!(p.abandon(3), vec![Step::DrainTimer, Step::Cancel]);
+    assert!(p.cancel_done().is_empty(), "the same query: not cancelled twice");
+    feed(&mut p, &[Error(ErrorClass::Statement), End, Sync]);
+    // The next one runs now: one cancel request for it, once.
+    assert_eq!(p.after_results(), vec![Step::Cancel]);
+    assert!(p.after_results().is_empty());
+    feed(&mut p, &[Error(ErrorClass::Statement), End, Sync]);
+    assert!(
+        p.after_results().is_empty(),
+        "the previous cancel request is not through"
+    );
+    assert_eq!(p.cancel_done(), vec![Step::Cancel]);
+    feed(&mut p, &[Final, End, Sync]);
+    assert!(p.after_results().is_empty());
+    assert_eq!(p.cancel_done(), vec![Step::Settle]);
+    assert!(p.is_idle());
+}
+
+#[test]
+fn a_connection_still_connecting_closes_when_everyone_left() {
+    let mut p = Pipeline::connecting(1, false);
+    p.join(2);
+    assert!(p.abandon(1).is_empty());
+    assert_eq!(p.abandon(2), vec![Step::Close]);
+    assert!(p.is_closed());
+}
+
+#[test]
+fn picked_but_never_used_settles() {
+    let mut p = ready(&[(1, P)]);
+    feed(&mut p, &[Final, End, Sync]);
+    p.after_results();
+    assert_eq!(p.join(5), Join::SendNow);
+    assert_eq!(p.abandon(5), vec![Step::Settle]);
+}
+
+#[test]
+fn copy_is_refused_and_confusion_is_caught() {
+    let mut p = ready(&[(1, P), (2, P)]);
+    assert_eq!(feed(&mut p, &[Copy]), ["Refused(1)"]);
+    assert_eq!(p.lost(), vec![(2, Lost::Sent)], "the refused one is not failed twice");
+    let mut p = ready(&[(1, P)]);
+    assert_eq!(feed(&mut p, &[End, End, End]), ["Confused"]);
+    let mut p: Pipeline<u32> = ready(&[(1, P)]);
+    feed(&mut p, &[Final, End, Sync]);
+    assert_eq!(p.on_result(Final).0, Route::Confused, "a result nobody asked for");
+}
+
+#[test]
+fn sqlstates() {
+    assert_eq!(ErrorClass::of("26000"), ErrorClass::Vanished);
+    assert_eq!(ErrorClass::of("0A000"), ErrorClass::Vanished);
+    assert_eq!(ErrorClass::of("57P01"), ErrorClass::SessionEnd);
+    assert_eq!(ErrorClass::of("08006"), ErrorClass::SessionEnd);
+    assert_eq!(
+        ErrorClass::of("57014"),
+        ErrorClass::Statement,
+        "a cancelled query is its own error"
+    );
+    assert_eq!(ErrorClass::of("42P01"), ErrorClass::Statement);
+}
+
+// ------------------------------------------------------- random sequences ----
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// What the model server will answer for one sent query, in order.
+struct Script {
+    results: std::collections::VecDeque<ResultKind>,
+    req: u32,
+}
+
+#[derive(Default)]
+struct Log {
+    terminal: std::collections::HashMap<u32, String>,
+    gone: std::collections::HashSet<u32>,
+    sent: std::collections::HashSet<u32>,
+    vanished: std::collections::HashSet<u32>,
+    resent: std::collections::HashSet<u32>,
+}
+
+/// What the random runs went through, to show they are not vacuous.
+#[derive(Default, Debug)]
+struct Seen {
+    complete: u64,
+    lost_sent: u64,
+    lost_waiting: u64,
+    resent: u64,
+    cancels: u64,
+    gone: u64,
+    rows: u64,
+    waited: u64,
+}
+
+struct Sim {
+    p: Pipeline<u32>,
+    seen: Seen,
+    rng: Rng,
+    server: std::collections::VecDeque<Script>,
+    log: Log,
+    next_req: u32,
+    cancel_pending: bool,
+    closed: bool,
+    session_ending: bool,
+}
+
+impl Sim {
+    fn script(&mut self, req: u32, mode: Mode, streaming: bool) -> Script {
+        let mut r = std::collections::VecDeque::new();
+        let fate = self.rng.below(10);
+        match mode {
+            Mode::Simple => {
+                for _ in 0..1 + self.rng.below(3) {
+                    r.push_back(if fate == 0 { Error(ErrorClass::Statement) } else { Final });
+                }
+                r.push_back(End);
+            }
+            Mode::Pipelined { preparing } => {
+                if preparing {
+                    r.extend([Final, End]);
+                }
+                let vanish = !preparing && fate == 1 && !self.log.resent.contains(&req);
+                if vanish {
+                    r.extend([Error(ErrorClass::Vanished), End]);
+                } else if fate == 2 {
+                    r.extend([Error(ErrorClass::Statement), End]);
+                } else {
+                    if streaming {
+                        for _ in 0..self.rng.below(4) {
+                            r.push_back(Row);
+                        }
+                    }
+                    r.extend([Final, End]);
+                }
+                r.push_back(Sync);
+            }
+        }
+        Script { results: r, req }
+    }
+
+    fn send(&mut self, req: u32) {
+        let streaming = self.rng.below(4) == 0;
+        let mode = match self.rng.below(4) {
+            0 if self.p.nothing_in_flight() && !streaming => Mode::Simple,
+            1 => PREP,
+            _ => P,
+        };
+        let mode = if self.log.resent.contains(&req) { PREP } else { mode };
+        assert!(
+            !self.log.sent.contains(&req) || self.log.resent.contains(&req),
+            "request {req} sent twice without its statement vanishing"
+        );
+        self.log.sent.insert(req);
+        self.p.sent(req, mode, streaming);
+        let s = self.script(req, mode, streaming);
+        self.server.push_back(s);
+    }
+
+    fn terminal(&mut self, req: u32, what: String) {
+        assert!(
+            !self.log.gone.contains(&req),
+            "{what} for request {req}, which had gone"
+        );
+        let before = self.log.terminal.insert(req, what.clone());
+        assert!(before.is_none(), "request {req}: {what} after {before:?}");
+    }
+
+    fn steps(&mut self, steps: Vec<Step<u32>>) {
+        for s in steps {
+            match s {
+                Step::Complete(r) => {
+                    self.seen.complete += 1;
+                    self.terminal(r, "complete".into())
+                }
+                Step::Resend(r) => {
+                    assert!(self.log.vanished.contains(&r), "request {r} sent again though it ran");
+                    assert!(self.log.resent.insert(r), "request {r} sent again twice");
+                    self.seen.resent += 1;
+                    self.send(r);
+                }
+                Step::Send(rs) => {
+                    for r in rs {
+                        self.seen.waited += 1;
+                        assert!(!self.log.sent.contains(&r), "request {r} was waiting and already sent");
+                        self.send(r);
+                    }
+                }
+                Step::Cancel => {
+                    // Only queries of requests that are gone may be cancelled.
+                    for s in &self.server {
+                        assert!(
+                            self.log.gone.contains(&s.req),
+                            "a cancel request while request {} runs",
+                            s.req
+                        );
+                    }
+                    self.cancel_pending = true;
+                    self.seen.cancels += 1;
+                }
+                Step::Close => self.closed = true,
+                Step::ForgetPrepared | Step::DrainTimer | Step::Settle | Step::Resume => {}
+            }
+        }
+    }
+
+    fn lose(&mut self) {
+        for (r, lost) in self.p.lost() {
+            if lost == Lost::Sent {
+                self.seen.lost_sent += 1;
+            } else {
+                self.seen.lost_waiting += 1;
+                assert!(!self.log.sent.contains(&r), "request {r} was sent, yet {lost:?}");
+            }
+            self.terminal(r, format!("lost {lost:?}"));
+        }
+        self.closed = true;
+        self.server.clear();
+    }
+
+    fn deliver_one(&mut self) {
+        if self.p.wants_single_row() {
+            // The model server sends rows one by one anyway.
+        }
+        let Some(front) = self.server.front_mut() else { return };
+        let Some(kind) = front.results.pop_front() else { return };
+        let req = front.req;
+        if front.results.is_empty() {
+            self.server.pop_front();
+        }
+        if kind == Error(ErrorClass::Vanished) {
+            self.log.vanished.insert(req);
+        }
+        let (route, steps) = self.p.on_result(kind);
+        match route {
+            Route::Row(r) | Route::Result(r) | Route::Error(r) => {
+                self.seen.rows += u64::from(kind == Row);
+                assert_eq!(r, req, "a result of request {req} went to request {r}");
+                assert!(
+                    !self.log.gone.contains(&r),
+                    "a result reached request {r}, which had gone"
+                );
+            }
+            Route::Refused(r) => self.terminal(r, "refused".into()),
+            Route::SessionEnding => self.session_ending = true,
+            Route::Confused => panic!("the model server sent what was asked"),
+            Route::Drop => {}
+        }
+        self.steps(steps);
+        let after = self.p.after_results();
+        self.steps(after);
+        if self.session_ending {
+            self.lose();
+        }
+    }
+
+    fn run(seed: u64, seen: &mut Seen) {
+        let mut sim = Sim {
+            p: Pipeline::connecting(1, false),
+            seen: Seen::default(),
+            rng: Rng(seed | 1),
+            server: Default::default(),
+            log: Log::default(),
+            next_req: 2,
+            cancel_pending: false,
+            closed: false,
+            session_ending: false,
+        };
+        let mut all = vec![1];
+        for _ in 0..80 {
+            if sim.closed {
+                break;
+            }
+            match sim.rng.below(12) {
+                0 if sim.p.is_connecting() => {
+                    let steps = sim.p.connected();
+                    sim.steps(steps);
+                }
+                0 | 1 if sim.p.shareable() || sim.p.is_idle() => {
+                    let r = sim.next_req;
+                    sim.next_req += 1;
+                    all.push(r);
+                    if sim.p.join(r) == Join::SendNow {
+                        sim.send(r);
+                    }
+                }
+                2 => {
+                    let live: Vec<u32> = all
+                        .iter()
+                        .copied()
+                        .filter(|r| !sim.log.gone.contains(r) && !sim.log.terminal.contains_key(r))
+                        .collect();
+                    if !live.is_empty() {
+                        let r = live[sim.rng.below(live.len() as u64) as usize];
+                        sim.log.gone.insert(r);
+                        sim.seen.gone += 1;
+                        let steps = sim.p.abandon(r);
+                        sim.steps(steps);
+                    }
+                }
+                3 if sim.cancel_pending => {
+                    sim.cancel_pending = false;
+                    // A cancelled query ends with an error.
+                    if let Some(front) = sim.server.front_mut() {
+                        if front.results.iter().any(|k| *k == Row || *k == Final) {
+                            let sync = front.results.back() == Some(&Sync);
+                            front.results.clear();
+                            front.results.extend([Error(ErrorClass::Statement), End]);
+                            if sync {
+                                front.results.push_back(Sync);
+                            }
+                        }
+                    }
+                    let steps = sim.p.cancel_done();
+                    sim.steps(steps);
+                }
+                4 if sim.rng.below(10) == 0 => sim.lose(),
+                5 if sim.p.is_paused() => sim.p.resume(),
+                6 if !sim.p.is_paused() && sim.rng.below(3) == 0 => sim.p.pause(),
+                _ if !sim.p.is_paused() => sim.deliver_one(),
+                _ => {}
+            }
+        }
+        // Quiesce: the connection finishes what it has (or is lost).
+        sim.p.resume();
+        let mut guard = 0;
+        while !sim.closed && (!sim.server.is_empty() || sim.cancel_pending) {
+            guard += 1;
+            assert!(guard < 10_000, "no progress");
+            if sim.cancel_pending {
+                sim.cancel_pending = false;
+                let steps = sim.p.cancel_done();
+                sim.steps(steps);
+            } else {
+                sim.deliver_one();
+            }
+        }
+        if sim.p.is_connecting() && !sim.closed {
+            sim.lose();
+        }
+        // Every request that stayed has exactly one outcome; one that left, none.
+        for r in all {
+            if sim.log.gone.contains(&r) {
+                continue;
+            }
+            let waiting = sim.p.waiting.contains(&r);
+            assert!(
+                sim.log.terminal.contains_key(&r) || waiting,
+                "seed {seed}: request {r} got no outcome"
+            );
+        }
+        let s = &sim.seen;
+        seen.complete += s.complete;
+        seen.lost_sent += s.lost_sent;
+        seen.lost_waiting += s.lost_waiting;
+        seen.resent += s.resent;
+        seen.cancels += s.cancels;
+        seen.gone += s.gone;
+        seen.rows += s.rows;
+        seen.waited += s.waited;
+    }
+}
+
+#[test]
+fn random_event_sequences_keep_the_invariants() {
+    let mut seen = Seen::default();
+    for seed in 1..3000u64 {
+        Sim::run(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15), &mut seen);
+    }
+    // Each kind of event happened many times.
+    for (what, n) in [
+        ("complete", seen.complete),
+        ("lost after sending", seen.lost_sent),
+        ("lost while waiting", seen.lost_waiting),
+        ("sent again", seen.resent),
+        ("cancel requests", seen.cancels),
+        ("requests gone", seen.gone),
+        ("rows", seen.rows),
+        ("sent after waiting", seen.waited),
+    ] {
+        assert!(n > 100, "only {n} {what}: {seen:?}");
+    }
+}
