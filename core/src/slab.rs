@@ -49,6 +49,23 @@ impl<T> Slab<T> {
         self.len == 0
     }
 
+    /// The key the next `insert` gives (for a value that holds its own key).
+    pub fn next_key(&self) -> Key {
+        match self.first_free {
+            Some(index) => match self.slots[index as usize] {
+                Slot::Free { generation, .. } => Key {
+                    index,
+                    generation: generation.wrapping_add(1),
+                },
+                Slot::Taken { .. } => unreachable!("the free list holds free slots only"),
+            },
+            None => Key {
+                index: self.slots.len() as u32,
+                generation: 0,
+            },
+        }
+    }
+
     /// Stores a value; its key.
     pub fn insert(&mut self, value: T) -> Key {
         self.len += 1;
@@ -158,7 +175,9 @@ mod tests {
         assert_eq!(s.get(a), None);
         assert_eq!(s.remove(a), None);
         // The slot is reused under another generation.
+        let next = s.next_key();
         let c = s.insert("c");
+        assert_eq!(next, c);
         assert_ne!(a, c);
         assert_eq!(s.get(a), None);
         assert_eq!(s.get(c), Some(&"c"));
@@ -183,7 +202,9 @@ mod tests {
                 assert_eq!(s.remove(k), Some(v));
                 dead.push(k);
             } else {
+                let next = s.next_key();
                 live.push((s.insert(i), i));
+                assert_eq!(live.last().unwrap().0, next);
             }
         }
         assert_eq!(s.len(), live.len());

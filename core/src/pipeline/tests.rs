@@ -558,7 +558,9 @@ impl Sim {
 #[test]
 fn random_event_sequences_keep_the_invariants() {
     let mut seen = Seen::default();
-    for seed in 1..3000u64 {
+    // Miri runs a few hundred of them (it is some thousand times slower).
+    let runs: u64 = if cfg!(miri) { 300 } else { 3000 };
+    for seed in 1..runs {
         Sim::run(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15), &mut seen);
     }
     // Each kind of event happened many times.
@@ -572,6 +574,6 @@ fn random_event_sequences_keep_the_invariants() {
         ("rows", seen.rows),
         ("sent after waiting", seen.waited),
     ] {
-        assert!(n > 100, "only {n} {what}: {seen:?}");
+        assert!(n > runs / 30, "only {n} {what}: {seen:?}");
     }
 }
