@@ -235,11 +235,17 @@ pub enum StreamFormat {
 pub struct Stream {
     format: StreamFormat,
     rows: u64,
+    /// The result has columns: RDS has a row list only then.
+    row_list: bool,
 }
 
 impl Stream {
     pub fn new(format: StreamFormat) -> Stream {
-        Stream { format, rows: 0 }
+        Stream {
+            format,
+            rows: 0,
+            row_list: false,
+        }
     }
 
     pub fn rows(&self) -> u64 {
@@ -254,6 +260,7 @@ impl Stream {
                     ..Default::default()
                 };
                 crate::rds::encode_prefix(&header, rs, out)?;
+                self.row_list = rs.columns() > 0;
             }
             StreamFormat::Json => out.push(b'['),
             StreamFormat::Csv => {
@@ -274,6 +281,8 @@ impl Stream {
     pub fn rows_of<R: ResultSet + ?Sized>(&mut self, rs: &R, out: &mut Vec<u8>) -> Result<(), crate::rds::RdsError> {
         for r in 0..rs.rows() {
             match self.format {
+                // Rows without columns (`select from t`) are counted, not written.
+                StreamFormat::Rds if !self.row_list => {}
                 StreamFormat::Rds => crate::rds::encode_row(rs, r, out)?,
                 StreamFormat::Json => {
                     if self.rows > 0 {
@@ -308,7 +317,8 @@ impl Stream {
 
     pub fn end(&mut self, out: &mut Vec<u8>) {
         match self.format {
-            StreamFormat::Rds => out.push(0),
+            StreamFormat::Rds if self.row_list => out.push(0),
+            StreamFormat::Rds => {}
             StreamFormat::Json => out.push(b']'),
             StreamFormat::Csv | StreamFormat::Text => {}
         }
@@ -379,5 +389,46 @@ mod stream_tests {
             assert_eq!(out, want, "{format:?}");
             assert_eq!(s.rows(), 3);
         }
+    }
+
+    /// `select from t`: rows of no columns. RDS has no row list then.
+    struct NoColumns(usize);
+    impl ResultSet for NoColumns {
+        fn columns(&self) -> usize {
+            0
+        }
+        fn rows(&self) -> usize {
+            self.0
+        }
+        fn column_name(&self, _: usize) -> &[u8] {
+            b""
+        }
+        fn column_type(&self, _: usize) -> u32 {
+            0
+        }
+        fn value(&self, _: usize, _: usize) -> Option<&[u8]> {
+            None
+        }
+    }
+
+    #[test]
+    fn rows_without_columns_stream_as_valid_rds() {
+        let mut s = Stream::new(StreamFormat::Rds);
+        let mut out = Vec::new();
+        s.begin(&NoColumns(1), &mut out).unwrap();
+        for _ in 0..3 {
+            s.rows_of(&NoColumns(1), &mut out).unwrap();
+        }
+        s.end(&mut out);
+        assert_eq!(s.rows(), 3);
+        let mut want = Vec::new();
+        let h = crate::rds::Header {
+            driver_errcode: 2,
+            ..Default::default()
+        };
+        crate::rds::encode(&h, &crate::rds::Body::Rows(&NoColumns(3)), &mut want).unwrap();
+        assert_eq!(out, want);
+        let d = crate::rds::decode(&out).unwrap();
+        assert!(d.columns.is_empty() && d.rows.is_empty());
     }
 }
