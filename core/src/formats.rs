@@ -45,12 +45,34 @@ pub fn json_string(out: &mut Vec<u8>, s: &[u8]) {
     out.push(b'"');
 }
 
-/// A numeric text that JSON can carry unquoted (not NaN or Infinity).
+/// A numeric text that JSON can carry unquoted: JSON's number grammar,
+/// `-?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?`. Not NaN nor Infinity,
+/// and not what PostgreSQL never sends for a number but would make the
+/// output invalid (`01`, `1.`, `+1`).
 fn json_number(v: &[u8]) -> bool {
-    !v.is_empty()
-        && v.iter()
-            .all(|b| b.is_ascii_digit() || matches!(b, b'-' | b'+' | b'.' | b'e' | b'E'))
-        && v.iter().any(u8::is_ascii_digit)
+    let digits = |s: &[u8]| s.iter().take_while(|b| b.is_ascii_digit()).count();
+    let mut s = v.strip_prefix(b"-").unwrap_or(v);
+    let int = digits(s);
+    if int == 0 || (int > 1 && s[0] == b'0') {
+        return false;
+    }
+    s = &s[int..];
+    if let Some(frac) = s.strip_prefix(b".") {
+        let n = digits(frac);
+        if n == 0 {
+            return false;
+        }
+        s = &frac[n..];
+    }
+    if let Some(exp) = s.strip_prefix(b"e").or_else(|| s.strip_prefix(b"E")) {
+        let exp = exp.strip_prefix(b"+").or_else(|| exp.strip_prefix(b"-")).unwrap_or(exp);
+        let n = digits(exp);
+        if n == 0 {
+            return false;
+        }
+        s = &exp[n..];
+    }
+    s.is_empty()
 }
 
 /// An array of objects keyed by column name.
@@ -199,6 +221,56 @@ mod tests {
         let mut aff = Vec::new();
         json_affected(3, &mut aff);
         assert_eq!(aff, br#"{"affected":3}"#);
+    }
+
+    #[test]
+    fn json_numbers_follow_the_json_grammar() {
+        for n in [
+            "0",
+            "-0",
+            "7",
+            "-42",
+            "1.50",
+            "0.001",
+            "1e+100",
+            "1.5e-07",
+            "-1E5",
+            "123456789012345678901234567890",
+        ] {
+            assert!(json_number(n.as_bytes()), "{n}");
+        }
+        for n in [
+            "",
+            "-",
+            "01",
+            "-01",
+            "00",
+            "1.",
+            ".5",
+            "+1",
+            "1e",
+            "1e+",
+            "1-2",
+            "--1",
+            "1e5e5",
+            "1.2.3",
+            "e5",
+            "NaN",
+            "Infinity",
+            "-Infinity",
+            " 1",
+            "0x10",
+        ] {
+            assert!(!json_number(n.as_bytes()), "{n}");
+        }
+        // Anything else in a number column becomes a string: the output stays JSON.
+        let t = T {
+            cols: vec![("n", 1700), ("i", 23)],
+            rows: vec![vec![Some(b"01"), Some(b"1-2")]],
+        };
+        let mut out = Vec::new();
+        json(&t, &mut out);
+        assert_eq!(out, br#"[{"n":"01","i":"1-2"}]"#);
     }
 
     #[test]
