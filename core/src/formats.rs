@@ -128,24 +128,38 @@ fn csv_field(out: &mut Vec<u8>, v: &[u8]) {
     }
 }
 
+/// One CSV line; `None` is an empty field. A line whose only field is
+/// empty is written `""`: CSV readers skip an empty line, the row would
+/// be lost.
+fn csv_line<'a>(out: &mut Vec<u8>, fields: impl ExactSizeIterator<Item = Option<&'a [u8]>>) {
+    let alone = fields.len() == 1;
+    for (c, v) in fields.enumerate() {
+        if c > 0 {
+            out.push(b',');
+        }
+        match v {
+            Some(v) if !v.is_empty() => csv_field(out, v),
+            _ if alone => out.extend_from_slice(b"\"\""),
+            _ => {}
+        }
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+fn csv_header<R: ResultSet + ?Sized>(rs: &R, out: &mut Vec<u8>) {
+    csv_line(out, (0..rs.columns()).map(|c| Some(rs.column_name(c))));
+}
+
+fn csv_row<R: ResultSet + ?Sized>(rs: &R, r: usize, out: &mut Vec<u8>) {
+    csv_line(out, (0..rs.columns()).map(|c| rs.value(r, c)));
+}
+
 /// A header line of column names, then one line per row; CRLF line ends;
 /// NULL is an empty field.
 pub fn csv<R: ResultSet + ?Sized>(rs: &R, out: &mut Vec<u8>) {
-    let cols = rs.columns();
-    let line = |out: &mut Vec<u8>, cell: &dyn Fn(usize) -> Option<Vec<u8>>| {
-        for c in 0..cols {
-            if c > 0 {
-                out.push(b',');
-            }
-            if let Some(v) = cell(c) {
-                csv_field(out, &v);
-            }
-        }
-        out.extend_from_slice(b"\r\n");
-    };
-    line(out, &|c| Some(rs.column_name(c).to_vec()));
+    csv_header(rs, out);
     for r in 0..rs.rows() {
-        line(out, &|c| rs.value(r, c).map(<[u8]>::to_vec));
+        csv_row(rs, r, out);
     }
 }
 
@@ -274,6 +288,25 @@ mod tests {
     }
 
     #[test]
+    fn csv_one_empty_field_is_not_an_empty_line() {
+        let t = T {
+            cols: vec![("v", 25)],
+            rows: vec![vec![Some(b"a")], vec![None], vec![Some(b"")], vec![Some(b"b")]],
+        };
+        let mut out = Vec::new();
+        csv(&t, &mut out);
+        assert_eq!(out, b"v\r\na\r\n\"\"\r\n\"\"\r\nb\r\n");
+        // With more columns an empty field stays empty.
+        let t = T {
+            cols: vec![("a", 25), ("b", 25)],
+            rows: vec![vec![None, Some(b"")]],
+        };
+        let mut out = Vec::new();
+        csv(&t, &mut out);
+        assert_eq!(out, b"a,b\r\n,\r\n");
+    }
+
+    #[test]
     fn json_escapes_control_and_invalid_bytes() {
         let mut out = Vec::new();
         json_string(&mut out, b"\x01\t\xff\\");
@@ -335,15 +368,7 @@ impl Stream {
                 self.row_list = rs.columns() > 0;
             }
             StreamFormat::Json => out.push(b'['),
-            StreamFormat::Csv => {
-                for c in 0..rs.columns() {
-                    if c > 0 {
-                        out.push(b',');
-                    }
-                    csv_field(out, rs.column_name(c));
-                }
-                out.extend_from_slice(b"\r\n");
-            }
+            StreamFormat::Csv => csv_header(rs, out),
             StreamFormat::Text => {}
         }
         Ok(())
@@ -362,17 +387,7 @@ impl Stream {
                     }
                     json_row(rs, r, out);
                 }
-                StreamFormat::Csv => {
-                    for c in 0..rs.columns() {
-                        if c > 0 {
-                            out.push(b',');
-                        }
-                        if let Some(v) = rs.value(r, c) {
-                            csv_field(out, v);
-                        }
-                    }
-                    out.extend_from_slice(b"\r\n");
-                }
+                StreamFormat::Csv => csv_row(rs, r, out),
                 StreamFormat::Text => {
                     for c in 0..rs.columns() {
                         if self.rows > 0 || c > 0 {
