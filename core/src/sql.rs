@@ -36,7 +36,8 @@ pub fn has_several_statements(sql: &[u8]) -> bool {
                 continue;
             }
             b'-' if i + 1 < n && sql[i + 1] == b'-' => {
-                while i < n && sql[i] != b'\n' {
+                // To the end of the line: PostgreSQL's lexer ends it at CR too.
+                while i < n && sql[i] != b'\n' && sql[i] != b'\r' {
                     i += 1;
                 }
                 continue;
@@ -137,6 +138,7 @@ mod tests {
             "select ';'; select 'b'",
             "begin; commit",
             "select 1; 'x'",
+            "select 1 -- comment\r; select 2",
         ] {
             assert!(several(q.as_bytes()), "{q}");
         }
