@@ -77,6 +77,18 @@ pub fn has_several_statements(sql: &[u8]) -> bool {
                 i += 1;
                 continue;
             }
+            c if is_ident_start(c) => {
+                // A name or keyword as a whole: '$' inside one is a letter
+                // (a$b$ is a name, not the start of a dollar quote).
+                if seen_semicolon {
+                    return true;
+                }
+                i += 1;
+                while i < n && (is_ident_start(sql[i]) || sql[i].is_ascii_digit() || sql[i] == b'$') {
+                    i += 1;
+                }
+                continue;
+            }
             _ => {}
         }
         if seen_semicolon && !b.is_ascii_whitespace() {
@@ -85,6 +97,11 @@ pub fn has_several_statements(sql: &[u8]) -> bool {
         i += 1;
     }
     false
+}
+
+/// A letter to PostgreSQL's lexer: ASCII ones, '_' and every byte over 0x7F.
+fn is_ident_start(b: u8) -> bool {
+    b.is_ascii_alphabetic() || b == b'_' || b >= 0x80
 }
 
 /// The length of a dollar-quote opening tag (`$$` or `$name$`) at the start.
@@ -139,6 +156,8 @@ mod tests {
             "begin; commit",
             "select 1; 'x'",
             "select 1 -- comment\r; select 2",
+            "select 1 as a$b$; select 2",
+            "select 1 as a$b$; select 2 as a$b$",
         ] {
             assert!(several(q.as_bytes()), "{q}");
         }
