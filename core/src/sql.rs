@@ -110,7 +110,7 @@ fn dollar_tag(s: &[u8]) -> Option<usize> {
     while j < s.len() {
         match s[j] {
             b'$' => return Some(j + 1),
-            c if c.is_ascii_alphanumeric() || c == b'_' => {
+            c if is_ident_start(c) || c.is_ascii_digit() => {
                 if j == 1 && c.is_ascii_digit() {
                     return None; // $1 is a parameter, not a tag
                 }
@@ -138,6 +138,7 @@ mod tests {
             "select \"a;b\" from t",
             "select $$x; y$$",
             "select $tag$ ; $$ ; $tag$ as body",
+            "select $é$ ; $é$ as body",
             "select 1 /* a; /* nested; */ b; */",
             "select $1::int; ",
             "select 1; /* only a comment */",
