@@ -3,11 +3,15 @@
 //! prepared. Quotes, dollar quotes and comments are skipped, so a ';' inside
 //! them does not count.
 
-/// True when a statement follows the first ';' (not inside quotes or comments).
+/// True when a statement follows a ';' (not inside quotes or comments) that
+/// ends another one. Empty statements (a leading ';', ";;") do not count:
+/// PostgreSQL drops them.
 pub fn has_several_statements(sql: &[u8]) -> bool {
     let mut i = 0;
     let n = sql.len();
-    let mut seen_semicolon = false;
+    // A statement has begun; a ';' has ended one.
+    let mut begun = false;
+    let mut ended = false;
     while i < n {
         let b = sql[i];
         match b {
@@ -30,9 +34,10 @@ pub fn has_several_statements(sql: &[u8]) -> bool {
                     i += 1;
                 }
                 i += 1;
-                if seen_semicolon {
+                if ended {
                     return true;
                 }
+                begun = true;
                 continue;
             }
             b'-' if i + 1 < n && sql[i + 1] == b'-' => {
@@ -60,9 +65,10 @@ pub fn has_several_statements(sql: &[u8]) -> bool {
             }
             b'$' => {
                 if let Some(tag_len) = dollar_tag(&sql[i..]) {
-                    if seen_semicolon {
+                    if ended {
                         return true;
                     }
+                    begun = true;
                     let tag = &sql[i..i + tag_len];
                     i += tag_len;
                     while i < n && !sql[i..].starts_with(tag) {
@@ -73,16 +79,17 @@ pub fn has_several_statements(sql: &[u8]) -> bool {
                 }
             }
             b';' => {
-                seen_semicolon = true;
+                ended |= begun;
                 i += 1;
                 continue;
             }
             c if is_ident_start(c) => {
                 // A name or keyword as a whole: '$' inside one is a letter
                 // (a$b$ is a name, not the start of a dollar quote).
-                if seen_semicolon {
+                if ended {
                     return true;
                 }
+                begun = true;
                 i += 1;
                 while i < n && (is_ident_start(sql[i]) || sql[i].is_ascii_digit() || sql[i] == b'$') {
                     i += 1;
@@ -91,8 +98,11 @@ pub fn has_several_statements(sql: &[u8]) -> bool {
             }
             _ => {}
         }
-        if seen_semicolon && !b.is_ascii_whitespace() {
-            return true;
+        if !b.is_ascii_whitespace() {
+            if ended {
+                return true;
+            }
+            begun = true;
         }
         i += 1;
     }
@@ -142,6 +152,9 @@ mod tests {
             "select 1 /* a; /* nested; */ b; */",
             "select $1::int; ",
             "select 1; /* only a comment */",
+            "; select 1",
+            " ;; select 1;; ;",
+            "/* c */ ; -- c\n select 1",
         ] {
             assert!(!several(q.as_bytes()), "{q}");
         }
@@ -159,6 +172,7 @@ mod tests {
             "select 1 -- comment\r; select 2",
             "select 1 as a$b$; select 2",
             "select 1 as a$b$; select 2 as a$b$",
+            "; select 1;; select 2",
         ] {
             assert!(several(q.as_bytes()), "{q}");
         }
