@@ -16,24 +16,7 @@ pub fn has_several_statements(sql: &[u8]) -> bool {
         let b = sql[i];
         match b {
             b'\'' | b'"' => {
-                // '...' and "..." with doubled quotes; E'...' also takes backslash escapes.
-                let escapes = b == b'\'' && i > 0 && (sql[i - 1] == b'E' || sql[i - 1] == b'e');
-                i += 1;
-                while i < n {
-                    if escapes && sql[i] == b'\\' {
-                        i += 2;
-                        continue;
-                    }
-                    if sql[i] == b {
-                        if i + 1 < n && sql[i + 1] == b {
-                            i += 2;
-                            continue;
-                        }
-                        break;
-                    }
-                    i += 1;
-                }
-                i += 1;
+                i = skip_quoted(sql, i, false);
                 if ended {
                     return true;
                 }
@@ -90,9 +73,14 @@ pub fn has_several_statements(sql: &[u8]) -> bool {
                     return true;
                 }
                 begun = true;
+                let start = i;
                 i += 1;
                 while i < n && (is_ident_start(sql[i]) || sql[i].is_ascii_digit() || sql[i] == b'$') {
                     i += 1;
+                }
+                // E'...' is one token, an escape string; xE'...' is a name and a string.
+                if i - start == 1 && matches!(c, b'E' | b'e') && sql.get(i) == Some(&b'\'') {
+                    i = skip_quoted(sql, i, true);
                 }
                 continue;
             }
@@ -107,6 +95,28 @@ pub fn has_several_statements(sql: &[u8]) -> bool {
         i += 1;
     }
     false
+}
+
+/// The end of the quoted string or name at `at`: '...' or "..." with the
+/// quote doubled inside, and with `escapes` (E'...') backslash escapes too.
+fn skip_quoted(sql: &[u8], at: usize, escapes: bool) -> usize {
+    let quote = sql[at];
+    let mut i = at + 1;
+    while i < sql.len() {
+        if escapes && sql[i] == b'\\' {
+            i += 2;
+            continue;
+        }
+        if sql[i] == quote {
+            if sql.get(i + 1) == Some(&quote) {
+                i += 2;
+                continue;
+            }
+            break;
+        }
+        i += 1;
+    }
+    i + 1
 }
 
 /// A letter to PostgreSQL's lexer: ASCII ones, '_' and every byte over 0x7F.
@@ -145,6 +155,7 @@ mod tests {
             "select ';' as a",
             "select 'a;b'';c' as a; -- trailing comment",
             "select E'it\\'s; here'",
+            "select e'\\\\'; ",
             "select \"a;b\" from t",
             "select $$x; y$$",
             "select $tag$ ; $$ ; $tag$ as body",
@@ -173,6 +184,8 @@ mod tests {
             "select 1 as a$b$; select 2",
             "select 1 as a$b$; select 2 as a$b$",
             "; select 1;; select 2",
+            "select namE'a\\'; select 2",
+            "select 1 as x, E'\\\\' as y; select 2",
         ] {
             assert!(several(q.as_bytes()), "{q}");
         }
