@@ -7,6 +7,9 @@
 #   make stop     stop what make run started
 #   make bench    wrk through the gateway next to pgbench in the same run
 #   make check    cargo fmt --check and clippy -D warnings
+#   make fuzztest the fuzz checks on stable Rust over the seeds and pseudo-random inputs (part of make test)
+#   make fuzz     every fuzz target under cargo-fuzz for FUZZ_RUNS inputs (nightly; installs cargo-fuzz)
+#   make fuzz-short  every fuzz target for FUZZ_SECONDS with cargo-fuzz, else the stable fuzztest
 
 SHELL        := /bin/bash
 CARGO        ?= cargo
@@ -26,7 +29,11 @@ APT_PACKAGES := nginx nginx-dev libpq-dev libclang-dev clang pkg-config \
                 libtest-base-perl libtext-diff-perl libipc-run-perl liburi-perl \
                 libwww-perl libnginx-mod-http-srcache-filter openssl
 
-.PHONY: all build fault vendored deps unittest test test-debian test-vendored run stop bench check clean
+FUZZ_RUNS    ?= 10000000
+FUZZ_SECONDS ?= 20
+FUZZ_TARGET  := $(CURDIR)/fuzz/target
+
+.PHONY: all build fault vendored deps unittest fuzztest fuzz fuzz-short cargo-fuzz test test-debian test-vendored run stop bench check clean
 
 all: build
 
@@ -73,8 +80,29 @@ vendored: FORCE
 unittest:
 	$(CARGO) test -p gateway-core --target-dir $(DEB_TARGET)
 
+# The fuzz checks of fuzz/src/checks/ without libFuzzer (stable Rust).
+fuzztest:
+	$(CARGO) test --manifest-path fuzz/Cargo.toml --target-dir $(FUZZ_TARGET)
+
+cargo-fuzz:
+	@$(CARGO) +nightly --version >/dev/null || { echo "make fuzz needs the nightly toolchain (rustup toolchain install nightly)"; exit 1; }
+	@$(CARGO) fuzz --version >/dev/null 2>&1 || $(CARGO) install cargo-fuzz --locked
+
+fuzz: cargo-fuzz
+	bash fuzz/run.sh runs $(FUZZ_RUNS)
+
+# About FUZZ_SECONDS per target with cargo-fuzz when nightly and cargo-fuzz
+# are there, else the stable fuzztest.
+fuzz-short:
+	@if $(CARGO) +nightly --version >/dev/null 2>&1 && $(CARGO) fuzz --version >/dev/null 2>&1; then \
+	    bash fuzz/run.sh seconds $(FUZZ_SECONDS); \
+	else \
+	    echo "no nightly toolchain or cargo-fuzz: running the stable fuzztest"; \
+	    $(MAKE) fuzztest; \
+	fi
+
 test: deps
-	$(MAKE) check unittest build fault vendored
+	$(MAKE) check unittest fuzztest build fault vendored
 	$(MAKE) test-debian test-vendored
 
 # The .t suites against one nginx build; t/lib/harness holds the runner
@@ -102,8 +130,10 @@ check: $(DEB_BUILD)/objs/ngx_auto_config.h
 	$(CARGO) fmt --all -- --check
 	perl tools/check-entry-points
 	NGINX_BUILD_DIR=$(DEB_BUILD)/objs $(CARGO) clippy --release --target-dir $(DEB_TARGET) --workspace -- -D warnings
+	$(CARGO) fmt --manifest-path fuzz/Cargo.toml -- --check
+	$(CARGO) clippy --manifest-path fuzz/Cargo.toml --target-dir $(FUZZ_TARGET) --all-targets -- -D warnings
 
 clean:
-	rm -rf $(OBJS) target
+	rm -rf $(OBJS) target $(FUZZ_TARGET)
 
 FORCE:

@@ -45,12 +45,34 @@ pub fn json_string(out: &mut Vec<u8>, s: &[u8]) {
     out.push(b'"');
 }
 
-/// A numeric text that JSON can carry unquoted (not NaN or Infinity).
+/// A numeric text that JSON can carry unquoted: JSON's number grammar,
+/// `-?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?`. Not NaN nor Infinity,
+/// and not what PostgreSQL never sends for a number but would make the
+/// output invalid (`01`, `1.`, `+1`).
 fn json_number(v: &[u8]) -> bool {
-    !v.is_empty()
-        && v.iter()
-            .all(|b| b.is_ascii_digit() || matches!(b, b'-' | b'+' | b'.' | b'e' | b'E'))
-        && v.iter().any(u8::is_ascii_digit)
+    let digits = |s: &[u8]| s.iter().take_while(|b| b.is_ascii_digit()).count();
+    let mut s = v.strip_prefix(b"-").unwrap_or(v);
+    let int = digits(s);
+    if int == 0 || (int > 1 && s[0] == b'0') {
+        return false;
+    }
+    s = &s[int..];
+    if let Some(frac) = s.strip_prefix(b".") {
+        let n = digits(frac);
+        if n == 0 {
+            return false;
+        }
+        s = &frac[n..];
+    }
+    if let Some(exp) = s.strip_prefix(b"e").or_else(|| s.strip_prefix(b"E")) {
+        let exp = exp.strip_prefix(b"+").or_else(|| exp.strip_prefix(b"-")).unwrap_or(exp);
+        let n = digits(exp);
+        if n == 0 {
+            return false;
+        }
+        s = &exp[n..];
+    }
+    s.is_empty()
 }
 
 /// An array of objects keyed by column name.
@@ -106,24 +128,38 @@ fn csv_field(out: &mut Vec<u8>, v: &[u8]) {
     }
 }
 
+/// One CSV line; `None` is an empty field. A line whose only field is
+/// empty is written `""`: CSV readers skip an empty line, the row would
+/// be lost.
+fn csv_line<'a>(out: &mut Vec<u8>, fields: impl ExactSizeIterator<Item = Option<&'a [u8]>>) {
+    let alone = fields.len() == 1;
+    for (c, v) in fields.enumerate() {
+        if c > 0 {
+            out.push(b',');
+        }
+        match v {
+            Some(v) if !v.is_empty() => csv_field(out, v),
+            _ if alone => out.extend_from_slice(b"\"\""),
+            _ => {}
+        }
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+fn csv_header<R: ResultSet + ?Sized>(rs: &R, out: &mut Vec<u8>) {
+    csv_line(out, (0..rs.columns()).map(|c| Some(rs.column_name(c))));
+}
+
+fn csv_row<R: ResultSet + ?Sized>(rs: &R, r: usize, out: &mut Vec<u8>) {
+    csv_line(out, (0..rs.columns()).map(|c| rs.value(r, c)));
+}
+
 /// A header line of column names, then one line per row; CRLF line ends;
 /// NULL is an empty field.
 pub fn csv<R: ResultSet + ?Sized>(rs: &R, out: &mut Vec<u8>) {
-    let cols = rs.columns();
-    let line = |out: &mut Vec<u8>, cell: &dyn Fn(usize) -> Option<Vec<u8>>| {
-        for c in 0..cols {
-            if c > 0 {
-                out.push(b',');
-            }
-            if let Some(v) = cell(c) {
-                csv_field(out, &v);
-            }
-        }
-        out.extend_from_slice(b"\r\n");
-    };
-    line(out, &|c| Some(rs.column_name(c).to_vec()));
+    csv_header(rs, out);
     for r in 0..rs.rows() {
-        line(out, &|c| rs.value(r, c).map(<[u8]>::to_vec));
+        csv_row(rs, r, out);
     }
 }
 
@@ -202,6 +238,75 @@ mod tests {
     }
 
     #[test]
+    fn json_numbers_follow_the_json_grammar() {
+        for n in [
+            "0",
+            "-0",
+            "7",
+            "-42",
+            "1.50",
+            "0.001",
+            "1e+100",
+            "1.5e-07",
+            "-1E5",
+            "123456789012345678901234567890",
+        ] {
+            assert!(json_number(n.as_bytes()), "{n}");
+        }
+        for n in [
+            "",
+            "-",
+            "01",
+            "-01",
+            "00",
+            "1.",
+            ".5",
+            "+1",
+            "1e",
+            "1e+",
+            "1-2",
+            "--1",
+            "1e5e5",
+            "1.2.3",
+            "e5",
+            "NaN",
+            "Infinity",
+            "-Infinity",
+            " 1",
+            "0x10",
+        ] {
+            assert!(!json_number(n.as_bytes()), "{n}");
+        }
+        // Anything else in a number column becomes a string: the output stays JSON.
+        let t = T {
+            cols: vec![("n", 1700), ("i", 23)],
+            rows: vec![vec![Some(b"01"), Some(b"1-2")]],
+        };
+        let mut out = Vec::new();
+        json(&t, &mut out);
+        assert_eq!(out, br#"[{"n":"01","i":"1-2"}]"#);
+    }
+
+    #[test]
+    fn csv_one_empty_field_is_not_an_empty_line() {
+        let t = T {
+            cols: vec![("v", 25)],
+            rows: vec![vec![Some(b"a")], vec![None], vec![Some(b"")], vec![Some(b"b")]],
+        };
+        let mut out = Vec::new();
+        csv(&t, &mut out);
+        assert_eq!(out, b"v\r\na\r\n\"\"\r\n\"\"\r\nb\r\n");
+        // With more columns an empty field stays empty.
+        let t = T {
+            cols: vec![("a", 25), ("b", 25)],
+            rows: vec![vec![None, Some(b"")]],
+        };
+        let mut out = Vec::new();
+        csv(&t, &mut out);
+        assert_eq!(out, b"a,b\r\n,\r\n");
+    }
+
+    #[test]
     fn json_escapes_control_and_invalid_bytes() {
         let mut out = Vec::new();
         json_string(&mut out, b"\x01\t\xff\\");
@@ -235,11 +340,17 @@ pub enum StreamFormat {
 pub struct Stream {
     format: StreamFormat,
     rows: u64,
+    /// The result has columns: RDS has a row list only then.
+    row_list: bool,
 }
 
 impl Stream {
     pub fn new(format: StreamFormat) -> Stream {
-        Stream { format, rows: 0 }
+        Stream {
+            format,
+            rows: 0,
+            row_list: false,
+        }
     }
 
     pub fn rows(&self) -> u64 {
@@ -254,17 +365,10 @@ impl Stream {
                     ..Default::default()
                 };
                 crate::rds::encode_prefix(&header, rs, out)?;
+                self.row_list = rs.columns() > 0;
             }
             StreamFormat::Json => out.push(b'['),
-            StreamFormat::Csv => {
-                for c in 0..rs.columns() {
-                    if c > 0 {
-                        out.push(b',');
-                    }
-                    csv_field(out, rs.column_name(c));
-                }
-                out.extend_from_slice(b"\r\n");
-            }
+            StreamFormat::Csv => csv_header(rs, out),
             StreamFormat::Text => {}
         }
         Ok(())
@@ -274,6 +378,8 @@ impl Stream {
     pub fn rows_of<R: ResultSet + ?Sized>(&mut self, rs: &R, out: &mut Vec<u8>) -> Result<(), crate::rds::RdsError> {
         for r in 0..rs.rows() {
             match self.format {
+                // Rows without columns (`select from t`) are counted, not written.
+                StreamFormat::Rds if !self.row_list => {}
                 StreamFormat::Rds => crate::rds::encode_row(rs, r, out)?,
                 StreamFormat::Json => {
                     if self.rows > 0 {
@@ -281,17 +387,7 @@ impl Stream {
                     }
                     json_row(rs, r, out);
                 }
-                StreamFormat::Csv => {
-                    for c in 0..rs.columns() {
-                        if c > 0 {
-                            out.push(b',');
-                        }
-                        if let Some(v) = rs.value(r, c) {
-                            csv_field(out, v);
-                        }
-                    }
-                    out.extend_from_slice(b"\r\n");
-                }
+                StreamFormat::Csv => csv_row(rs, r, out),
                 StreamFormat::Text => {
                     for c in 0..rs.columns() {
                         if self.rows > 0 || c > 0 {
@@ -308,7 +404,8 @@ impl Stream {
 
     pub fn end(&mut self, out: &mut Vec<u8>) {
         match self.format {
-            StreamFormat::Rds => out.push(0),
+            StreamFormat::Rds if self.row_list => out.push(0),
+            StreamFormat::Rds => {}
             StreamFormat::Json => out.push(b']'),
             StreamFormat::Csv | StreamFormat::Text => {}
         }
@@ -379,5 +476,46 @@ mod stream_tests {
             assert_eq!(out, want, "{format:?}");
             assert_eq!(s.rows(), 3);
         }
+    }
+
+    /// `select from t`: rows of no columns. RDS has no row list then.
+    struct NoColumns(usize);
+    impl ResultSet for NoColumns {
+        fn columns(&self) -> usize {
+            0
+        }
+        fn rows(&self) -> usize {
+            self.0
+        }
+        fn column_name(&self, _: usize) -> &[u8] {
+            b""
+        }
+        fn column_type(&self, _: usize) -> u32 {
+            0
+        }
+        fn value(&self, _: usize, _: usize) -> Option<&[u8]> {
+            None
+        }
+    }
+
+    #[test]
+    fn rows_without_columns_stream_as_valid_rds() {
+        let mut s = Stream::new(StreamFormat::Rds);
+        let mut out = Vec::new();
+        s.begin(&NoColumns(1), &mut out).unwrap();
+        for _ in 0..3 {
+            s.rows_of(&NoColumns(1), &mut out).unwrap();
+        }
+        s.end(&mut out);
+        assert_eq!(s.rows(), 3);
+        let mut want = Vec::new();
+        let h = crate::rds::Header {
+            driver_errcode: 2,
+            ..Default::default()
+        };
+        crate::rds::encode(&h, &crate::rds::Body::Rows(&NoColumns(3)), &mut want).unwrap();
+        assert_eq!(out, want);
+        let d = crate::rds::decode(&out).unwrap();
+        assert!(d.columns.is_empty() && d.rows.is_empty());
     }
 }

@@ -53,7 +53,8 @@ pub enum Reply<'a> {
     Invalid,
 }
 
-/// Longest header line accepted: a reply header longer than this is garbage.
+/// Longest header line accepted, its CRLF included: a longer reply header
+/// is garbage.
 pub const MAX_LINE: usize = 64 * 1024;
 
 /// Longest bulk value accepted: Redis's own limit (`proto-max-bulk-len`,
@@ -61,17 +62,20 @@ pub const MAX_LINE: usize = 64 * 1024;
 pub const MAX_BULK: u64 = 512 * 1024 * 1024;
 
 /// Parses the reply header at the start of `buf`: the reply and how many
-/// bytes its header line took (0 when incomplete or not a reply).
+/// bytes its header line took (0 when incomplete or not a reply). Any
+/// answer but `Incomplete` is final: more bytes after `buf` would not
+/// change it.
 pub fn reply_header(buf: &[u8]) -> (Reply<'_>, usize) {
     let Some(end) = buf.windows(2).position(|w| w == b"\r\n") else {
-        let reply = if buf.len() > MAX_LINE {
+        // Once MAX_LINE bytes are here without a CRLF, none can end the line in time.
+        let reply = if buf.len() >= MAX_LINE {
             Reply::Invalid
         } else {
             Reply::Incomplete
         };
         return (reply, 0);
     };
-    if end == 0 || end > MAX_LINE {
+    if end == 0 || end + 2 > MAX_LINE {
         return (Reply::Invalid, 0);
     }
     let line = &buf[1..end];
@@ -212,5 +216,24 @@ mod tests {
         assert_eq!(reply_header(b":9223372036854775807\r\n").0, Reply::Integer(i64::MAX));
         assert_eq!(reply_header(b":-9223372036854775808\r\n").0, Reply::Integer(i64::MIN));
         assert_eq!(reply_header(b":9223372036854775808\r\n").0, Reply::Invalid);
+    }
+
+    #[test]
+    fn long_lines_are_invalid_however_they_arrive() {
+        // The longest line accepted, whole or cut before its LF.
+        let mut line = vec![b'+'; MAX_LINE - 2];
+        line.extend_from_slice(b"\r\n");
+        assert_eq!(reply_header(&line), (Reply::Status(&line[1..MAX_LINE - 2]), MAX_LINE));
+        assert_eq!(reply_header(&line[..MAX_LINE - 1]), (Reply::Incomplete, 0));
+        // One byte more: invalid, with or without its CRLF yet.
+        let mut long = vec![b'+'; MAX_LINE - 1];
+        assert_eq!(reply_header(&long), (Reply::Incomplete, 0));
+        long.push(b'+');
+        assert_eq!(reply_header(&long), (Reply::Invalid, 0));
+        long.extend_from_slice(b"\r\n");
+        assert_eq!(reply_header(&long), (Reply::Invalid, 0));
+        let mut far = vec![b'+'; MAX_LINE + 10];
+        far.extend_from_slice(b"\r\n");
+        assert_eq!(reply_header(&far), (Reply::Invalid, 0));
     }
 }

@@ -3,40 +3,29 @@
 //! prepared. Quotes, dollar quotes and comments are skipped, so a ';' inside
 //! them does not count.
 
-/// True when a statement follows the first ';' (not inside quotes or comments).
+/// True when a statement follows a ';' (not inside quotes or comments) that
+/// ends another one. Empty statements (a leading ';', ";;") do not count:
+/// PostgreSQL drops them.
 pub fn has_several_statements(sql: &[u8]) -> bool {
     let mut i = 0;
     let n = sql.len();
-    let mut seen_semicolon = false;
+    // A statement has begun; a ';' has ended one.
+    let mut begun = false;
+    let mut ended = false;
     while i < n {
         let b = sql[i];
         match b {
             b'\'' | b'"' => {
-                // '...' and "..." with doubled quotes; E'...' also takes backslash escapes.
-                let escapes = b == b'\'' && i > 0 && (sql[i - 1] == b'E' || sql[i - 1] == b'e');
-                i += 1;
-                while i < n {
-                    if escapes && sql[i] == b'\\' {
-                        i += 2;
-                        continue;
-                    }
-                    if sql[i] == b {
-                        if i + 1 < n && sql[i + 1] == b {
-                            i += 2;
-                            continue;
-                        }
-                        break;
-                    }
-                    i += 1;
-                }
-                i += 1;
-                if seen_semicolon {
+                i = skip_quoted(sql, i, false);
+                if ended {
                     return true;
                 }
+                begun = true;
                 continue;
             }
             b'-' if i + 1 < n && sql[i + 1] == b'-' => {
-                while i < n && sql[i] != b'\n' {
+                // To the end of the line: PostgreSQL's lexer ends it at CR too.
+                while i < n && sql[i] != b'\n' && sql[i] != b'\r' {
                     i += 1;
                 }
                 continue;
@@ -59,9 +48,10 @@ pub fn has_several_statements(sql: &[u8]) -> bool {
             }
             b'$' => {
                 if let Some(tag_len) = dollar_tag(&sql[i..]) {
-                    if seen_semicolon {
+                    if ended {
                         return true;
                     }
+                    begun = true;
                     let tag = &sql[i..i + tag_len];
                     i += tag_len;
                     while i < n && !sql[i..].starts_with(tag) {
@@ -72,18 +62,66 @@ pub fn has_several_statements(sql: &[u8]) -> bool {
                 }
             }
             b';' => {
-                seen_semicolon = true;
+                ended |= begun;
                 i += 1;
+                continue;
+            }
+            c if is_ident_start(c) => {
+                // A name or keyword as a whole: '$' inside one is a letter
+                // (a$b$ is a name, not the start of a dollar quote).
+                if ended {
+                    return true;
+                }
+                begun = true;
+                let start = i;
+                i += 1;
+                while i < n && (is_ident_start(sql[i]) || sql[i].is_ascii_digit() || sql[i] == b'$') {
+                    i += 1;
+                }
+                // E'...' is one token, an escape string; xE'...' is a name and a string.
+                if i - start == 1 && matches!(c, b'E' | b'e') && sql.get(i) == Some(&b'\'') {
+                    i = skip_quoted(sql, i, true);
+                }
                 continue;
             }
             _ => {}
         }
-        if seen_semicolon && !b.is_ascii_whitespace() {
-            return true;
+        if !b.is_ascii_whitespace() {
+            if ended {
+                return true;
+            }
+            begun = true;
         }
         i += 1;
     }
     false
+}
+
+/// The end of the quoted string or name at `at`: '...' or "..." with the
+/// quote doubled inside, and with `escapes` (E'...') backslash escapes too.
+fn skip_quoted(sql: &[u8], at: usize, escapes: bool) -> usize {
+    let quote = sql[at];
+    let mut i = at + 1;
+    while i < sql.len() {
+        if escapes && sql[i] == b'\\' {
+            i += 2;
+            continue;
+        }
+        if sql[i] == quote {
+            if sql.get(i + 1) == Some(&quote) {
+                i += 2;
+                continue;
+            }
+            break;
+        }
+        i += 1;
+    }
+    i + 1
+}
+
+/// A letter to PostgreSQL's lexer: ASCII ones, '_' and every byte over 0x7F.
+fn is_ident_start(b: u8) -> bool {
+    b.is_ascii_alphabetic() || b == b'_' || b >= 0x80
 }
 
 /// The length of a dollar-quote opening tag (`$$` or `$name$`) at the start.
@@ -92,7 +130,7 @@ fn dollar_tag(s: &[u8]) -> Option<usize> {
     while j < s.len() {
         match s[j] {
             b'$' => return Some(j + 1),
-            c if c.is_ascii_alphanumeric() || c == b'_' => {
+            c if is_ident_start(c) || c.is_ascii_digit() => {
                 if j == 1 && c.is_ascii_digit() {
                     return None; // $1 is a parameter, not a tag
                 }
@@ -117,12 +155,17 @@ mod tests {
             "select ';' as a",
             "select 'a;b'';c' as a; -- trailing comment",
             "select E'it\\'s; here'",
+            "select e'\\\\'; ",
             "select \"a;b\" from t",
             "select $$x; y$$",
             "select $tag$ ; $$ ; $tag$ as body",
+            "select $é$ ; $é$ as body",
             "select 1 /* a; /* nested; */ b; */",
             "select $1::int; ",
             "select 1; /* only a comment */",
+            "; select 1",
+            " ;; select 1;; ;",
+            "/* c */ ; -- c\n select 1",
         ] {
             assert!(!several(q.as_bytes()), "{q}");
         }
@@ -137,6 +180,12 @@ mod tests {
             "select ';'; select 'b'",
             "begin; commit",
             "select 1; 'x'",
+            "select 1 -- comment\r; select 2",
+            "select 1 as a$b$; select 2",
+            "select 1 as a$b$; select 2 as a$b$",
+            "; select 1;; select 2",
+            "select namE'a\\'; select 2",
+            "select 1 as x, E'\\\\' as y; select 2",
         ] {
             assert!(several(q.as_bytes()), "{q}");
         }

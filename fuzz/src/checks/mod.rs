@@ -1,0 +1,35 @@
+//! One check per fuzz target. Each takes the raw fuzz input.
+
+mod conninfo;
+mod formats;
+mod methods;
+mod rds;
+mod redis;
+mod resp;
+mod sql;
+mod table;
+mod template;
+
+pub use conninfo::conninfo;
+pub use formats::formats;
+pub use methods::methods;
+pub use rds::rds_decode;
+pub use redis::redis_exchange;
+pub use resp::resp_reply;
+pub use sql::sql_statements;
+pub use template::template_split;
+
+/// A check: panics when its input shows a bug.
+pub type Check = fn(&[u8]);
+
+/// The targets by name, as in fuzz/Cargo.toml and fuzz/corpus/.
+pub const TARGETS: &[(&str, Check)] = &[
+    ("resp_reply", resp_reply),
+    ("template_split", template_split),
+    ("sql_statements", sql_statements),
+    ("conninfo", conninfo),
+    ("rds_decode", rds_decode),
+    ("formats", formats),
+    ("methods", methods),
+    ("redis_exchange", redis_exchange),
+];
