@@ -1,18 +1,33 @@
 //! ngx_gateway: an nginx module that puts PostgreSQL (`sqldb_*`) and Redis
 //! (`cache_*`) behind nginx locations.
+//!
+//! This file links the pieces into the two nginx modules: their directives
+//! and callbacks (from `sqldb::config`, `cache::config`), and the request
+//! side's entry points that the configuration installs.
+//!
+//! Layout, each part using only those below it:
+//! - `ffi`: raw nginx pointers turned into safe types, once.
+//! - `sqldb::driver`: database connections (libpq on nginx's events) and
+//!   the routing of their results (core::pipeline).
+//! - `sqldb::config`, `cache::config`: what the directives build.
+//! - `sqldb::request`, `cache::request`: requests, from the content handler
+//!   to the response.
 
-#[macro_use]
-pub mod ffi;
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 pub mod cache;
+pub mod ffi;
 pub mod sqldb;
 
+use std::mem::offset_of;
 use std::ptr;
 
 use ffi::*;
-use sqldb::conf as sc;
+use sqldb::config as sc;
 
 /// A directive; `name` ends with NUL because nginx compares names with strcmp.
-pub(crate) const fn command(
+const fn command(
     name: &'static str,
     type_: u32,
     set: unsafe extern "C" fn(*mut ngx_conf_t, *mut ngx_command_t, *mut std::ffi::c_void) -> *mut std::ffi::c_char,
@@ -33,112 +48,133 @@ pub(crate) const fn command(
 }
 
 const LOC_ANY: u32 = NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF;
+const LOC: usize = NGX_HTTP_LOC_CONF_OFFSET;
+const SRV: usize = NGX_HTTP_SRV_CONF_OFFSET;
 
-static mut COMMANDS: [ngx_command_t; 15] = [
+/// The database gateway's entry points, for its configuration.
+struct SqldbEntries;
+
+impl sc::Entries for SqldbEntries {
+    const CONTENT: ngx_http_handler_pt = Some(sqldb::request::content_handler);
+    const PEER_INIT: ngx_http_upstream_init_peer_pt = Some(sqldb::request::peer_init);
+    const ESCAPE: ngx_http_handler_pt = Some(sqldb::request::escape_handler);
+    const OTHERS: &'static [(ngx_http_handler_pt, &'static str)] = &[(Some(cache::content_handler), "\"cache_pass\"")];
+}
+
+/// The cache gateway's entry points, for its configuration.
+struct CacheEntries;
+
+impl cache::config::Entries for CacheEntries {
+    const CONTENT: ngx_http_handler_pt = Some(cache::content_handler);
+    const OTHERS: &'static [(ngx_http_handler_pt, &'static str)] =
+        &[(Some(sqldb::request::content_handler), "\"sqldb_pass\"")];
+}
+
+static mut SQLDB_COMMANDS: [ngx_command_t; 15] = [
     command(
         "sqldb_server\0",
         NGX_HTTP_UPS_CONF | NGX_CONF_1MORE,
-        sc::cmd_sqldb_server,
-        NGX_HTTP_SRV_CONF_OFFSET,
+        sc::upstream::cmd_sqldb_server,
+        SRV,
         0,
     ),
     command(
         "sqldb_pass\0",
         NGX_HTTP_LOC_CONF | NGX_HTTP_LIF_CONF | NGX_CONF_TAKE1,
-        sc::cmd_sqldb_pass,
-        NGX_HTTP_LOC_CONF_OFFSET,
+        sc::directives::cmd_sqldb_pass::<SqldbEntries>,
+        LOC,
         0,
     ),
     command(
         "sqldb_query\0",
         LOC_ANY | NGX_HTTP_LIF_CONF | NGX_CONF_1MORE,
-        sc::cmd_sqldb_query,
-        NGX_HTTP_LOC_CONF_OFFSET,
+        sc::directives::cmd_sqldb_query,
+        LOC,
         0,
     ),
     command(
         "sqldb_connect_timeout\0",
         LOC_ANY | NGX_CONF_TAKE1,
         ngx_conf_set_msec_slot,
-        NGX_HTTP_LOC_CONF_OFFSET,
-        std::mem::offset_of!(sc::LocConf, connect_timeout),
+        LOC,
+        offset_of!(sc::LocConf, connect_timeout),
     ),
     command(
         "sqldb_result_timeout\0",
         LOC_ANY | NGX_CONF_TAKE1,
         ngx_conf_set_msec_slot,
-        NGX_HTTP_LOC_CONF_OFFSET,
-        std::mem::offset_of!(sc::LocConf, result_timeout),
+        LOC,
+        offset_of!(sc::LocConf, result_timeout),
     ),
     command(
         "sqldb_keepalive\0",
         NGX_HTTP_UPS_CONF | NGX_CONF_1MORE,
-        sc::cmd_sqldb_keepalive,
-        NGX_HTTP_SRV_CONF_OFFSET,
+        sc::upstream::cmd_sqldb_keepalive,
+        SRV,
         0,
     ),
     command(
         "sqldb_pipeline\0",
         NGX_HTTP_UPS_CONF | NGX_CONF_TAKE1,
-        sc::cmd_sqldb_pipeline,
-        NGX_HTTP_SRV_CONF_OFFSET,
+        sc::upstream::cmd_sqldb_pipeline,
+        SRV,
         0,
     ),
     command(
         "sqldb_output\0",
         LOC_ANY | NGX_HTTP_LIF_CONF | NGX_CONF_TAKE1,
-        sc::cmd_sqldb_output,
-        NGX_HTTP_LOC_CONF_OFFSET,
+        sc::directives::cmd_sqldb_output,
+        LOC,
         0,
     ),
     command(
         "sqldb_set\0",
         LOC_ANY | NGX_CONF_TAKE3 | NGX_CONF_TAKE4,
-        sqldb::vars::cmd_sqldb_set,
-        NGX_HTTP_LOC_CONF_OFFSET,
+        sc::directives::cmd_sqldb_set,
+        LOC,
         0,
     ),
     command(
         "sqldb_rewrite\0",
         LOC_ANY | NGX_HTTP_LIF_CONF | NGX_CONF_2MORE,
-        sqldb::vars::cmd_sqldb_rewrite,
-        NGX_HTTP_LOC_CONF_OFFSET,
+        sc::directives::cmd_sqldb_rewrite,
+        LOC,
         0,
     ),
     command(
         "sqldb_escape\0",
         LOC_ANY | NGX_CONF_TAKE12,
-        sqldb::vars::cmd_sqldb_escape,
-        NGX_HTTP_LOC_CONF_OFFSET,
+        sc::directives::cmd_sqldb_escape,
+        LOC,
         0,
     ),
     command(
         "sqldb_stream\0",
         LOC_ANY | NGX_CONF_FLAG,
         ngx_conf_set_flag_slot,
-        NGX_HTTP_LOC_CONF_OFFSET,
-        std::mem::offset_of!(sc::LocConf, stream),
+        LOC,
+        offset_of!(sc::LocConf, stream),
     ),
     command(
         "sqldb_prepare\0",
         LOC_ANY | NGX_CONF_FLAG,
         ngx_conf_set_flag_slot,
-        NGX_HTTP_LOC_CONF_OFFSET,
-        std::mem::offset_of!(sc::LocConf, prepare),
+        LOC,
+        offset_of!(sc::LocConf, prepare),
     ),
     command(
         "sqldb_next_upstream\0",
         LOC_ANY | NGX_CONF_1MORE,
-        sc::cmd_sqldb_next_upstream,
-        NGX_HTTP_LOC_CONF_OFFSET,
+        sc::directives::cmd_sqldb_next_upstream,
+        LOC,
         0,
     ),
     ngx_command_t::empty(),
 ];
 
-static CTX: ngx_http_module_t = ngx_http_module_t {
-    preconfiguration: Some(sqldb::vars::preconfiguration),
-    postconfiguration: Some(sc::postconfiguration),
+static SQLDB_CTX: ngx_http_module_t = ngx_http_module_t {
+    preconfiguration: Some(sc::upstream::preconfiguration),
+    postconfiguration: Some(sc::upstream::postconfiguration::<SqldbEntries>),
     create_main_conf: Some(sc::create_main_conf),
     init_main_conf: None,
     create_srv_conf: Some(sc::create_srv_conf),
@@ -150,13 +186,87 @@ static CTX: ngx_http_module_t = ngx_http_module_t {
 #[no_mangle]
 #[allow(non_upper_case_globals)]
 pub static mut ngx_http_gateway_module: ngx_module_t = ngx_module_t {
-    ctx: ptr::addr_of!(CTX) as *mut _,
-    commands: ptr::addr_of_mut!(COMMANDS) as *mut _,
+    ctx: ptr::addr_of!(SQLDB_CTX) as *mut _,
+    commands: ptr::addr_of_mut!(SQLDB_COMMANDS) as *mut _,
     type_: NGX_HTTP_MODULE as ngx_uint_t,
     ..ngx_module_t::default()
 };
 
-pub use cache::ngx_http_gateway_cache_module;
+use cache::config as cc;
+
+static mut CACHE_COMMANDS: [ngx_command_t; 9] = [
+    command(
+        "cache_pass\0",
+        NGX_HTTP_LOC_CONF | NGX_HTTP_LIF_CONF | NGX_CONF_TAKE1,
+        cc::cmd_cache_pass::<CacheEntries>,
+        LOC,
+        0,
+    ),
+    command("cache_auth\0", LOC_ANY | NGX_CONF_TAKE1, cc::cmd_cache_auth, LOC, 0),
+    command(
+        "cache_connect_timeout\0",
+        LOC_ANY | NGX_CONF_TAKE1,
+        ngx_conf_set_msec_slot,
+        LOC,
+        offset_of!(cc::CacheLocConf, upstream.connect_timeout),
+    ),
+    command(
+        "cache_send_timeout\0",
+        LOC_ANY | NGX_CONF_TAKE1,
+        ngx_conf_set_msec_slot,
+        LOC,
+        offset_of!(cc::CacheLocConf, upstream.send_timeout),
+    ),
+    command(
+        "cache_read_timeout\0",
+        LOC_ANY | NGX_CONF_TAKE1,
+        ngx_conf_set_msec_slot,
+        LOC,
+        offset_of!(cc::CacheLocConf, upstream.read_timeout),
+    ),
+    command(
+        "cache_buffer_size\0",
+        LOC_ANY | NGX_CONF_TAKE1,
+        ngx_conf_set_size_slot,
+        LOC,
+        offset_of!(cc::CacheLocConf, upstream.buffer_size),
+    ),
+    command(
+        "cache_next_upstream\0",
+        LOC_ANY | NGX_CONF_1MORE,
+        cc::cmd_cache_next_upstream,
+        LOC,
+        0,
+    ),
+    command(
+        "cache_socket_keepalive\0",
+        LOC_ANY | NGX_CONF_FLAG,
+        ngx_conf_set_flag_slot,
+        LOC,
+        offset_of!(cc::CacheLocConf, upstream.socket_keepalive),
+    ),
+    ngx_command_t::empty(),
+];
+
+static CACHE_CTX: ngx_http_module_t = ngx_http_module_t {
+    preconfiguration: None,
+    postconfiguration: Some(cc::postconfiguration),
+    create_main_conf: Some(cc::create_main_conf),
+    init_main_conf: None,
+    create_srv_conf: None,
+    merge_srv_conf: None,
+    create_loc_conf: Some(cc::create_loc_conf),
+    merge_loc_conf: Some(cc::merge_loc_conf),
+};
+
+#[no_mangle]
+#[allow(non_upper_case_globals)]
+pub static mut ngx_http_gateway_cache_module: ngx_module_t = ngx_module_t {
+    ctx: ptr::addr_of!(CACHE_CTX) as *mut _,
+    commands: ptr::addr_of_mut!(CACHE_COMMANDS) as *mut _,
+    type_: NGX_HTTP_MODULE as ngx_uint_t,
+    ..ngx_module_t::default()
+};
 
 // What load_module reads: the modules of this object, their names, no order.
 // (ngx's ngx_modules! macro miscounts more than one module.)

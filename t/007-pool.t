@@ -50,7 +50,7 @@ psql("select pg_terminate_backend(pid) from pg_stat_activity where application_n
 sleep 0.3;
 my @codes = map { (http_get($port, '/echo'))[0] } 1 .. 5;
 is_deeply(\@codes, [(200) x 5], 'requests after pg_terminate_backend all succeed');
-like(nginx_error_log(), qr/sqldb: idle connection closed by the server/, 'the closed idle connections were noticed');
+like(nginx_error_log(), qr/sqldb: idle connection to \S+ closed by the server/, 'the closed idle connections were noticed');
 unlike(nginx_error_log(), qr/\[error\]/, 'no request saw an error');
 
 # 3. A connection terminated between two requests, with no time for the

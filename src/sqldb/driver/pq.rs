@@ -1,9 +1,11 @@
 //! The only place that calls libpq. Connections are always nonblocking:
-//! nothing here waits for the network.
+//! nothing here waits for the network. Calls that can fail return libpq's
+//! message as a `PqError`.
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::ptr::NonNull;
 
+use gateway_core::pipeline;
 use gateway_core::rds::ResultSet;
 use libpq_sys as pq;
 
@@ -16,17 +18,19 @@ pub enum Poll {
     Failed,
 }
 
-/// Outcome of PQflush.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Flush {
-    Done,
-    Again,
-    Failed,
+/// What libpq said when a call failed (its message, first line).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PqError(pub String);
+
+impl std::fmt::Display for PqError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
 }
 
 /// Checks a connection string as libpq reads it (keywords and quoting),
 /// without connecting: libpq's own message when it does not parse.
-pub fn check_conninfo(conninfo: &CStr) -> Result<(), String> {
+pub fn check_conninfo(conninfo: &CStr) -> Result<(), PqError> {
     let mut err: *mut c_char = std::ptr::null_mut();
     // SAFETY: conninfo is NUL-terminated; err receives a message to free.
     let opts = unsafe { pq::PQconninfoParse(conninfo.as_ptr(), &mut err) };
@@ -39,7 +43,7 @@ pub fn check_conninfo(conninfo: &CStr) -> Result<(), String> {
             unsafe { pq::PQfreemem(err.cast()) };
             m
         };
-        return Err(msg);
+        return Err(PqError(msg));
     }
     // SAFETY: opts came from PQconninfoParse.
     unsafe { pq::PQconninfoFree(opts) };
@@ -49,7 +53,7 @@ pub fn check_conninfo(conninfo: &CStr) -> Result<(), String> {
 /// An owned libpq connection; dropping it closes the socket (PQfinish).
 pub struct PgConn(NonNull<pq::PGconn>);
 
-unsafe extern "C" fn ignore_notice(_arg: *mut c_void, _message: *const c_char) {}
+extern "C" fn ignore_notice(_arg: *mut c_void, _message: *const c_char) {}
 
 fn cstr_lossy(p: *const c_char) -> String {
     if p.is_null() {
@@ -64,12 +68,12 @@ fn cstr_lossy(p: *const c_char) -> String {
 impl PgConn {
     /// Starts a nonblocking connection (PQconnectStart). The conninfo must
     /// hold a numeric `hostaddr` or a socket directory, so no name is resolved.
-    pub fn start(conninfo: &CStr) -> Result<PgConn, String> {
+    pub fn start(conninfo: &CStr) -> Result<PgConn, PqError> {
         // SAFETY: conninfo is NUL-terminated.
         let raw = unsafe { pq::PQconnectStart(conninfo.as_ptr()) };
-        let conn = PgConn(NonNull::new(raw).ok_or_else(|| "out of memory".to_owned())?);
+        let conn = PgConn(NonNull::new(raw).ok_or_else(|| PqError("out of memory".into()))?);
         if conn.is_bad() {
-            return Err(conn.error_message());
+            return Err(conn.error());
         }
         // SAFETY: the connection is live; the processor ignores notices
         // instead of printing them to stderr.
@@ -101,25 +105,40 @@ impl PgConn {
         }
     }
 
-    pub fn set_nonblocking(&mut self) -> bool {
+    /// libpq's failure of the last call on the connection.
+    fn error(&self) -> PqError {
+        PqError(self.error_message())
+    }
+
+    fn check(&self, ok: bool) -> Result<(), PqError> {
+        if ok {
+            Ok(())
+        } else {
+            Err(self.error())
+        }
+    }
+
+    pub fn set_nonblocking(&mut self) -> Result<(), PqError> {
         // SAFETY: live connection.
-        unsafe { pq::PQsetnonblocking(self.raw(), 1) == 0 }
+        let ok = unsafe { pq::PQsetnonblocking(self.raw(), 1) == 0 };
+        self.check(ok)
     }
 
     /// PQsendQuery: the simple protocol, which allows several statements.
-    pub fn send_query(&mut self, sql: &CStr) -> bool {
+    pub fn send_query(&mut self, sql: &CStr) -> Result<(), PqError> {
         // SAFETY: live connection, NUL-terminated query.
-        unsafe { pq::PQsendQuery(self.raw(), sql.as_ptr()) == 1 }
+        let ok = unsafe { pq::PQsendQuery(self.raw(), sql.as_ptr()) == 1 };
+        self.check(ok)
     }
 
     /// PQsendQueryParams: one statement through the extended protocol and
     /// the unnamed statement, parameters and results as text (their types
     /// come from the casts in the SQL).
-    pub fn send_unnamed(&mut self, sql: &CStr, params: &[CString], binary: bool) -> bool {
+    pub fn send_unnamed(&mut self, sql: &CStr, params: &[CString], binary: bool) -> Result<(), PqError> {
         let values: Vec<*const c_char> = params.iter().map(|p| p.as_ptr()).collect();
         // SAFETY: live connection, NUL-terminated query and values that
         // outlive the call (libpq copies them into its buffer).
-        unsafe {
+        let ok = unsafe {
             pq::PQsendQueryParams(
                 self.raw(),
                 sql.as_ptr(),
@@ -130,21 +149,23 @@ impl PgConn {
                 std::ptr::null(),
                 binary as c_int,
             ) == 1
-        }
+        };
+        self.check(ok)
     }
 
     /// PQsendPrepare: parse a statement once under a name.
-    pub fn send_prepare(&mut self, name: &CStr, sql: &CStr) -> bool {
+    pub fn send_prepare(&mut self, name: &CStr, sql: &CStr) -> Result<(), PqError> {
         // SAFETY: live connection, NUL-terminated name and query.
-        unsafe { pq::PQsendPrepare(self.raw(), name.as_ptr(), sql.as_ptr(), 0, std::ptr::null()) == 1 }
+        let ok = unsafe { pq::PQsendPrepare(self.raw(), name.as_ptr(), sql.as_ptr(), 0, std::ptr::null()) == 1 };
+        self.check(ok)
     }
 
     /// PQsendQueryPrepared: parameters and results as text.
-    pub fn send_prepared(&mut self, name: &CStr, params: &[CString], binary: bool) -> bool {
+    pub fn send_prepared(&mut self, name: &CStr, params: &[CString], binary: bool) -> Result<(), PqError> {
         let values: Vec<*const c_char> = params.iter().map(|p| p.as_ptr()).collect();
         // SAFETY: live connection, NUL-terminated name and values that
         // outlive the call (libpq copies them into its buffer).
-        unsafe {
+        let ok = unsafe {
             pq::PQsendQueryPrepared(
                 self.raw(),
                 name.as_ptr(),
@@ -154,7 +175,8 @@ impl PgConn {
                 std::ptr::null(),
                 binary as c_int,
             ) == 1
-        }
+        };
+        self.check(ok)
     }
 
     /// Rows of the query whose results come next arrive one result each.
@@ -164,22 +186,25 @@ impl PgConn {
     }
 
     /// Pipeline mode: several queries in flight, results in order.
-    pub fn enter_pipeline(&mut self) -> bool {
+    pub fn enter_pipeline(&mut self) -> Result<(), PqError> {
         // SAFETY: live connection.
-        unsafe { pq::PQenterPipelineMode(self.raw()) == 1 }
+        let ok = unsafe { pq::PQenterPipelineMode(self.raw()) == 1 };
+        self.check(ok)
     }
 
     /// Leaves pipeline mode; only possible when nothing is in flight.
-    pub fn exit_pipeline(&mut self) -> bool {
+    pub fn exit_pipeline(&mut self) -> Result<(), PqError> {
         // SAFETY: live connection.
-        unsafe { pq::PQexitPipelineMode(self.raw()) == 1 }
+        let ok = unsafe { pq::PQexitPipelineMode(self.raw()) == 1 };
+        self.check(ok)
     }
 
     /// Ends one request's queries in the pipeline: an error aborts the
     /// pipeline only up to here.
-    pub fn pipeline_sync(&mut self) -> bool {
+    pub fn pipeline_sync(&mut self) -> Result<(), PqError> {
         // SAFETY: live connection in pipeline mode.
-        unsafe { pq::PQpipelineSync(self.raw()) == 1 }
+        let ok = unsafe { pq::PQpipelineSync(self.raw()) == 1 };
+        self.check(ok)
     }
 
     /// True when the session is outside any transaction block and idle.
@@ -188,18 +213,22 @@ impl PgConn {
         unsafe { pq::PQtransactionStatus(self.raw()) == pq::PGTransactionStatusType::PQTRANS_IDLE }
     }
 
-    pub fn flush(&mut self) -> Flush {
+    /// Pushes out what libpq has buffered: Ok(true) when some is left
+    /// (the socket is full).
+    pub fn flush(&mut self) -> Result<bool, PqError> {
         // SAFETY: live connection.
         match unsafe { pq::PQflush(self.raw()) } {
-            0 => Flush::Done,
-            1 => Flush::Again,
-            _ => Flush::Failed,
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(self.error()),
         }
     }
 
-    pub fn consume_input(&mut self) -> bool {
+    /// Reads what the socket holds into libpq (never waits).
+    pub fn consume_input(&mut self) -> Result<(), PqError> {
         // SAFETY: live connection.
-        unsafe { pq::PQconsumeInput(self.raw()) == 1 }
+        let ok = unsafe { pq::PQconsumeInput(self.raw()) == 1 };
+        self.check(ok)
     }
 
     pub fn is_busy(&self) -> bool {
@@ -359,6 +388,18 @@ impl PgResult {
         }
     }
 
+    /// What the result is, for the routing of results (core::pipeline).
+    pub fn route_kind(&self) -> pipeline::ResultKind {
+        match self.kind() {
+            ResultKind::Command | ResultKind::Tuples | ResultKind::Empty => pipeline::ResultKind::Final,
+            ResultKind::Row => pipeline::ResultKind::Row,
+            ResultKind::Error => pipeline::ResultKind::Error(pipeline::ErrorClass::of(&self.sqlstate())),
+            ResultKind::Sync => pipeline::ResultKind::Sync,
+            ResultKind::Aborted => pipeline::ResultKind::Aborted,
+            ResultKind::Unsupported => pipeline::ResultKind::Copy,
+        }
+    }
+
     /// libpq's name of the result's status ("PGRES_COPY_OUT", ...).
     pub fn status_name(&self) -> String {
         // SAFETY: live result; PQresStatus returns a static string.
@@ -464,6 +505,12 @@ impl ResultSet for PgResult {
             }
             Some(std::slice::from_raw_parts(p as *const u8, len))
         }
+    }
+}
+
+impl std::fmt::Debug for PgResult {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PgResult({})", self.status_name())
     }
 }
 

@@ -1,0 +1,284 @@
+//! The cache gateway's configuration: `cache_pass`, `cache_auth`, the
+//! timeouts and buffer, `cache_next_upstream`, and the `$cache_*`
+//! variables it reads.
+
+use std::ffi::{c_char, c_void};
+
+use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
+
+use crate::ffi::conf::{conf_step, create_conf, directive, merge_conf, ComplexValue, ConfError};
+use crate::ffi::*;
+use crate::log;
+use crate::sqldb::config::upstream::sqldb_srv_conf;
+
+extern "C" {
+    // The module's static, defined (#[no_mangle]) in lib.rs with its
+    // directives and callbacks; named here by its symbol.
+    static mut ngx_http_gateway_cache_module: ngx_module_t;
+}
+
+/// The cache gateway's nginx module.
+pub struct Cache;
+
+impl HttpModule for Cache {
+    fn module() -> &'static ngx_module_t {
+        // SAFETY: the module's static lives as long as the program; nginx
+        // writes its indexes before any configuration is read, and nothing
+        // writes it afterwards.
+        unsafe { &*std::ptr::addr_of!(ngx_http_gateway_cache_module) }
+    }
+}
+
+// SAFETY: the create functions below make exactly these types.
+unsafe impl HttpModuleMainConf for Cache {
+    type MainConf = CacheMainConf;
+}
+// SAFETY: as above.
+unsafe impl HttpModuleLocationConf for Cache {
+    type LocationConf = CacheLocConf;
+}
+
+/// The request side's content handler, and those of other modules a
+/// location cannot have beside it (linked in lib.rs).
+pub trait Entries {
+    const CONTENT: ngx_http_handler_pt;
+    const OTHERS: &'static [(ngx_http_handler_pt, &'static str)];
+}
+
+pub struct CacheLocConf {
+    pub upstream: ngx_http_upstream_conf_t,
+    pass_set: bool,
+    /// `cache_pass` with variables: the value names an upstream or is host:port.
+    pub pass_var: Option<ComplexValue>,
+    /// `cache_auth`.
+    pub auth: Option<ComplexValue>,
+    next_upstream_set: bool,
+}
+
+/// Locations with `cache_pass`, checked once every variable is known.
+struct PendingPass {
+    claim: Claim,
+    /// The upstream a literal `cache_pass` names.
+    upstream: *mut ngx_http_upstream_srv_conf_t,
+}
+
+#[derive(Default)]
+pub struct CacheMainConf {
+    pending: Vec<PendingPass>,
+    /// Indexes of `$cache_key`, `$cache_db`, `$cache_exptime` (-1: not defined).
+    pub key: ngx_int_t,
+    pub db: ngx_int_t,
+    pub exptime: ngx_int_t,
+}
+
+pub(crate) extern "C" fn create_main_conf(cf: *mut ngx_conf_t) -> *mut c_void {
+    let value = || CacheMainConf {
+        key: -1,
+        db: -1,
+        exptime: -1,
+        ..CacheMainConf::default()
+    };
+    // SAFETY: nginx passes the configuration being read.
+    unsafe { create_conf(cf, "cache create_main_conf", value) }
+}
+
+pub(crate) extern "C" fn create_loc_conf(cf: *mut ngx_conf_t) -> *mut c_void {
+    let body = || {
+        let mut u: ngx_http_upstream_conf_t = crate::ffi::pool::zeroed();
+        u.connect_timeout = CONF_UNSET_MSEC;
+        u.send_timeout = CONF_UNSET_MSEC;
+        u.read_timeout = CONF_UNSET_MSEC;
+        u.buffer_size = CONF_UNSET_SIZE;
+        u.socket_keepalive = CONF_UNSET;
+        CacheLocConf {
+            upstream: u,
+            pass_set: false,
+            pass_var: None,
+            auth: None,
+            next_upstream_set: false,
+        }
+    };
+    // SAFETY: nginx passes the configuration being read.
+    unsafe { create_conf(cf, "cache create_loc_conf", body) }
+}
+
+fn merge_or<T: PartialEq + Copy>(conf: &mut T, prev: T, unset: T, default: T) {
+    if *conf == unset {
+        *conf = if prev == unset { default } else { prev };
+    }
+}
+
+impl CacheLocConf {
+    fn merge(&mut self, prev: &CacheLocConf, conf: Conf) {
+        let (p, u) = (&prev.upstream, &mut self.upstream);
+        merge_or(&mut u.connect_timeout, p.connect_timeout, CONF_UNSET_MSEC, 60_000);
+        merge_or(&mut u.send_timeout, p.send_timeout, CONF_UNSET_MSEC, 60_000);
+        merge_or(&mut u.read_timeout, p.read_timeout, CONF_UNSET_MSEC, 60_000);
+        merge_or(&mut u.buffer_size, p.buffer_size, CONF_UNSET_SIZE, pagesize());
+        merge_or(&mut u.socket_keepalive, p.socket_keepalive, CONF_UNSET, 0);
+        if !self.next_upstream_set {
+            self.next_upstream_set = prev.next_upstream_set;
+            u.next_upstream = if prev.next_upstream_set {
+                p.next_upstream
+            } else {
+                (NGX_HTTP_UPSTREAM_FT_ERROR | NGX_HTTP_UPSTREAM_FT_TIMEOUT) as ngx_uint_t
+            };
+        }
+        self.auth = self.auth.or(prev.auth);
+        // An `if` block (or limit_except) without cache_pass of its own
+        // passes its location's requests to the same backend.
+        let noname = conf.loc_conf::<NgxHttpCoreModule>().noname() != 0;
+        if noname && u.upstream.is_null() && self.pass_var.is_none() {
+            u.upstream = p.upstream;
+            self.pass_var = prev.pass_var;
+        }
+        // What a cache never does: buffer to disk, pass the client's headers.
+        u.buffering = 0;
+        u.ignore_client_abort = 0;
+        u.pass_request_headers = 0;
+        u.pass_request_body = 0;
+        u.intercept_errors = 1;
+        u.force_ranges = 1;
+        u.set_intercept_404(1);
+        u.module = static_str("cache");
+    }
+}
+
+pub(crate) extern "C" fn merge_loc_conf(cf: *mut ngx_conf_t, parent: *mut c_void, child: *mut c_void) -> *mut c_char {
+    // SAFETY: nginx passes the configuration being read and two CacheLocConf of it.
+    unsafe {
+        merge_conf(
+            cf,
+            parent,
+            child,
+            "cache merge_loc_conf",
+            |conf, prev: &CacheLocConf, this: &mut CacheLocConf| {
+                this.merge(prev, conf);
+                Ok::<(), ConfError>(())
+            },
+        )
+    }
+}
+
+/// `cache_pass upstream | host:port | unix:/path | $variable`
+pub(crate) extern "C" fn cmd_cache_pass<E: Entries>(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    let body = |cf: Conf, lcf: &mut CacheLocConf| {
+        if lcf.pass_set {
+            return Err("\"cache_pass\" directive is duplicate".to_owned().into());
+        }
+        lcf.pass_set = true;
+        let claim = cf
+            .claim_content_handler("cache_pass", E::CONTENT, E::OTHERS)
+            .map_err(|_| ConfError::Logged)?;
+        let value = cf.args()[1];
+        if cf.has_variables(value) {
+            lcf.pass_var = Some(cf.compile(value).ok_or(ConfError::Logged)?);
+        } else {
+            lcf.upstream.upstream = cf.upstream_add(value).ok_or(ConfError::Logged)?.as_ptr();
+        }
+        cf.main_conf::<Cache>().pending.push(PendingPass {
+            claim,
+            upstream: lcf.upstream.upstream,
+        });
+        Ok(())
+    };
+    // SAFETY: nginx passes the configuration being read and this module's CacheLocConf.
+    unsafe { directive(cf, conf, "cmd_cache_pass", body) }
+}
+
+/// `cache_auth password` (may contain variables)
+pub(crate) extern "C" fn cmd_cache_auth(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    let body = |cf: Conf, lcf: &mut CacheLocConf| {
+        if lcf.auth.is_some() {
+            return Err("\"cache_auth\" directive is duplicate".to_owned().into());
+        }
+        lcf.auth = Some(cf.compile(cf.args()[1]).ok_or(ConfError::Logged)?);
+        Ok(())
+    };
+    // SAFETY: nginx passes the configuration being read and this module's CacheLocConf.
+    unsafe { directive(cf, conf, "cmd_cache_auth", body) }
+}
+
+/// `cache_next_upstream error | timeout | invalid_response | not_found ... | off`
+pub(crate) extern "C" fn cmd_cache_next_upstream(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    let body = |cf: Conf, lcf: &mut CacheLocConf| {
+        if lcf.next_upstream_set {
+            return Err("\"cache_next_upstream\" directive is duplicate".to_owned().into());
+        }
+        let keywords = [
+            ("error", NGX_HTTP_UPSTREAM_FT_ERROR),
+            ("timeout", NGX_HTTP_UPSTREAM_FT_TIMEOUT),
+            ("invalid_response", NGX_HTTP_UPSTREAM_FT_INVALID_HEADER),
+            ("not_found", NGX_HTTP_UPSTREAM_FT_HTTP_404),
+        ];
+        lcf.upstream.next_upstream = cf.next_upstream_bits(&keywords).map_err(|_| ConfError::Logged)?;
+        lcf.next_upstream_set = true;
+        Ok(())
+    };
+    // SAFETY: nginx passes the configuration being read and this module's CacheLocConf.
+    unsafe { directive(cf, conf, "cmd_cache_next_upstream", body) }
+}
+
+/// Every location with `cache_pass` needs `$cache_key`; `$cache_db` and
+/// `$cache_exptime` are used when some configuration sets them.
+pub(crate) extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
+    // SAFETY: nginx passes the http block being read.
+    unsafe { conf_step(cf, "cache postconfiguration", postconfigure) }
+}
+
+fn postconfigure(cf: Conf) -> Result<(), ConfError> {
+    let mcf = cf.main_conf::<Cache>();
+    let Some(first) = mcf.pending.first() else {
+        return Ok(());
+    };
+    if !cf.variable_declared(b"cache_key") {
+        return Err(format!(
+            "\"cache_pass\" needs the $cache_key variable, which no \"set $cache_key ...\" defines, in {}:{}",
+            first.claim.file(),
+            first.claim.line()
+        )
+        .into());
+    }
+    for p in &mcf.pending {
+        // SAFETY: the upstream module's configurations live as long as the configuration.
+        if let Some(u) = unsafe { p.upstream.as_ref() } {
+            if sqldb_srv_conf(u).is_some() {
+                log!(
+                    NGX_LOG_EMERG,
+                    cf.log(),
+                    "\"cache_pass\" names upstream \"{}\", which has \"sqldb_server\" lines (use \"sqldb_pass\") in {}:{}",
+                    String::from_utf8_lossy(u.host.as_bytes()),
+                    p.claim.file(),
+                    p.claim.line()
+                );
+                return Err(ConfError::Logged);
+            }
+        }
+        if !p.claim.holds(&cf) {
+            return Err(ConfError::Logged);
+        }
+    }
+    let index = |name: &str| {
+        if !cf.variable_declared(name.as_bytes()) {
+            return Ok(-1);
+        }
+        cf.variable_index(name.as_bytes()).ok_or(ConfError::Logged)
+    };
+    mcf.key = index("cache_key")?;
+    mcf.db = index("cache_db")?;
+    mcf.exptime = index("cache_exptime")?;
+    mcf.pending.clear();
+    Ok(())
+}

@@ -1,0 +1,440 @@
+//! A cache request through nginx's upstream, the way nginx's memcached
+//! module does it: `create_request` writes the commands (core's
+//! `redis::plan`), `process_header` reads the replies up to the command's
+//! own, the input filter streams a value to the client. Every reply is read
+//! to its exact end (core's `redis::Exchange`) before the connection may be
+//! kept.
+
+use std::ffi::c_void;
+
+use gateway_core::redis::{self, Command, Event, Exchange, ReplyError};
+use gateway_core::resp;
+
+use super::config::{Cache, CacheLocConf, CacheMainConf};
+use crate::ffi::request::RequestCtx;
+use crate::ffi::upstream::Callbacks;
+use crate::ffi::*;
+use crate::log;
+use crate::sqldb::config::upstream::sqldb_srv_conf;
+
+/// Per-request state.
+pub struct Ctx {
+    r: *mut ngx_http_request_t,
+    command: Command,
+    key: Vec<u8>,
+    db: Option<u32>,
+    exptime: Option<u64>,
+    auth: Option<Vec<u8>>,
+    /// The reader of the replies (made with the request's bytes).
+    exchange: Exchange,
+    /// The command's reply is in: its status is known.
+    answered: bool,
+    /// Bytes of a reply line that arrived in pieces after the value.
+    carry: Vec<u8>,
+}
+
+// SAFETY: the module's context slot is written by Req::set_ctx::<Cache>
+// only (start), with a Ctx.
+unsafe impl RequestCtx for Cache {
+    type Ctx = Ctx;
+    fn module() -> &'static ngx_module_t {
+        <Cache as ngx::http::HttpModule>::module()
+    }
+}
+
+/// The request's context (taken once per entry point).
+fn ctx_of<'a>(r: &Req) -> Option<&'a mut Ctx> {
+    // SAFETY: the slot holds a Ctx (RequestCtx); each entry point takes it once.
+    unsafe { r.ctx::<Cache>() }
+}
+
+/// Why a cache request cannot start.
+#[derive(Debug)]
+enum StartError {
+    NotAllowed,
+    EmptyKey,
+    BadDb(String),
+    BadExptime(String),
+    NoBackend(String),
+    SqldbUpstream(String),
+    Nginx,
+}
+
+impl StartError {
+    fn status(&self) -> ngx_int_t {
+        match self {
+            StartError::NotAllowed => HTTP_NOT_ALLOWED,
+            StartError::EmptyKey | StartError::BadDb(_) | StartError::BadExptime(_) => HTTP_BAD_REQUEST,
+            _ => HTTP_INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// One log line: client mistakes at info, as nginx logs them.
+    fn log(&self, log: Log) {
+        match self {
+            StartError::NotAllowed | StartError::Nginx => {}
+            StartError::EmptyKey => log!(NGX_LOG_INFO, log, "cache: the \"$cache_key\" variable is empty"),
+            StartError::BadDb(v) => log!(
+                NGX_LOG_INFO,
+                log,
+                "cache: \"$cache_db\" is not a database number: \"{v}\""
+            ),
+            StartError::BadExptime(v) => {
+                log!(
+                    NGX_LOG_INFO,
+                    log,
+                    "cache: \"$cache_exptime\" is not a number of seconds: \"{v}\""
+                )
+            }
+            StartError::NoBackend(v) => log!(
+                NGX_LOG_ERR,
+                log,
+                "cache: \"cache_pass\" value \"{v}\" names no known backend"
+            ),
+            StartError::SqldbUpstream(v) => log!(
+                NGX_LOG_ERR,
+                log,
+                "cache: \"cache_pass\" value \"{v}\" names an upstream of \"sqldb_server\" lines"
+            ),
+        }
+    }
+}
+
+pub(crate) extern "C" fn content_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
+    // SAFETY: nginx calls the content handler with a live request.
+    let r = unsafe { Req::from_raw(r) };
+    guard(
+        r.log(),
+        "cache content handler",
+        HTTP_INTERNAL_SERVER_ERROR,
+        || match start(r) {
+            Ok(rc) => rc,
+            Err(e) => {
+                e.log(r.log());
+                e.status()
+            }
+        },
+    )
+}
+
+/// A variable's value, when it is set and not empty.
+fn variable(r: &mut Req, index: ngx_int_t) -> Option<Vec<u8>> {
+    r.variable(index).filter(|v| !v.is_empty()).map(<[u8]>::to_vec)
+}
+
+fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
+    let lcf: &CacheLocConf = r.loc_conf::<Cache>();
+    let mcf: &CacheMainConf = r.main_conf::<Cache>();
+    let method = r.method();
+    let command = if method & (NGX_HTTP_GET | NGX_HTTP_HEAD) != 0 {
+        Command::Get
+    } else if method & (NGX_HTTP_PUT | NGX_HTTP_POST) != 0 {
+        Command::Set
+    } else if method & NGX_HTTP_DELETE != 0 {
+        Command::Del
+    } else {
+        return Err(StartError::NotAllowed);
+    };
+    // Values that come from the client are the client's mistakes.
+    let key = variable(r, mcf.key).ok_or(StartError::EmptyKey)?;
+    let text = |v: &[u8]| String::from_utf8_lossy(v).into_owned();
+    let db = match variable(r, mcf.db) {
+        None => None,
+        Some(v) => redis::parse_db(&v).map_err(|_| StartError::BadDb(text(&v)))?,
+    };
+    let exptime = match (command, variable(r, mcf.exptime)) {
+        (Command::Set, Some(v)) => redis::parse_exptime(&v).map_err(|_| StartError::BadExptime(text(&v)))?,
+        _ => None,
+    };
+    let auth = match lcf.auth {
+        None => None,
+        Some(cv) => Some(r.complex_value(cv).ok_or(StartError::Nginx)?.to_vec()),
+    };
+    let backend = match lcf.pass_var {
+        Some(cv) => Some(r.complex_value(cv).ok_or(StartError::Nginx)?.to_vec()),
+        None => None,
+    };
+    let umcf = r.main_conf::<ngx::http::NgxHttpUpstreamModule>();
+    let pool = r.pool();
+    let u = r.create_upstream().ok_or(StartError::Nginx)?;
+    if let Some(name) = backend {
+        resolve(u, pool, umcf, &name)?;
+    }
+    u.install(
+        &lcf.upstream,
+        "redis://",
+        <Cache as ngx::http::HttpModule>::module(),
+        CALLBACKS,
+    );
+
+    let ctx = Ctx {
+        r: std::ptr::null_mut(),
+        command,
+        key,
+        db,
+        exptime,
+        auth,
+        exchange: Exchange::new(Vec::new(), command, Vec::new()),
+        answered: false,
+        carry: Vec::new(),
+    };
+    let mut ctx = r.set_ctx::<Cache>(ctx).ok_or(StartError::Nginx)?;
+    let rp = r.as_ptr();
+    // SAFETY: just stored in the request's pool; nothing else refers to it yet.
+    unsafe { ctx.as_mut() }.r = rp;
+    let u = r.upstream().ok_or(StartError::Nginx)?;
+    u.set_input_filter(filter_init, filter, ctx.as_ptr().cast());
+
+    if command == Command::Set {
+        let rc = r.read_body(Some(ngx_http_upstream_init));
+        return Ok(if rc >= NGX_HTTP_SPECIAL_RESPONSE as ngx_int_t {
+            rc
+        } else {
+            DONE
+        });
+    }
+    let rc = r.discard_body();
+    if rc != OK {
+        return Ok(rc);
+    }
+    if !r.set_content_type_by_extension() {
+        return Err(StartError::Nginx);
+    }
+    r.count_up();
+    r.upstream_init();
+    Ok(DONE)
+}
+
+const CALLBACKS: Callbacks = Callbacks {
+    create_request,
+    reinit_request,
+    process_header,
+    abort_request,
+    finalize_request,
+};
+
+/// `cache_pass $variable`: the value names an upstream block (of `server`
+/// lines), or is a numeric `host:port` / `unix:/path`; anything else is no
+/// known backend.
+fn resolve(u: &mut Upstream, pool: Pool, umcf: &ngx_http_upstream_main_conf_t, name: &[u8]) -> Result<(), StartError> {
+    let text = || String::from_utf8_lossy(name).into_owned();
+    // SAFETY: the upstream module's array of upstream configurations.
+    let ups = unsafe { umcf.upstreams.as_slice::<*mut ngx_http_upstream_srv_conf_t>() };
+    // SAFETY: the upstream configurations live as long as the configuration.
+    let block = ups
+        .iter()
+        .filter_map(|&u| unsafe { u.as_ref() })
+        .find(|u| u.port == 0 && u.host.as_bytes().eq_ignore_ascii_case(name));
+    match block {
+        Some(b) if sqldb_srv_conf(b).is_some() => Err(StartError::SqldbUpstream(text())),
+        Some(_) => {
+            let host = pool.str(name).ok_or(StartError::Nginx)?;
+            u.set_resolved(pool, host, None, 0)
+                .then_some(())
+                .ok_or(StartError::Nginx)
+        }
+        None if u.set_resolved_address(pool, name) => Ok(()),
+        None => Err(StartError::NoBackend(text())),
+    }
+}
+
+/// The commands (core's `redis::plan`): the head, the request body for
+/// SET, the tail.
+extern "C" fn create_request(r: *mut ngx_http_request_t) -> ngx_int_t {
+    // SAFETY: nginx's upstream calls this with a live request.
+    let r = unsafe { Req::from_raw(r) };
+    guard(r.log(), "cache create_request", ERROR, || {
+        let Some(ctx) = ctx_of(r) else { return ERROR };
+        let (body, len) = if ctx.command == Command::Set {
+            r.body_bufs()
+        } else {
+            (Vec::new(), 0)
+        };
+        let plan = redis::plan(
+            &redis::Request {
+                command: ctx.command,
+                key: &ctx.key,
+                auth: ctx.auth.as_deref(),
+                db: ctx.db,
+                exptime: ctx.exptime,
+            },
+            len,
+        );
+        ctx.exchange = plan.exchange;
+        let mut chain = Chain::new(r.pool());
+        let built = chain.push_bytes(plan.head).is_some()
+            && body.into_iter().all(|b| chain.push(b).is_some())
+            && (plan.tail.is_empty() || chain.push_bytes(plan.tail).is_some());
+        if !built {
+            return ERROR;
+        }
+        let Some(u) = r.upstream() else { return ERROR };
+        u.set_request_bufs(chain.into_raw());
+        OK
+    })
+}
+
+extern "C" fn reinit_request(r: *mut ngx_http_request_t) -> ngx_int_t {
+    // SAFETY: nginx's upstream calls this with a live request.
+    let r = unsafe { Req::from_raw(r) };
+    guard(r.log(), "cache reinit_request", ERROR, || {
+        if let Some(ctx) = ctx_of(r) {
+            ctx.exchange.restart();
+            ctx.answered = false;
+            ctx.carry.clear();
+        }
+        OK
+    })
+}
+
+extern "C" fn abort_request(_r: *mut ngx_http_request_t) {}
+
+extern "C" fn finalize_request(_r: *mut ngx_http_request_t, _rc: ngx_int_t) {}
+
+/// Reads the replies up to the command's own, which sets the status. A
+/// reply without a value is read here to the end of the request's last
+/// reply, so that a miss keeps its connection too.
+extern "C" fn process_header(r: *mut ngx_http_request_t) -> ngx_int_t {
+    // SAFETY: nginx's upstream calls this with a live request.
+    let r = unsafe { Req::from_raw(r) };
+    guard(r.log(), "cache process_header", ERROR, || {
+        let log = r.log();
+        let Some(ctx) = ctx_of(r) else { return ERROR };
+        let Some(u) = r.upstream() else { return ERROR };
+        loop {
+            // (A copy: the header and the first bytes of a value, one buffer at most.)
+            let buf = u.unread().to_vec();
+            let (event, used) = ctx.exchange.step(&buf);
+            u.consume(used);
+            match event {
+                Event::More => return AGAIN,
+                Event::Answer { status, value } => {
+                    ctx.answered = true;
+                    u.set_status(ngx_uint_t::from(status));
+                    match value {
+                        Some(n) => {
+                            u.set_content_length(n as off_t);
+                            return OK;
+                        }
+                        None => u.set_content_length(0),
+                    }
+                }
+                Event::Done => {
+                    // Only after an answer without a value: the exact end.
+                    if u.unread().is_empty() {
+                        u.set_keepalive(true);
+                    } else {
+                        log!(NGX_LOG_ERR, log, "cache: {}", ReplyError::Unsolicited);
+                    }
+                    return OK;
+                }
+                Event::Failed(e) => {
+                    log!(NGX_LOG_ERR, log, "cache: {e}");
+                    // A broken reply after the answer: the answer stands,
+                    // the connection goes.
+                    return if ctx.answered {
+                        OK
+                    } else {
+                        NGX_HTTP_UPSTREAM_INVALID_HEADER as ngx_int_t
+                    };
+                }
+                Event::Value(_) => return ERROR,
+            }
+        }
+    })
+}
+
+/// The request of an input filter's data.
+///
+/// # Safety
+/// `data` must be the Ctx `start` gave nginx's upstream for a live request.
+unsafe fn filter_request<'a>(data: *mut c_void) -> Option<(&'a mut Ctx, &'a mut Req)> {
+    // SAFETY: see above; the Ctx lives in its request's pool.
+    unsafe {
+        let ctx = &mut *(data as *mut Ctx);
+        let r = Req::from_raw(ctx.r);
+        Some((ctx, r))
+    }
+}
+
+extern "C" fn filter_init(data: *mut c_void) -> ngx_int_t {
+    guard(Log::cycle(), "cache input_filter_init", ERROR, || {
+        // SAFETY: nginx passes the data start gave it.
+        let Some((ctx, r)) = (unsafe { filter_request(data) }) else {
+            return ERROR;
+        };
+        // nginx reads on while the length is not 0: any other value until
+        // the exchange ends.
+        if let Some(u) = r.upstream() {
+            u.set_length(ctx.exchange.expects_more() as off_t);
+        }
+        OK
+    })
+}
+
+/// Passes the value's bytes on as they arrive; the CRLF after it and the
+/// replies after the command are read and checked, not sent.
+extern "C" fn filter(data: *mut c_void, bytes: isize) -> ngx_int_t {
+    guard(Log::cycle(), "cache input_filter", ERROR, || {
+        // SAFETY: nginx passes the data start gave it.
+        let Some((ctx, r)) = (unsafe { filter_request(data) }) else {
+            return ERROR;
+        };
+        let (log, pool) = (r.log(), r.pool());
+        let Some(u) = r.upstream() else { return ERROR };
+        // SAFETY: the bytes are used within this call only.
+        let fresh = unsafe { u.take_new(bytes.max(0) as usize) };
+        let carried = !ctx.carry.is_empty();
+        let owned;
+        let mut input: &[u8] = if carried {
+            let mut joined = std::mem::take(&mut ctx.carry);
+            joined.extend_from_slice(fresh);
+            owned = joined;
+            &owned
+        } else {
+            fresh
+        };
+        loop {
+            let (event, used) = ctx.exchange.step(input);
+            match event {
+                // (Value bytes are never carried: only partial reply lines are.)
+                Event::Value(v) if !carried => {
+                    if !u.emit(pool, v) {
+                        return ERROR;
+                    }
+                }
+                Event::More => {
+                    let rest = &input[used..];
+                    if rest.len() > resp::MAX_LINE {
+                        log!(NGX_LOG_ERR, log, "cache: redis sent a reply line that is too long");
+                        u.set_length(0);
+                        return ERROR;
+                    }
+                    ctx.carry = rest.to_vec();
+                    return OK;
+                }
+                Event::Done => {
+                    u.set_length(0);
+                    if used == input.len() {
+                        u.set_keepalive(true);
+                    } else {
+                        log!(NGX_LOG_ERR, log, "cache: {}", ReplyError::Unsolicited);
+                    }
+                    return OK;
+                }
+                Event::Failed(e) => {
+                    log!(NGX_LOG_ERR, log, "cache: {e}");
+                    u.set_length(0);
+                    // A value that does not end as announced is cut short.
+                    return if e == ReplyError::BadValueEnd { ERROR } else { OK };
+                }
+                Event::Value(_) | Event::Answer { .. } => {
+                    log!(NGX_LOG_ALERT, log, "cache: unexpected reply state");
+                    u.set_length(0);
+                    return ERROR;
+                }
+            }
+            input = &input[used..];
+        }
+    })
+}

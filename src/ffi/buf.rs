@@ -1,0 +1,177 @@
+//! Buffers and chains of them, the way nginx's output and upstream code
+//! take data: memory that lives as long as the request (its pool).
+
+use std::ptr::{self, NonNull};
+
+use super::*;
+
+/// A chain of buffers being built, first to last.
+#[derive(Debug)]
+pub struct Chain {
+    head: *mut ngx_chain_t,
+    tail: *mut ngx_chain_t,
+    pool: Pool,
+}
+
+impl Chain {
+    pub fn new(pool: Pool) -> Chain {
+        Chain {
+            head: ptr::null_mut(),
+            tail: ptr::null_mut(),
+            pool,
+        }
+    }
+
+    /// Appends a buffer (one of nginx's, or one made by `memory`).
+    pub fn push(&mut self, buf: NonNull<ngx_buf_t>) -> Option<()> {
+        let cl = self.pool.chain_link()?.as_ptr();
+        // SAFETY: cl is a fresh link of the pool; the tail, when there is
+        // one, is a link this chain made in the same pool.
+        unsafe {
+            (*cl).buf = buf.as_ptr();
+            (*cl).next = ptr::null_mut();
+            match self.tail.as_mut() {
+                Some(t) => t.next = cl,
+                None => self.head = cl,
+            }
+        }
+        self.tail = cl;
+        Some(())
+    }
+
+    /// Appends bytes, moved into the pool (they live as long as the request).
+    pub fn push_bytes(&mut self, data: Vec<u8>) -> Option<()> {
+        let buf = memory(self.pool, data)?;
+        self.push(buf)
+    }
+
+    /// The last buffer closes the response (`last_buf` for the main request,
+    /// `last_in_chain` always).
+    pub fn mark_last(&mut self, main: bool) {
+        // SAFETY: the tail is a link this chain made; its buffer is live.
+        if let Some(t) = unsafe { self.tail.as_mut() } {
+            // SAFETY: as above.
+            let b = unsafe { &mut *t.buf };
+            b.set_last_buf(main as u32);
+            b.set_last_in_chain(1);
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.head.is_null()
+    }
+
+    /// The chain for nginx (null when empty).
+    pub fn into_raw(self) -> *mut ngx_chain_t {
+        self.head
+    }
+}
+
+/// A memory buffer over `data`, which the pool then owns.
+pub fn memory(pool: Pool, data: Vec<u8>) -> Option<NonNull<ngx_buf_t>> {
+    let len = data.len();
+    let owned = pool.alloc(data)?;
+    // SAFETY: owned is the Vec just moved into the pool; its heap bytes stay
+    // where they are until the pool drops it.
+    let start = unsafe { (*owned.as_ptr()).as_ptr() } as *mut u8;
+    let b = pool.calloc::<ngx_buf_t>()?;
+    // SAFETY: b is a fresh zeroed buffer of the pool; start..start+len are
+    // the Vec's bytes.
+    unsafe {
+        let bm = &mut *b.as_ptr();
+        bm.start = start;
+        bm.pos = start;
+        bm.last = start.add(len);
+        bm.end = bm.last;
+        bm.set_memory(1);
+    }
+    Some(b)
+}
+
+/// One link with `data` as its buffer, marked last when asked.
+pub fn memory_chain(pool: Pool, data: Vec<u8>, last: Option<bool>) -> Option<*mut ngx_chain_t> {
+    let mut chain = Chain::new(pool);
+    chain.push_bytes(data)?;
+    if let Some(main) = last {
+        chain.mark_last(main);
+    }
+    Some(chain.into_raw())
+}
+
+/// Buffers reused for a streamed response: nginx's free/busy chains
+/// (`ngx_chain_get_free_buf`, `ngx_chain_update_chains`).
+#[derive(Debug)]
+pub struct Reuse {
+    free: *mut ngx_chain_t,
+    busy: *mut ngx_chain_t,
+    tag: ngx_buf_tag_t,
+}
+
+impl Reuse {
+    pub fn new(tag: *const ngx_module_t) -> Reuse {
+        Reuse {
+            free: ptr::null_mut(),
+            busy: ptr::null_mut(),
+            tag: tag as ngx_buf_tag_t,
+        }
+    }
+
+    /// A buffer holding a copy of `data` (a free one reused when it is
+    /// large enough), in a link of its own; marked last when asked.
+    pub fn fill(&mut self, pool: Pool, data: &[u8], last: Option<bool>, min_size: usize) -> Option<*mut ngx_chain_t> {
+        // SAFETY: the free chain is made of this response's links, of the
+        // request's pool.
+        let cl = unsafe { ngx_chain_get_free_buf(pool.as_ptr(), &mut self.free) };
+        // SAFETY: nginx returns a live link with a buffer, or null.
+        let link = unsafe { cl.as_mut() }?;
+        // SAFETY: as above.
+        let b = unsafe { &mut *link.buf };
+        let have = if b.start.is_null() {
+            0
+        } else {
+            b.end as usize - b.start as usize
+        };
+        if have < data.len().max(1) {
+            let size = data.len().max(min_size);
+            // SAFETY: the pool is live; memory for size bytes or null.
+            let mem = unsafe { ngx_palloc(pool.as_ptr(), size) } as *mut u8;
+            if mem.is_null() {
+                return None;
+            }
+            b.start = mem;
+            // SAFETY: within the allocation.
+            b.end = unsafe { mem.add(size) };
+        }
+        // SAFETY: the buffer has room for data (above); the regions are distinct.
+        unsafe { ptr::copy_nonoverlapping(data.as_ptr(), b.start, data.len()) };
+        b.pos = b.start;
+        b.last = b.start.wrapping_add(data.len());
+        b.set_temporary(1);
+        b.set_flush(1);
+        b.tag = self.tag;
+        if let Some(main) = last {
+            b.set_last_buf(main as u32);
+            b.set_last_in_chain(1);
+        }
+        link.next = ptr::null_mut();
+        Some(cl)
+    }
+
+    /// After the output filter: sent buffers become free, the rest busy.
+    pub fn update(&mut self, pool: Pool, mut out: *mut ngx_chain_t) {
+        // SAFETY: the chains are this response's, of the request's pool.
+        unsafe { ngx_chain_update_chains(pool.as_ptr(), &mut self.free, &mut self.busy, &mut out, self.tag) };
+    }
+
+    /// Buffers the client has yet to take.
+    pub fn busy(&self) -> usize {
+        let mut n = 0;
+        let mut cl = self.busy;
+        // SAFETY: the busy chain is made of this response's links.
+        while let Some(link) = unsafe { cl.as_ref() } {
+            n += 1;
+            cl = link.next;
+        }
+        n
+    }
+}

@@ -1,0 +1,524 @@
+//! The configuration being read: a directive's arguments, errors that name
+//! the file and line, module configurations, compiled values with
+//! variables, and the content handler of a location.
+
+use std::ffi::c_char;
+use std::fmt::{self, Write};
+use std::mem;
+use std::ptr::NonNull;
+
+use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, HttpModuleServerConf, NgxHttpCoreModule};
+
+use super::*;
+
+/// The configuration nginx is reading (during a directive, a merge or a
+/// post-configuration step).
+#[derive(Debug, Clone, Copy)]
+pub struct Conf(NonNull<ngx_conf_t>);
+
+/// A value with variables, compiled into configuration memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ComplexValue(NonNull<ngx_http_complex_value_t>);
+
+impl ComplexValue {
+    pub fn as_ptr(self) -> *mut ngx_http_complex_value_t {
+        self.0.as_ptr()
+    }
+
+    /// The value is a constant (it has no variables).
+    pub fn is_constant(self) -> bool {
+        // SAFETY: compiled into configuration memory, which outlives every request.
+        unsafe { self.0.as_ref() }.lengths.is_null()
+    }
+}
+
+impl Conf {
+    /// # Safety
+    /// `cf` must be the live configuration being read; the copy must not be
+    /// used once nginx has finished reading it.
+    pub unsafe fn from_raw(cf: *mut ngx_conf_t) -> Conf {
+        Conf(NonNull::new(cf).expect("nginx passes a configuration"))
+    }
+
+    pub fn raw(&self) -> &ngx_conf_t {
+        // SAFETY: live during the call nginx made (from_raw).
+        unsafe { self.0.as_ref() }
+    }
+
+    pub fn log(&self) -> Log {
+        // SAFETY: the configuration's log outlives the reading of it.
+        unsafe { Log::from_raw(self.raw().log) }
+    }
+
+    pub fn pool(&self) -> Pool {
+        // SAFETY: the configuration's pool lives as long as the configuration.
+        unsafe { Pool::from_raw(self.raw().pool) }.expect("a configuration has a pool")
+    }
+
+    /// The directive's arguments, its name first.
+    pub fn args(&self) -> Vec<&[u8]> {
+        // SAFETY: during a directive handler cf->args is an array of
+        // ngx_str_t in configuration memory.
+        let args = unsafe { (*self.raw().args).as_slice::<ngx_str_t>() };
+        args.iter().map(|a| a.as_bytes()).collect()
+    }
+
+    /// The directive's name (for messages).
+    pub fn directive(&self) -> String {
+        self.args()
+            .first()
+            .map_or_else(String::new, |a| String::from_utf8_lossy(a).into_owned())
+    }
+
+    /// The file and line of the directive being read.
+    pub fn position(&self) -> (String, usize) {
+        // SAFETY: during reading cf->conf_file is the file being read.
+        let file = unsafe { &*self.raw().conf_file };
+        (
+            String::from_utf8_lossy(file.file.name.as_bytes()).into_owned(),
+            file.line,
+        )
+    }
+
+    /// Reports a configuration error (nginx appends " in FILE:LINE") and
+    /// gives the directive's error result.
+    pub fn error(&self, args: fmt::Arguments<'_>) -> *mut c_char {
+        let mut line = String::new();
+        let _ = line.write_fmt(args);
+        // SAFETY: "%*s" reads exactly line.len() bytes from it; cf is live.
+        unsafe {
+            ngx_conf_log_error(
+                NGX_LOG_EMERG as ngx_uint_t,
+                self.0.as_ptr(),
+                0,
+                c"%*s".as_ptr(),
+                line.len(),
+                line.as_ptr(),
+            )
+        };
+        CONF_ERROR
+    }
+
+    pub fn main_conf<M: HttpModuleMainConf>(&self) -> &'static mut M::MainConf {
+        M::main_conf_mut(self.raw()).expect("every http module has a main configuration")
+    }
+
+    pub fn srv_conf<M: HttpModuleServerConf>(&self) -> &'static mut M::ServerConf {
+        M::server_conf_mut(self.raw()).expect("every http module has a server configuration")
+    }
+
+    pub fn loc_conf<M: HttpModuleLocationConf>(&self) -> &'static mut M::LocationConf {
+        M::location_conf_mut(self.raw()).expect("every http module has a location configuration")
+    }
+
+    /// The core module's configuration of the location being read.
+    pub fn core_loc_conf(&self) -> &'static mut ngx_http_core_loc_conf_t {
+        self.loc_conf::<NgxHttpCoreModule>()
+    }
+
+    /// Compiles a string with variables ($arg_id, ...) into configuration memory.
+    pub fn compile(&self, value: &[u8]) -> Option<ComplexValue> {
+        let pool = self.pool();
+        let mut text = pool.str(value)?;
+        let cv = pool.calloc::<ngx_http_complex_value_t>()?;
+        // SAFETY: an all-zero compile context is its C initial state; the
+        // text and the value are in configuration memory, which outlives
+        // them; cf is live.
+        unsafe {
+            let mut ccv: ngx_http_compile_complex_value_t = mem::zeroed();
+            ccv.cf = self.0.as_ptr();
+            ccv.value = &mut text;
+            ccv.complex_value = cv.as_ptr();
+            (ngx_http_compile_complex_value(&mut ccv) == OK).then_some(ComplexValue(cv))
+        }
+    }
+
+    /// The value has variables.
+    pub fn has_variables(&self, value: &[u8]) -> bool {
+        let mut s = ngx_str_t {
+            len: value.len(),
+            data: value.as_ptr() as *mut u8,
+        };
+        // SAFETY: nginx only reads the bytes, which are live for the call.
+        unsafe { ngx_http_script_variables_count(&mut s) > 0 }
+    }
+
+    /// Declares a variable (or finds it): the variable, and its index.
+    pub fn add_variable(&self, name: &[u8], flags: u32) -> Option<(&'static mut ngx_http_variable_t, ngx_int_t)> {
+        let mut n = self.pool().str(name)?;
+        // SAFETY: cf is live; the name is in configuration memory, which
+        // outlives the variable; nginx returns a variable that lives as long.
+        unsafe {
+            let v = ngx_http_add_variable(self.0.as_ptr(), &mut n, flags as ngx_uint_t).as_mut()?;
+            let index = ngx_http_get_variable_index(self.0.as_ptr(), &mut n);
+            (index != ERROR).then_some((v, index))
+        }
+    }
+
+    /// The index of a variable (declared now or later in the configuration).
+    pub fn variable_index(&self, name: &[u8]) -> Option<ngx_int_t> {
+        let mut n = self.pool().str(name)?;
+        // SAFETY: cf is live; the name is in configuration memory.
+        let index = unsafe { ngx_http_get_variable_index(self.0.as_ptr(), &mut n) };
+        (index != ERROR).then_some(index)
+    }
+
+    /// True when a variable of that name is declared (by `set`, ...).
+    pub fn variable_declared(&self, name: &[u8]) -> bool {
+        let cmcf = self.main_conf::<NgxHttpCoreModule>();
+        // SAFETY: during the configuration the core module keeps its
+        // variables' keys, an array of ngx_hash_key_t.
+        unsafe { cmcf.variables_keys.as_ref() }.is_some_and(|keys| {
+            // SAFETY: the array's elements are ngx_hash_key_t (above).
+            unsafe { keys.keys.as_slice::<ngx_hash_key_t>() }
+                .iter()
+                .any(|k| k.key.as_bytes() == name)
+        })
+    }
+
+    /// Every upstream block of the configuration.
+    pub fn upstreams(&self) -> &'static [*mut ngx_http_upstream_srv_conf_t] {
+        let umcf = self.main_conf::<ngx::http::NgxHttpUpstreamModule>();
+        // SAFETY: the upstream module's array of upstream configurations,
+        // in configuration memory.
+        unsafe { umcf.upstreams.as_slice::<*mut ngx_http_upstream_srv_conf_t>() }
+    }
+
+    /// Adds the upstream a `*_pass host:port` or `*_pass name` refers to (as
+    /// proxy_pass does), or finds the block of that name.
+    pub fn upstream_add(&self, value: &[u8]) -> Option<NonNull<ngx_http_upstream_srv_conf_t>> {
+        // SAFETY: an all-zero ngx_url_t is its initial state; the value is
+        // copied into configuration memory; cf is live.
+        unsafe {
+            let mut url: ngx_url_t = mem::zeroed();
+            url.url = self.pool().str(value)?;
+            url.set_no_resolve(1);
+            NonNull::new(ngx_http_upstream_add(self.0.as_ptr(), &mut url, 0))
+        }
+    }
+
+    /// `ngx_parse_time` of a value (seconds when `sec`, else milliseconds).
+    pub fn parse_time(&self, value: &[u8], sec: bool) -> Option<ngx_int_t> {
+        let mut s = ngx_str_t {
+            len: value.len(),
+            data: value.as_ptr() as *mut u8,
+        };
+        // SAFETY: nginx only reads the bytes, which are live for the call.
+        let t = unsafe { ngx_parse_time(&mut s, sec as ngx_uint_t) };
+        (t != ERROR).then_some(t)
+    }
+
+    /// Parses the arguments of a `*_next_upstream` directive against the
+    /// keywords it accepts; `off` alone is 0.
+    pub fn next_upstream_bits(&self, keywords: &[(&str, u32)]) -> Result<ngx_uint_t, *mut c_char> {
+        let args = self.args();
+        let mut bits: ngx_uint_t = 0;
+        for a in &args[1..] {
+            if *a == b"off" && args.len() == 2 {
+                return Ok(0);
+            }
+            match keywords.iter().find(|(k, _)| k.as_bytes() == *a) {
+                Some(&(_, bit)) => bits |= bit as ngx_uint_t,
+                None => {
+                    let (text, directive) = (String::from_utf8_lossy(a), self.directive());
+                    return Err(self.error(format_args!("invalid value \"{text}\" in \"{directive}\" directive")));
+                }
+            }
+        }
+        Ok(bits)
+    }
+
+    /// Makes `handler` the content handler of the location being read, for
+    /// `directive`. A location has one content handler: another one set
+    /// before (`sqldb_pass` and `cache_pass` together, `proxy_pass` ...) is
+    /// an error naming it when it is one of `known`.
+    pub fn claim_content_handler(
+        &self,
+        directive: &'static str,
+        handler: ngx_http_handler_pt,
+        known: &[(ngx_http_handler_pt, &str)],
+    ) -> Result<Claim, *mut c_char> {
+        let clcf = self.core_loc_conf();
+        if let Some(other) = clcf.handler {
+            if handler_addr(Some(other)) != handler_addr(handler) {
+                let name = known
+                    .iter()
+                    .find(|(h, _)| handler_addr(*h) == handler_addr(Some(other)))
+                    .map_or("another content handler (such as \"proxy_pass\")", |(_, n)| n);
+                return Err(self.error(format_args!("\"{directive}\" cannot be in the same location as {name}")));
+            }
+        }
+        clcf.handler = handler;
+        if clcf.name.as_bytes().last() == Some(&b'/') {
+            clcf.set_auto_redirect(1);
+        }
+        let (file, line) = self.position();
+        Ok(Claim {
+            clcf: NonNull::from(clcf),
+            handler,
+            directive,
+            file,
+            line,
+        })
+    }
+}
+
+/// A location whose content handler a `*_pass` directive set, checked again
+/// once the whole configuration is read (a later directive of another
+/// module, such as `proxy_pass`, would silently replace it).
+pub struct Claim {
+    clcf: NonNull<ngx_http_core_loc_conf_t>,
+    handler: ngx_http_handler_pt,
+    directive: &'static str,
+    file: String,
+    line: usize,
+}
+
+/// A handler's address, for comparing handlers.
+fn handler_addr(h: ngx_http_handler_pt) -> usize {
+    h.map_or(0, |f| f as usize)
+}
+
+impl Claim {
+    pub fn file(&self) -> &str {
+        &self.file
+    }
+
+    pub fn line(&self) -> usize {
+        self.line
+    }
+
+    /// The location still has the handler the directive set.
+    pub fn holds(&self, conf: &Conf) -> bool {
+        // SAFETY: the location's configuration lives as long as the
+        // configuration; nothing else touches it while nginx runs this step.
+        if handler_addr(unsafe { self.clcf.as_ref() }.handler) == handler_addr(self.handler) {
+            return true;
+        }
+        crate::log!(
+            NGX_LOG_EMERG,
+            conf.log(),
+            "another directive of the location replaced the content handler that \"{}\" set in {}:{}",
+            self.directive,
+            self.file,
+            self.line
+        );
+        false
+    }
+}
+
+/// Why a directive (or a configuration step) fails.
+#[derive(Debug)]
+pub enum ConfError {
+    /// The message for `nginx -t` (nginx adds " in FILE:LINE").
+    Invalid(String),
+    /// nginx already said why.
+    Logged,
+}
+
+impl From<String> for ConfError {
+    fn from(m: String) -> Self {
+        ConfError::Invalid(m)
+    }
+}
+
+/// Runs a directive's body with the configuration being read and the
+/// module's configuration object the directive writes.
+///
+/// # Safety
+/// `cf` must be the live configuration being read, and `conf` the
+/// directive's configuration object, a `T` (the slot its command names).
+pub unsafe fn directive<T>(
+    cf: *mut ngx_conf_t,
+    conf: *mut std::ffi::c_void,
+    entry: &str,
+    body: impl FnOnce(Conf, &mut T) -> Result<(), ConfError>,
+) -> *mut c_char {
+    // SAFETY: see above.
+    let c = unsafe { Conf::from_raw(cf) };
+    guard(c.log(), entry, CONF_ERROR, || {
+        // SAFETY: conf is a T of the configuration being read (see above);
+        // nothing else refers to it while the directive runs.
+        let target = unsafe { &mut *(conf as *mut T) };
+        match body(c, target) {
+            Ok(()) => CONF_OK,
+            Err(ConfError::Invalid(m)) => c.error(format_args!("{m}")),
+            Err(ConfError::Logged) => CONF_ERROR,
+        }
+    })
+}
+
+/// Makes a module's configuration object in the configuration's pool.
+///
+/// # Safety
+/// `cf` must be the live configuration being read.
+pub unsafe fn create_conf<T>(cf: *mut ngx_conf_t, entry: &str, value: impl FnOnce() -> T) -> *mut std::ffi::c_void {
+    // SAFETY: see above.
+    let c = unsafe { Conf::from_raw(cf) };
+    guard(c.log(), entry, std::ptr::null_mut(), || {
+        c.pool()
+            .alloc(value())
+            .map_or(std::ptr::null_mut(), |p| p.as_ptr().cast())
+    })
+}
+
+/// Merges a level's configuration object with the one around it.
+///
+/// # Safety
+/// `cf` must be the live configuration being read; `parent` and `child` two
+/// `T` made by the module's create function.
+pub unsafe fn merge_conf<T>(
+    cf: *mut ngx_conf_t,
+    parent: *mut std::ffi::c_void,
+    child: *mut std::ffi::c_void,
+    entry: &str,
+    merge: impl FnOnce(Conf, &T, &mut T) -> Result<(), ConfError>,
+) -> *mut c_char {
+    // SAFETY: see above.
+    let c = unsafe { Conf::from_raw(cf) };
+    guard(c.log(), entry, CONF_ERROR, || {
+        // SAFETY: two distinct T of the configuration (see above).
+        let (prev, conf) = unsafe { (&*(parent as *const T), &mut *(child as *mut T)) };
+        match merge(c, prev, conf) {
+            Ok(()) => CONF_OK,
+            Err(ConfError::Invalid(m)) => c.error(format_args!("{m}")),
+            Err(ConfError::Logged) => CONF_ERROR,
+        }
+    })
+}
+
+/// Runs a step after the http block is read (pre- or postconfiguration).
+///
+/// # Safety
+/// `cf` must be the live configuration being read.
+pub unsafe fn conf_step(
+    cf: *mut ngx_conf_t,
+    entry: &str,
+    body: impl FnOnce(Conf) -> Result<(), ConfError>,
+) -> ngx_int_t {
+    // SAFETY: see above.
+    let c = unsafe { Conf::from_raw(cf) };
+    guard(c.log(), entry, ERROR, || match body(c) {
+        Ok(()) => OK,
+        Err(ConfError::Invalid(m)) => {
+            crate::log!(NGX_LOG_EMERG, c.log(), "{m}");
+            ERROR
+        }
+        Err(ConfError::Logged) => ERROR,
+    })
+}
+
+/// An address as nginx parsed it (`ngx_parse_url`), names resolved.
+pub struct Url {
+    /// The host as written ("127.0.0.1", "db.local", "[::1]").
+    pub host: String,
+    /// No port was written (the default applies).
+    pub no_port: bool,
+    pub addrs: Vec<Addr>,
+    raw: ngx_url_t,
+}
+
+/// One address of a Url.
+pub struct Addr {
+    /// The sockaddr's bytes.
+    pub sockaddr: Vec<u8>,
+    /// Its text ("127.0.0.1:5432"), in configuration memory.
+    pub name: ngx_str_t,
+}
+
+/// A server line of the upstream block being read (as `server` has them).
+pub struct ServerParams {
+    pub weight: ngx_uint_t,
+    pub max_fails: ngx_uint_t,
+    pub fail_timeout: time_t,
+    pub backup: bool,
+    pub down: bool,
+}
+
+impl Conf {
+    /// Parses (and resolves) an address: `host[:port]` or `unix:/path`.
+    pub fn parse_url(&self, value: &[u8], default_port: u16) -> Result<Url, String> {
+        let pool = self.pool();
+        // SAFETY: an all-zero ngx_url_t is its initial state; the value is
+        // copied into configuration memory, and the addresses nginx finds
+        // are there too.
+        unsafe {
+            let mut url: ngx_url_t = mem::zeroed();
+            url.url = pool.str(value).ok_or("out of memory")?;
+            url.default_port = default_port;
+            if ngx_parse_url(pool.as_ptr(), &mut url) != OK {
+                let err = url.err.as_ref().map_or("invalid address".into(), |e| {
+                    std::ffi::CStr::from_ptr(e).to_string_lossy().into_owned()
+                });
+                return Err(err);
+            }
+            let addrs = (0..url.naddrs)
+                .map(|i| {
+                    let a = &*url.addrs.add(i);
+                    Addr {
+                        sockaddr: std::slice::from_raw_parts(a.sockaddr as *const u8, a.socklen as usize).to_vec(),
+                        name: a.name,
+                    }
+                })
+                .collect();
+            Ok(Url {
+                host: String::from_utf8_lossy(url.host.as_bytes()).into_owned(),
+                no_port: url.no_port() != 0,
+                addrs,
+                raw: url,
+            })
+        }
+    }
+
+    /// The upstream block being read (for directives inside `upstream`).
+    pub fn upstream_block(&self) -> &'static mut ngx_http_upstream_srv_conf_t {
+        self.srv_conf::<ngx::http::NgxHttpUpstreamModule>()
+    }
+
+    /// Adds a server to the upstream block being read, for its balancer.
+    pub fn add_upstream_server(&self, url: &Url, p: &ServerParams) -> Result<(), ConfError> {
+        let uscf = self.upstream_block();
+        if uscf.servers.is_null() {
+            return Err(format!(
+                "\"{}\" directive is allowed only inside an \"upstream\" block",
+                self.directive()
+            )
+            .into());
+        }
+        // SAFETY: the block's servers array is of ngx_http_upstream_server_t,
+        // in configuration memory; the new element is zeroed before use.
+        unsafe {
+            let us = (ngx_array_push(uscf.servers) as *mut ngx_http_upstream_server_t)
+                .as_mut()
+                .ok_or(ConfError::Logged)?;
+            *us = mem::zeroed();
+            us.name = url.raw.url;
+            us.addrs = url.raw.addrs;
+            us.naddrs = url.raw.naddrs;
+            us.weight = p.weight;
+            us.max_fails = p.max_fails;
+            us.fail_timeout = p.fail_timeout;
+            us.set_backup(p.backup as u32);
+            us.down = p.down as ngx_uint_t;
+        }
+        Ok(())
+    }
+}
+
+/// The IP address and port of a sockaddr's bytes (IPv4, IPv6).
+pub fn socket_addr(sa: &[u8]) -> Option<std::net::SocketAddr> {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+    let family = i32::from(u16::from_ne_bytes([*sa.first()?, *sa.get(1)?]));
+    let port = u16::from_be_bytes([*sa.get(2)?, *sa.get(3)?]);
+    match family {
+        libc::AF_INET => {
+            let ip: [u8; 4] = sa.get(4..8)?.try_into().ok()?;
+            Some(SocketAddr::new(IpAddr::V4(Ipv4Addr::from(ip)), port))
+        }
+        libc::AF_INET6 => {
+            let ip: [u8; 16] = sa.get(8..24)?.try_into().ok()?;
+            Some(SocketAddr::new(IpAddr::V6(Ipv6Addr::from(ip)), port))
+        }
+        _ => None,
+    }
+}

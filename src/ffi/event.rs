@@ -1,0 +1,251 @@
+//! nginx events, their timers, and the nginx connections the module keeps
+//! for sockets of its own (database connections, cancel requests).
+
+use std::ffi::{c_int, c_void};
+use std::ptr::NonNull;
+
+use super::*;
+
+/// epoll's values of NGX_READ_EVENT / NGX_WRITE_EVENT on Linux (the C macros
+/// are expressions that bindgen does not export).
+const READ_EVENT: ngx_uint_t = (libc::EPOLLIN | libc::EPOLLRDHUP) as ngx_uint_t;
+const WRITE_EVENT: ngx_uint_t = libc::EPOLLOUT as ngx_uint_t;
+/// Level-triggered registration (NGX_LEVEL_EVENT is 0 with epoll).
+const LEVEL_EVENT: ngx_uint_t = 0;
+
+/// An nginx event: one a handler was called for, or one of the module's.
+#[derive(Debug, Clone, Copy)]
+pub struct Event(NonNull<ngx_event_t>);
+
+impl Event {
+    /// # Safety
+    /// `ev` must be a live event that outlives every use of the copy.
+    pub unsafe fn from_raw(ev: *mut ngx_event_t) -> Option<Event> {
+        NonNull::new(ev).map(Event)
+    }
+
+    // A handle to memory that nginx owns, like a raw pointer: a shared
+    // handle gives the mutable view, one use at a time.
+    #[allow(clippy::mut_from_ref)]
+    fn get(&self) -> &mut ngx_event_t {
+        // SAFETY: a live event (from_raw); nginx runs one handler at a time
+        // on this thread, so no other reference to it is in use meanwhile.
+        unsafe { &mut *self.0.as_ptr() }
+    }
+
+    pub fn as_ptr(self) -> *mut ngx_event_t {
+        self.0.as_ptr()
+    }
+
+    /// Whether its timer fired; the flag is cleared.
+    pub fn take_timedout(self) -> bool {
+        let ev = self.get();
+        let t = ev.timedout() != 0;
+        ev.set_timedout(0);
+        t
+    }
+
+    pub fn is_write(self) -> bool {
+        self.get().write() != 0
+    }
+
+    /// What the event's owner stored in it (a connection, usually).
+    pub fn data(self) -> *mut c_void {
+        self.get().data
+    }
+
+    pub fn set_data(self, data: *mut c_void) {
+        self.get().data = data;
+    }
+
+    pub fn set_handler(self, handler: ngx_event_handler_pt) {
+        self.get().handler = handler;
+    }
+
+    pub fn set_log(self, log: Log) {
+        self.get().log = log.as_ptr();
+    }
+
+    pub fn timer_set(self) -> bool {
+        self.get().timer_set() != 0
+    }
+
+    /// Arms the timer (re-arms it if set).
+    pub fn add_timer(self, ms: ngx_msec_t) {
+        // SAFETY: a live event; nginx's timer tree is of this thread.
+        unsafe { ngx_add_timer(self.as_ptr(), ms) }
+    }
+
+    pub fn del_timer(self) {
+        if self.timer_set() {
+            // SAFETY: a live event whose timer is in the tree.
+            unsafe { ngx_del_timer(self.as_ptr()) }
+        }
+    }
+
+    /// No timer and not posted: nothing of nginx's points at it any more.
+    pub fn clear(self) {
+        self.del_timer();
+        if self.get().posted() != 0 {
+            // SAFETY: a live event in nginx's posted queue.
+            unsafe { ngx_delete_posted_event(self.as_ptr()) }
+        }
+    }
+
+    fn watch(self, event: ngx_uint_t, on: bool) -> bool {
+        let active = self.get().active() != 0;
+        if on == active {
+            return true;
+        }
+        // SAFETY: the event module's actions are set before any request; the
+        // event belongs to a live connection.
+        unsafe {
+            if on {
+                ngx_event_actions
+                    .add
+                    .is_some_and(|add| add(self.as_ptr(), event as ngx_int_t, LEVEL_EVENT) == OK)
+            } else {
+                ngx_event_actions
+                    .del
+                    .is_some_and(|del| del(self.as_ptr(), event as ngx_int_t, 0) == OK)
+            }
+        }
+    }
+}
+
+/// A timer of the module's own, for a request (its data: what the handler needs).
+pub type Timer = Event;
+
+/// An nginx connection that watches a socket of the module's.
+#[derive(Debug)]
+pub struct Socket(NonNull<ngx_connection_t>);
+
+impl Socket {
+    /// Takes a free nginx connection for `fd` (None when nginx has none left:
+    /// "worker_connections are not enough" is then in the log).
+    pub fn get(fd: c_int, log: Log) -> Option<Socket> {
+        // SAFETY: ngx_get_connection only records fd; nginx's connection
+        // array is of this thread.
+        let c = NonNull::new(unsafe { ngx_get_connection(fd, log.as_ptr()) })?;
+        let s = Socket(c);
+        // nginx leaves the events without a log; its debug lines need one.
+        s.set_log(log);
+        Some(s)
+    }
+
+    // A handle to nginx's connection, like a raw pointer (see Event::get).
+    #[allow(clippy::mut_from_ref)]
+    fn get_mut(&self) -> &mut ngx_connection_t {
+        // SAFETY: the connection is live until released or closed (which
+        // consume the Socket); handlers run one at a time on this thread.
+        unsafe { &mut *self.0.as_ptr() }
+    }
+
+    pub fn as_ptr(&self) -> *mut ngx_connection_t {
+        self.0.as_ptr()
+    }
+
+    pub fn fd(&self) -> c_int {
+        self.get_mut().fd
+    }
+
+    pub fn read(&self) -> Event {
+        // SAFETY: a live connection's read event lives as long as it.
+        unsafe { Event::from_raw(self.get_mut().read) }.expect("nginx connections have events")
+    }
+
+    pub fn write(&self) -> Event {
+        // SAFETY: as for read.
+        unsafe { Event::from_raw(self.get_mut().write) }.expect("nginx connections have events")
+    }
+
+    /// What the handlers find in the connection's data.
+    pub fn set_data(&self, data: *mut c_void) {
+        self.get_mut().data = data;
+    }
+
+    pub fn set_handler(&self, handler: ngx_event_handler_pt) {
+        self.read().set_handler(handler);
+        self.write().set_handler(handler);
+    }
+
+    pub fn set_log(&self, log: Log) {
+        self.get_mut().log = log.as_ptr();
+        self.read().set_log(log);
+        self.write().set_log(log);
+    }
+
+    /// Idle: nginx may close it when it shuts down (it then sets `close`).
+    pub fn set_idle(&self, idle: bool) {
+        self.get_mut().set_idle(idle as u32);
+    }
+
+    /// nginx asks for it to be closed (shutdown).
+    pub fn close_requested(&self) -> bool {
+        self.get_mut().close() != 0
+    }
+
+    /// Watches readability (level-triggered, so no readiness is lost).
+    pub fn watch_read(&self, on: bool) -> bool {
+        self.read().watch(READ_EVENT, on)
+    }
+
+    pub fn watch_write(&self, on: bool) -> bool {
+        self.write().watch(WRITE_EVENT, on)
+    }
+
+    /// Gives the nginx connection back; the socket stays open (its owner,
+    /// libpq, closes it).
+    pub fn release(self) {
+        let (read, write) = (self.read(), self.write());
+        read.clear();
+        write.clear();
+        // Removed with NGX_CLOSE_EVENT: the socket is about to be closed.
+        // SAFETY: the event module's actions are set; the events are live.
+        unsafe {
+            for (ev, what) in [(read, READ_EVENT), (write, WRITE_EVENT)] {
+                if ev.get().active() != 0 {
+                    if let Some(del) = ngx_event_actions.del {
+                        del(ev.as_ptr(), what as ngx_int_t, NGX_CLOSE_EVENT as ngx_uint_t);
+                    }
+                }
+            }
+            ngx_free_connection(self.as_ptr());
+        }
+        self.get_mut().fd = -1;
+    }
+
+    /// Closes the connection and its socket.
+    pub fn close(self) {
+        // SAFETY: the connection and its socket are the module's own.
+        unsafe { ngx_close_connection(self.as_ptr()) }
+    }
+}
+
+thread_local! {
+    /// The event that runs deferred work after the current handler
+    /// (nginx's posted events), one per worker.
+    static DEFERRED: std::cell::Cell<*mut ngx_event_t> = const { std::cell::Cell::new(std::ptr::null_mut()) };
+}
+
+/// Runs `handler` once the current event handler returns (with nginx's
+/// posted events, before the next wait for I/O). For work that must not
+/// run inside the caller (a pool cleanup, say).
+pub fn defer(handler: ngx_event_handler_pt) {
+    let ev = DEFERRED.with(|d| {
+        if d.get().is_null() {
+            // One event per worker, for its whole life.
+            // SAFETY: all-zero is the initial state of an event.
+            let ev: Box<ngx_event_t> = Box::new(unsafe { std::mem::zeroed() });
+            d.set(Box::into_raw(ev));
+        }
+        d.get()
+    });
+    // SAFETY: the event lives for the worker's life (leaked above); nginx's
+    // posted queue is of this thread.
+    unsafe {
+        (*ev).handler = handler;
+        (*ev).log = Log::cycle().as_ptr();
+        ngx_post_event(ev, std::ptr::addr_of_mut!(ngx_posted_events));
+    }
+}

@@ -1,0 +1,103 @@
+//! nginx memory pools: values moved into a pool live until nginx destroys
+//! it (a request's pool at the request's end, the configuration's at a
+//! reload), and are dropped then.
+
+use std::ffi::c_void;
+use std::mem;
+use std::ptr::{self, NonNull};
+
+use super::*;
+
+/// A pool of nginx's (a request's, a connection's or the configuration's).
+#[derive(Debug, Clone, Copy)]
+pub struct Pool(NonNull<ngx_pool_t>);
+
+unsafe extern "C" fn drop_value<T>(data: *mut c_void) {
+    guard(Log::cycle(), "pool cleanup", (), || {
+        // SAFETY: registered by Pool::alloc only, for a T written at `data`
+        // and dropped here once, when the pool is destroyed.
+        unsafe { ptr::drop_in_place(data as *mut T) }
+    });
+}
+
+impl Pool {
+    /// # Safety
+    /// `pool` must be a live pool that outlives every use of the copy.
+    pub unsafe fn from_raw(pool: *mut ngx_pool_t) -> Option<Pool> {
+        NonNull::new(pool).map(Pool)
+    }
+
+    pub fn as_ptr(self) -> *mut ngx_pool_t {
+        self.0.as_ptr()
+    }
+
+    /// Moves `value` into the pool; it is dropped when the pool is
+    /// destroyed. The pointer is valid as long as the pool.
+    pub fn alloc<T>(self, value: T) -> Option<NonNull<T>> {
+        const { assert!(mem::align_of::<T>() <= NGX_ALIGNMENT) };
+        // SAFETY: the pool is live; ngx_palloc returns memory aligned to
+        // NGX_ALIGNMENT (checked above) or null.
+        let p = NonNull::new(unsafe { ngx_palloc(self.as_ptr(), mem::size_of::<T>()) } as *mut T)?;
+        if mem::needs_drop::<T>() {
+            // SAFETY: the pool is live.
+            let cln = NonNull::new(unsafe { ngx_pool_cleanup_add(self.as_ptr(), 0) })?;
+            // SAFETY: cln is a fresh cleanup record of the pool, p fresh
+            // memory for one T; the cleanup drops it once, at the end.
+            unsafe {
+                ptr::write(p.as_ptr(), value);
+                (*cln.as_ptr()).handler = Some(drop_value::<T>);
+                (*cln.as_ptr()).data = p.as_ptr().cast();
+            }
+        } else {
+            // SAFETY: p is fresh memory for one T.
+            unsafe { ptr::write(p.as_ptr(), value) };
+        }
+        Some(p)
+    }
+
+    /// Copies bytes into the pool, as an ngx_str_t that lives as long as it.
+    pub fn str(self, b: &[u8]) -> Option<ngx_str_t> {
+        // SAFETY: the pool is live; a non-null result has room for b.len() bytes.
+        let data = unsafe { ngx_pnalloc(self.as_ptr(), b.len().max(1)) } as *mut u8;
+        if data.is_null() {
+            return None;
+        }
+        // SAFETY: see above; the regions are distinct.
+        unsafe { ptr::copy_nonoverlapping(b.as_ptr(), data, b.len()) };
+        Some(ngx_str_t { len: b.len(), data })
+    }
+
+    /// Zeroed memory for one C struct of nginx's (a buffer, a resolved
+    /// address ...), valid as long as the pool.
+    pub fn calloc<T: Zeroable>(self) -> Option<NonNull<T>> {
+        // SAFETY: the pool is live; zeroed memory is a valid T (Zeroable).
+        NonNull::new(unsafe { ngx_pcalloc(self.as_ptr(), mem::size_of::<T>()) } as *mut T)
+    }
+
+    /// A chain link of the pool.
+    pub fn chain_link(self) -> Option<NonNull<ngx_chain_t>> {
+        // SAFETY: the pool is live.
+        NonNull::new(unsafe { ngx_alloc_chain_link(self.as_ptr()) })
+    }
+}
+
+/// nginx's C structs for which all-zero bytes are a valid, empty value.
+///
+/// # Safety
+/// Implement only for plain C data with that property.
+pub unsafe trait Zeroable {}
+
+// SAFETY: plain C structs of nginx that it allocates zeroed itself.
+unsafe impl Zeroable for ngx_buf_t {}
+// SAFETY: as above.
+unsafe impl Zeroable for ngx_http_upstream_resolved_t {}
+// SAFETY: as above.
+unsafe impl Zeroable for ngx_http_complex_value_t {}
+// SAFETY: as above (ngx_http_upstream_conf_t is all numbers and pointers).
+unsafe impl Zeroable for ngx_http_upstream_conf_t {}
+
+/// An all-zero value of a C struct: nginx's "unset" for configuration data.
+pub fn zeroed<T: Zeroable>() -> T {
+    // SAFETY: all-zero bytes are a valid T (Zeroable).
+    unsafe { std::mem::zeroed() }
+}

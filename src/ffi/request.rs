@@ -1,0 +1,401 @@
+//! An HTTP request: its configuration, context, variables, body, response
+//! and the client connection's events.
+
+use std::ffi::{c_void, CStr};
+use std::mem;
+use std::ptr::NonNull;
+
+use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
+
+use super::conf::ComplexValue;
+use super::*;
+
+/// A request (`ngx_http_request_t`), as a handler receives it.
+#[repr(transparent)]
+pub struct Req(ngx_http_request_t);
+
+/// The per-request context of a module: the slot `r->ctx[module]` holds a
+/// `Ctx` or nothing.
+///
+/// # Safety
+/// Implement only for a module whose context slot is written by
+/// `Req::set_ctx::<Self>` alone.
+pub unsafe trait RequestCtx {
+    type Ctx;
+    fn module() -> &'static ngx_module_t;
+}
+
+impl Req {
+    /// # Safety
+    /// `r` must be a live request that outlives `'a`, and no other reference
+    /// to it may be used while this one is.
+    pub unsafe fn from_raw<'a>(r: *mut ngx_http_request_t) -> &'a mut Req {
+        // SAFETY: see above; Req is a transparent wrapper.
+        unsafe { &mut *(r as *mut Req) }
+    }
+
+    pub fn as_ptr(&self) -> *mut ngx_http_request_t {
+        &self.0 as *const _ as *mut _
+    }
+
+    pub fn raw(&self) -> &ngx_http_request_t {
+        &self.0
+    }
+
+    pub fn raw_mut(&mut self) -> &mut ngx_http_request_t {
+        &mut self.0
+    }
+
+    // The connection is nginx's, not part of the request struct: a handle
+    // (see Event::get).
+    #[allow(clippy::mut_from_ref)]
+    fn connection(&self) -> &mut ngx_connection_t {
+        // SAFETY: a live request has a live client connection, used by one
+        // handler at a time on this thread.
+        unsafe { &mut *self.0.connection }
+    }
+
+    /// The client connection's log (with the request's context in lines).
+    pub fn log(&self) -> Log {
+        // SAFETY: the connection's log lives as long as the connection.
+        unsafe { Log::from_raw(self.connection().log) }
+    }
+
+    /// Lines logged from now on name this request (as ngx_http_set_log_request does).
+    pub fn set_log_request(&self) {
+        // SAFETY: an http connection's log is live, and its data is its
+        // ngx_http_log_ctx_t.
+        unsafe {
+            if let Some(log) = self.connection().log.as_ref() {
+                if let Some(ctx) = (log.data as *mut ngx_http_log_ctx_t).as_mut() {
+                    ctx.current_request = self.as_ptr();
+                }
+            }
+        }
+    }
+
+    /// What the error log says the request was doing ("... while reading result").
+    pub fn set_log_action(&self, action: &'static CStr) {
+        // SAFETY: the connection's log is live; the text is static.
+        if let Some(log) = unsafe { self.connection().log.as_mut() } {
+            log.action = action.as_ptr() as *mut _;
+        }
+    }
+
+    /// The client connection broke (nginx will not send more to it).
+    pub fn client_error(&self) -> bool {
+        self.connection().error() != 0
+    }
+
+    pub fn method(&self) -> u32 {
+        self.0.method as u32
+    }
+
+    pub fn method_name(&self) -> &[u8] {
+        self.0.method_name.as_bytes()
+    }
+
+    pub fn is_main(&self) -> bool {
+        std::ptr::eq(self.0.main, &self.0)
+    }
+
+    pub fn header_only(&self) -> bool {
+        self.0.header_only() != 0
+    }
+
+    pub fn pool(&self) -> Pool {
+        // SAFETY: a live request's pool lives as long as the request.
+        unsafe { Pool::from_raw(self.0.pool) }.expect("a request has a pool")
+    }
+
+    pub fn loc_conf<M: HttpModuleLocationConf>(&self) -> &'static M::LocationConf {
+        M::location_conf(&self.0).expect("every http module has a location configuration")
+    }
+
+    pub fn main_conf<M: HttpModuleMainConf>(&self) -> &'static M::MainConf {
+        M::main_conf(&self.0).expect("every http module has a main configuration")
+    }
+
+    pub fn core_loc_conf(&self) -> &'static ngx_http_core_loc_conf_t {
+        self.loc_conf::<NgxHttpCoreModule>()
+    }
+
+    /// The module's context of this request.
+    ///
+    /// # Safety
+    /// No other reference to the context may be in use (take it once per
+    /// entry point).
+    pub unsafe fn ctx<'a, M: RequestCtx>(&self) -> Option<&'a mut M::Ctx> {
+        // SAFETY: r->ctx has a slot per http module; the slot holds an M::Ctx
+        // in the request's pool or null (RequestCtx); see above for aliasing.
+        unsafe { (*self.0.ctx.add(M::module().ctx_index) as *mut M::Ctx).as_mut() }
+    }
+
+    /// Moves a context into the request's pool and into the module's slot.
+    pub fn set_ctx<M: RequestCtx>(&mut self, ctx: M::Ctx) -> Option<NonNull<M::Ctx>> {
+        let p = self.pool().alloc(ctx)?;
+        // SAFETY: r->ctx has a slot per http module; the context lives in
+        // the request's pool, as long as the request.
+        unsafe { *self.0.ctx.add(M::module().ctx_index) = p.as_ptr().cast::<c_void>() };
+        Some(p)
+    }
+
+    /// Evaluates a value with variables for this request.
+    pub fn complex_value(&mut self, cv: ComplexValue) -> Option<&[u8]> {
+        let mut v = ngx_str_t::empty();
+        // SAFETY: the value was compiled for this configuration; the result
+        // is in the request's pool.
+        let rc = unsafe { ngx_http_complex_value(self.as_ptr(), cv.as_ptr(), &mut v) };
+        if rc != OK {
+            return None;
+        }
+        if v.len == 0 {
+            return Some(&[]);
+        }
+        // SAFETY: the value is in the request's pool, which outlives the borrow of the request.
+        Some(unsafe { std::slice::from_raw_parts(v.data, v.len) })
+    }
+
+    /// A variable by index: None when not found. A variable that `set`
+    /// defines elsewhere but not for this request is also None (rather than
+    /// nginx's "using uninitialized variable" warning on every request).
+    pub fn variable(&mut self, index: ngx_int_t) -> Option<&[u8]> {
+        let i = usize::try_from(index).ok()?;
+        // SAFETY: r->variables has a slot per variable of the configuration.
+        let stored = unsafe { &*self.0.variables.add(i) };
+        if stored.valid() == 0 {
+            let cmcf = self.main_conf::<NgxHttpCoreModule>();
+            // SAFETY: the core module's variables, one per index.
+            let var = unsafe { &cmcf.variables.as_slice::<ngx_http_variable_t>()[i] };
+            if var.flags & NGX_HTTP_VAR_CHANGEABLE as ngx_uint_t != 0 {
+                return None;
+            }
+        }
+        // SAFETY: a live request and a variable index of its configuration.
+        let v = unsafe { ngx_http_get_indexed_variable(self.as_ptr(), i as ngx_uint_t).as_ref()? };
+        (v.not_found() == 0).then(|| v.as_bytes())
+    }
+
+    /// Stores a variable's value for the rest of the request (internal
+    /// redirects included, so an `error_page` location sees it).
+    pub fn set_variable(&mut self, index: ngx_int_t, value: &[u8]) -> bool {
+        let Ok(i) = usize::try_from(index) else { return true };
+        let Some(s) = self.pool().str(value) else { return false };
+        // SAFETY: r->variables has a slot per variable of the configuration;
+        // the value is in the request's pool.
+        let v = unsafe { &mut *self.0.variables.add(i) };
+        v.set_len(s.len as u32);
+        v.data = s.data;
+        v.set_valid(1);
+        v.set_no_cacheable(0);
+        v.set_not_found(0);
+        v.set_escape(0);
+        true
+    }
+
+    /// Reads the request body, then calls `done` (nginx's read_client_request_body).
+    pub fn read_body(&mut self, done: ngx_http_client_body_handler_pt) -> ngx_int_t {
+        // SAFETY: a live request.
+        unsafe { ngx_http_read_client_request_body(self.as_ptr(), done) }
+    }
+
+    pub fn discard_body(&mut self) -> ngx_int_t {
+        // SAFETY: a live request.
+        unsafe { ngx_http_discard_request_body(self.as_ptr()) }
+    }
+
+    /// The buffers of the request body as nginx read them, and their size.
+    pub fn body_bufs(&self) -> (Vec<NonNull<ngx_buf_t>>, usize) {
+        let mut bufs = Vec::new();
+        let mut len = 0;
+        // SAFETY: the request body and its chain live in the request's pool.
+        let mut cl = unsafe { self.0.request_body.as_ref() }.map_or(std::ptr::null_mut(), |rb| rb.bufs);
+        // SAFETY: as above.
+        while let Some(link) = unsafe { cl.as_ref() } {
+            // SAFETY: as above.
+            let b = unsafe { &*link.buf };
+            len += if b.in_file() != 0 && b.temporary() == 0 && b.memory() == 0 {
+                (b.file_last - b.file_pos) as usize
+            } else {
+                b.last as usize - b.pos as usize
+            };
+            bufs.extend(NonNull::new(link.buf));
+            cl = link.next;
+        }
+        (bufs, len)
+    }
+
+    /// A body that nginx wrote to a temporary file is read back into memory
+    /// (one buffer), so that `$request_body` sees it. False when it cannot be.
+    pub fn body_into_memory(&mut self) -> bool {
+        // SAFETY: the request body lives in the request's pool.
+        let Some(rb) = (unsafe { self.0.request_body.as_mut() }) else {
+            return true;
+        };
+        // SAFETY: as above.
+        let Some(tf) = (unsafe { rb.temp_file.as_mut() }) else {
+            return true;
+        };
+        let size = tf.file.offset as usize;
+        let mut data = vec![0u8; size];
+        // SAFETY: the temporary file is open; data has room for size bytes.
+        if size > 0 && unsafe { ngx_read_file(&mut tf.file, data.as_mut_ptr(), size, 0) } != size as isize {
+            return false;
+        }
+        let Some(b) = buf::memory(self.pool(), data) else {
+            return false;
+        };
+        // SAFETY: b is a fresh buffer of the request's pool.
+        unsafe { (*b.as_ptr()).set_last_buf(1) };
+        let mut chain = Chain::new(self.pool());
+        if chain.push(b).is_none() {
+            return false;
+        }
+        rb.bufs = chain.into_raw();
+        rb.buf = b.as_ptr();
+        // The file is still deleted with the request's pool.
+        rb.temp_file = std::ptr::null_mut();
+        true
+    }
+
+    pub fn set_status(&mut self, status: ngx_uint_t) {
+        self.0.headers_out.status = status;
+    }
+
+    /// -1: unknown (chunked).
+    pub fn set_content_length(&mut self, n: off_t) {
+        self.0.headers_out.content_length_n = n;
+    }
+
+    pub fn set_content_type(&mut self, t: &'static str) {
+        let ho = &mut self.0.headers_out;
+        ho.content_type = static_str(t);
+        ho.content_type_len = t.len();
+        ho.content_type_lowcase = std::ptr::null_mut();
+    }
+
+    /// Content-Type: the location's `default_type`, whatever the URI's extension.
+    pub fn set_default_type(&mut self) {
+        let t = self.core_loc_conf().default_type;
+        let ho = &mut self.0.headers_out;
+        ho.content_type = t;
+        ho.content_type_len = t.len;
+        ho.content_type_lowcase = std::ptr::null_mut();
+    }
+
+    /// Content-Type by the URI's extension (`types`), else `default_type`.
+    pub fn set_content_type_by_extension(&mut self) -> bool {
+        // SAFETY: a live request.
+        unsafe { ngx_http_set_content_type(self.as_ptr()) == OK }
+    }
+
+    pub fn set_header_only(&mut self) {
+        self.0.set_header_only(1);
+    }
+
+    pub fn send_header(&mut self) -> ngx_int_t {
+        // SAFETY: a live request.
+        unsafe { ngx_http_send_header(self.as_ptr()) }
+    }
+
+    /// Passes a chain to the output filters (null: only flush).
+    ///
+    /// # Safety
+    /// `chain` is null or a chain whose links and buffers live in this
+    /// request's pool (or longer).
+    pub unsafe fn output_filter(&mut self, chain: *mut ngx_chain_t) -> ngx_int_t {
+        // SAFETY: a live request; the caller vouches for the chain.
+        unsafe { ngx_http_output_filter(self.as_ptr(), chain) }
+    }
+
+    /// The response ends with no more body (an empty one included).
+    pub fn send_last(&mut self) -> ngx_int_t {
+        // SAFETY: a live request.
+        unsafe { ngx_http_send_special(self.as_ptr(), NGX_HTTP_LAST as ngx_uint_t) }
+    }
+
+    pub fn finalize(&mut self, rc: ngx_int_t) {
+        // SAFETY: a live request; nginx may free it: the caller does not use it after.
+        unsafe { ngx_http_finalize_request(self.as_ptr(), rc) }
+    }
+
+    /// Runs the subrequests posted meanwhile (after a handler that is not nginx's own).
+    pub fn run_posted(&mut self) {
+        // SAFETY: the client connection outlives its requests.
+        unsafe { ngx_http_run_posted_requests(self.0.connection) }
+    }
+
+    /// One more reference to the main request (kept until finalized).
+    pub fn count_up(&mut self) {
+        // SAFETY: a live request's main request is live.
+        let main = unsafe { &mut *self.0.main };
+        main.set_count(main.count() + 1);
+    }
+
+    /// Reading from the client is not needed any more.
+    pub fn block_reading(&mut self) {
+        self.0.read_event_handler = Some(ngx_http_block_reading);
+    }
+
+    pub fn write_handler(&self) -> ngx_http_event_handler_pt {
+        self.0.write_event_handler
+    }
+
+    pub fn set_write_handler(&mut self, h: ngx_http_event_handler_pt) {
+        self.0.write_event_handler = h;
+    }
+
+    /// The client connection's write event.
+    pub fn client_write(&self) -> Event {
+        // SAFETY: the client connection's events live as long as it.
+        unsafe { Event::from_raw(self.connection().write) }.expect("a connection has events")
+    }
+
+    /// Waits until the client can take more: the write event armed, with
+    /// nginx's send_timeout.
+    pub fn wait_client_writable(&mut self) -> bool {
+        let clcf = self.core_loc_conf();
+        let wev = self.client_write();
+        // SAFETY: the client's write event is live.
+        let ok = unsafe { ngx_handle_write_event(wev.as_ptr(), clcf.send_lowat) } == OK;
+        wev.add_timer(clcf.send_timeout);
+        ok
+    }
+
+    /// The client did not read within send_timeout: mark the connection.
+    pub fn set_client_timed_out(&mut self) {
+        self.connection().set_timedout(1);
+    }
+
+    /// nginx's upstream of the request, once created.
+    pub fn upstream(&mut self) -> Option<&mut Upstream> {
+        // SAFETY: the upstream lives in the request's pool; Upstream is a
+        // transparent wrapper.
+        unsafe { (self.0.upstream as *mut Upstream).as_mut() }
+    }
+
+    pub fn create_upstream(&mut self) -> Option<&mut Upstream> {
+        // SAFETY: a live request.
+        if unsafe { ngx_http_upstream_create(self.as_ptr()) } != OK {
+            return None;
+        }
+        self.upstream()
+    }
+
+    /// Starts nginx's upstream (balancer, connection) for the request.
+    pub fn upstream_init(&mut self) {
+        // SAFETY: a live request with an upstream set up.
+        unsafe { ngx_http_upstream_init(self.as_ptr()) }
+    }
+
+    /// A new entry in `$upstream_*` for another try.
+    pub fn push_upstream_state(&mut self) -> Option<&mut ngx_http_upstream_state_t> {
+        // SAFETY: the states array lives in the request's pool (created
+        // when the upstream first connected).
+        unsafe {
+            let st = (ngx_array_push(self.0.upstream_states) as *mut ngx_http_upstream_state_t).as_mut()?;
+            *st = mem::zeroed();
+            Some(st)
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! nginx's upstream of a request (`ngx_http_upstream_t`): its callbacks,
+//! its state in `$upstream_*`, its peer, its buffer.
+
+use std::ffi::c_void;
+use std::ptr;
+
+use super::*;
+
+/// The upstream of a request.
+#[repr(transparent)]
+pub struct Upstream(ngx_http_upstream_t);
+
+/// The callbacks of an upstream module, installed together.
+#[derive(Clone, Copy)]
+pub struct Callbacks {
+    pub create_request: unsafe extern "C" fn(*mut ngx_http_request_t) -> ngx_int_t,
+    pub reinit_request: unsafe extern "C" fn(*mut ngx_http_request_t) -> ngx_int_t,
+    pub process_header: unsafe extern "C" fn(*mut ngx_http_request_t) -> ngx_int_t,
+    pub abort_request: unsafe extern "C" fn(*mut ngx_http_request_t),
+    pub finalize_request: unsafe extern "C" fn(*mut ngx_http_request_t, ngx_int_t),
+}
+
+impl Upstream {
+    pub fn raw_mut(&mut self) -> &mut ngx_http_upstream_t {
+        &mut self.0
+    }
+
+    /// Sets what nginx's upstream code calls, the configuration it uses,
+    /// and how `$upstream_addr` names the server ("postgres://", "redis://").
+    /// `conf` is the location's upstream settings, in configuration memory
+    /// (nginx reads them, and does not write them).
+    pub fn install(
+        &mut self,
+        conf: *const ngx_http_upstream_conf_t,
+        schema: &'static str,
+        tag: *const ngx_module_t,
+        cb: Callbacks,
+    ) {
+        let u = &mut self.0;
+        u.conf = conf.cast_mut();
+        u.schema = static_str(schema);
+        u.output.tag = tag as ngx_buf_tag_t;
+        u.create_request = Some(cb.create_request);
+        u.reinit_request = Some(cb.reinit_request);
+        u.process_header = Some(cb.process_header);
+        u.abort_request = Some(cb.abort_request);
+        u.finalize_request = Some(cb.finalize_request);
+    }
+
+    /// Sets the filter that passes the response body on, and its data.
+    pub fn set_input_filter(
+        &mut self,
+        init: unsafe extern "C" fn(*mut c_void) -> ngx_int_t,
+        filter: unsafe extern "C" fn(*mut c_void, isize) -> ngx_int_t,
+        data: *mut c_void,
+    ) {
+        self.0.input_filter_init = Some(init);
+        self.0.input_filter = Some(filter);
+        self.0.input_filter_ctx = data;
+    }
+
+    /// The server is named at run time (`*_pass $variable`): an upstream
+    /// block by name, or an address.
+    pub fn set_resolved(&mut self, pool: Pool, host: ngx_str_t, addr: Option<&ngx_addr_t>, port: u16) -> bool {
+        let Some(res) = pool.calloc::<ngx_http_upstream_resolved_t>() else {
+            return false;
+        };
+        // SAFETY: res is fresh zeroed memory of the request's pool.
+        let res_ref = unsafe { &mut *res.as_ptr() };
+        res_ref.host = host;
+        match addr {
+            Some(a) => {
+                res_ref.sockaddr = a.sockaddr;
+                res_ref.socklen = a.socklen;
+                res_ref.name = a.name;
+                res_ref.naddrs = 1;
+                res_ref.port = port as in_port_t;
+            }
+            None => res_ref.no_port = 1,
+        }
+        self.0.resolved = res.as_ptr();
+        true
+    }
+
+    /// The server is a numeric `host:port` or `unix:/path` named at run
+    /// time (no name is resolved). False when the value is not one.
+    pub fn set_resolved_address(&mut self, pool: Pool, value: &[u8]) -> bool {
+        if value.is_empty() {
+            return false;
+        }
+        let Some(text) = pool.str(value) else { return false };
+        // SAFETY: an all-zero ngx_url_t is its initial state; what nginx
+        // parses lands in the request's pool, which outlives the upstream.
+        unsafe {
+            let mut url: ngx_url_t = std::mem::zeroed();
+            url.url = text;
+            url.set_no_resolve(1);
+            if ngx_parse_url(pool.as_ptr(), &mut url) != OK || url.naddrs == 0 {
+                return false;
+            }
+            self.set_resolved(pool, url.host, Some(&*url.addrs), url.port)
+        }
+    }
+
+    /// The current try's entry in `$upstream_*`.
+    pub fn state(&mut self) -> Option<&mut ngx_http_upstream_state_t> {
+        // SAFETY: the state lives in the request's pool's states array.
+        unsafe { self.0.state.as_mut() }
+    }
+
+    pub fn set_state(&mut self, st: &mut ngx_http_upstream_state_t) {
+        self.0.state = st;
+    }
+
+    /// Milliseconds since this try started.
+    pub fn elapsed(&self) -> ngx_msec_t {
+        current_msec().wrapping_sub(self.0.start_time)
+    }
+
+    pub fn restart_clock(&mut self) {
+        self.0.start_time = current_msec();
+    }
+
+    pub fn peer(&mut self) -> &mut ngx_peer_connection_t {
+        &mut self.0.peer
+    }
+
+    /// Asks the balancer for a server and a connection (nginx's own code).
+    pub fn connect_peer(&mut self) -> ngx_int_t {
+        // SAFETY: the peer is the request's, set up by nginx's upstream.
+        unsafe { ngx_event_connect_peer(&mut self.0.peer) }
+    }
+
+    /// The bytes read and not used yet.
+    pub fn unread(&self) -> &[u8] {
+        let b = &self.0.buffer;
+        if b.pos.is_null() || b.last <= b.pos {
+            return &[];
+        }
+        // SAFETY: pos..last are bytes nginx read into the upstream's buffer.
+        unsafe { std::slice::from_raw_parts(b.pos, b.last as usize - b.pos as usize) }
+    }
+
+    /// The first `n` bytes of `unread` are used.
+    pub fn consume(&mut self, n: usize) {
+        let b = &mut self.0.buffer;
+        let n = n.min(b.last as usize - b.pos as usize);
+        // SAFETY: within the bytes read (checked above).
+        b.pos = unsafe { b.pos.add(n) };
+    }
+
+    /// Bytes the input filter is handed: `n` new bytes at the buffer's end,
+    /// which then become part of it.
+    ///
+    /// # Safety
+    /// The bytes stay where they are until nginx reuses the buffer (after
+    /// the filter returns, once what was emitted is sent): `'a` must not
+    /// outlive the filter call.
+    pub unsafe fn take_new<'a>(&mut self, n: usize) -> &'a [u8] {
+        let b = &mut self.0.buffer;
+        let start = b.last;
+        let n = n.min(b.end as usize - start as usize);
+        // SAFETY: nginx read n bytes at last, within the buffer; see above
+        // for how long they stay.
+        unsafe {
+            b.last = start.add(n);
+            std::slice::from_raw_parts(start, n)
+        }
+    }
+
+    /// Passes bytes of the upstream's buffer on to the client (the
+    /// non-buffered input filter's way). Bytes from anywhere else are refused.
+    pub fn emit(&mut self, pool: Pool, data: &[u8]) -> bool {
+        let b = &self.0.buffer;
+        let (start, end) = (data.as_ptr() as usize, data.as_ptr() as usize + data.len());
+        if start < b.start as usize || end > b.end as usize {
+            return false;
+        }
+        // SAFETY: the upstream's free buffers are of the request's pool.
+        let cl = unsafe { ngx_chain_get_free_buf(pool.as_ptr(), &mut self.0.free_bufs) };
+        // SAFETY: a fresh link with a buffer, from nginx.
+        let Some(link) = (unsafe { cl.as_mut() }) else {
+            return false;
+        };
+        // SAFETY: as above.
+        let out = unsafe { &mut *link.buf };
+        out.set_flush(1);
+        out.set_memory(1);
+        out.pos = data.as_ptr() as *mut u8;
+        out.last = out.pos.wrapping_add(data.len());
+        out.tag = self.0.output.tag;
+        // SAFETY: out_bufs is a chain of the request's pool; appended at the end.
+        unsafe {
+            let mut ll: *mut *mut ngx_chain_t = &mut self.0.out_bufs;
+            while !(*ll).is_null() {
+                ll = &mut (**ll).next;
+            }
+            *ll = cl;
+        }
+        true
+    }
+
+    pub fn set_status(&mut self, status: ngx_uint_t) {
+        self.0.headers_in.status_n = status;
+        if let Some(st) = self.state() {
+            st.status = status;
+        }
+    }
+
+    pub fn set_content_length(&mut self, n: off_t) {
+        self.0.headers_in.content_length_n = n;
+    }
+
+    pub fn set_keepalive(&mut self, on: bool) {
+        self.0.set_keepalive(on as u32);
+    }
+
+    pub fn set_length(&mut self, n: off_t) {
+        self.0.length = n;
+    }
+
+    pub fn set_request_bufs(&mut self, chain: *mut ngx_chain_t) {
+        self.0.request_bufs = chain;
+    }
+
+    pub fn set_header_sent(&mut self) {
+        self.0.set_header_sent(1);
+    }
+
+    /// nginx's upstream cleanup is not to run (the module finishes itself).
+    pub fn drop_cleanup(&mut self) {
+        // SAFETY: cleanup, when set, points at the request pool's cleanup handler slot.
+        if let Some(c) = unsafe { self.0.cleanup.as_mut() } {
+            *c = None;
+        }
+        self.0.cleanup = ptr::null_mut();
+    }
+
+    /// Gives the peer back to the balancer (with NGX_PEER_FAILED or not).
+    pub fn free_peer(&mut self, state: ngx_uint_t) {
+        if self.0.peer.sockaddr.is_null() {
+            return;
+        }
+        if let Some(free) = self.0.peer.free {
+            // SAFETY: the peer's data is what its balancer set up for it.
+            unsafe { free(&mut self.0.peer, self.0.peer.data, state) };
+        }
+        self.0.peer.sockaddr = ptr::null_mut();
+        self.0.peer.connection = ptr::null_mut();
+    }
+}

@@ -1,0 +1,282 @@
+//! The location-level directives: `sqldb_pass`, `sqldb_query`,
+//! `sqldb_output`, `sqldb_next_upstream`, `sqldb_set`, `sqldb_rewrite`,
+//! `sqldb_escape`.
+
+use std::ffi::{c_char, c_void, CString};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use gateway_core::method::parse_methods;
+use gateway_core::rewrite;
+use gateway_core::sql::has_several_statements;
+use gateway_core::template::{self, Piece};
+
+use super::{Column, Entries, EscapeRule, LocConf, Output, PendingPass, SetRule, Sqldb, Template, TemplatePiece};
+use crate::ffi::conf::{directive, ConfError};
+use crate::ffi::*;
+use crate::sqldb::driver::Statement;
+
+/// `sqldb_pass NAME | $variable`
+pub(crate) extern "C" fn cmd_sqldb_pass<E: Entries>(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    let body = |cf: Conf, lcf: &mut LocConf| {
+        if lcf.pass_set {
+            return Err("\"sqldb_pass\" directive is duplicate".to_owned().into());
+        }
+        lcf.pass_set = true;
+        let claim = cf
+            .claim_content_handler("sqldb_pass", E::CONTENT, E::OTHERS)
+            .map_err(|_| ConfError::Logged)?;
+        let value = cf.args()[1];
+        if value.is_empty() {
+            return Err("empty upstream name in \"sqldb_pass\" directive".to_owned().into());
+        }
+        if cf.has_variables(value) {
+            lcf.pass_var = Some(cf.compile(value).ok_or(ConfError::Logged)?);
+        } else {
+            lcf.pass_name = value.to_vec();
+        }
+        cf.main_conf::<Sqldb>().pending.push(PendingPass {
+            lcf,
+            claim: Some(claim),
+        });
+        Ok(())
+    };
+    // SAFETY: nginx passes the configuration being read and this module's
+    // LocConf (the directive's slot).
+    unsafe { directive(cf, conf, "cmd_sqldb_pass", body) }
+}
+
+/// Numbers every template: its prepared statement's name on every connection.
+static TEMPLATES: AtomicUsize = AtomicUsize::new(0);
+
+/// Compiles a template: text pieces and typed parameters.
+fn compile_template(cf: Conf, text: &[u8]) -> Result<Template, ConfError> {
+    let mut pieces = Vec::new();
+    let mut constant = true;
+    let mut sql = Vec::new();
+    let mut params = 0;
+    for piece in template::split(text) {
+        let (source, placeholder) = match piece {
+            Piece::Text(t) => (t, None),
+            Piece::Param { var, ty } => {
+                params += 1;
+                (
+                    format!("${var}").into_bytes(),
+                    Some(format!("${params}::{ty}").into_bytes()),
+                )
+            }
+        };
+        let cv = cf.compile(&source).ok_or(ConfError::Logged)?;
+        match placeholder {
+            Some(ph) => {
+                sql.extend_from_slice(&ph);
+                pieces.push(TemplatePiece::Param(cv, ph));
+            }
+            None => {
+                constant &= cv.is_constant();
+                sql.extend_from_slice(&source);
+                pieces.push(TemplatePiece::Text(cv));
+            }
+        }
+    }
+    let several = constant && has_several_statements(&sql);
+    if several && params > 0 {
+        return Err(
+            "\"sqldb_query\" directive: typed parameters need a query of one statement"
+                .to_owned()
+                .into(),
+        );
+    }
+    let id = TEMPLATES.fetch_add(1, Ordering::Relaxed);
+    let name = CString::new(format!("ngx_gateway_{id:x}")).expect("no NUL in a number");
+    Ok(Template {
+        pieces,
+        statement: Rc::new(Statement { id, name }),
+        constant,
+        several,
+        params,
+    })
+}
+
+/// `sqldb_query [METHOD ...] "template"`
+pub(crate) extern "C" fn cmd_sqldb_query(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    let body = |cf: Conf, lcf: &mut LocConf| {
+        let args = cf.args();
+        let text = args[args.len() - 1];
+        if text.is_empty() {
+            return Err("empty query in \"sqldb_query\" directive".to_owned().into());
+        }
+        let methods = parse_methods(args[1..args.len() - 1].iter().copied())
+            .map_err(|e| format!("\"sqldb_query\" directive: {e}"))?;
+        let tmpl = compile_template(cf, text)?;
+        lcf.queries
+            .add(methods, Rc::new(tmpl))
+            .map_err(|e| format!("\"sqldb_query\" directive {e}"))?;
+        Ok(())
+    };
+    // SAFETY: nginx passes the configuration being read and this module's LocConf.
+    unsafe { directive(cf, conf, "cmd_sqldb_query", body) }
+}
+
+/// `sqldb_output rds | text | value | binary_value | json | csv | none`
+pub(crate) extern "C" fn cmd_sqldb_output(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    let body = |cf: Conf, lcf: &mut LocConf| {
+        if lcf.output.is_some() {
+            return Err("\"sqldb_output\" directive is duplicate".to_owned().into());
+        }
+        let value = cf.args()[1];
+        let found = Output::ALL
+            .iter()
+            .find(|(name, _)| name.as_bytes().eq_ignore_ascii_case(value))
+            .map(|&(_, o)| o);
+        lcf.output = Some(found.ok_or_else(|| {
+            format!(
+                "invalid value \"{}\" in \"sqldb_output\" directive, it must be rds, text, value, binary_value, json, csv or none",
+                String::from_utf8_lossy(value)
+            )
+        })?);
+        Ok(())
+    };
+    // SAFETY: nginx passes the configuration being read and this module's LocConf.
+    unsafe { directive(cf, conf, "cmd_sqldb_output", body) }
+}
+
+/// `sqldb_next_upstream error | timeout ... | off`
+pub(crate) extern "C" fn cmd_sqldb_next_upstream(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    let body = |cf: Conf, lcf: &mut LocConf| {
+        if lcf.next_upstream.is_some() {
+            return Err("\"sqldb_next_upstream\" directive is duplicate".to_owned().into());
+        }
+        let keywords = [
+            ("error", NGX_HTTP_UPSTREAM_FT_ERROR),
+            ("timeout", NGX_HTTP_UPSTREAM_FT_TIMEOUT),
+        ];
+        lcf.next_upstream = Some(cf.next_upstream_bits(&keywords).map_err(|_| ConfError::Logged)?);
+        Ok(())
+    };
+    // SAFETY: nginx passes the configuration being read and this module's LocConf.
+    unsafe { directive(cf, conf, "cmd_sqldb_next_upstream", body) }
+}
+
+/// Declares a variable that `sqldb_set` / `sqldb_escape` writes (as `set` does).
+fn writable_variable(cf: Conf, name: &[u8]) -> Result<ngx_int_t, ConfError> {
+    let Some(bare) = name.strip_prefix(b"$") else {
+        return Err(format!("invalid variable name \"{}\"", String::from_utf8_lossy(name)).into());
+    };
+    let (v, index) = cf
+        .add_variable(bare, NGX_HTTP_VAR_CHANGEABLE)
+        .ok_or(ConfError::Logged)?;
+    if v.get_handler.is_none() {
+        v.get_handler = Some(super::upstream::not_set);
+    }
+    Ok(index)
+}
+
+/// `sqldb_set $var ROW COLUMN|NAME [optional|required]`
+pub(crate) extern "C" fn cmd_sqldb_set(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    let body = |cf: Conf, lcf: &mut LocConf| {
+        let args = cf.args();
+        let index = writable_variable(cf, args[1])?;
+        let number = |a: &[u8]| std::str::from_utf8(a).ok().and_then(|s| s.parse::<usize>().ok());
+        let row = number(args[2]).ok_or_else(|| {
+            format!(
+                "invalid row \"{}\" in \"sqldb_set\" directive",
+                String::from_utf8_lossy(args[2])
+            )
+        })?;
+        let column = match number(args[3]) {
+            Some(c) => Column::Index(c),
+            None => Column::Name(args[3].to_vec()),
+        };
+        let required = match args.get(4).map(|a| a.to_ascii_lowercase()).as_deref() {
+            None | Some(b"optional") => false,
+            Some(b"required") => true,
+            Some(other) => {
+                return Err(format!(
+                    "invalid value \"{}\" in \"sqldb_set\" directive, it must be \"optional\" or \"required\"",
+                    String::from_utf8_lossy(other)
+                )
+                .into())
+            }
+        };
+        lcf.sets.push(SetRule {
+            index,
+            name: String::from_utf8_lossy(args[1]).into_owned(),
+            row,
+            column,
+            required,
+        });
+        Ok(())
+    };
+    // SAFETY: nginx passes the configuration being read and this module's LocConf.
+    unsafe { directive(cf, conf, "cmd_sqldb_set", body) }
+}
+
+/// `sqldb_rewrite [METHOD ...] no_changes | changes | no_rows | rows [=]CODE`
+pub(crate) extern "C" fn cmd_sqldb_rewrite(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    let body = |cf: Conf, lcf: &mut LocConf| {
+        let rule = rewrite::parse_rule(cf.args()[1..].iter().copied())
+            .map_err(|e| format!("{e} in \"sqldb_rewrite\" directive"))?;
+        lcf.rewrites.push(rule);
+        Ok(())
+    };
+    // SAFETY: nginx passes the configuration being read and this module's LocConf.
+    unsafe { directive(cf, conf, "cmd_sqldb_rewrite", body) }
+}
+
+/// `sqldb_escape $dst [[=]$src]`, `sqldb_escape =$var`
+pub(crate) extern "C" fn cmd_sqldb_escape(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    let body = |cf: Conf, lcf: &mut LocConf| {
+        let args = cf.args();
+        let mut empty_string = false;
+        let mut name = args[1];
+        // `sqldb_escape =$var`: in place, an empty value as ''.
+        if args.len() == 2 {
+            if let Some(bare) = name.strip_prefix(b"=") {
+                empty_string = true;
+                name = bare;
+            }
+        }
+        let dst = writable_variable(cf, name)?;
+        let mut src = None;
+        if let Some(mut value) = args.get(2).copied() {
+            if let Some(bare) = value.strip_prefix(b"=") {
+                empty_string = true;
+                value = bare;
+            }
+            src = Some(cf.compile(value).ok_or(ConfError::Logged)?);
+        }
+        lcf.escapes.push(EscapeRule { dst, src, empty_string });
+        Ok(())
+    };
+    // SAFETY: nginx passes the configuration being read and this module's LocConf.
+    unsafe { directive(cf, conf, "cmd_sqldb_escape", body) }
+}

@@ -1,0 +1,356 @@
+//! The database gateway's configuration: what its directives build, how a
+//! location inherits from the levels around it, and the module's typed
+//! access to it (ngx's traits).
+
+pub mod directives;
+pub mod upstream;
+
+use std::ffi::{c_char, c_void, CString};
+use std::rc::Rc;
+
+use gateway_core::method::QuerySet;
+use gateway_core::rewrite::Rule as RewriteRule;
+use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, HttpModuleServerConf, NgxHttpCoreModule};
+
+use super::driver::{Pool, Settings, Statement};
+use crate::ffi::conf::{create_conf, merge_conf, ComplexValue, ConfError};
+use crate::ffi::*;
+
+pub const RDS_CONTENT_TYPE: &str = "application/x-gateway-dbd-stream";
+pub const DEFAULT_CONNECT_TIMEOUT: ngx_msec_t = 10_000;
+pub const DEFAULT_RESULT_TIMEOUT: ngx_msec_t = 30_000;
+
+extern "C" {
+    // The module's static, defined (#[no_mangle]) in lib.rs with its
+    // directives and callbacks; named here by its symbol, as nginx modules
+    // name each other.
+    static mut ngx_http_gateway_module: ngx_module_t;
+}
+
+/// The database gateway's nginx module.
+pub struct Sqldb;
+
+impl HttpModule for Sqldb {
+    fn module() -> &'static ngx_module_t {
+        // SAFETY: the module's static lives as long as the program; nginx
+        // writes its indexes before any configuration is read, and nothing
+        // writes it afterwards.
+        unsafe { &*std::ptr::addr_of!(ngx_http_gateway_module) }
+    }
+}
+
+// SAFETY: the create functions below make exactly these types.
+unsafe impl HttpModuleMainConf for Sqldb {
+    type MainConf = MainConf;
+}
+// SAFETY: as above.
+unsafe impl HttpModuleServerConf for Sqldb {
+    type ServerConf = SrvConf;
+}
+// SAFETY: as above.
+unsafe impl HttpModuleLocationConf for Sqldb {
+    type LocationConf = LocConf;
+}
+
+/// The request side's entry points that directives install (content
+/// handler, balancer wrapper, phase handler): the request layer implements
+/// this, lib.rs links them.
+pub trait Entries {
+    const CONTENT: ngx_http_handler_pt;
+    const PEER_INIT: ngx_http_upstream_init_peer_pt;
+    const ESCAPE: ngx_http_handler_pt;
+    /// Content handlers of other modules a location cannot have beside this one.
+    const OTHERS: &'static [(ngx_http_handler_pt, &'static str)];
+}
+
+/// `sqldb_output`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    Rds,
+    Text,
+    Value,
+    BinaryValue,
+    Json,
+    Csv,
+    None,
+}
+
+impl Output {
+    pub const ALL: [(&'static str, Output); 7] = [
+        ("rds", Output::Rds),
+        ("text", Output::Text),
+        ("value", Output::Value),
+        ("binary_value", Output::BinaryValue),
+        ("json", Output::Json),
+        ("csv", Output::Csv),
+        ("none", Output::None),
+    ];
+
+    /// The Content-Type of the output (None: the location's default_type).
+    pub fn content_type(self) -> Option<&'static str> {
+        match self {
+            Output::Rds => Some(RDS_CONTENT_TYPE),
+            Output::Text => Some("text/plain"),
+            Output::Json => Some("application/json"),
+            Output::Csv => Some("text/csv"),
+            _ => None,
+        }
+    }
+}
+
+/// One address of one `sqldb_server` line, with its finished connection string.
+pub struct ServerAddr {
+    pub sockaddr: Vec<u8>,
+    /// The address as text ("127.0.0.1:5432"), in configuration memory
+    /// (nginx's balancers and `$upstream_addr` point at it).
+    pub name: ngx_str_t,
+    pub conninfo: CString,
+}
+
+impl ServerAddr {
+    pub fn name_text(&self) -> String {
+        String::from_utf8_lossy(self.name.as_bytes()).into_owned()
+    }
+}
+
+/// The module's server configuration; only used inside `upstream` blocks.
+pub struct SrvConf {
+    pub addrs: Vec<ServerAddr>,
+    /// How many `sqldb_server` lines the block has.
+    pub servers: usize,
+    /// The balancer's per-request init, wrapped by the request side's.
+    pub balancer_init: ngx_http_upstream_init_peer_pt,
+    /// `sqldb_keepalive` / `sqldb_pipeline` and, in each worker, its connections.
+    pub pool: Pool,
+    keepalive_set: bool,
+}
+
+impl SrvConf {
+    /// Which address a balancer picked.
+    pub fn addr_index(&self, sockaddr: &[u8]) -> Option<usize> {
+        self.addrs.iter().position(|a| a.sockaddr == sockaddr)
+    }
+}
+
+/// One `sqldb_query` template.
+pub struct Template {
+    pub pieces: Vec<TemplatePiece>,
+    /// Prepared under this name on every connection, when constant.
+    pub statement: Rc<Statement>,
+    /// The SQL text has no untyped variables: the same statement every time.
+    pub constant: bool,
+    /// A constant text that holds several statements.
+    pub several: bool,
+    /// Typed parameters ($var::type) in the template.
+    pub params: usize,
+}
+
+pub enum TemplatePiece {
+    /// SQL text, with untyped variables substituted.
+    Text(ComplexValue),
+    /// A bound parameter: its value, and what stands for it in the text ("$1::int").
+    Param(ComplexValue, Vec<u8>),
+}
+
+/// `sqldb_set`: which cell.
+#[derive(Debug, Clone)]
+pub enum Column {
+    Index(usize),
+    Name(Vec<u8>),
+}
+
+/// `sqldb_set $var ROW COLUMN [required]`.
+#[derive(Clone)]
+pub struct SetRule {
+    pub index: ngx_int_t,
+    pub name: String,
+    pub row: usize,
+    pub column: Column,
+    pub required: bool,
+}
+
+/// `sqldb_escape $dst [[=]$src]`.
+#[derive(Clone)]
+pub struct EscapeRule {
+    pub dst: ngx_int_t,
+    /// The value to escape; none: the variable's own value.
+    pub src: Option<ComplexValue>,
+    /// An empty value is `''` rather than NULL.
+    pub empty_string: bool,
+}
+
+pub struct LocConf {
+    /// What `u->conf` points to for requests of this location.
+    pub upstream: ngx_http_upstream_conf_t,
+    pub pass_set: bool,
+    /// `sqldb_pass $var`: the value names an upstream at run time.
+    pub pass_var: Option<ComplexValue>,
+    /// `sqldb_pass NAME`: resolved once every upstream block is read.
+    pub pass_name: Vec<u8>,
+    pub queries: QuerySet<Rc<Template>>,
+    pub connect_timeout: ngx_msec_t,
+    pub result_timeout: ngx_msec_t,
+    /// `sqldb_prepare`: prepare constant templates once per connection.
+    pub prepare: ngx_flag_t,
+    /// `sqldb_next_upstream`: NGX_HTTP_UPSTREAM_FT_* bits.
+    pub next_upstream: Option<ngx_uint_t>,
+    pub output: Option<Output>,
+    /// `sqldb_stream`: send rows as they arrive.
+    pub stream: ngx_flag_t,
+    pub sets: Vec<SetRule>,
+    pub rewrites: Vec<RewriteRule>,
+    pub escapes: Vec<EscapeRule>,
+}
+
+impl LocConf {
+    pub fn output(&self) -> Output {
+        self.output.unwrap_or(Output::Rds)
+    }
+}
+
+/// A `sqldb_pass NAME` waiting for every upstream block to be read.
+pub struct PendingPass {
+    pub lcf: *mut LocConf,
+    /// Where the directive is; none for an `if` block that inherits it.
+    pub claim: Option<Claim>,
+}
+
+/// The `$sqldb_*` variables the gateway fills in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Var {
+    Columns,
+    Rows,
+    Affected,
+    Query,
+    Error,
+}
+
+impl Var {
+    pub const ALL: [(Var, &'static str); 5] = [
+        (Var::Columns, "sqldb_columns"),
+        (Var::Rows, "sqldb_rows"),
+        (Var::Affected, "sqldb_affected"),
+        (Var::Query, "sqldb_query"),
+        (Var::Error, "sqldb_error"),
+    ];
+}
+
+#[derive(Default)]
+pub struct MainConf {
+    pub pending: Vec<PendingPass>,
+    /// Indexes of the `$sqldb_*` variables (Var::ALL order).
+    pub vars: [ngx_int_t; 5],
+}
+
+impl MainConf {
+    pub fn var(&self, v: Var) -> ngx_int_t {
+        self.vars[v as usize]
+    }
+}
+
+pub(crate) extern "C" fn create_main_conf(cf: *mut ngx_conf_t) -> *mut c_void {
+    let value = || MainConf {
+        vars: [-1; 5],
+        ..MainConf::default()
+    };
+    // SAFETY: nginx passes the configuration being read.
+    unsafe { create_conf(cf, "create_main_conf", value) }
+}
+
+pub(crate) extern "C" fn create_srv_conf(cf: *mut ngx_conf_t) -> *mut c_void {
+    let value = || SrvConf {
+        addrs: Vec::new(),
+        servers: 0,
+        balancer_init: None,
+        pool: Pool::new(Settings::default()),
+        keepalive_set: false,
+    };
+    // SAFETY: nginx passes the configuration being read.
+    unsafe { create_conf(cf, "create_srv_conf", value) }
+}
+
+pub(crate) extern "C" fn create_loc_conf(cf: *mut ngx_conf_t) -> *mut c_void {
+    let value = || LocConf {
+        upstream: crate::ffi::pool::zeroed(),
+        pass_set: false,
+        pass_var: None,
+        pass_name: Vec::new(),
+        queries: QuerySet::default(),
+        connect_timeout: CONF_UNSET_MSEC,
+        result_timeout: CONF_UNSET_MSEC,
+        prepare: CONF_UNSET,
+        next_upstream: None,
+        output: None,
+        stream: CONF_UNSET,
+        sets: Vec::new(),
+        rewrites: Vec::new(),
+        escapes: Vec::new(),
+    };
+    // SAFETY: nginx passes the configuration being read.
+    unsafe { create_conf(cf, "create_loc_conf", value) }
+}
+
+fn merge_msec(conf: &mut ngx_msec_t, prev: ngx_msec_t, default: ngx_msec_t) {
+    if *conf == CONF_UNSET_MSEC {
+        *conf = if prev == CONF_UNSET_MSEC { default } else { prev };
+    }
+}
+
+fn merge_flag(conf: &mut ngx_flag_t, prev: ngx_flag_t, default: ngx_flag_t) {
+    if *conf == CONF_UNSET {
+        *conf = if prev == CONF_UNSET { default } else { prev };
+    }
+}
+
+/// Rules of an outer level apply where a level has none of its own.
+fn merge_list<T: Clone>(conf: &mut Vec<T>, prev: &[T]) {
+    if conf.is_empty() {
+        conf.extend_from_slice(prev);
+    }
+}
+
+impl LocConf {
+    fn merge(&mut self, prev: &LocConf, conf: Conf) {
+        // A level with any sqldb_query of its own ignores every outer one.
+        if self.queries.is_empty() {
+            self.queries = prev.queries.clone();
+        }
+        merge_msec(&mut self.connect_timeout, prev.connect_timeout, DEFAULT_CONNECT_TIMEOUT);
+        merge_msec(&mut self.result_timeout, prev.result_timeout, DEFAULT_RESULT_TIMEOUT);
+        merge_flag(&mut self.stream, prev.stream, 0);
+        merge_flag(&mut self.prepare, prev.prepare, 1);
+        merge_list(&mut self.sets, &prev.sets);
+        merge_list(&mut self.rewrites, &prev.rewrites);
+        merge_list(&mut self.escapes, &prev.escapes);
+        self.output = self.output.or(prev.output);
+        let default_next = (NGX_HTTP_UPSTREAM_FT_ERROR | NGX_HTTP_UPSTREAM_FT_TIMEOUT) as ngx_uint_t;
+        self.next_upstream = Some(self.next_upstream.or(prev.next_upstream).unwrap_or(default_next));
+        // An `if` block (or limit_except) without sqldb_pass of its own
+        // serves its location's requests: it passes them to the same upstream.
+        let noname = conf.loc_conf::<NgxHttpCoreModule>().noname() != 0;
+        if noname && !self.pass_set && (!prev.pass_name.is_empty() || prev.pass_var.is_some()) {
+            self.pass_var = prev.pass_var;
+            self.pass_name = prev.pass_name.clone();
+            if !self.pass_name.is_empty() {
+                conf.main_conf::<Sqldb>()
+                    .pending
+                    .push(PendingPass { lcf: self, claim: None });
+            }
+        }
+        let u = &mut self.upstream;
+        u.connect_timeout = self.connect_timeout;
+        u.read_timeout = self.result_timeout;
+        u.send_timeout = self.result_timeout;
+        u.next_upstream = self.next_upstream.unwrap_or(default_next);
+        u.module = static_str("sqldb");
+    }
+}
+
+pub(crate) extern "C" fn merge_loc_conf(cf: *mut ngx_conf_t, parent: *mut c_void, child: *mut c_void) -> *mut c_char {
+    let merge = |conf: Conf, prev: &LocConf, this: &mut LocConf| {
+        this.merge(prev, conf);
+        Ok::<(), ConfError>(())
+    };
+    // SAFETY: nginx passes the configuration being read and two LocConf of it.
+    unsafe { merge_conf(cf, parent, child, "merge_loc_conf", merge) }
+}

@@ -1,0 +1,306 @@
+//! The directives of `upstream` blocks (`sqldb_server`, `sqldb_keepalive`,
+//! `sqldb_pipeline`), the `$sqldb_*` variables, and what is settled once
+//! the whole http block is read.
+
+use std::ffi::{c_char, c_void, CString};
+
+use gateway_core::conninfo::{self, Keywords, Target};
+
+use super::{Entries, MainConf, Sqldb, SrvConf, Var};
+use crate::ffi::conf::{conf_step, directive, socket_addr, ConfError, ServerParams};
+use crate::ffi::*;
+use crate::log;
+use crate::sqldb::driver::check_conninfo;
+
+const DEFAULT_PORT: u16 = 5432;
+
+/// A decimal number (what ngx_atoi takes: digits only).
+pub fn atoi(v: &[u8]) -> Option<usize> {
+    if v.is_empty() || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(v).ok()?.parse().ok()
+}
+
+/// `sqldb_server ADDRESS [weight=N] [max_fails=N] [fail_timeout=T] [backup] [down] keyword=value ...`
+pub(crate) extern "C" fn cmd_sqldb_server(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    // SAFETY: nginx passes the configuration being read and this module's
+    // SrvConf of the enclosing upstream block.
+    unsafe { directive(cf, conf, "cmd_sqldb_server", server) }
+}
+
+fn server(cf: Conf, srv: &mut SrvConf) -> Result<(), ConfError> {
+    let args = cf.args();
+    let address = args[1];
+    let mut params = ServerParams {
+        weight: 1,
+        max_fails: 1,
+        fail_timeout: 10,
+        backup: false,
+        down: false,
+    };
+    let mut keywords = Keywords::default();
+    let flags = cf.upstream_block().flags;
+    for &a in &args[2..] {
+        let text = String::from_utf8_lossy(a);
+        let (needed, ok) = if let Some(v) = a.strip_prefix(b"weight=") {
+            params.weight = atoi(v).unwrap_or(0);
+            (NGX_HTTP_UPSTREAM_WEIGHT, params.weight > 0)
+        } else if let Some(v) = a.strip_prefix(b"max_fails=") {
+            let n = atoi(v);
+            params.max_fails = n.unwrap_or(0);
+            (NGX_HTTP_UPSTREAM_MAX_FAILS, n.is_some())
+        } else if let Some(v) = a.strip_prefix(b"fail_timeout=") {
+            let t = cf.parse_time(v, true);
+            params.fail_timeout = t.unwrap_or(0) as time_t;
+            (NGX_HTTP_UPSTREAM_FAIL_TIMEOUT, t.is_some())
+        } else if a == b"backup" {
+            params.backup = true;
+            (NGX_HTTP_UPSTREAM_BACKUP, true)
+        } else if a == b"down" {
+            params.down = true;
+            (NGX_HTTP_UPSTREAM_DOWN, true)
+        } else {
+            keywords
+                .push_arg(&text)
+                .map_err(|e| format!("\"sqldb_server\" directive: {e}"))?;
+            continue;
+        };
+        if flags & needed as ngx_uint_t == 0 {
+            return Err(format!("balancing method does not support parameter \"{text}\"").into());
+        }
+        if !ok {
+            return Err(format!("invalid parameter \"{text}\"").into());
+        }
+    }
+
+    let shown = String::from_utf8_lossy(address);
+    let url = cf
+        .parse_url(address, keywords.port().unwrap_or(DEFAULT_PORT))
+        .map_err(|e| format!("{e} in \"{shown}\" of the \"sqldb_server\" directive"))?;
+    let unix = address.starts_with(b"unix:");
+    if !unix && !url.no_port && keywords.port().is_some() {
+        return Err(format!(
+            "\"port=\" conflicts with the port of the address \"{shown}\" in the \"sqldb_server\" directive"
+        )
+        .into());
+    }
+    for a in &url.addrs {
+        let text = if unix {
+            let dir = String::from_utf8_lossy(&address[5..]).into_owned();
+            conninfo::build(&Target::Unix { dir: &dir }, &keywords)
+        } else {
+            let addr = socket_addr(&a.sockaddr).ok_or("unsupported address family in \"sqldb_server\"".to_owned())?;
+            let bare = url.host.trim_start_matches('[').trim_end_matches(']');
+            let name = bare.parse::<std::net::IpAddr>().is_err().then_some(url.host.as_str());
+            conninfo::build(&Target::Tcp { addr, name }, &keywords)
+        };
+        let conninfo = CString::new(text).map_err(|_| "\"sqldb_server\" parameters contain a NUL byte".to_owned())?;
+        // libpq's own reading of the keywords, now rather than at the first request.
+        check_conninfo(&conninfo).map_err(|e| format!("\"sqldb_server\" directive: {e}"))?;
+        srv.addrs.push(super::ServerAddr {
+            sockaddr: a.sockaddr.clone(),
+            name: a.name,
+            conninfo,
+        });
+    }
+    cf.add_upstream_server(&url, &params)?;
+    srv.servers += 1;
+    Ok(())
+}
+
+/// `sqldb_keepalive off | max=N [mode=single|multi] [overflow=ignore|reject] [idle_timeout=T] [requests=N]`
+pub(crate) extern "C" fn cmd_sqldb_keepalive(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    let body = |cf: Conf, srv: &mut SrvConf| {
+        if srv.keepalive_set {
+            return Err("\"sqldb_keepalive\" directive is duplicate".to_owned().into());
+        }
+        srv.keepalive_set = true;
+        let args = cf.args();
+        let s = &mut srv.pool.settings;
+        if args.len() == 2 && args[1] == b"off" {
+            s.max = 0;
+            return Ok(());
+        }
+        for &a in &args[1..] {
+            // Values in any letter case, as the C module takes them; max=0 is off.
+            let ok = if let Some(v) = a.strip_prefix(b"max=") {
+                atoi(v).map(|n| s.max = n).is_some()
+            } else if let Some(v) = a.strip_prefix(b"mode=") {
+                s.single = v.eq_ignore_ascii_case(b"single");
+                s.single || v.eq_ignore_ascii_case(b"multi")
+            } else if let Some(v) = a.strip_prefix(b"overflow=") {
+                s.reject = v.eq_ignore_ascii_case(b"reject");
+                s.reject || v.eq_ignore_ascii_case(b"ignore")
+            } else if let Some(v) = a.strip_prefix(b"idle_timeout=") {
+                let t = cf.parse_time(v, false).filter(|&t| t > 0);
+                t.map(|t| s.idle_timeout = t as ngx_msec_t).is_some()
+            } else if let Some(v) = a.strip_prefix(b"requests=") {
+                atoi(v).map(|n| s.max_requests = n as u64).is_some()
+            } else {
+                false
+            };
+            if !ok {
+                return Err(format!(
+                    "invalid parameter \"{}\" in \"sqldb_keepalive\" directive",
+                    String::from_utf8_lossy(a)
+                )
+                .into());
+            }
+        }
+        Ok(())
+    };
+    // SAFETY: nginx passes the configuration being read and this module's SrvConf.
+    unsafe { directive(cf, conf, "cmd_sqldb_keepalive", body) }
+}
+
+/// `sqldb_pipeline on | off` (upstream): queue requests onto busy connections.
+pub(crate) extern "C" fn cmd_sqldb_pipeline(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    let body = |cf: Conf, srv: &mut SrvConf| {
+        srv.pool.settings.pipelining = match cf.args()[1] {
+            b"on" => true,
+            b"off" => false,
+            other => {
+                return Err(format!(
+                    "invalid value \"{}\" in \"sqldb_pipeline\" directive, it must be \"on\" or \"off\"",
+                    String::from_utf8_lossy(other)
+                )
+                .into())
+            }
+        };
+        Ok(())
+    };
+    // SAFETY: nginx passes the configuration being read and this module's SrvConf.
+    unsafe { directive(cf, conf, "cmd_sqldb_pipeline", body) }
+}
+
+/// Our SrvConf of an upstream block, if the block has `sqldb_server` lines.
+pub fn sqldb_srv_conf(uscf: &ngx_http_upstream_srv_conf_t) -> Option<&'static mut SrvConf> {
+    use ngx::http::HttpModuleServerConf;
+    Sqldb::server_conf_mut(uscf).filter(|s| s.servers > 0)
+}
+
+/// The upstream block a name refers to, if it has `sqldb_server` lines.
+pub fn find_upstream(
+    upstreams: &[*mut ngx_http_upstream_srv_conf_t],
+    name: &[u8],
+) -> Option<*mut ngx_http_upstream_srv_conf_t> {
+    upstreams.iter().copied().find(|&u| {
+        // SAFETY: the upstream module's configurations live as long as the configuration.
+        unsafe { u.as_ref() }
+            .is_some_and(|u| u.host.as_bytes().eq_ignore_ascii_case(name) && sqldb_srv_conf(u).is_some())
+    })
+}
+
+/// Until the gateway stores a value, a variable is not found.
+pub(crate) extern "C" fn not_set(r: *mut ngx_http_request_t, v: *mut ngx_variable_value_t, _data: usize) -> ngx_int_t {
+    // SAFETY: nginx passes a live request and the value slot to fill.
+    let log = unsafe { Req::from_raw(r) }.log();
+    guard(log, "variable", ERROR, || {
+        // SAFETY: as above.
+        if let Some(v) = unsafe { v.as_mut() } {
+            v.set_not_found(1);
+        }
+        OK
+    })
+}
+
+/// Declares the `$sqldb_*` variables (preconfiguration).
+pub(crate) extern "C" fn preconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
+    let body = |cf: Conf| {
+        for (_, name) in Var::ALL {
+            let (v, _) = cf
+                .add_variable(name.as_bytes(), NGX_HTTP_VAR_NOHASH)
+                .ok_or(ConfError::Logged)?;
+            v.get_handler = Some(not_set);
+        }
+        Ok(())
+    };
+    // SAFETY: nginx passes the http block being read.
+    unsafe { conf_step(cf, "preconfiguration", body) }
+}
+
+/// After the whole http block is read: each sqldb upstream checked and its
+/// balancer wrapped, `sqldb_pass NAME` resolved, the variables' indexes
+/// known, and sqldb_escape's phase handler installed.
+pub(crate) extern "C" fn postconfiguration<E: Entries>(cf: *mut ngx_conf_t) -> ngx_int_t {
+    // SAFETY: nginx passes the http block being read.
+    unsafe { conf_step(cf, "postconfiguration", postconfigure::<E>) }
+}
+
+fn postconfigure<E: Entries>(cf: Conf) -> Result<(), ConfError> {
+    let upstreams = cf.upstreams();
+    for &uscf in upstreams {
+        // SAFETY: the upstream module's configurations live as long as the configuration.
+        let Some(u) = (unsafe { uscf.as_mut() }) else { continue };
+        let Some(srv) = sqldb_srv_conf(u) else { continue };
+        // SAFETY: a block's servers array, in configuration memory.
+        let total = unsafe { u.servers.as_ref() }.map_or(0, |s| s.nelts);
+        if total != srv.servers {
+            // SAFETY: nginx keeps the block's file name, NUL-terminated.
+            let file = unsafe { std::ffi::CStr::from_ptr(u.file_name as *const c_char) }.to_string_lossy();
+            return Err(format!(
+                "upstream \"{}\" mixes \"server\" and \"sqldb_server\" in {file}:{}",
+                String::from_utf8_lossy(u.host.as_bytes()),
+                u.line
+            )
+            .into());
+        }
+        if srv.balancer_init.is_none() {
+            srv.balancer_init = u.peer.init;
+            u.peer.init = E::PEER_INIT;
+        }
+    }
+
+    let mcf: &mut MainConf = cf.main_conf::<Sqldb>();
+    for (i, (_, name)) in Var::ALL.iter().enumerate() {
+        mcf.vars[i] = cf.variable_index(name.as_bytes()).ok_or(ConfError::Logged)?;
+    }
+    let cmcf = cf.main_conf::<ngx::http::NgxHttpCoreModule>();
+    let phase = &mut cmcf.phases[ngx_http_phases_NGX_HTTP_PREACCESS_PHASE as usize];
+    // SAFETY: the phase's handlers array, of ngx_http_handler_pt.
+    let h = unsafe { (ngx_array_push(&mut phase.handlers) as *mut ngx_http_handler_pt).as_mut() }
+        .ok_or(ConfError::Logged)?;
+    *h = E::ESCAPE;
+
+    for p in mcf.pending.drain(..) {
+        if p.claim.as_ref().is_some_and(|c| !c.holds(&cf)) {
+            return Err(ConfError::Logged);
+        }
+        // SAFETY: a pending location's configuration lives as long as the
+        // configuration; nothing else refers to it in this step.
+        let lcf = unsafe { &mut *p.lcf };
+        if lcf.pass_name.is_empty() {
+            continue;
+        }
+        match find_upstream(upstreams, &lcf.pass_name) {
+            Some(uscf) => lcf.upstream.upstream = uscf,
+            // Reported once, where the directive is (an `if` block inherits it).
+            None => {
+                let Some(claim) = &p.claim else { continue };
+                log!(
+                    NGX_LOG_EMERG,
+                    cf.log(),
+                    "\"sqldb_pass\" names upstream \"{}\", which has no \"sqldb_server\" in {}:{}",
+                    String::from_utf8_lossy(&lcf.pass_name),
+                    claim.file(),
+                    claim.line()
+                );
+                return Err(ConfError::Logged);
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,212 @@
+//! One database connection: libpq's connection, the nginx connection that
+//! watches its socket, and the routing of its results.
+
+use std::ptr::NonNull;
+use std::rc::Rc;
+
+use gateway_core::pipeline::{Mode, Pipeline};
+
+use super::cancel::Canceller;
+use super::pq::{CancelKey, PgConn, PqError};
+use super::{ConnId, Pool, Query, ReqToken};
+use crate::ffi::*;
+
+/// Templates prepared on one connection at most; later ones run unnamed.
+const MAX_PREPARED: usize = 256;
+
+pub(super) struct Conn {
+    pub pg: PgConn,
+    pub socket: Socket,
+    pub id: ConnId,
+    /// The pool it belongs to (the upstream's configuration holds it, so
+    /// it does not move).
+    pub pool: NonNull<Pool>,
+    /// Index of the server address in the upstream's configuration.
+    pub addr: usize,
+    /// That address as text, for the log.
+    pub name: String,
+    pub pipeline: Pipeline<ReqToken>,
+    /// The query of each request waiting or in flight (to send it once
+    /// the connection serves, or again when its statement vanished).
+    queries: Vec<(ReqToken, Rc<Query>)>,
+    /// libpq is in pipeline mode.
+    in_pipeline: bool,
+    write_watched: bool,
+    reading_paused: bool,
+    prepared: Vec<usize>,
+    /// The session's cancel key (None: its queries cannot be cancelled).
+    pub cancel_key: Option<CancelKey>,
+    pub canceller: Option<Canceller>,
+}
+
+impl Conn {
+    pub fn new(
+        pg: PgConn,
+        socket: Socket,
+        id: ConnId,
+        pool: NonNull<Pool>,
+        addr: usize,
+        name: String,
+        pipeline: Pipeline<ReqToken>,
+    ) -> Conn {
+        Conn {
+            pg,
+            socket,
+            id,
+            pool,
+            addr,
+            name,
+            pipeline,
+            queries: Vec::new(),
+            in_pipeline: false,
+            write_watched: false,
+            reading_paused: false,
+            prepared: Vec::new(),
+            cancel_key: None,
+            canceller: None,
+        }
+    }
+
+    /// Watches the socket for writability only while libpq has bytes to send.
+    pub fn want_write(&mut self, on: bool) -> bool {
+        if on != self.write_watched {
+            if !self.socket.watch_write(on) {
+                return false;
+            }
+            self.write_watched = on;
+        }
+        true
+    }
+
+    /// Stops (or resumes) reading the socket while a streamed request's
+    /// client catches up.
+    pub fn pause_reading(&mut self, pause: bool) -> bool {
+        if pause != self.reading_paused {
+            if !self.socket.watch_read(!pause) {
+                return false;
+            }
+            self.reading_paused = pause;
+        }
+        true
+    }
+
+    /// Pushes out what libpq holds; watches writability while it cannot.
+    pub fn flush(&mut self) -> Result<(), PqError> {
+        let more = self.pg.flush()?;
+        if self.want_write(more) {
+            Ok(())
+        } else {
+            Err(PqError("event error".into()))
+        }
+    }
+
+    pub fn remember(&mut self, req: ReqToken, query: Rc<Query>) {
+        if !self.queries.iter().any(|(r, _)| *r == req) {
+            self.queries.push((req, query));
+        }
+    }
+
+    pub fn query_of(&self, req: ReqToken) -> Option<Rc<Query>> {
+        self.queries.iter().find(|(r, _)| *r == req).map(|(_, q)| q.clone())
+    }
+
+    pub fn forget(&mut self, req: ReqToken) {
+        self.queries.retain(|(r, _)| *r != req);
+    }
+
+    pub fn forget_prepared(&mut self) {
+        self.prepared.clear();
+    }
+
+    /// Queues the request's query and hands it to libpq, choosing the
+    /// protocol: a constant statement is prepared once per connection and
+    /// executed by name, another single statement runs as the unnamed
+    /// statement, both in pipeline mode with the request's own sync point;
+    /// several statements need the simple protocol, outside pipeline mode.
+    /// Queued first, so that a failed send fails it with the others.
+    pub fn send(&mut self, req: ReqToken, q: &Query) -> Result<(), PqError> {
+        let prepared = q.statement.as_ref().map(|s| (s, self.prepared.contains(&s.id)));
+        let by_name = prepared.filter(|&(_, done)| done || self.prepared.len() < MAX_PREPARED);
+        let preparing = by_name.is_some_and(|(_, done)| !done);
+        let mode = if q.several {
+            Mode::Simple
+        } else {
+            Mode::Pipelined { preparing }
+        };
+        self.pipeline.sent(req, mode, q.streaming);
+        if q.several {
+            if self.in_pipeline {
+                self.pg.exit_pipeline()?;
+                self.in_pipeline = false;
+            }
+            self.pg.send_query(&q.sql)?;
+        } else {
+            if !self.in_pipeline {
+                self.pg.enter_pipeline()?;
+                self.in_pipeline = true;
+            }
+            match by_name {
+                Some((statement, _)) => {
+                    if preparing {
+                        self.prepared.push(statement.id);
+                        self.pg.send_prepare(&statement.name, &q.sql)?;
+                    }
+                    self.pg.send_prepared(&statement.name, &q.params, q.binary)?;
+                }
+                None => self.pg.send_unnamed(&q.sql, &q.params, q.binary)?,
+            }
+            self.pg.pipeline_sync()?;
+        }
+        self.flush()
+    }
+
+    /// An idle connection is still open at the server's end: nothing to
+    /// read, or only messages of no consequence (parameter changes). A
+    /// connection the server closed (restart, pg_terminate_backend) is found
+    /// here before a query is sent on it.
+    pub fn alive(&mut self) -> bool {
+        let peek = |fd| {
+            let mut b = 0u8;
+            // SAFETY: the socket is open (libpq owns it); a 1-byte peek that never blocks.
+            let n = unsafe { libc::recv(fd, (&mut b as *mut u8).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+            match n {
+                0 => Some(false),
+                n if n > 0 => None,
+                _ => Some(matches!(
+                    std::io::Error::last_os_error().raw_os_error(),
+                    Some(libc::EAGAIN | libc::EINTR)
+                )),
+            }
+        };
+        let fd = self.socket.fd();
+        if let Some(verdict) = peek(fd) {
+            return verdict;
+        }
+        // Bytes on an idle session: libpq reads them (a FATAL message before
+        // the end, or a parameter change).
+        if self.pg.consume_input().is_err() || self.pg.is_bad() {
+            return false;
+        }
+        let _ = self.pg.is_busy();
+        !self.pg.is_bad() && peek(fd) != Some(false)
+    }
+
+    /// Idle in the pool (nginx may close it on shutdown), with the idle timeout.
+    pub fn set_idle(&mut self, idle: Option<ngx_msec_t>) {
+        self.socket.set_idle(idle.is_some());
+        self.set_timer(idle);
+    }
+
+    /// Arms or clears the connection's own timer (idle, or draining).
+    pub fn set_timer(&mut self, ms: Option<ngx_msec_t>) {
+        match ms {
+            Some(ms) => self.socket.read().add_timer(ms),
+            None => self.socket.read().del_timer(),
+        }
+    }
+
+    /// Healthy enough to go back to the pool.
+    pub fn reusable(&mut self) -> bool {
+        !self.pg.is_bad() && self.pg.is_idle_outside_transaction() && self.want_write(false)
+    }
+}

@@ -1,0 +1,404 @@
+//! What nginx's events on a database connection do: connect, send, read
+//! the results and route them (core::pipeline), cancel the queries of
+//! requests that are gone, and carry out what the routing asks.
+
+use gateway_core::pipeline::{Route, Step};
+
+use super::cancel::{Canceller, Progress};
+use super::conn::Conn;
+use super::pq::Poll;
+use super::{ConnId, Delivery, Pool, RowVerdict};
+use crate::ffi::*;
+use crate::{debug, log};
+
+/// How long the queries of requests that are gone may take to end once
+/// cancelled; then the connection is closed.
+const DRAIN_TIMEOUT: ngx_msec_t = 5_000;
+/// How long a cancel request may take.
+const CANCEL_TIMEOUT: ngx_msec_t = 5_000;
+
+/// The connection and pool behind an event of one of the pool's sockets.
+///
+/// # Safety
+/// `ev` must be an event nginx passes to a handler of a database
+/// connection's socket (or of its cancel request's): its connection's data
+/// is the live `Conn`, boxed in its pool.
+unsafe fn owner(ev: *mut ngx_event_t) -> Option<(Event, &'static mut Pool, ConnId)> {
+    // SAFETY: see above.
+    let ev = unsafe { Event::from_raw(ev) }?;
+    // SAFETY: an event's data is its nginx connection; that connection's
+    // data is the Conn (set when it was opened, and the socket is released
+    // before the Conn is freed). The Conn's pool lives in the upstream's
+    // configuration, and nothing else uses it while a handler runs.
+    unsafe {
+        let c = &*(ev.data() as *const ngx_connection_t);
+        let conn = &*(c.data as *const Conn);
+        Some((ev, &mut *conn.pool.as_ptr(), conn.id))
+    }
+}
+
+/// Read/write readiness or the timer of a database connection.
+pub(super) extern "C" fn conn_event(ev: *mut ngx_event_t) {
+    guard(Log::cycle(), "database connection event lookup", (), || {
+        // SAFETY: nginx calls this handler with an event of a connection's socket.
+        let Some((ev, pool, id)) = (unsafe { owner(ev) }) else {
+            return;
+        };
+        let (timed_out, readable) = (ev.take_timedout(), !ev.is_write());
+        let mut out = Vec::new();
+        let handled = guard(Log::cycle(), "database connection event", false, || {
+            pool.on_event(id, readable, timed_out, &mut out);
+            true
+        });
+        if !handled {
+            // The connection's state is unknown after a panic: give up on it.
+            pool.broken(id, "internal error", &mut out);
+        }
+        let sink = pool.sink;
+        deliver(sink, out);
+    })
+}
+
+/// Hands results and outcomes to the request side (no reference to the
+/// pool is held meanwhile: the request side may use it).
+fn deliver(sink: Option<&'static dyn super::Sink>, out: Vec<Delivery>) {
+    if let (Some(sink), false) = (sink, out.is_empty()) {
+        sink.deliver(out);
+    }
+}
+
+/// Events of a cancel request's connection.
+pub(super) extern "C" fn cancel_event(ev: *mut ngx_event_t) {
+    guard(Log::cycle(), "sqldb cancel event", (), || {
+        // SAFETY: the cancel connection's data is the Conn that owns it.
+        let Some((ev, pool, id)) = (unsafe { owner(ev) }) else {
+            return;
+        };
+        let timed_out = ev.take_timedout();
+        let mut out = Vec::new();
+        pool.on_cancel_event(id, timed_out, &mut out);
+        let sink = pool.sink;
+        deliver(sink, out);
+    })
+}
+
+impl Pool {
+    fn on_event(&mut self, id: ConnId, readable: bool, timed_out: bool, out: &mut Vec<Delivery>) {
+        let Some(c) = self.conn(id) else { return };
+        if c.pipeline.is_connecting() {
+            self.connecting(id, out);
+        } else if c.pipeline.is_draining() && timed_out {
+            self.drain_expired(id, out);
+        } else if c.pipeline.is_idle() {
+            self.idle_event(id, readable, timed_out);
+        } else if c.pipeline.is_draining() && c.pipeline.nothing_in_flight() {
+            // Its queries are done, its cancel request not yet: only the
+            // server closing the connection matters.
+            if readable && (c.pg.consume_input().is_err() || c.pg.is_bad()) {
+                let msg = format!("connection lost: {}", c.pg.error_message());
+                self.broken(id, &msg, out);
+            }
+        } else {
+            if let Err(e) = c.flush() {
+                self.broken(id, &format!("sending to PostgreSQL failed: {e}"), out);
+                return;
+            }
+            if c.pipeline.is_paused() {
+                return;
+            }
+            // When reading fails, what arrived before (the server's reason
+            // for closing, results) is still read first.
+            if readable {
+                let _ = c.pg.consume_input();
+            }
+            self.read_results(id, out);
+        }
+    }
+
+    /// An idle connection: only its timeout, nginx shutting down, or the
+    /// server closing it (restart, pg_terminate_backend) happen here.
+    fn idle_event(&mut self, id: ConnId, readable: bool, timed_out: bool) {
+        let Some(c) = self.conn(id) else { return };
+        let close = c.socket.close_requested();
+        if !readable && !timed_out && !close {
+            return;
+        }
+        let gone = !timed_out && !close && (c.pg.consume_input().is_err() || c.pg.is_bad());
+        if gone {
+            log!(
+                NGX_LOG_INFO,
+                Log::cycle(),
+                "sqldb: idle connection to {} closed by the server: {}",
+                c.name,
+                c.pg.error_message()
+            );
+        }
+        if timed_out || close || gone || c.pg.is_busy() {
+            self.close(id);
+        }
+    }
+
+    /// PQconnectPoll until the session is up; then the requests that
+    /// waited go out.
+    fn connecting(&mut self, id: ConnId, out: &mut Vec<Delivery>) {
+        let Some(c) = self.conn(id) else { return };
+        let watched = match c.pg.poll_connect() {
+            Poll::Reading => c.want_write(false),
+            Poll::Writing => c.want_write(true),
+            Poll::Failed => {
+                let msg = format!("connecting failed: {}", c.pg.error_message());
+                return self.connect_failed(id, &msg, out);
+            }
+            Poll::Ready => {
+                if c.pg.socket() != c.socket.fd() {
+                    return self.connect_failed(id, "libpq replaced its socket while connecting", out);
+                }
+                if let Err(e) = c.pg.set_nonblocking() {
+                    return self.connect_failed(id, &format!("connecting failed: {e}"), out);
+                }
+                c.cancel_key = c.pg.cancel_key();
+                debug!(
+                    Log::cycle(),
+                    "sqldb: connection #{} to {} is up (backend {})",
+                    id.0.as_u64(),
+                    c.name,
+                    c.pg.backend_pid()
+                );
+                let steps = c.pipeline.connected();
+                return self.apply_steps(id, steps, true, out);
+            }
+        };
+        if !watched {
+            self.connect_failed(id, "event error", out);
+        }
+    }
+
+    fn connect_failed(&mut self, id: ConnId, msg: &str, out: &mut Vec<Delivery>) {
+        self.broken(id, msg, out);
+    }
+
+    /// The connection is gone: every request on it gets its outcome, and it closes.
+    pub(super) fn broken(&mut self, id: ConnId, msg: &str, out: &mut Vec<Delivery>) {
+        let Some(c) = self.conn(id) else { return };
+        debug!(
+            Log::cycle(),
+            "sqldb: connection #{} to {} lost: {msg}",
+            id.0.as_u64(),
+            c.name
+        );
+        for (req, lost) in c.pipeline.lost() {
+            c.forget(req);
+            out.push(Delivery::Failed(req, lost, msg.to_owned()));
+        }
+        self.close(id);
+    }
+
+    /// Reads every result that has arrived and hands each its request.
+    pub(super) fn read_results(&mut self, id: ConnId, out: &mut Vec<Delivery>) {
+        let sink = self.sink;
+        let Some(c) = self.conn(id) else { return };
+        let mut again = Vec::new();
+        // Why the connection is going away, when the server said so.
+        let mut lost: Option<String> = None;
+        while !c.pipeline.is_paused() {
+            if c.pipeline.wants_single_row() {
+                c.pg.set_single_row_mode();
+            }
+            if c.pg.is_busy() {
+                break;
+            }
+            let res = c.pg.get_result();
+            let kind = match &res {
+                None if c.pg.is_bad() => {
+                    lost.get_or_insert_with(|| c.pg.error_message());
+                    break;
+                }
+                None => gateway_core::pipeline::ResultKind::End,
+                Some(r) => r.route_kind(),
+            };
+            let (route, steps) = c.pipeline.on_result(kind);
+            match (route, res) {
+                (Route::Row(req), Some(res)) => {
+                    let verdict = sink.map_or(RowVerdict::Continue, |s| s.row(req, &res));
+                    if verdict == RowVerdict::Pause {
+                        c.pipeline.pause();
+                        if !c.pause_reading(true) {
+                            lost = Some("event error".into());
+                        }
+                    }
+                }
+                (Route::Result(req), Some(res)) => out.push(Delivery::Result(req, res)),
+                (Route::Error(req), Some(res)) => out.push(Delivery::Error(req, res)),
+                (Route::Refused(req), res) => {
+                    let status = res.map_or_else(String::new, |r| r.status_name());
+                    c.forget(req);
+                    out.push(Delivery::Refused(
+                        req,
+                        format!("the query started a COPY ({status}), which the gateway cannot serve"),
+                    ));
+                    return self.broken(id, "COPY is not supported", out);
+                }
+                (Route::SessionEnding, res) => {
+                    lost = Some(res.map_or_else(String::new, |r| r.error_summary()));
+                }
+                (Route::Confused, _) => {
+                    lost = Some("unexpected results".into());
+                    break;
+                }
+                _ => {}
+            }
+            for step in steps {
+                match step {
+                    Step::Complete(req) => {
+                        c.forget(req);
+                        out.push(Delivery::Complete(req));
+                    }
+                    Step::Resend(req) => again.push(req),
+                    Step::ForgetPrepared => c.forget_prepared(),
+                    other => debug_assert!(false, "a result step {other:?}"),
+                }
+            }
+        }
+        // The end of the session may be announced (a FATAL message) before
+        // it is here: then the next read event finds it.
+        let gone = c.pg.is_bad() || (lost.is_some() && (c.pg.consume_input().is_err() || c.pg.is_bad()));
+        if gone {
+            let why = lost.unwrap_or_else(|| c.pg.error_message());
+            return self.broken(id, &format!("connection lost: {why}"), out);
+        }
+        // Prepared statements that vanished (DEALLOCATE, DISCARD, a schema
+        // change): prepared again, the requests sent again (they did not run).
+        for req in again {
+            let Some(q) = c.query_of(req) else { continue };
+            if let Err(e) = c.send(req, &q) {
+                return self.broken(id, &format!("sending the query failed: {e}"), out);
+            }
+        }
+        let steps = c.pipeline.after_results();
+        self.apply(id, steps, out);
+    }
+
+    /// Carries out what the routing asks.
+    pub(super) fn apply(&mut self, id: ConnId, steps: Vec<Step<super::ReqToken>>, out: &mut Vec<Delivery>) {
+        self.apply_steps(id, steps, false, out)
+    }
+
+    /// `connected`: the connection has just come up (the requests that
+    /// waited on it report their connect time).
+    fn apply_steps(&mut self, id: ConnId, steps: Vec<Step<super::ReqToken>>, connected: bool, out: &mut Vec<Delivery>) {
+        for step in steps {
+            let Some(c) = self.conn(id) else { return };
+            match step {
+                Step::Complete(req) => {
+                    c.forget(req);
+                    out.push(Delivery::Complete(req));
+                }
+                Step::ForgetPrepared => c.forget_prepared(),
+                Step::Resend(req) => {
+                    if let Some(q) = c.query_of(req) {
+                        if let Err(e) = c.send(req, &q) {
+                            return self.broken(id, &format!("sending the query failed: {e}"), out);
+                        }
+                    }
+                }
+                Step::Send(reqs) => {
+                    c.set_timer(None);
+                    for req in reqs {
+                        let Some(q) = c.query_of(req) else { continue };
+                        let sent = c.send(req, &q);
+                        out.push(Delivery::Started(req, connected));
+                        if let Err(e) = sent {
+                            return self.broken(id, &format!("sending the query failed: {e}"), out);
+                        }
+                    }
+                }
+                Step::Cancel => self.cancel(id),
+                Step::DrainTimer => c.set_timer(Some(DRAIN_TIMEOUT)),
+                Step::Settle => {
+                    c.set_timer(None);
+                    self.settle(id);
+                }
+                Step::Resume => {
+                    if !c.pause_reading(false) {
+                        return self.broken(id, "event error", out);
+                    }
+                }
+                Step::Close => self.close(id),
+            }
+        }
+    }
+
+    /// Sends a cancel request for the query running now (one of a request
+    /// that is gone).
+    fn cancel(&mut self, id: ConnId) {
+        let Some(c) = self.conn(id) else { return };
+        let pid = c.pg.backend_pid();
+        let Some(key) = c.cancel_key.clone() else {
+            log!(
+                NGX_LOG_INFO,
+                Log::cycle(),
+                "sqldb: a query of a request that is gone runs on {} (backend {pid}); it cannot be cancelled, its results are read and dropped",
+                c.name
+            );
+            c.pipeline.cancel_unavailable();
+            return;
+        };
+        let data: *mut Conn = c;
+        match Canceller::start(&key, Some(cancel_event), data.cast()) {
+            Ok(canceller) => {
+                log!(
+                    NGX_LOG_INFO,
+                    Log::cycle(),
+                    "sqldb: cancelling the query of a request that is gone on {} (backend {pid})",
+                    c.name
+                );
+                canceller.set_timer(CANCEL_TIMEOUT);
+                c.canceller = Some(canceller);
+            }
+            Err(e) => {
+                log!(
+                    NGX_LOG_WARN,
+                    Log::cycle(),
+                    "sqldb: cancel request to {} (backend {pid}) failed: {e}",
+                    c.name
+                );
+                c.pipeline.cancel_unavailable();
+            }
+        }
+    }
+
+    fn on_cancel_event(&mut self, id: ConnId, timed_out: bool, out: &mut Vec<Delivery>) {
+        let Some(c) = self.conn(id) else { return };
+        let Some(canceller) = c.canceller.as_mut() else { return };
+        match canceller.on_event(timed_out) {
+            Progress::Pending => return,
+            Progress::Done => {}
+            Progress::Failed(why) => log!(
+                NGX_LOG_WARN,
+                Log::cycle(),
+                "sqldb: cancel request to {} (backend {}) failed: {why}",
+                c.name,
+                c.pg.backend_pid()
+            ),
+        }
+        if let Some(canceller) = c.canceller.take() {
+            canceller.close();
+        }
+        let steps = c.pipeline.cancel_done();
+        self.apply(id, steps, out);
+    }
+
+    /// The queries of requests that are gone did not end in time: the
+    /// connection goes; requests that waited on it try again.
+    fn drain_expired(&mut self, id: ConnId, out: &mut Vec<Delivery>) {
+        let Some(c) = self.conn(id) else { return };
+        log!(
+            NGX_LOG_WARN,
+            Log::cycle(),
+            "sqldb: queries of requests that are gone did not end within {DRAIN_TIMEOUT} ms on {} (backend {}): closing the connection",
+            c.name,
+            c.pg.backend_pid()
+        );
+        self.broken(id, "the connection was closed: cancelled queries did not end", out);
+    }
+}

@@ -1,0 +1,88 @@
+//! The database driver: per worker and upstream, a pool of libpq
+//! connections driven by nginx's events, each carrying the queries of
+//! several requests (libpq's pipeline mode) and routing each result to its
+//! request (core::pipeline). It knows nothing about HTTP: requests are
+//! opaque tokens, results and outcomes go back through a `Sink`.
+
+mod cancel;
+mod conn;
+mod events;
+mod pool;
+pub mod pq;
+
+use std::ffi::CString;
+use std::rc::Rc;
+
+use gateway_core::pipeline::Lost;
+use gateway_core::slab::Key;
+
+pub use pool::{OpenError, Pick, Pool, Settings, Submitted};
+pub use pq::{check_conninfo, PgResult, PqError, ResultKind};
+
+/// A request, as the driver knows it (a key of the request side's registry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReqToken(pub Key);
+
+/// A connection of a pool (stale once the connection is closed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnId(Key);
+
+/// A statement prepared once per connection: its template's number and name.
+#[derive(Debug)]
+pub struct Statement {
+    pub id: usize,
+    pub name: CString,
+}
+
+/// What a request asks the database, ready to send.
+#[derive(Debug)]
+pub struct Query {
+    pub sql: CString,
+    /// Values of the typed parameters, as text.
+    pub params: Vec<CString>,
+    /// Prepare once per connection and execute by name (a constant
+    /// template of one statement, with `sqldb_prepare on`).
+    pub statement: Option<Rc<Statement>>,
+    /// Several statements: the simple protocol, the connection alone.
+    pub several: bool,
+    /// Results in PostgreSQL's binary format.
+    pub binary: bool,
+    /// Rows one by one (single-row mode), for a streamed response.
+    pub streaming: bool,
+}
+
+/// What the driver tells the request side.
+#[derive(Debug)]
+pub enum Delivery {
+    /// The request's query went out (it had waited for the connection;
+    /// true: while it was connecting).
+    Started(ReqToken, bool),
+    /// A whole result (with several statements, the last one counts).
+    Result(ReqToken, PgResult),
+    /// An error of the query (the first one counts).
+    Error(ReqToken, PgResult),
+    /// Every result of the request is in.
+    Complete(ReqToken),
+    /// The request lost its connection: what it may do next, and why.
+    Failed(ReqToken, Lost, String),
+    /// The query cannot be served (it started a COPY).
+    Refused(ReqToken, String),
+}
+
+/// Whether reading the connection goes on after a streamed row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowVerdict {
+    Continue,
+    /// The request's client is behind: stop reading until `Pool::resume`.
+    Pause,
+}
+
+/// The request side, as the driver calls it.
+pub trait Sink {
+    /// A row of a streamed request, as it is read. It must not call the
+    /// driver back (the driver is in the middle of reading).
+    fn row(&self, req: ReqToken, res: &PgResult) -> RowVerdict;
+
+    /// Results and outcomes, once the driver is done with the event.
+    fn deliver(&self, out: Vec<Delivery>);
+}

@@ -1,0 +1,323 @@
+//! The pool of one upstream in one worker: every connection belongs to it
+//! for its whole life; requests pick one (idle, shared in pipeline mode,
+//! or new) and queue their queries on it.
+
+use std::ffi::CStr;
+use std::ptr::NonNull;
+use std::rc::Rc;
+
+use gateway_core::pipeline::{Join, Pipeline};
+use gateway_core::slab::Slab;
+
+use super::conn::Conn;
+use super::pq::PgConn;
+use super::{ConnId, Delivery, Query, ReqToken, Sink};
+use crate::ffi::*;
+use crate::{debug, log};
+
+/// `sqldb_keepalive` and `sqldb_pipeline`.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Idle connections kept at most; open connections before requests are
+    /// pipelined onto busy ones (or rejected). 0: no keepalive.
+    pub max: usize,
+    /// Any idle connection serves a request, whatever server the balancer picks.
+    pub single: bool,
+    /// With no connection to spare: 503 rather than opening more.
+    pub reject: bool,
+    pub idle_timeout: ngx_msec_t,
+    /// Requests one connection serves before it is closed (0: no limit).
+    pub max_requests: u64,
+    /// Queue requests onto busy connections (libpq pipeline mode).
+    pub pipelining: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            max: 10,
+            single: false,
+            reject: false,
+            idle_timeout: 60_000,
+            max_requests: 0,
+            pipelining: true,
+        }
+    }
+}
+
+/// What a request gets from the pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pick {
+    /// An idle connection (to the address asked for, or any in single mode).
+    Idle(ConnId),
+    /// A busy connection in pipeline mode, or one still connecting or
+    /// draining, to queue behind its requests.
+    Share(ConnId),
+    /// Open a new connection.
+    New,
+    /// `overflow=reject` and nothing free.
+    Reject,
+}
+
+/// Why a connection could not be opened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OpenError {
+    /// libpq could not start (the next server may do better).
+    Connect(String),
+    /// nginx has no connection or event to spare (it said why).
+    Nginx(String),
+}
+
+/// Whether a submitted query went out or waits for its connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Submitted {
+    Sent,
+    Waiting { connecting: bool },
+}
+
+pub struct Pool {
+    pub settings: Settings,
+    pub(super) conns: Slab<Box<Conn>>,
+    /// Idle ones, most recently used last.
+    pub(super) idle: Vec<ConnId>,
+    pub(super) sink: Option<&'static dyn Sink>,
+}
+
+impl Pool {
+    pub fn new(settings: Settings) -> Pool {
+        Pool {
+            settings,
+            conns: Slab::default(),
+            idle: Vec::new(),
+            sink: None,
+        }
+    }
+
+    /// Where results and outcomes of this pool's connections go.
+    pub fn set_sink(&mut self, sink: &'static dyn Sink) {
+        self.sink = Some(sink);
+    }
+
+    pub(super) fn conn(&mut self, id: ConnId) -> Option<&mut Conn> {
+        self.conns.get_mut(id.0).map(|b| &mut **b)
+    }
+
+    /// The connection is still connecting.
+    pub fn is_connecting(&self, id: ConnId) -> bool {
+        self.conns.get(id.0).is_some_and(|c| c.pipeline.is_connecting())
+    }
+
+    /// The server address a connection goes to.
+    pub fn addr_of(&self, id: ConnId) -> Option<usize> {
+        self.conns.get(id.0).map(|c| c.addr)
+    }
+
+    /// Where a request goes. `addr` is the balancer's choice (None: any,
+    /// single mode); `pipelinable` is false for several statements, which
+    /// need a connection of their own.
+    pub fn pick(&mut self, addr: Option<usize>, pipelinable: bool) -> Pick {
+        let fits = |pool: &Pool, id: &ConnId| addr.is_none_or(|a| pool.addr_of(*id) == Some(a));
+        while let Some(i) = self.idle.iter().rposition(|id| fits(self, id)) {
+            let id = self.idle.remove(i);
+            let Some(c) = self.conn(id) else { continue };
+            if !c.alive() {
+                // Closed by the server a moment ago: no query was sent on it.
+                log!(
+                    NGX_LOG_INFO,
+                    Log::cycle(),
+                    "sqldb: idle connection to {} closed by the server",
+                    c.name
+                );
+                self.close(id);
+                continue;
+            }
+            c.set_idle(None);
+            debug!(
+                Log::cycle(),
+                "sqldb: pool picks idle connection #{} to {}",
+                id.0.as_u64(),
+                c.name
+            );
+            return Pick::Idle(id);
+        }
+        let s = &self.settings;
+        if s.max == 0 || self.conns.len() < s.max {
+            return Pick::New;
+        }
+        if pipelinable && s.pipelining {
+            let best = self
+                .conns
+                .iter()
+                .filter(|(_, c)| c.pipeline.shareable() && addr.is_none_or(|a| c.addr == a))
+                .min_by_key(|(_, c)| c.pipeline.depth());
+            if let Some((key, c)) = best {
+                debug!(
+                    Log::cycle(),
+                    "sqldb: pool shares connection #{} to {} ({} queued)",
+                    key.as_u64(),
+                    c.name,
+                    c.pipeline.depth()
+                );
+                return Pick::Share(ConnId(key));
+            }
+        }
+        if self.settings.reject {
+            Pick::Reject
+        } else {
+            Pick::New
+        }
+    }
+
+    /// A request would be turned away (checked before nginx's upstream
+    /// starts, so that the answer is 503).
+    pub fn full(&self) -> bool {
+        let s = &self.settings;
+        s.reject
+            && s.max > 0
+            && self.idle.is_empty()
+            && self.conns.len() >= s.max
+            && !(s.pipelining && self.conns.iter().any(|(_, c)| c.pipeline.shareable()))
+    }
+
+    /// Opens a connection for `creator` (nonblocking: connecting goes on
+    /// on nginx's events). `exclusive`: nothing may queue behind it.
+    pub fn open(
+        &mut self,
+        addr: usize,
+        conninfo: &CStr,
+        name: String,
+        creator: ReqToken,
+        exclusive: bool,
+    ) -> Result<ConnId, OpenError> {
+        let pg =
+            PgConn::start(conninfo).map_err(|e| OpenError::Connect(format!("connecting to {name} failed: {e}")))?;
+        // On failure nginx has logged why ("worker_connections are not enough").
+        let socket = Socket::get(pg.socket(), Log::cycle())
+            .ok_or_else(|| OpenError::Nginx(format!("no free connection for {name}")))?;
+        socket.set_handler(Some(super::events::conn_event));
+        let id = ConnId(self.conns.next_key());
+        let pool = NonNull::from(&mut *self);
+        let mut conn = Box::new(Conn::new(
+            pg,
+            socket,
+            id,
+            pool,
+            addr,
+            name,
+            Pipeline::connecting(creator, exclusive),
+        ));
+        // The events find their connection (boxed: it does not move).
+        let data: *mut Conn = &mut *conn;
+        conn.socket.set_data(data.cast());
+        let key = self.conns.insert(conn);
+        debug_assert_eq!(key, id.0);
+        let c = self.conn(id).expect("just inserted");
+        // libpq starts as if it had asked for writability; the read side is
+        // watched for the connection's whole life.
+        if !c.socket.watch_read(true) || !c.want_write(true) {
+            self.close(id);
+            return Err(OpenError::Nginx("cannot watch the database connection".into()));
+        }
+        debug!(Log::cycle(), "sqldb: connection #{} opened", key.as_u64());
+        Ok(id)
+    }
+
+    /// Queues a request's query on its connection: sent now, or when the
+    /// connection serves. When sending fails, the connection is gone and
+    /// every request on it (this one included) gets its outcome.
+    pub fn submit(&mut self, id: ConnId, req: ReqToken, query: Rc<Query>) -> Result<Submitted, Vec<Delivery>> {
+        let Some(c) = self.conn(id) else {
+            return Err(vec![Delivery::Failed(
+                req,
+                gateway_core::pipeline::Lost::NotSent,
+                "the connection closed".into(),
+            )]);
+        };
+        c.remember(req, query.clone());
+        match c.pipeline.join(req) {
+            Join::Wait => Ok(Submitted::Waiting {
+                connecting: c.pipeline.is_connecting(),
+            }),
+            Join::SendNow => match c.send(req, &query) {
+                Ok(()) => Ok(Submitted::Sent),
+                Err(e) => {
+                    let mut out = Vec::new();
+                    self.broken(id, &format!("sending the query failed: {e}"), &mut out);
+                    Err(out)
+                }
+            },
+        }
+    }
+
+    /// The request left (client gone, timeout): its results are dropped
+    /// when they come; with nobody left, running queries are cancelled.
+    pub fn abandon(&mut self, id: ConnId, req: ReqToken) -> Vec<Delivery> {
+        let mut out = Vec::new();
+        let Some(c) = self.conn(id) else { return out };
+        c.forget(req);
+        let steps = c.pipeline.abandon(req);
+        self.apply(id, steps, &mut out);
+        out
+    }
+
+    /// A paused stream's client caught up: reading resumes, with the
+    /// results libpq already holds.
+    pub fn resume(&mut self, id: ConnId) -> Vec<Delivery> {
+        let mut out = Vec::new();
+        let Some(c) = self.conn(id) else { return out };
+        c.pipeline.resume();
+        if !c.pause_reading(false) {
+            self.broken(id, "event error", &mut out);
+            return out;
+        }
+        self.read_results(id, &mut out);
+        out
+    }
+
+    /// A connection with nothing queued: back to the idle list, or closed
+    /// (unhealthy, spent, nginx exiting, too many idle).
+    pub(super) fn settle(&mut self, id: ConnId) {
+        let (max, max_requests, idle_timeout) = (
+            self.settings.max,
+            self.settings.max_requests,
+            self.settings.idle_timeout,
+        );
+        let idle_full = self.idle.len() >= max;
+        let Some(c) = self.conn(id) else { return };
+        if !c.pipeline.is_idle() {
+            return;
+        }
+        let spent = max_requests != 0 && c.pipeline.served() >= max_requests;
+        if !c.reusable() || spent || exiting() || idle_full {
+            debug!(
+                Log::cycle(),
+                "sqldb: connection #{} to {} closes instead of idling",
+                id.0.as_u64(),
+                c.name
+            );
+            self.close(id);
+            return;
+        }
+        c.set_idle(Some(idle_timeout));
+        self.idle.push(id);
+    }
+
+    /// Closes a connection: its cancel request, the nginx connection, then
+    /// libpq's (which closes the socket).
+    pub(super) fn close(&mut self, id: ConnId) {
+        self.idle.retain(|&i| i != id);
+        let Some(c) = self.conns.remove(id.0) else { return };
+        let c = *c;
+        debug!(
+            Log::cycle(),
+            "sqldb: connection #{} to {} closed",
+            id.0.as_u64(),
+            c.name
+        );
+        if let Some(canceller) = c.canceller {
+            canceller.close();
+        }
+        c.socket.release();
+        drop(c.pg);
+    }
+}

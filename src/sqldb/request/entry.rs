@@ -1,0 +1,200 @@
+//! A request's start: the content handler, the request body, the template
+//! for the method, the query built from it, and nginx's upstream set up.
+
+use std::ffi::CString;
+use std::rc::Rc;
+
+use gateway_core::sql::has_several_statements;
+
+use super::error::{log_failure, Failure, StartError};
+use super::{peer, registry, vars, Ctx};
+use crate::ffi::upstream::Callbacks;
+use crate::ffi::*;
+use crate::sqldb::config::upstream::{find_upstream, sqldb_srv_conf};
+use crate::sqldb::config::{LocConf, Output, Sqldb, Template, TemplatePiece, Var};
+use crate::sqldb::driver::Query;
+
+/// The location's content handler (set by `sqldb_pass`).
+pub(crate) extern "C" fn content_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
+    // SAFETY: nginx calls the content handler with a live request.
+    let r = unsafe { Req::from_raw(r) };
+    guard(r.log(), "content_handler", HTTP_INTERNAL_SERVER_ERROR, || start(r))
+}
+
+fn start(r: &mut Req) -> ngx_int_t {
+    let lcf = r.loc_conf::<Sqldb>();
+    let err = if lcf.queries.is_empty() {
+        StartError::NoQuery
+    } else if lcf.queries.select(r.method()).is_none() {
+        StartError::MethodNotAllowed(String::from_utf8_lossy(r.method_name()).into_owned())
+    } else {
+        // The body first, so that $request_body is there for the template.
+        // (Reading it counts the request as in use until it is finalized.)
+        let rc = r.read_body(Some(body_read));
+        return if rc >= NGX_HTTP_SPECIAL_RESPONSE as ngx_int_t {
+            rc
+        } else {
+            DONE
+        };
+    };
+    log_failure(r.log(), &err);
+    err.status()
+}
+
+/// The request body is in: run the query (or answer with an error).
+extern "C" fn body_read(r: *mut ngx_http_request_t) {
+    // SAFETY: nginx calls this with the live request whose body was read.
+    let r = unsafe { Req::from_raw(r) };
+    let rc = guard(r.log(), "body_read", HTTP_INTERNAL_SERVER_ERROR, || match run(r) {
+        Ok(()) => DONE,
+        Err(e) => {
+            if !matches!(e, StartError::Nginx) {
+                log_failure(r.log(), &e);
+            }
+            e.status()
+        }
+    });
+    if rc != DONE {
+        r.finalize(rc);
+    }
+}
+
+/// Builds the query and starts nginx's upstream (whose balancer picks the
+/// server, and the driver a connection to it).
+fn run(r: &mut Req) -> Result<(), StartError> {
+    let lcf: &'static LocConf = r.loc_conf::<Sqldb>();
+    let tmpl = lcf.queries.select(r.method()).cloned().ok_or(StartError::NoQuery)?;
+    if !r.body_into_memory() {
+        return Err(StartError::BodyFile);
+    }
+    let (sql, params) = build_query(r, &tmpl)?;
+    let several = if tmpl.constant {
+        tmpl.several
+    } else {
+        has_several_statements(sql.as_bytes())
+    };
+    if several && !params.is_empty() {
+        return Err(StartError::ParamsInSeveral);
+    }
+    vars::store(r, Var::Query, sql.as_bytes());
+    let output = lcf.output();
+    let streamable = lcf.stream == 1 && !several && lcf.sets.is_empty() && lcf.rewrites.is_empty();
+    let stream_format = streamable.then(|| super::output::stream_format(output)).flatten();
+
+    // The upstream: named in the configuration, or by a variable now.
+    let mut uscf = lcf.upstream.upstream;
+    let mut by_variable = None;
+    if let Some(cv) = lcf.pass_var {
+        let name = r.complex_value(cv).ok_or(StartError::Nginx)?.to_vec();
+        let umcf = r.main_conf::<ngx::http::NgxHttpUpstreamModule>();
+        // SAFETY: the upstream module's array of upstream configurations.
+        let upstreams = unsafe { umcf.upstreams.as_slice::<*mut ngx_http_upstream_srv_conf_t>() };
+        uscf = find_upstream(upstreams, &name)
+            .ok_or_else(|| StartError::NoUpstream(String::from_utf8_lossy(&name).into_owned()))?;
+        by_variable = Some(r.pool().str(&name).ok_or(StartError::Nginx)?);
+    }
+    // SAFETY: the upstream configuration lives as long as the configuration.
+    if let Some(srv) = unsafe { uscf.as_ref() }.and_then(sqldb_srv_conf) {
+        if srv.pool.full() {
+            // SAFETY: as above.
+            let name = String::from_utf8_lossy(unsafe { (*uscf).host.as_bytes() }).into_owned();
+            return Err(StartError::Busy {
+                upstream: name,
+                max: srv.pool.settings.max,
+            });
+        }
+    }
+
+    let pool = r.pool();
+    let u = r.create_upstream().ok_or(StartError::Nginx)?;
+    if let Some(host) = by_variable {
+        if !u.set_resolved(pool, host, None, 0) {
+            return Err(StartError::Nginx);
+        }
+    }
+    u.install(
+        &lcf.upstream,
+        "postgres://",
+        <Sqldb as ngx::http::HttpModule>::module(),
+        CALLBACKS,
+    );
+
+    let statement = (lcf.prepare == 1 && tmpl.constant && !several).then(|| tmpl.statement.clone());
+    let query = Query {
+        sql,
+        params,
+        statement,
+        several,
+        binary: output == Output::BinaryValue,
+        streaming: stream_format.is_some(),
+    };
+    let token = registry::register(r);
+    let ctx = Ctx {
+        token,
+        query: Rc::new(query),
+        has_params: tmpl.params > 0,
+        srv: None,
+        conn: None,
+        fresh: false,
+        last: None,
+        error: None,
+        done: false,
+        peer: None,
+        stream_format,
+        streaming: None,
+        stream_failed: false,
+        saved_write_handler: None,
+    };
+    if r.set_ctx::<Sqldb>(ctx).is_none() {
+        registry::unregister(token);
+        return Err(StartError::Nginx);
+    }
+    r.upstream_init();
+    // A connection was picked, unless the upstream already failed.
+    peer::attach(r);
+    Ok(())
+}
+
+/// nginx's upstream calls these; the query goes out on the driver's own
+/// connections, so there is no request to create and no header to read.
+const CALLBACKS: Callbacks = Callbacks {
+    create_request: nothing_to_create,
+    reinit_request: nothing_to_create,
+    process_header: no_header,
+    abort_request: nothing_to_abort,
+    finalize_request: peer::finalize_request,
+};
+
+extern "C" fn nothing_to_create(_r: *mut ngx_http_request_t) -> ngx_int_t {
+    OK
+}
+
+extern "C" fn no_header(_r: *mut ngx_http_request_t) -> ngx_int_t {
+    ERROR // never reached: nginx's reader is never installed on the stand-in
+}
+
+extern "C" fn nothing_to_abort(_r: *mut ngx_http_request_t) {}
+
+/// The SQL text and the values of its typed parameters for this request.
+fn build_query(r: &mut Req, tmpl: &Template) -> Result<(CString, Vec<CString>), StartError> {
+    let mut sql = Vec::new();
+    let mut params = Vec::with_capacity(tmpl.params);
+    for piece in &tmpl.pieces {
+        let (cv, placeholder) = match piece {
+            TemplatePiece::Text(cv) => (*cv, None),
+            TemplatePiece::Param(cv, ph) => (*cv, Some(ph)),
+        };
+        let v = r.complex_value(cv).ok_or(StartError::Nginx)?;
+        match placeholder {
+            None => sql.extend_from_slice(v),
+            Some(ph) => {
+                sql.extend_from_slice(ph);
+                params.push(CString::new(v).map_err(|_| StartError::ParamNul(params.len() + 1))?);
+            }
+        }
+    }
+    if sql.is_empty() {
+        return Err(StartError::EmptyQuery);
+    }
+    Ok((CString::new(sql).map_err(|_| StartError::QueryNul)?, params))
+}

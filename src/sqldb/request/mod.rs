@@ -1,0 +1,133 @@
+//! The request side of the database gateway: a request's way from the
+//! content handler (entry) through nginx's upstream and balancer (peer) to
+//! the driver, and back from its results to the response (respond, output,
+//! stream). Requests are known to the driver by tokens of `registry`.
+
+mod entry;
+mod error;
+mod output;
+mod peer;
+mod registry;
+mod respond;
+mod stream;
+mod vars;
+
+use std::cell::RefCell;
+use std::ptr::NonNull;
+use std::rc::Rc;
+
+use gateway_core::formats::StreamFormat;
+
+use super::config::{Sqldb, SrvConf};
+use super::driver::{ConnId, Delivery, PgResult, Query, ReqToken, RowVerdict, Sink};
+use crate::ffi::request::RequestCtx;
+use crate::ffi::*;
+
+pub(crate) use entry::content_handler;
+pub(crate) use peer::peer_init;
+pub use stream::Streaming;
+pub(crate) use vars::escape_handler;
+
+/// Per-request state (in the request's pool; its slot in `r->ctx`).
+pub struct Ctx {
+    /// How the driver knows the request.
+    token: ReqToken,
+    query: Rc<Query>,
+    /// The template has typed parameters (a rejected value is a 400).
+    has_params: bool,
+    /// The upstream's configuration (and its pool), once the balancer ran.
+    srv: Option<NonNull<SrvConf>>,
+    /// The database connection the request's query is on (or waits on).
+    conn: Option<ConnId>,
+    /// The connection was opened for this request (not pooled nor shared).
+    fresh: bool,
+    last: Option<PgResult>,
+    error: Option<PgResult>,
+    /// The response is decided (nginx's upstream is finished).
+    done: bool,
+    /// Set by peer_init: the peer data of this request.
+    peer: Option<NonNull<peer::PeerData>>,
+    /// `sqldb_stream on` applies: rows go out as they arrive.
+    stream_format: Option<StreamFormat>,
+    streaming: Option<Streaming>,
+    /// Sending the rows failed mid-way (the request ends without its end).
+    stream_failed: bool,
+    /// The client write handler nginx's upstream had set, while paused.
+    saved_write_handler: ngx_http_event_handler_pt,
+}
+
+impl Drop for Ctx {
+    fn drop(&mut self) {
+        // The request's pool is being destroyed: the token goes stale.
+        registry::unregister(self.token);
+    }
+}
+
+// SAFETY: the module's context slot is written by Req::set_ctx::<Sqldb>
+// only (entry::run), with a Ctx.
+unsafe impl RequestCtx for Sqldb {
+    type Ctx = Ctx;
+    fn module() -> &'static ngx_module_t {
+        <Sqldb as ngx::http::HttpModule>::module()
+    }
+}
+
+/// What the driver calls: rows of streamed requests, and deliveries.
+pub(crate) struct RequestSink;
+
+pub(crate) static SINK: RequestSink = RequestSink;
+
+impl Sink for RequestSink {
+    fn row(&self, token: ReqToken, res: &PgResult) -> RowVerdict {
+        let Some(r) = registry::lookup(token) else {
+            return RowVerdict::Continue;
+        };
+        // SAFETY: a registered request is live (it leaves the registry when
+        // its pool is destroyed); nginx runs nothing else meanwhile.
+        let r = unsafe { Req::from_raw(r.as_ptr()) };
+        stream::row(r, res)
+    }
+
+    fn deliver(&self, out: Vec<Delivery>) {
+        for d in out {
+            respond::deliver(d);
+        }
+    }
+}
+
+thread_local! {
+    /// Deliveries that wait for the current handler to return.
+    static LATER: RefCell<Vec<Delivery>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Delivers after the current handler (from a pool cleanup, say, no
+/// request may be finalized).
+fn deliver_later(out: Vec<Delivery>) {
+    if out.is_empty() {
+        return;
+    }
+    LATER.with(|l| l.borrow_mut().extend(out));
+    event::defer(Some(deliver_deferred));
+}
+
+extern "C" fn deliver_deferred(_ev: *mut ngx_event_t) {
+    guard(Log::cycle(), "sqldb deferred delivery", (), || {
+        let out = LATER.with(|l| std::mem::take(&mut *l.borrow_mut()));
+        SINK.deliver(out);
+    })
+}
+
+/// The request's context. Each step of a request takes it anew (the
+/// steps call each other; none keeps it across such a call).
+fn ctx_of<'a>(r: &Req) -> Option<&'a mut Ctx> {
+    // SAFETY: the module's slot holds a Ctx (RequestCtx); see above for why
+    // no two references to it are in use at once.
+    unsafe { r.ctx::<Sqldb>() }
+}
+
+/// The pool of a request's upstream.
+fn pool_of(ctx: &Ctx) -> Option<&'static mut super::driver::Pool> {
+    // SAFETY: the upstream's configuration outlives its requests; nothing
+    // else refers to its pool while a request handler runs.
+    ctx.srv.map(|s| unsafe { &mut (*s.as_ptr()).pool })
+}

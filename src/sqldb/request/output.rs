@@ -1,0 +1,106 @@
+//! A whole result as the response, in the location's format.
+
+use gateway_core::formats::{self, StreamFormat};
+use gateway_core::rds::{self, Body, Header, ResultSet};
+
+use super::error::ResultError;
+use crate::ffi::*;
+use crate::sqldb::config::Output;
+use crate::sqldb::driver::{PgResult, ResultKind};
+
+/// The row-by-row format of an output, if it has one.
+pub fn stream_format(output: Output) -> Option<StreamFormat> {
+    match output {
+        Output::Rds => Some(StreamFormat::Rds),
+        Output::Json => Some(StreamFormat::Json),
+        Output::Csv => Some(StreamFormat::Csv),
+        Output::Text => Some(StreamFormat::Text),
+        _ => None,
+    }
+}
+
+/// Answers with the result in the location's format; what to finalize
+/// the request with.
+pub fn send(r: &mut Req, res: &PgResult, output: Output, status: ngx_uint_t) -> Result<ngx_int_t, ResultError> {
+    let rows = res.kind() == ResultKind::Tuples;
+    let mut body = Vec::new();
+    match output {
+        Output::Rds => body = rds_bytes(res)?,
+        Output::Text if rows => formats::text(res, &mut body),
+        Output::Json if rows => formats::json(res, &mut body),
+        Output::Json => formats::json_affected(res.affected_rows(), &mut body),
+        Output::Csv if rows => formats::csv(res, &mut body),
+        Output::Text | Output::Csv => {}
+        Output::Value | Output::BinaryValue => {
+            let (nrows, ncols) = if rows { (res.rows(), res.columns()) } else { (0, 0) };
+            if nrows != 1 || ncols != 1 {
+                return Err(ResultError::ValueShape {
+                    rows: nrows,
+                    columns: ncols,
+                });
+            }
+            match res.value(0, 0) {
+                Some([]) => return Err(ResultError::ValueEmpty),
+                Some(v) => body.extend_from_slice(v),
+                None => return Err(ResultError::ValueNull),
+            }
+        }
+        Output::None => {
+            r.set_status(status);
+            r.set_content_length(0);
+            r.set_header_only();
+            return Ok(r.send_header());
+        }
+    }
+    Ok(send_body(r, status, output.content_type(), body))
+}
+
+/// The result in RDS.
+fn rds_bytes(res: &PgResult) -> Result<Vec<u8>, ResultError> {
+    let header = Header {
+        driver_errcode: res.status_code(),
+        affected_rows: res.affected_rows(),
+        insert_id: res.insert_oid(),
+        ..Header::default()
+    };
+    let body = if res.kind() == ResultKind::Tuples {
+        Body::Rows(res)
+    } else {
+        Body::NoRows
+    };
+    let mut out = Vec::new();
+    rds::encode(&header, &body, &mut out).map_err(|e| ResultError::Encode(e.to_string()))?;
+    Ok(out)
+}
+
+/// Sets the Content-Type: the output's own, or the location's `default_type`.
+pub fn set_content_type(r: &mut Req, content_type: Option<&'static str>) {
+    match content_type {
+        Some(t) => r.set_content_type(t),
+        // The location's default_type, whatever the URI's extension.
+        None => r.set_default_type(),
+    }
+}
+
+/// Sends status, headers and `body` (moved into the request's pool); what
+/// to finalize the request with.
+pub fn send_body(r: &mut Req, status: ngx_uint_t, content_type: Option<&'static str>, body: Vec<u8>) -> ngx_int_t {
+    set_content_type(r, content_type);
+    r.set_status(status);
+    r.set_content_length(body.len() as off_t);
+    let rc = r.send_header();
+    if rc == ERROR || rc > OK || r.header_only() {
+        return rc;
+    }
+    if body.is_empty() {
+        // The header waits in nginx's buffer until the last buffer goes
+        // out: an empty body still ends the response.
+        return r.send_last();
+    }
+    let last = r.is_main();
+    match memory_chain(r.pool(), body, Some(last)) {
+        // SAFETY: memory_chain built the chain in the request's pool.
+        Some(chain) => unsafe { r.output_filter(chain) },
+        None => ERROR,
+    }
+}

@@ -1,0 +1,453 @@
+//! nginx's upstream and balancer around the driver: a request's peer asks
+//! the balancer for a server and the driver's pool for a connection to it,
+//! and gives nginx's upstream code a stand-in connection of the request's
+//! own (a database connection serves several requests at once). The
+//! request's timers live on the stand-in. When a connection fails the
+//! request tries the next server, as nginx's upstreams do.
+
+use std::ffi::c_void;
+use std::mem;
+use std::ptr::NonNull;
+
+use super::error::{log_failure, ConnError, Failure};
+use super::{ctx_of, deliver_later, pool_of, Ctx, SINK};
+use crate::ffi::*;
+use crate::sqldb::config::upstream::sqldb_srv_conf;
+use crate::sqldb::config::{LocConf, Sqldb, SrvConf};
+use crate::sqldb::driver::{ConnId, OpenError, Pick, Sink, Submitted};
+use crate::{debug, log};
+
+/// The connection nginx's upstream code sees for one request: it sets its
+/// handlers, log and a connect timer on it, none of which may touch a
+/// database connection that other requests share.
+#[repr(C)]
+struct StandIn {
+    c: ngx_connection_t,
+    read: ngx_event_t,
+    write: ngx_event_t,
+}
+
+impl StandIn {
+    fn link(&mut self) {
+        self.c.read = &mut self.read;
+        self.c.write = &mut self.write;
+        self.c.fd = -1;
+        self.read.data = (&mut self.c as *mut ngx_connection_t).cast();
+        self.write.data = (&mut self.c as *mut ngx_connection_t).cast();
+        self.write.set_write(1);
+    }
+
+    fn timer(&mut self) -> Event {
+        // SAFETY: the read event is part of the stand-in, in the request's pool.
+        unsafe { Event::from_raw(&mut self.read) }.expect("an event")
+    }
+
+    /// Timers, posted events and the pool nginx may have given it.
+    fn clear(&mut self) {
+        for ev in [&mut self.read as *mut ngx_event_t, &mut self.write] {
+            // SAFETY: the events are the stand-in's own.
+            unsafe { Event::from_raw(ev) }.expect("an event").clear();
+        }
+        if !self.c.pool.is_null() {
+            // SAFETY: nginx created this pool for the stand-in connection.
+            unsafe { ngx_destroy_pool(self.c.pool) };
+            self.c.pool = std::ptr::null_mut();
+        }
+    }
+}
+
+/// Per-request peer data: the balancer's own and the stand-in connection.
+pub struct PeerData {
+    srv: NonNull<SrvConf>,
+    balancer_data: *mut c_void,
+    balancer_get: ngx_event_get_peer_pt,
+    balancer_free: ngx_event_free_peer_pt,
+    /// The balancer picked the current peer (not so for an idle connection
+    /// taken in single mode): it must be told when it is freed.
+    balancer_used: bool,
+    ctx: NonNull<Ctx>,
+    standin: StandIn,
+}
+
+impl Drop for PeerData {
+    fn drop(&mut self) {
+        // The request's pool is being destroyed: no timer of its outlives
+        // it, and its connection lets it go.
+        // SAFETY: the Ctx is in the same pool, allocated before and so
+        // dropped after this.
+        detach(unsafe { self.ctx.as_mut() });
+        self.standin.clear();
+    }
+}
+
+/// Wraps the balancer's per-request init (round robin, least_conn, hash ...).
+pub(crate) extern "C" fn peer_init(r: *mut ngx_http_request_t, us: *mut ngx_http_upstream_srv_conf_t) -> ngx_int_t {
+    // SAFETY: nginx calls this with a live request that has an upstream,
+    // for an upstream block that postconfiguration found to be ours.
+    let (r, us) = unsafe { (Req::from_raw(r), &mut *us) };
+    guard(r.log(), "peer_init", ERROR, || init(r, us))
+}
+
+fn init(r: &mut Req, us: &mut ngx_http_upstream_srv_conf_t) -> ngx_int_t {
+    let Some(srv) = sqldb_srv_conf(us) else { return ERROR };
+    let Some(balancer_init) = srv.balancer_init else {
+        return ERROR;
+    };
+    let Some(ctx) = ctx_of(r) else { return ERROR };
+    // SAFETY: the balancer's own init, for the request and block it is made for.
+    if unsafe { balancer_init(r.as_ptr(), us) } != OK {
+        return ERROR;
+    }
+    srv.pool.set_sink(&SINK);
+    let pool = r.pool();
+    let Some(u) = r.upstream() else { return ERROR };
+    let peer = u.peer();
+    let pd = PeerData {
+        srv: NonNull::from(&mut *srv),
+        balancer_data: peer.data,
+        balancer_get: peer.get,
+        balancer_free: peer.free,
+        balancer_used: false,
+        ctx: NonNull::from(&mut *ctx),
+        // SAFETY: all-zero is the initial state of nginx's connection and events.
+        standin: unsafe { mem::zeroed() },
+    };
+    let Some(mut pd) = pool.alloc(pd) else { return ERROR };
+    // SAFETY: just allocated in the request's pool; nothing else refers to it yet.
+    let pdm = unsafe { pd.as_mut() };
+    pdm.standin.link();
+    ctx.peer = Some(pd);
+    ctx.srv = Some(pdm.srv);
+    peer.data = pd.as_ptr().cast();
+    peer.get = Some(peer_get);
+    peer.free = Some(peer_free);
+    // TLS session hooks of the balancer would receive our data: nginx never
+    // calls them for us (u->ssl stays off), but clear them to be sure.
+    peer.set_session = None;
+    peer.save_session = None;
+    OK
+}
+
+extern "C" fn peer_get(pc: *mut ngx_peer_connection_t, data: *mut c_void) -> ngx_int_t {
+    // SAFETY: data is the PeerData peer_init installed; pc is the request's
+    // live peer; the PeerData's configuration and Ctx outlive the call.
+    let (pc, pd) = unsafe { (&mut *pc, &mut *(data as *mut PeerData)) };
+    // SAFETY: the peer's log is the request's.
+    let log = unsafe { Log::from_raw(pc.log) };
+    guard(log, "peer_get", ERROR, || get(pc, pd, log))
+}
+
+fn get(pc: &mut ngx_peer_connection_t, pd: &mut PeerData, log: Log) -> ngx_int_t {
+    // SAFETY: the upstream's configuration outlives its requests, the Ctx
+    // its request's peer; no other reference to them is used meanwhile.
+    let (srv, ctx) = unsafe { (&mut *pd.srv.as_ptr(), &mut *pd.ctx.as_ptr()) };
+    let pipelinable = !ctx.query.several;
+    pd.balancer_used = false;
+    if srv.pool.settings.single {
+        if let Pick::Idle(id) = srv.pool.pick(None, false) {
+            let a = &srv.addrs[srv.pool.addr_of(id).unwrap_or(0)];
+            pc.sockaddr = a.sockaddr.as_ptr() as *mut sockaddr;
+            pc.socklen = a.sockaddr.len() as socklen_t;
+            pc.name = std::ptr::addr_of!(a.name).cast_mut();
+            return use_conn(pc, pd, ctx, id, false);
+        }
+    }
+    let Some(balancer_get) = pd.balancer_get else {
+        return ERROR;
+    };
+    // SAFETY: the balancer's own function, with the data it set up.
+    let rc = unsafe { balancer_get(pc, pd.balancer_data) };
+    if rc != OK {
+        return rc;
+    }
+    pd.balancer_used = true;
+    // SAFETY: the balancer set the peer's address and its name.
+    let (sockaddr, name) = unsafe {
+        (
+            std::slice::from_raw_parts(pc.sockaddr as *const u8, pc.socklen as usize),
+            String::from_utf8_lossy((*pc.name).as_bytes()).into_owned(),
+        )
+    };
+    let Some(addr) = srv.addr_index(sockaddr) else {
+        log!(NGX_LOG_ALERT, log, "sqldb: no sqldb_server for peer {name}");
+        return ERROR;
+    };
+    match srv.pool.pick(Some(addr), pipelinable) {
+        Pick::Idle(id) | Pick::Share(id) => use_conn(pc, pd, ctx, id, false),
+        Pick::Reject => {
+            log_failure(log, &ConnError::NoConnection(name));
+            BUSY
+        }
+        Pick::New => {
+            let exclusive = ctx.query.several || ctx.query.streaming;
+            match srv
+                .pool
+                .open(addr, &srv.addrs[addr].conninfo, name, ctx.token, exclusive)
+            {
+                Ok(id) => use_conn(pc, pd, ctx, id, true),
+                Err(OpenError::Connect(msg)) => {
+                    log!(NGX_LOG_ERR, log, "sqldb: {msg}");
+                    DECLINED
+                }
+                // nginx has logged why ("worker_connections are not enough").
+                Err(OpenError::Nginx(_)) => ERROR,
+            }
+        }
+    }
+}
+
+/// Gives the request a database connection; `attach` queues its query.
+fn use_conn(pc: &mut ngx_peer_connection_t, pd: &mut PeerData, ctx: &mut Ctx, id: ConnId, fresh: bool) -> ngx_int_t {
+    ctx.conn = Some(id);
+    ctx.fresh = fresh;
+    pd.standin.clear();
+    pc.set_cached((!fresh) as u32);
+    pc.connection = &mut pd.standin.c;
+    AGAIN
+}
+
+extern "C" fn peer_free(pc: *mut ngx_peer_connection_t, data: *mut c_void, state: ngx_uint_t) {
+    // SAFETY: data is the PeerData peer_init installed; pc the request's peer.
+    let (pc, pd) = unsafe { (&mut *pc, &mut *(data as *mut PeerData)) };
+    guard(Log::cycle(), "peer_free", (), || {
+        // SAFETY: the Ctx outlives its request's peer.
+        detach(unsafe { pd.ctx.as_mut() });
+        pd.standin.clear();
+        pc.connection = std::ptr::null_mut();
+        if std::mem::take(&mut pd.balancer_used) {
+            if let Some(free) = pd.balancer_free {
+                // SAFETY: the balancer's own function, with its data.
+                unsafe { free(pc, pd.balancer_data, state) };
+            }
+        }
+    })
+}
+
+/// nginx's upstream finalizes the request (a client that left, say).
+pub(super) extern "C" fn finalize_request(r: *mut ngx_http_request_t, _rc: ngx_int_t) {
+    // SAFETY: called by nginx's upstream with a live request.
+    let r = unsafe { Req::from_raw(r) };
+    guard(r.log(), "finalize_request", (), || {
+        if let Some(ctx) = ctx_of(r) {
+            ctx.done = true;
+        }
+    })
+}
+
+/// Takes the request over from nginx's upstream code once a connection is
+/// picked: its own timer on the stand-in, and its query on the connection.
+pub fn attach(r: &mut Req) {
+    let Some(ctx) = ctx_of(r) else { return };
+    let (Some(conn), false) = (ctx.conn, ctx.done) else {
+        return;
+    };
+    let Some(mut pd) = ctx.peer else { return };
+    // SAFETY: the peer data lives in the request's pool; nothing else uses it now.
+    let pd = unsafe { pd.as_mut() };
+    let lcf: &LocConf = r.loc_conf::<Sqldb>();
+    pd.standin.clear(); // nginx's connect timer
+    let timer = pd.standin.timer();
+    timer.set_handler(Some(request_timer));
+    timer.set_log(r.log());
+    pd.standin.c.data = r.as_ptr().cast();
+    let Some(pool) = pool_of(ctx) else { return };
+    match pool.submit(conn, ctx.token, ctx.query.clone()) {
+        Ok(Submitted::Sent) => {
+            if let Some(st) = r.upstream().and_then(|u| u.state()) {
+                st.connect_time = 0;
+            }
+            r.set_log_action(c"reading result from PostgreSQL");
+            timer.add_timer(lcf.result_timeout);
+        }
+        Ok(Submitted::Waiting { connecting }) => {
+            timer.add_timer(if connecting {
+                lcf.connect_timeout
+            } else {
+                lcf.result_timeout
+            });
+        }
+        Err(out) => SINK.deliver(out),
+    }
+}
+
+/// The query went out after waiting for its connection.
+pub fn started(r: &mut Req, connecting: bool) {
+    let lcf: &LocConf = r.loc_conf::<Sqldb>();
+    if let Some(u) = r.upstream() {
+        let elapsed = u.elapsed();
+        if let Some(st) = u.state() {
+            st.connect_time = if connecting { elapsed } else { 0 };
+        }
+    }
+    r.set_log_action(c"reading result from PostgreSQL");
+    if let Some(timer) = ctx_of(r).and_then(|c| timer_of(c)) {
+        timer.add_timer(lcf.result_timeout);
+    }
+}
+
+/// The request leaves its database connection before its results are in
+/// (client gone, timeout, failure). Its results, if they come, are
+/// dropped; with nobody left on the connection, its queries are cancelled.
+pub fn detach(ctx: &mut Ctx) {
+    let Some(conn) = ctx.conn.take() else { return };
+    let Some(pool) = pool_of(ctx) else { return };
+    debug!(
+        Log::cycle(),
+        "sqldb: request {} leaves connection",
+        ctx.token.0.as_u64()
+    );
+    deliver_later(pool.abandon(conn, ctx.token));
+}
+
+/// A request's own timer (on its stand-in): connect or result timeout.
+extern "C" fn request_timer(ev: *mut ngx_event_t) {
+    // SAFETY: the stand-in's events carry it; its data is the live request.
+    let r = unsafe {
+        let Some(ev) = Event::from_raw(ev) else { return };
+        ev.take_timedout();
+        let c = ev.data() as *mut ngx_connection_t;
+        Req::from_raw((*c).data as *mut ngx_http_request_t)
+    };
+    r.set_log_request();
+    guard_request(r, "request_timer", |r| {
+        let Some(ctx) = ctx_of(r) else { return };
+        let (Some(conn), false) = (ctx.conn, ctx.done) else {
+            return;
+        };
+        let connecting = pool_of(ctx).is_some_and(|p| p.is_connecting(conn));
+        detach(ctx);
+        let lcf: &LocConf = r.loc_conf::<Sqldb>();
+        if connecting {
+            let e = ConnError::ConnectTimeout(lcf.connect_timeout);
+            log_failure(r.log(), &e);
+            next(r, e.status(), NGX_HTTP_UPSTREAM_FT_TIMEOUT);
+        } else {
+            let e = ConnError::ResultTimeout(lcf.result_timeout);
+            log_failure(r.log(), &e);
+            fail(r, e.status(), true);
+        }
+    });
+    r.run_posted();
+}
+
+/// Runs the body of an entry point that serves one request; a panic ends
+/// the request with 500 (and never crosses into nginx).
+pub fn guard_request(r: &mut Req, entry: &str, body: impl FnOnce(&mut Req)) {
+    let ok = guard(r.log(), entry, false, || {
+        body(r);
+        true
+    });
+    if !ok {
+        fail(r, HTTP_INTERNAL_SERVER_ERROR, false);
+    }
+}
+
+/// Our end of the upstream, as nginx's static ngx_http_upstream_finalize_request
+/// does it: timings, the peer back to the balancer, no further cleanup.
+pub fn finish_upstream(r: &mut Req, status: ngx_int_t, peer_state: ngx_uint_t) {
+    if let Some(ctx) = ctx_of(r) {
+        ctx.done = true;
+        detach(ctx);
+    }
+    if let Some(u) = r.upstream() {
+        u.drop_cleanup();
+        let elapsed = u.elapsed();
+        if let Some(st) = u.state() {
+            st.status = status as ngx_uint_t;
+            if st.response_time == ngx_msec_t::MAX {
+                st.response_time = elapsed;
+            }
+        }
+        u.free_peer(peer_state);
+    }
+    r.block_reading();
+}
+
+/// Ends the request with an error status (nginx's error page).
+pub fn fail(r: &mut Req, status: ngx_int_t, peer_failed: bool) {
+    let Some(ctx) = ctx_of(r) else {
+        r.finalize(status);
+        return;
+    };
+    if ctx.done {
+        return;
+    }
+    // Once rows are out, no status can follow: the response is cut short.
+    let streamed = ctx.streaming.as_ref().is_some_and(|s| s.started());
+    let state = if peer_failed { NGX_PEER_FAILED as ngx_uint_t } else { 0 };
+    finish_upstream(r, status, state);
+    r.finalize(if streamed { ERROR } else { status });
+}
+
+/// A connection attempt failed: the next server if the balancer has one.
+pub fn next(r: &mut Req, status: ngx_int_t, ft: u32) {
+    next_peer(r, status, ft, false)
+}
+
+/// The request waited on a connection that closed before its query was
+/// sent: not the server's failure (the balancer is not told so), and one
+/// more try, as nginx gives its cached keepalive connections.
+pub fn next_after_stale(r: &mut Req) {
+    next_peer(r, HTTP_BAD_GATEWAY, NGX_HTTP_UPSTREAM_FT_ERROR, true)
+}
+
+fn next_peer(r: &mut Req, status: ngx_int_t, ft: u32, stale: bool) {
+    if ctx_of(r).is_none_or(|c| c.done) {
+        return;
+    }
+    let lcf: &LocConf = r.loc_conf::<Sqldb>();
+    let client_error = r.client_error();
+    let Some(u) = r.upstream() else { return };
+    let elapsed = u.elapsed();
+    if let Some(st) = u.state() {
+        st.status = status as ngx_uint_t;
+        st.response_time = elapsed;
+    }
+    u.free_peer(if stale { NGX_PEER_NEXT } else { NGX_PEER_FAILED } as ngx_uint_t);
+    let peer = u.peer();
+    if stale {
+        peer.tries += 1;
+    }
+    let wanted = lcf.upstream.next_upstream & ft as ngx_uint_t != 0;
+    if peer.tries == 0 || !wanted || client_error {
+        fail(r, status, false);
+        return;
+    }
+    reconnect(r, status);
+}
+
+/// Asks the balancer for another server and a connection to it.
+fn reconnect(r: &mut Req, status: ngx_int_t) {
+    let Some(st) = r.push_upstream_state() else {
+        fail(r, HTTP_INTERNAL_SERVER_ERROR, false);
+        return;
+    };
+    st.response_time = ngx_msec_t::MAX;
+    st.connect_time = ngx_msec_t::MAX;
+    st.header_time = ngx_msec_t::MAX;
+    let st: *mut ngx_http_upstream_state_t = st;
+    let Some(u) = r.upstream() else { return };
+    // SAFETY: the new state lives in the request's pool's states array.
+    u.set_state(unsafe { &mut *st });
+    u.restart_clock();
+    let rc = u.connect_peer();
+    let name = u.peer().name;
+    // SAFETY: as above.
+    unsafe { (*st).peer = name };
+    match rc {
+        AGAIN if ctx_of(r).is_some_and(|c| c.conn.is_some()) => attach(r),
+        BUSY => {
+            log_failure(r.log(), &ConnError::NoLiveUpstreams);
+            fail(r, status, false);
+        }
+        DECLINED => next(r, HTTP_BAD_GATEWAY, NGX_HTTP_UPSTREAM_FT_ERROR),
+        _ => fail(r, HTTP_INTERNAL_SERVER_ERROR, false),
+    }
+}
+
+/// The request's own timer (connect or result timeout), once its peer is set up.
+pub fn timer_of(ctx: &Ctx) -> Option<Event> {
+    let mut pd = ctx.peer?;
+    // SAFETY: the peer data lives in the request's pool; nothing else uses it now.
+    Some(unsafe { pd.as_mut() }.standin.timer())
+}

@@ -1,0 +1,135 @@
+//! What the driver delivers, applied to its request; and the answer once
+//! every result is in: the error, the rewrite, sqldb_set, the output.
+
+use gateway_core::pipeline::Lost;
+
+use super::error::{log_failure, ConnError, Failure, ResultError, BAD_PARAMETER};
+use super::peer::{fail, finish_upstream, guard_request, next, next_after_stale, started};
+use super::{ctx_of, output, registry, vars};
+use crate::ffi::*;
+use crate::sqldb::config::{LocConf, Sqldb, Var};
+use crate::sqldb::driver::{Delivery, PgResult, ReqToken, ResultKind};
+
+fn token_of(d: &Delivery) -> ReqToken {
+    match d {
+        Delivery::Started(t, _)
+        | Delivery::Result(t, _)
+        | Delivery::Error(t, _)
+        | Delivery::Complete(t)
+        | Delivery::Failed(t, ..)
+        | Delivery::Refused(t, _) => *t,
+    }
+}
+
+/// One delivery of the driver, to its request (if it is still there).
+pub fn deliver(d: Delivery) {
+    let Some(r) = registry::lookup(token_of(&d)) else {
+        return;
+    };
+    // SAFETY: a registered request is live (it leaves the registry when its
+    // pool is destroyed); the driver is done with its event.
+    let r = unsafe { Req::from_raw(r.as_ptr()) };
+    r.set_log_request();
+    guard_request(r, "sqldb delivery", |r| apply(r, d));
+    r.run_posted();
+}
+
+fn apply(r: &mut Req, d: Delivery) {
+    let Some(ctx) = ctx_of(r) else { return };
+    match d {
+        Delivery::Started(_, connecting) => started(r, connecting),
+        Delivery::Result(_, res) => ctx.last = Some(res),
+        Delivery::Error(_, res) => {
+            ctx.error.get_or_insert(res);
+        }
+        Delivery::Complete(_) => {
+            ctx.conn = None;
+            complete(r);
+        }
+        Delivery::Refused(_, why) => {
+            ctx.conn = None;
+            let e = ResultError::Refused(why);
+            log_failure(r.log(), &e);
+            fail(r, e.status(), false);
+        }
+        Delivery::Failed(_, lost, why) => {
+            ctx.conn = None;
+            let e = ConnError::Lost(lost, why);
+            log_failure(r.log(), &e);
+            match lost {
+                Lost::NotSent => next_after_stale(r),
+                Lost::Connect => next(r, HTTP_BAD_GATEWAY, NGX_HTTP_UPSTREAM_FT_ERROR),
+                Lost::Sent => fail(r, e.status(), true),
+            }
+        }
+    }
+}
+
+/// Ends the request with the error's status, after its log line.
+fn fail_with(r: &mut Req, e: ResultError) {
+    log_failure(r.log(), &e);
+    fail(r, e.status(), false);
+}
+
+/// All results are in: answer the client.
+fn complete(r: &mut Req) {
+    let Some(ctx) = ctx_of(r) else { return };
+    if ctx.done {
+        return;
+    }
+    if ctx.streaming.as_ref().is_some_and(|s| s.started()) {
+        return super::stream::complete(r);
+    }
+    if let Some(err) = ctx.error.take() {
+        let summary = err.error_summary();
+        vars::store(r, Var::Error, summary.as_bytes());
+        // A value the server cannot read as its parameter's type is the
+        // client's mistake: 400, logged as client errors are.
+        let e = if ctx.has_params && BAD_PARAMETER.contains(&err.sqlstate().as_str()) {
+            ResultError::BadParameter(summary)
+        } else {
+            ResultError::Query(summary)
+        };
+        return fail_with(r, e);
+    }
+    let Some(res) = ctx.last.take() else {
+        return fail_with(r, ResultError::NoResult);
+    };
+    if res.kind() == ResultKind::Empty {
+        return fail_with(r, ResultError::NoStatement);
+    }
+    answer(r, &res);
+}
+
+/// The answer of a result: a rewrite to 300 or more (nginx's page, before
+/// sqldb_set is looked at), or sqldb_set's variables and the output.
+fn answer(r: &mut Req, res: &PgResult) {
+    let lcf: &LocConf = r.loc_conf::<Sqldb>();
+    vars::store_counts(r, res);
+    if let Some(u) = r.upstream() {
+        let elapsed = u.elapsed();
+        if let Some(st) = u.state() {
+            st.header_time = elapsed;
+        }
+    }
+    let rewritten = vars::rewrite(r, lcf, res);
+    if let Some((status, false)) = rewritten.filter(|&(s, _)| s >= 300) {
+        finish_upstream(r, HTTP_OK, 0);
+        r.finalize(status as ngx_int_t);
+        return;
+    }
+    if let Err(e) = vars::apply_sets(r, lcf, res) {
+        return fail_with(r, e);
+    }
+    finish_upstream(r, HTTP_OK, 0);
+    // `=code`, or a code below 300: the result with that status.
+    let status = rewritten.map_or(HTTP_OK as ngx_uint_t, |(s, _)| s);
+    let rc = match output::send(r, res, lcf.output(), status) {
+        Ok(rc) => rc,
+        Err(e) => {
+            log_failure(r.log(), &e);
+            e.status()
+        }
+    };
+    r.finalize(rc);
+}

@@ -1,0 +1,241 @@
+//! `sqldb_stream on`: rows go to the client as they arrive (libpq's
+//! single-row mode), in batches through a few reused buffers. When the
+//! client reads slower than the database answers, reading from the database
+//! pauses, so the worker's memory stays flat whatever the result's size.
+
+use gateway_core::formats::{Stream, StreamFormat};
+
+use super::peer::{fail, finish_upstream, guard_request, timer_of};
+use super::{ctx_of, pool_of, vars, SINK};
+use crate::ffi::buf::Reuse;
+use crate::ffi::*;
+use crate::log;
+use crate::sqldb::config::{LocConf, Output, Sqldb, Var};
+use crate::sqldb::driver::{PgResult, RowVerdict, Sink};
+
+/// Bytes gathered before they go out.
+const BATCH: usize = 16 * 1024;
+/// Buffers the client may have pending before reading from the database pauses.
+const MAX_PENDING: usize = 4;
+
+/// The response cannot be completed (the client is gone, a buffer could
+/// not be had, a value does not fit the format).
+#[derive(Debug)]
+pub struct CutShort;
+
+pub struct Streaming {
+    enc: Stream,
+    output: Output,
+    /// The response header is out.
+    started: bool,
+    /// HEAD, or the client went away: rows are read and dropped.
+    discard: bool,
+    out: Vec<u8>,
+    /// Rows in the buffers handed to nginx so far.
+    sent: u64,
+    bufs: Reuse,
+}
+
+impl Streaming {
+    pub fn new(format: StreamFormat, output: Output) -> Streaming {
+        Streaming {
+            enc: Stream::new(format),
+            output,
+            started: false,
+            discard: false,
+            out: Vec::new(),
+            sent: 0,
+            bufs: Reuse::new(<Sqldb as ngx::http::HttpModule>::module()),
+        }
+    }
+
+    pub fn started(&self) -> bool {
+        self.started
+    }
+
+    /// One row (a single-row result), the header first if need be. Ok(true)
+    /// when reading should pause for the client.
+    fn row(&mut self, r: &mut Req, res: &PgResult) -> Result<bool, CutShort> {
+        if self.discard {
+            return Ok(false);
+        }
+        if !self.started {
+            self.start(r, res)?;
+            if self.discard {
+                return Ok(false);
+            }
+        }
+        self.enc.rows_of(res, &mut self.out).map_err(|_| CutShort)?;
+        if self.out.len() < BATCH {
+            return Ok(false);
+        }
+        self.flush(r, false)
+    }
+
+    /// Status, headers, and the format's opening bytes (the RDS header and columns).
+    fn start(&mut self, r: &mut Req, res: &PgResult) -> Result<(), CutShort> {
+        self.started = true;
+        r.set_status(HTTP_OK as ngx_uint_t);
+        r.set_content_length(-1);
+        super::output::set_content_type(r, self.output.content_type());
+        if let Some(u) = r.upstream() {
+            u.set_header_sent();
+        }
+        let rc = r.send_header();
+        if rc == ERROR || rc > OK {
+            return Err(CutShort);
+        }
+        if r.header_only() {
+            self.discard = true;
+            return Ok(());
+        }
+        self.enc.begin(res, &mut self.out).map_err(|_| CutShort)
+    }
+
+    /// Sends what is gathered (and, at the end, the last buffer). Ok(true)
+    /// when the client is behind.
+    fn flush(&mut self, r: &mut Req, last: bool) -> Result<bool, CutShort> {
+        let pool = r.pool();
+        let mut out = std::ptr::null_mut();
+        if !self.out.is_empty() || last {
+            let main = last.then(|| r.is_main());
+            out = self.bufs.fill(pool, &self.out, main, BATCH).ok_or(CutShort)?;
+            self.out.clear();
+        }
+        // SAFETY: null, or the chain fill built in the request's pool.
+        let rc = unsafe { r.output_filter(out) };
+        self.bufs.update(pool, out);
+        if rc == ERROR {
+            return Err(CutShort);
+        }
+        self.sent = self.enc.rows();
+        Ok(self.bufs.busy() > MAX_PENDING)
+    }
+
+    /// The last bytes and the last buffer; what to finalize the request with.
+    fn finish(&mut self, r: &mut Req) -> ngx_int_t {
+        if self.discard {
+            return OK;
+        }
+        self.enc.end(&mut self.out);
+        match self.flush(r, true) {
+            Ok(_) => OK,
+            Err(CutShort) => ERROR,
+        }
+    }
+}
+
+/// A row of the request's query (the driver is reading): streamed, and
+/// whether the driver should pause for the client.
+pub fn row(r: &mut Req, res: &PgResult) -> RowVerdict {
+    let Some(ctx) = ctx_of(r) else {
+        return RowVerdict::Continue;
+    };
+    let lcf: &LocConf = r.loc_conf::<Sqldb>();
+    let format = ctx.stream_format.unwrap_or(StreamFormat::Rds);
+    let s = ctx
+        .streaming
+        .get_or_insert_with(|| Streaming::new(format, lcf.output()));
+    match s.row(r, res) {
+        Ok(false) => RowVerdict::Continue,
+        Ok(true) => {
+            pause(r);
+            RowVerdict::Pause
+        }
+        Err(CutShort) => {
+            s.discard = true;
+            ctx.stream_failed = true;
+            RowVerdict::Continue
+        }
+    }
+}
+
+/// The client is behind: its pace now, not the database's (the request's
+/// timer stops; nginx's send_timeout runs on the client's write event).
+fn pause(r: &mut Req) {
+    let Some(ctx) = ctx_of(r) else { return };
+    if let Some(timer) = timer_of(ctx) {
+        timer.del_timer();
+    }
+    ctx.saved_write_handler = r.write_handler();
+    r.set_write_handler(Some(stream_resume));
+    r.wait_client_writable();
+}
+
+/// The client can take more: push what is pending, and once it is caught
+/// up, read the database connection again.
+extern "C" fn stream_resume(r: *mut ngx_http_request_t) {
+    // SAFETY: nginx calls the write handler with a live request.
+    let r = unsafe { Req::from_raw(r) };
+    guard_request(r, "stream_resume", resume);
+}
+
+fn resume(r: &mut Req) {
+    let Some(ctx) = ctx_of(r) else { return };
+    if ctx.done {
+        return;
+    }
+    let wev = r.client_write();
+    if wev.take_timedout() {
+        r.set_client_timed_out();
+        log!(
+            NGX_LOG_INFO,
+            r.log(),
+            "sqldb: client timed out while rows were streamed"
+        );
+        fail(r, HTTP_REQUEST_TIME_OUT, false);
+        return;
+    }
+    let Some(s) = ctx.streaming.as_mut() else { return };
+    match s.flush(r, false) {
+        Err(CutShort) => {
+            ctx.stream_failed = true;
+            fail(r, HTTP_INTERNAL_SERVER_ERROR, false);
+            return;
+        }
+        Ok(true) => {
+            r.wait_client_writable();
+            return;
+        }
+        Ok(false) => {}
+    }
+    wev.del_timer();
+    r.set_write_handler(ctx.saved_write_handler);
+    let Some(conn) = ctx.conn else { return };
+    let lcf: &LocConf = r.loc_conf::<Sqldb>();
+    if let Some(timer) = timer_of(ctx) {
+        timer.add_timer(lcf.result_timeout);
+    }
+    // Results libpq already holds, then the socket's.
+    let Some(pool) = pool_of(ctx) else { return };
+    let out = pool.resume(conn);
+    SINK.deliver(out);
+}
+
+/// Every row is in (or the query failed after rows went out).
+pub fn complete(r: &mut Req) {
+    let Some(ctx) = ctx_of(r) else { return };
+    // Taken out: the steps below take the context anew.
+    let Some(mut s) = ctx.streaming.take() else { return };
+    let (rows, sent) = (s.enc.rows(), s.sent);
+    vars::store(r, Var::Rows, rows.to_string().as_bytes());
+    let failed = match ctx.error.take() {
+        Some(err) => Some(err.error_summary()),
+        None if ctx.stream_failed => Some("sending the rows to the client failed".to_owned()),
+        None => None,
+    };
+    if let Some(why) = failed {
+        vars::store(r, Var::Error, why.as_bytes());
+        log!(
+            NGX_LOG_ERR,
+            r.log(),
+            "sqldb: the response was cut short after {sent} rows had gone out: {why}"
+        );
+        finish_upstream(r, HTTP_OK, 0);
+        r.finalize(ERROR);
+        return;
+    }
+    finish_upstream(r, HTTP_OK, 0);
+    let rc = s.finish(r);
+    r.finalize(rc);
+}

@@ -1,0 +1,114 @@
+//! Values out of a query into nginx (the `$sqldb_*` variables, `sqldb_set`,
+//! `sqldb_rewrite`'s status), and `sqldb_escape`'s literals into it.
+
+use gateway_core::rds::ResultSet;
+use gateway_core::rewrite;
+use gateway_core::sql::quote_literal;
+
+use super::error::ResultError;
+use crate::ffi::*;
+use crate::log;
+use crate::sqldb::config::{Column, LocConf, Sqldb, Var};
+use crate::sqldb::driver::{PgResult, ResultKind};
+
+/// Stores one of the gateway's variables for the rest of the request.
+pub fn store(r: &mut Req, var: Var, value: &[u8]) {
+    let index = r.main_conf::<Sqldb>().var(var);
+    r.set_variable(index, value);
+}
+
+/// `$sqldb_columns`, `$sqldb_rows`, `$sqldb_affected` of a result.
+pub fn store_counts(r: &mut Req, res: &PgResult) {
+    let (cols, rows) = if res.kind() == ResultKind::Tuples {
+        (res.columns(), res.rows())
+    } else {
+        (0, 0)
+    };
+    store(r, Var::Columns, cols.to_string().as_bytes());
+    store(r, Var::Rows, rows.to_string().as_bytes());
+    // Only statements that change rows have a count (as the C module does):
+    // `add_header X-Affected $sqldb_affected` adds nothing for a SELECT.
+    if let Some(n) = res.affected() {
+        store(r, Var::Affected, n.to_string().as_bytes());
+    }
+}
+
+/// Stores the cells `sqldb_set` asks for; a required one missing, NULL or
+/// empty is an error.
+pub fn apply_sets(r: &mut Req, lcf: &LocConf, res: &PgResult) -> Result<(), ResultError> {
+    let rows = res.kind() == ResultKind::Tuples;
+    for rule in &lcf.sets {
+        let col = match &rule.column {
+            Column::Index(c) => Some(*c),
+            Column::Name(n) if rows => (0..res.columns()).find(|&c| res.column_name(c) == &n[..]),
+            Column::Name(_) => None,
+        };
+        let cell = col
+            .filter(|&c| rows && rule.row < res.rows() && c < res.columns())
+            .and_then(|c| res.value(rule.row, c));
+        match cell {
+            Some(v) if !v.is_empty() || !rule.required => {
+                r.set_variable(rule.index, v);
+            }
+            _ if rule.required => {
+                return Err(ResultError::RequiredSet {
+                    name: rule.name.clone(),
+                    row: rule.row,
+                    what: if cell.is_none() { "no value" } else { "an empty value" },
+                })
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// The `sqldb_rewrite` rule for this request and result: (status, keep the body).
+pub fn rewrite(r: &Req, lcf: &LocConf, res: &PgResult) -> Option<(ngx_uint_t, bool)> {
+    let rows = if res.kind() == ResultKind::Tuples {
+        res.rows()
+    } else {
+        0
+    };
+    let facts = rewrite::Facts {
+        rows: rows as u64,
+        affected: res.affected(),
+    };
+    rewrite::choose(&lcf.rewrites, r.method(), facts).map(|w| (ngx_uint_t::from(w.status), w.keep_body))
+}
+
+/// Makes the escaped literals of the location before its content handler
+/// runs (after `set`, so that the values `set` makes can be escaped).
+pub(crate) extern "C" fn escape_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
+    // SAFETY: nginx calls phase handlers with a live request.
+    let r = unsafe { Req::from_raw(r) };
+    guard(r.log(), "escape_handler", HTTP_INTERNAL_SERVER_ERROR, || escape(r))
+}
+
+fn escape(r: &mut Req) -> ngx_int_t {
+    let lcf: &LocConf = r.loc_conf::<Sqldb>();
+    for rule in &lcf.escapes {
+        let value = match rule.src {
+            None => r.variable(rule.dst).unwrap_or_default().to_vec(),
+            Some(cv) => match r.complex_value(cv) {
+                Some(v) => v.to_vec(),
+                None => return HTTP_INTERNAL_SERVER_ERROR,
+            },
+        };
+        let literal = if value.is_empty() && !rule.empty_string {
+            b"NULL".to_vec()
+        } else {
+            match quote_literal(&value) {
+                Some(l) => l,
+                None => {
+                    log!(NGX_LOG_INFO, r.log(), "sqldb: a value to escape contains a NUL byte");
+                    return HTTP_BAD_REQUEST;
+                }
+            }
+        };
+        if !r.set_variable(rule.dst, &literal) {
+            return HTTP_INTERNAL_SERVER_ERROR;
+        }
+    }
+    DECLINED
+}
