@@ -50,27 +50,54 @@ pub enum ResultKind {
 pub enum ErrorClass {
     /// An error of the statement (syntax, constraint, a bad value ...).
     Statement,
-    /// The prepared statement is gone (DEALLOCATE, DISCARD) or its plan no
-    /// longer fits (a schema change): nothing ran; it can be prepared again.
+    /// Executing a prepared statement that the session does not have
+    /// (DEALLOCATE, DISCARD ALL): nothing ran; it can be prepared again.
     Vanished,
+    /// Executing a prepared statement whose plan no longer fits (a schema
+    /// change: "cached plan must not change result type"): nothing ran;
+    /// the session still holds it, so it is deallocated, then prepared again.
+    PlanChanged,
     /// The server is ending the session (shutdown, pg_terminate_backend):
     /// not an answer to the query.
     SessionEnd,
 }
 
 impl ErrorClass {
-    /// The class of a SQLSTATE.
-    pub fn of(sqlstate: &str) -> ErrorClass {
-        match sqlstate {
-            // invalid_sql_statement_name; feature_not_supported ("cached
-            // plan must not change result type")
-            "26000" | "0A000" => ErrorClass::Vanished,
-            // connection exceptions, operator intervention (admin shutdown,
-            // crash shutdown, cannot connect now)
-            s if s.starts_with("08") || s.starts_with("57P") => ErrorClass::SessionEnd,
+    /// The class of an error from its severity (the untranslated one) and
+    /// SQLSTATE. Only FATAL and PANIC end the session: an ERROR of class 08
+    /// (a protocol violation in one message, say) answers the query.
+    pub fn of(severity: &str, sqlstate: &str) -> ErrorClass {
+        match (severity, sqlstate) {
+            ("FATAL" | "PANIC", _) => ErrorClass::SessionEnd,
+            // invalid_sql_statement_name
+            (_, "26000") => ErrorClass::Vanished,
+            // feature_not_supported (of a prepared statement's execution)
+            (_, "0A000") => ErrorClass::PlanChanged,
             _ => ErrorClass::Statement,
         }
     }
+}
+
+/// How a request's single statement goes out (`sent_statement`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wire {
+    /// As the unnamed statement.
+    Unnamed,
+    /// Executed by name: the session has it, or a prepare sent before.
+    Execute,
+    /// Prepared under its name, then executed.
+    PrepareAndExecute,
+}
+
+/// Statements prepared on one connection at most; later ones run unnamed.
+pub const MAX_PREPARED: usize = 256;
+
+/// A statement prepared on the connection: its number and which prepare
+/// of it (a statement deallocated and prepared again is a new one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Named {
+    id: u32,
+    gen: u32,
 }
 
 /// Why a request lost its connection, and so what it may do next.
@@ -115,8 +142,10 @@ pub enum Step<T> {
     /// The request's prepared statement had vanished: prepare and send it
     /// again (it did not run).
     Resend(T),
-    /// The connection's prepared statements are gone.
-    ForgetPrepared,
+    /// The plan of the request's prepared statement no longer fits: send
+    /// `DEALLOCATE` for it now (`sent_internal`), before the request is
+    /// sent again.
+    Deallocate(T),
     /// Send a cancel request for the query running now (one of a request
     /// that is gone; no other request is on the connection).
     Cancel,
@@ -162,6 +191,10 @@ struct Entry<T> {
     /// Single-row mode was asked for its query.
     single: bool,
     seq: u64,
+    /// The prepared statement it executes.
+    named: Option<Named>,
+    /// The gateway's own query (DEALLOCATE): never cancelled.
+    internal: bool,
 }
 
 impl<T> Entry<T> {
@@ -191,6 +224,10 @@ pub struct Pipeline<T> {
     paused: bool,
     last_seq: u64,
     served: u64,
+    /// The statements the session holds or will once the prepares in
+    /// flight are through (a failed prepare is forgotten).
+    prepared: Vec<Named>,
+    prepare_gen: u32,
 }
 
 impl<T: Copy + Eq> Pipeline<T> {
@@ -208,6 +245,8 @@ impl<T: Copy + Eq> Pipeline<T> {
             paused: false,
             last_seq: 0,
             served: 0,
+            prepared: Vec::new(),
+            prepare_gen: 0,
         }
     }
 
@@ -280,6 +319,67 @@ impl<T: Copy + Eq> Pipeline<T> {
     /// The request's query was handed to libpq: it is in flight. (Queued
     /// before the bytes go out, so that a failed send fails it too.)
     pub fn sent(&mut self, req: T, mode: Mode, streaming: bool) {
+        self.push(Some(req), mode, streaming, None);
+    }
+
+    /// The request's single statement is handed to libpq in pipeline mode;
+    /// `statement`: the number of a statement to run by name. Says how it
+    /// goes out: executed by name when the session has it (or a prepare of
+    /// it is on its way), prepared first when not, unnamed when the
+    /// connection holds MAX_PREPARED statements already.
+    pub fn sent_statement(&mut self, req: T, statement: Option<u32>, streaming: bool) -> Wire {
+        let (wire, named) = match statement {
+            None => (Wire::Unnamed, None),
+            Some(id) => match self.prepared.iter().find(|n| n.id == id) {
+                Some(&n) => (Wire::Execute, Some(n)),
+                None if self.prepared.len() < MAX_PREPARED => {
+                    self.prepare_gen = self.prepare_gen.wrapping_add(1);
+                    let n = Named {
+                        id,
+                        gen: self.prepare_gen,
+                    };
+                    self.prepared.push(n);
+                    (Wire::PrepareAndExecute, Some(n))
+                }
+                None => (Wire::Unnamed, None),
+            },
+        };
+        let preparing = wire == Wire::PrepareAndExecute;
+        self.push(Some(req), Mode::Pipelined { preparing }, streaming, named);
+        wire
+    }
+
+    /// The gateway's own query (a DEALLOCATE, with its sync point) went
+    /// out: its results are read and dropped.
+    pub fn sent_internal(&mut self) {
+        self.push(None, Mode::Pipelined { preparing: false }, false, None);
+        if let Some(e) = self.queue.back_mut() {
+            e.internal = true;
+        }
+    }
+
+    /// Whether the session holds (or is preparing) statement `id`.
+    pub fn holds_statement(&self, id: u32) -> bool {
+        self.prepared.iter().any(|n| n.id == id)
+    }
+
+    fn push(&mut self, req: Option<T>, mode: Mode, streaming: bool, named: Option<Named>) {
+        let Some(req) = req else {
+            self.last_seq += 1;
+            self.queue.push_back(Entry {
+                req: None,
+                mode,
+                stage: 0,
+                again: false,
+                resent: false,
+                streaming,
+                single: false,
+                seq: self.last_seq,
+                named,
+                internal: false,
+            });
+            return;
+        };
         self.waiting.retain(|&w| w != req);
         let resent = match self.resending.iter().position(|&r| r == req) {
             Some(i) => {
@@ -298,6 +398,8 @@ impl<T: Copy + Eq> Pipeline<T> {
             streaming,
             single: false,
             seq: self.last_seq,
+            named,
+            internal: false,
         });
     }
 
@@ -339,8 +441,15 @@ impl<T: Copy + Eq> Pipeline<T> {
     /// follows (a request whose results are all in, one to send again).
     pub fn on_result(&mut self, kind: ResultKind) -> (Route<T>, Vec<Step<T>>) {
         let mut steps = Vec::new();
-        let Some(head) = self.queue.front_mut() else {
+        let Pipeline { queue, prepared, .. } = self;
+        let Some(head) = queue.front_mut() else {
             return (Route::Confused, steps);
+        };
+        // The session does not hold that prepare of the statement.
+        let forget = |prepared: &mut Vec<Named>, n: Option<Named>| -> bool {
+            let before = prepared.len();
+            prepared.retain(|&p| Some(p) != n);
+            prepared.len() != before
         };
         let route = match (kind, head.mode) {
             (ResultKind::End, Mode::Simple) => {
@@ -364,13 +473,35 @@ impl<T: Copy + Eq> Pipeline<T> {
                 None => Route::Confused,
             },
             (ResultKind::Aborted, _) => Route::Drop,
-            (ResultKind::Error(ErrorClass::Vanished), _) if !head.preparing_step() => {
-                steps.push(Step::ForgetPrepared);
-                if head.resent {
-                    head.req.map_or(Route::Drop, Route::Error)
-                } else {
-                    head.again = true;
-                    Route::Drop
+            // A prepare failed: the session does not have the statement.
+            (ResultKind::Error(_), _) if head.preparing_step() => {
+                forget(prepared, head.named);
+                head.req.map_or(Route::Drop, Route::Error)
+            }
+            (ResultKind::Error(ErrorClass::Vanished), _) if head.named.is_some() => {
+                forget(prepared, head.named);
+                match head.req {
+                    Some(req) if head.resent => Route::Error(req),
+                    Some(_) => {
+                        head.again = true;
+                        Route::Drop
+                    }
+                    None => Route::Drop,
+                }
+            }
+            // A request that has gone leaves the stale statement to the
+            // next one that runs it.
+            (ResultKind::Error(ErrorClass::PlanChanged), _) if head.named.is_some() && head.req.is_some() => {
+                match head.req {
+                    Some(req) if head.resent => Route::Error(req),
+                    Some(req) => {
+                        if forget(prepared, head.named) {
+                            steps.push(Step::Deallocate(req));
+                        }
+                        head.again = true;
+                        Route::Drop
+                    }
+                    None => Route::Drop,
                 }
             }
             (ResultKind::Error(_), _) => head.req.map_or(Route::Drop, Route::Error),
@@ -412,10 +543,20 @@ impl<T: Copy + Eq> Pipeline<T> {
             } else {
                 steps.push(Step::Settle);
             }
-        } else if self.live() == 0 && self.resending.is_empty() {
+        } else if self.drainable() {
             steps.extend(self.begin_drain());
         }
         steps
+    }
+
+    /// Queries run, yet no request is there for them (nor one to be sent
+    /// again, nor a DEALLOCATE of the gateway's, which must not be
+    /// cancelled: the session would keep a statement it was told is gone).
+    fn drainable(&self) -> bool {
+        !self.queue.is_empty()
+            && self.live() == 0
+            && self.resending.is_empty()
+            && !self.queue.iter().any(|e| e.internal)
     }
 
     /// Every request left: cancel what runs, or close a connection still
@@ -432,7 +573,7 @@ impl<T: Copy + Eq> Pipeline<T> {
 
     /// One cancel request per query that runs (the head's), one at a time.
     fn cancel_running(&mut self) -> Option<Step<T>> {
-        let head = self.queue.front()?.seq;
+        let head = self.queue.front().filter(|e| !e.internal)?.seq;
         if !self.draining || self.cancel_in_flight || self.cancelled_seq == Some(head) {
             return None;
         }
@@ -491,7 +632,7 @@ impl<T: Copy + Eq> Pipeline<T> {
                 if self.queue.is_empty() && !self.draining && self.waiting.is_empty() {
                     // Picked but never used.
                     steps.push(Step::Settle);
-                } else if !self.queue.is_empty() && self.live() == 0 {
+                } else if self.drainable() {
                     steps.extend(self.begin_drain());
                 }
             }

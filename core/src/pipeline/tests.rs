@@ -101,22 +101,142 @@ fn several_statements_end_at_the_end_mark() {
     );
 }
 
+/// A ready connection on which statement `id` was prepared by request 100.
+fn holding(ids: &[u32]) -> Pipeline<u32> {
+    let mut p = Pipeline::connecting(100, false);
+    p.connected();
+    for &id in ids {
+        assert_eq!(p.sent_statement(100 + id, Some(id), false), Wire::PrepareAndExecute);
+        feed(&mut p, &[Final, End, Final, End, Sync]);
+    }
+    p.after_results();
+    p
+}
+
+#[test]
+fn a_statement_is_prepared_once_and_then_executed_by_name() {
+    let mut p = holding(&[]);
+    assert_eq!(p.sent_statement(1, Some(7), false), Wire::PrepareAndExecute);
+    // Pipelined behind the prepare: executed by name at once.
+    assert_eq!(p.sent_statement(2, Some(7), false), Wire::Execute);
+    assert_eq!(p.sent_statement(3, None, false), Wire::Unnamed);
+    let out = feed(
+        &mut p,
+        &[Final, End, Final, End, Sync, Final, End, Sync, Final, End, Sync],
+    );
+    assert_eq!(
+        out,
+        [
+            "Result(1)",
+            "Complete(1)",
+            "Result(2)",
+            "Complete(2)",
+            "Result(3)",
+            "Complete(3)"
+        ]
+    );
+    assert!(p.holds_statement(7));
+}
+
+#[test]
+fn statements_past_the_limit_run_unnamed() {
+    let ids: Vec<u32> = (0..MAX_PREPARED as u32).collect();
+    let mut p = holding(&ids);
+    assert_eq!(p.sent_statement(1, Some(5), false), Wire::Execute);
+    assert_eq!(p.sent_statement(2, Some(9999), false), Wire::Unnamed);
+}
+
 #[test]
 fn a_vanished_statement_is_sent_again_once() {
-    let mut p = ready(&[(1, P)]);
+    let mut p = holding(&[4]);
+    assert_eq!(p.sent_statement(1, Some(4), false), Wire::Execute);
     let out = feed(&mut p, &[Error(ErrorClass::Vanished), End, Sync]);
-    assert_eq!(out, ["ForgetPrepared", "Resend(1)"]);
+    assert_eq!(out, ["Resend(1)"]);
+    assert!(!p.holds_statement(4), "the session does not have it");
     assert!(p.after_results().is_empty(), "not idle while the request is sent again");
-    p.sent(1, PREP, false);
+    assert_eq!(p.sent_statement(1, Some(4), false), Wire::PrepareAndExecute);
     // It vanishes again: now it is the request's error.
     let out = feed(&mut p, &[Final, End, Error(ErrorClass::Vanished), End, Sync]);
-    assert_eq!(out, ["Error(1)", "ForgetPrepared", "Complete(1)"]);
+    assert_eq!(out, ["Error(1)", "Complete(1)"]);
+}
+
+#[test]
+fn a_failed_prepare_is_the_request_error_and_forgets_only_that_statement() {
+    let mut p = holding(&[1, 2]);
+    assert_eq!(p.sent_statement(1, Some(3), false), Wire::PrepareAndExecute);
+    // A request pipelined behind the failing prepare runs it by name.
+    assert_eq!(p.sent_statement(2, Some(3), false), Wire::Execute);
+    let out = feed(&mut p, &[Error(ErrorClass::Statement), End, Aborted, Sync]);
+    assert_eq!(out, ["Error(1)", "Complete(1)"]);
+    assert!(!p.holds_statement(3));
+    assert!(p.holds_statement(1) && p.holds_statement(2), "the others stay prepared");
+    // The one behind finds it missing and is sent again, preparing it.
+    assert_eq!(feed(&mut p, &[Error(ErrorClass::Vanished), End, Sync]), ["Resend(2)"]);
+    assert_eq!(p.sent_statement(2, Some(3), false), Wire::PrepareAndExecute);
+    assert_eq!(p.sent_statement(5, Some(1), false), Wire::Execute);
+}
+
+#[test]
+fn a_changed_plan_is_deallocated_before_the_request_is_sent_again() {
+    let mut p = holding(&[6]);
+    assert_eq!(p.sent_statement(1, Some(6), false), Wire::Execute);
+    assert_eq!(p.sent_statement(2, Some(6), false), Wire::Execute);
+    let out = feed(&mut p, &[Error(ErrorClass::PlanChanged), End]);
+    assert_eq!(out, ["Deallocate(1)"]);
+    p.sent_internal();
+    assert_eq!(feed(&mut p, &[Sync]), ["Resend(1)"]);
+    assert_eq!(p.sent_statement(1, Some(6), false), Wire::PrepareAndExecute);
+    // Request 2 ran the old plan too: no second DEALLOCATE (the prepare of
+    // request 1 is newer), and it is sent again to run by name.
+    let out = feed(&mut p, &[Error(ErrorClass::PlanChanged), End, Sync]);
+    assert_eq!(out, ["Resend(2)"]);
+    assert_eq!(p.sent_statement(2, Some(6), false), Wire::Execute);
+    // The DEALLOCATE's results are dropped; then the two run.
+    let out = feed(
+        &mut p,
+        &[Final, End, Sync, Final, End, Final, End, Sync, Final, End, Sync],
+    );
+    assert_eq!(out, ["Result(1)", "Complete(1)", "Result(2)", "Complete(2)"]);
+    assert_eq!(p.after_results(), vec![Step::Settle]);
+}
+
+#[test]
+fn the_gateways_own_deallocate_is_never_cancelled() {
+    let mut p = holding(&[6]);
+    assert_eq!(p.sent_statement(1, Some(6), false), Wire::Execute);
+    assert_eq!(feed(&mut p, &[Error(ErrorClass::PlanChanged), End]), ["Deallocate(1)"]);
+    p.sent_internal();
+    feed(&mut p, &[Sync]);
+    // The request leaves before it is sent again: the DEALLOCATE runs on.
+    assert!(p.abandon(1).is_empty());
+    assert!(feed(&mut p, &[Final, End]).is_empty());
+    assert!(p.after_results().is_empty(), "no drain, no cancel");
+    feed(&mut p, &[Sync]);
+    assert_eq!(p.after_results(), vec![Step::Settle]);
+    assert!(!p.holds_statement(6));
+}
+
+#[test]
+fn errors_of_unnamed_statements_are_never_sent_again() {
+    let mut p = ready(&[(1, P), (2, P)]);
+    let out = feed(
+        &mut p,
+        &[
+            Error(ErrorClass::PlanChanged),
+            End,
+            Sync,
+            Error(ErrorClass::Vanished),
+            End,
+            Sync,
+        ],
+    );
+    assert_eq!(out, ["Error(1)", "Complete(1)", "Error(2)", "Complete(2)"]);
 }
 
 #[test]
 fn a_failed_prepare_is_the_request_error() {
     let mut p = ready(&[(1, PREP)]);
-    let out = feed(&mut p, &[Error(ErrorClass::Vanished), End, Aborted, Sync]);
+    let out = feed(&mut p, &[Error(ErrorClass::PlanChanged), End, Aborted, Sync]);
     assert_eq!(out, ["Error(1)", "Complete(1)"]);
 }
 
@@ -230,17 +350,23 @@ fn copy_is_refused_and_confusion_is_caught() {
 }
 
 #[test]
-fn sqlstates() {
-    assert_eq!(ErrorClass::of("26000"), ErrorClass::Vanished);
-    assert_eq!(ErrorClass::of("0A000"), ErrorClass::Vanished);
-    assert_eq!(ErrorClass::of("57P01"), ErrorClass::SessionEnd);
-    assert_eq!(ErrorClass::of("08006"), ErrorClass::SessionEnd);
+fn severities_and_sqlstates() {
+    assert_eq!(ErrorClass::of("ERROR", "26000"), ErrorClass::Vanished);
+    assert_eq!(ErrorClass::of("ERROR", "0A000"), ErrorClass::PlanChanged);
+    assert_eq!(ErrorClass::of("FATAL", "57P01"), ErrorClass::SessionEnd);
+    assert_eq!(ErrorClass::of("PANIC", "XX000"), ErrorClass::SessionEnd);
+    assert_eq!(ErrorClass::of("FATAL", "08006"), ErrorClass::SessionEnd);
     assert_eq!(
-        ErrorClass::of("57014"),
+        ErrorClass::of("ERROR", "08P01"),
+        ErrorClass::Statement,
+        "a protocol violation in one message answers that query"
+    );
+    assert_eq!(
+        ErrorClass::of("ERROR", "57014"),
         ErrorClass::Statement,
         "a cancelled query is its own error"
     );
-    assert_eq!(ErrorClass::of("42P01"), ErrorClass::Statement);
+    assert_eq!(ErrorClass::of("ERROR", "42P01"), ErrorClass::Statement);
 }
 
 // ------------------------------------------------------- random sequences ----
@@ -259,10 +385,29 @@ impl Rng {
     }
 }
 
-/// What the model server will answer for one sent query, in order.
+/// What went out for one request (or the gateway's DEALLOCATE).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Sent {
+    Simple,
+    Pipelined(Wire, Option<u32>),
+    Deallocate(u32),
+}
+
+/// One query sent to the model server: its answers are made when the server
+/// runs it (from what the session holds then), and read in order.
 struct Script {
-    results: std::collections::VecDeque<ResultKind>,
+    sent: Sent,
+    results: Option<std::collections::VecDeque<ResultKind>>,
     req: u32,
+    /// Its prepare has not answered yet (a cancel makes it fail).
+    prepare_pending: bool,
+}
+
+/// The session's prepared statements at the model server: stale after a
+/// schema change.
+#[derive(Default)]
+struct Session {
+    held: std::collections::HashMap<u32, bool>,
 }
 
 #[derive(Default)]
@@ -285,6 +430,9 @@ struct Seen {
     gone: u64,
     rows: u64,
     waited: u64,
+    deallocated: u64,
+    failed_prepares: u64,
+    executed_by_name: u64,
 }
 
 struct Sim {
@@ -297,58 +445,112 @@ struct Sim {
     cancel_pending: bool,
     closed: bool,
     session_ending: bool,
+    session: Session,
+    /// The statement each request runs by name.
+    statement_of: std::collections::HashMap<u32, u32>,
+    streams: std::collections::HashSet<u32>,
 }
 
 impl Sim {
-    fn script(&mut self, req: u32, mode: Mode, streaming: bool) -> Script {
+    /// The server runs the query: its answers, from what the session holds.
+    fn run_script(&mut self, sent: Sent, req: u32, streaming: bool) -> std::collections::VecDeque<ResultKind> {
         let mut r = std::collections::VecDeque::new();
         let fate = self.rng.below(10);
-        match mode {
-            Mode::Simple => {
+        let body = |r: &mut std::collections::VecDeque<ResultKind>, rng: &mut Rng| {
+            if fate == 2 {
+                r.extend([Error(ErrorClass::Statement), End]);
+            } else {
+                if streaming {
+                    for _ in 0..rng.below(4) {
+                        r.push_back(Row);
+                    }
+                }
+                r.extend([Final, End]);
+            }
+        };
+        match sent {
+            Sent::Simple => {
                 for _ in 0..1 + self.rng.below(3) {
                     r.push_back(if fate == 0 { Error(ErrorClass::Statement) } else { Final });
                 }
                 r.push_back(End);
+                return r;
             }
-            Mode::Pipelined { preparing } => {
-                if preparing {
+            Sent::Deallocate(id) => {
+                if self.session.held.remove(&id).is_some() {
                     r.extend([Final, End]);
-                }
-                let vanish = !preparing && fate == 1 && !self.log.resent.contains(&req);
-                if vanish {
-                    r.extend([Error(ErrorClass::Vanished), End]);
-                } else if fate == 2 {
-                    r.extend([Error(ErrorClass::Statement), End]);
                 } else {
-                    if streaming {
-                        for _ in 0..self.rng.below(4) {
-                            r.push_back(Row);
-                        }
-                    }
-                    r.extend([Final, End]);
+                    r.extend([Error(ErrorClass::Vanished), End]);
                 }
-                r.push_back(Sync);
+            }
+            Sent::Pipelined(Wire::Unnamed, _) => body(&mut r, &mut self.rng),
+            Sent::Pipelined(Wire::Execute, id) => match self.session.held.get(&id.unwrap()) {
+                None => {
+                    self.log.vanished.insert(req);
+                    r.extend([Error(ErrorClass::Vanished), End]);
+                }
+                Some(true) => {
+                    self.log.vanished.insert(req);
+                    r.extend([Error(ErrorClass::PlanChanged), End]);
+                }
+                Some(false) => {
+                    self.seen.executed_by_name += 1;
+                    body(&mut r, &mut self.rng)
+                }
+            },
+            Sent::Pipelined(Wire::PrepareAndExecute, id) => {
+                let id = id.unwrap();
+                assert!(
+                    !self.session.held.contains_key(&id),
+                    "statement {id} prepared while the session holds it (request {req})"
+                );
+                if fate == 3 {
+                    self.seen.failed_prepares += 1;
+                    r.extend([Error(ErrorClass::Statement), End, Aborted]);
+                } else {
+                    self.session.held.insert(id, false);
+                    r.extend([Final, End]);
+                    body(&mut r, &mut self.rng);
+                }
             }
         }
-        Script { results: r, req }
+        r.push_back(Sync);
+        r
     }
 
     fn send(&mut self, req: u32) {
         let streaming = self.rng.below(4) == 0;
-        let mode = match self.rng.below(4) {
-            0 if self.p.nothing_in_flight() && !streaming => Mode::Simple,
-            1 => PREP,
-            _ => P,
+        let statement = match self.statement_of.get(&req) {
+            Some(&id) => Some(id),
+            None if self.rng.below(3) > 0 => Some(1 + self.rng.below(3) as u32),
+            None => None,
         };
-        let mode = if self.log.resent.contains(&req) { PREP } else { mode };
+        if let Some(id) = statement {
+            self.statement_of.insert(req, id);
+        }
         assert!(
             !self.log.sent.contains(&req) || self.log.resent.contains(&req),
             "request {req} sent twice without its statement vanishing"
         );
         self.log.sent.insert(req);
-        self.p.sent(req, mode, streaming);
-        let s = self.script(req, mode, streaming);
-        self.server.push_back(s);
+        let simple =
+            !self.log.resent.contains(&req) && self.p.nothing_in_flight() && !streaming && self.rng.below(4) == 0;
+        let sent = if simple {
+            self.p.sent(req, Mode::Simple, streaming);
+            Sent::Simple
+        } else {
+            let wire = self.p.sent_statement(req, statement, streaming);
+            Sent::Pipelined(wire, statement)
+        };
+        if streaming {
+            self.streams.insert(req);
+        }
+        self.server.push_back(Script {
+            sent,
+            results: None,
+            req,
+            prepare_pending: matches!(sent, Sent::Pipelined(Wire::PrepareAndExecute, _)),
+        });
     }
 
     fn terminal(&mut self, req: u32, what: String) {
@@ -392,8 +594,27 @@ impl Sim {
                     self.cancel_pending = true;
                     self.seen.cancels += 1;
                 }
+                Step::Deallocate(r) => {
+                    assert!(
+                        self.log.vanished.contains(&r),
+                        "a DEALLOCATE for request {r}, whose plan held"
+                    );
+                    assert!(
+                        !self.log.gone.contains(&r),
+                        "a DEALLOCATE for request {r}, which had gone"
+                    );
+                    self.seen.deallocated += 1;
+                    let id = self.statement_of[&r];
+                    self.p.sent_internal();
+                    self.server.push_back(Script {
+                        sent: Sent::Deallocate(id),
+                        results: None,
+                        req: 0,
+                        prepare_pending: false,
+                    });
+                }
                 Step::Close => self.closed = true,
-                Step::ForgetPrepared | Step::DrainTimer | Step::Settle | Step::Resume => {}
+                Step::DrainTimer | Step::Settle | Step::Resume => {}
             }
         }
     }
@@ -416,14 +637,22 @@ impl Sim {
         if self.p.wants_single_row() {
             // The model server sends rows one by one anyway.
         }
-        let Some(front) = self.server.front_mut() else { return };
-        let Some(kind) = front.results.pop_front() else { return };
-        let req = front.req;
-        if front.results.is_empty() {
-            self.server.pop_front();
+        let Some(front) = self.server.front() else { return };
+        if front.results.is_none() {
+            let (sent, req) = (front.sent, front.req);
+            let streaming = self.streams.contains(&req);
+            let r = self.run_script(sent, req, streaming);
+            self.server.front_mut().unwrap().results = Some(r);
         }
-        if kind == Error(ErrorClass::Vanished) {
-            self.log.vanished.insert(req);
+        let front = self.server.front_mut().unwrap();
+        let results = front.results.as_mut().unwrap();
+        let Some(kind) = results.pop_front() else { return };
+        if front.prepare_pending && kind == End {
+            front.prepare_pending = false;
+        }
+        let req = front.req;
+        if results.is_empty() {
+            self.server.pop_front();
         }
         let (route, steps) = self.p.on_result(kind);
         match route {
@@ -459,6 +688,9 @@ impl Sim {
             cancel_pending: false,
             closed: false,
             session_ending: false,
+            session: Session::default(),
+            statement_of: Default::default(),
+            streams: Default::default(),
         };
         let mut all = vec![1];
         for _ in 0..80 {
@@ -494,14 +726,23 @@ impl Sim {
                 }
                 3 if sim.cancel_pending => {
                     sim.cancel_pending = false;
-                    // A cancelled query ends with an error.
+                    // A cancelled query ends with an error (a prepare that
+                    // had not answered fails: the session does not have it).
                     if let Some(front) = sim.server.front_mut() {
-                        if front.results.iter().any(|k| *k == Row || *k == Final) {
-                            let sync = front.results.back() == Some(&Sync);
-                            front.results.clear();
-                            front.results.extend([Error(ErrorClass::Statement), End]);
-                            if sync {
-                                front.results.push_back(Sync);
+                        let simple = front.sent == Sent::Simple;
+                        let pending = front.prepare_pending;
+                        let results = front.results.get_or_insert_with(|| [Final].into());
+                        if results.iter().any(|k| *k == Row || *k == Final) {
+                            results.clear();
+                            results.extend([Error(ErrorClass::Statement), End]);
+                            if pending {
+                                results.push_back(Aborted);
+                            }
+                            if !simple {
+                                results.push_back(Sync);
+                            }
+                            if let (true, Sent::Pipelined(_, Some(id))) = (pending, front.sent) {
+                                sim.session.held.remove(&id);
                             }
                         }
                     }
@@ -509,6 +750,10 @@ impl Sim {
                     sim.steps(steps);
                 }
                 4 if sim.rng.below(10) == 0 => sim.lose(),
+                // Another session changes the schema: every plan is stale.
+                7 if sim.rng.below(8) == 0 => sim.session.held.values_mut().for_each(|s| *s = true),
+                // DISCARD ALL ran on the session.
+                8 if sim.rng.below(12) == 0 => sim.session.held.clear(),
                 5 if sim.p.is_paused() => sim.p.resume(),
                 6 if !sim.p.is_paused() && sim.rng.below(3) == 0 => sim.p.pause(),
                 _ if !sim.p.is_paused() => sim.deliver_one(),
@@ -552,6 +797,9 @@ impl Sim {
         seen.gone += s.gone;
         seen.rows += s.rows;
         seen.waited += s.waited;
+        seen.deallocated += s.deallocated;
+        seen.failed_prepares += s.failed_prepares;
+        seen.executed_by_name += s.executed_by_name;
     }
 }
 
@@ -573,6 +821,9 @@ fn random_event_sequences_keep_the_invariants() {
         ("requests gone", seen.gone),
         ("rows", seen.rows),
         ("sent after waiting", seen.waited),
+        ("DEALLOCATEs of changed plans", seen.deallocated),
+        ("failed prepares", seen.failed_prepares),
+        ("executed by name", seen.executed_by_name),
     ] {
         assert!(n > runs / 30, "only {n} {what}: {seen:?}");
     }

@@ -4,7 +4,7 @@
 
 use std::ffi::{c_char, c_void, CString};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use gateway_core::method::parse_methods;
 use gateway_core::rewrite;
@@ -51,7 +51,7 @@ pub(crate) extern "C" fn cmd_sqldb_pass<E: Entries>(
 }
 
 /// Numbers every template: its prepared statement's name on every connection.
-static TEMPLATES: AtomicUsize = AtomicUsize::new(0);
+static TEMPLATES: AtomicU32 = AtomicU32::new(0);
 
 /// Compiles a template: text pieces and typed parameters.
 fn compile_template(cf: Conf, text: &[u8]) -> Result<Template, ConfError> {

@@ -1,18 +1,16 @@
 //! One database connection: libpq's connection, the nginx connection that
 //! watches its socket, and the routing of its results.
 
+use std::ffi::CString;
 use std::ptr::NonNull;
 use std::rc::Rc;
 
-use gateway_core::pipeline::{Mode, Pipeline};
+use gateway_core::pipeline::{Mode, Pipeline, Wire};
 
 use super::cancel::Canceller;
 use super::pq::{CancelKey, PgConn, PqError};
 use super::{ConnId, Pool, Query, ReqToken};
 use crate::ffi::*;
-
-/// Templates prepared on one connection at most; later ones run unnamed.
-const MAX_PREPARED: usize = 256;
 
 pub(super) struct Conn {
     pub pg: PgConn,
@@ -33,7 +31,6 @@ pub(super) struct Conn {
     in_pipeline: bool,
     write_watched: bool,
     reading_paused: bool,
-    prepared: Vec<usize>,
     /// The session's cancel key (None: its queries cannot be cancelled).
     pub cancel_key: Option<CancelKey>,
     pub canceller: Option<Canceller>,
@@ -61,7 +58,6 @@ impl Conn {
             in_pipeline: false,
             write_watched: false,
             reading_paused: false,
-            prepared: Vec::new(),
             cancel_key: None,
             canceller: None,
         }
@@ -114,10 +110,6 @@ impl Conn {
         self.queries.retain(|(r, _)| *r != req);
     }
 
-    pub fn forget_prepared(&mut self) {
-        self.prepared.clear();
-    }
-
     /// Queues the request's query and hands it to libpq, choosing the
     /// protocol: a constant statement is prepared once per connection and
     /// executed by name, another single statement runs as the unnamed
@@ -125,38 +117,49 @@ impl Conn {
     /// several statements need the simple protocol, outside pipeline mode.
     /// Queued first, so that a failed send fails it with the others.
     pub fn send(&mut self, req: ReqToken, q: &Query) -> Result<(), PqError> {
-        let prepared = q.statement.as_ref().map(|s| (s, self.prepared.contains(&s.id)));
-        let by_name = prepared.filter(|&(_, done)| done || self.prepared.len() < MAX_PREPARED);
-        let preparing = by_name.is_some_and(|(_, done)| !done);
-        let mode = if q.several {
-            Mode::Simple
-        } else {
-            Mode::Pipelined { preparing }
-        };
-        self.pipeline.sent(req, mode, q.streaming);
         if q.several {
+            self.pipeline.sent(req, Mode::Simple, q.streaming);
             if self.in_pipeline {
                 self.pg.exit_pipeline()?;
                 self.in_pipeline = false;
             }
             self.pg.send_query(&q.sql)?;
         } else {
-            if !self.in_pipeline {
-                self.pg.enter_pipeline()?;
-                self.in_pipeline = true;
-            }
-            match by_name {
-                Some((statement, _)) => {
-                    if preparing {
-                        self.prepared.push(statement.id);
-                        self.pg.send_prepare(&statement.name, &q.sql)?;
-                    }
-                    self.pg.send_prepared(&statement.name, &q.params, q.binary)?;
+            let statement = q.statement.as_deref();
+            let wire = self.pipeline.sent_statement(req, statement.map(|s| s.id), q.streaming);
+            self.enter_pipeline()?;
+            match (wire, statement) {
+                (Wire::PrepareAndExecute, Some(s)) => {
+                    self.pg.send_prepare(&s.name, &q.sql)?;
+                    self.pg.send_prepared(&s.name, &q.params, q.binary)?;
                 }
-                None => self.pg.send_unnamed(&q.sql, &q.params, q.binary)?,
+                (Wire::Execute, Some(s)) => self.pg.send_prepared(&s.name, &q.params, q.binary)?,
+                _ => self.pg.send_unnamed(&q.sql, &q.params, q.binary)?,
             }
             self.pg.pipeline_sync()?;
         }
+        self.flush()
+    }
+
+    fn enter_pipeline(&mut self) -> Result<(), PqError> {
+        if !self.in_pipeline {
+            self.pg.enter_pipeline()?;
+            self.in_pipeline = true;
+        }
+        Ok(())
+    }
+
+    /// Sends `DEALLOCATE` for the request's statement (its plan no longer
+    /// fits), with its own sync point, ahead of the request's new prepare.
+    pub fn deallocate(&mut self, req: ReqToken) -> Result<(), PqError> {
+        let Some(q) = self.query_of(req) else { return Ok(()) };
+        let Some(s) = q.statement.as_deref() else { return Ok(()) };
+        let sql = CString::new(format!("DEALLOCATE {}", s.name.to_string_lossy()))
+            .map_err(|_| PqError("a statement name with a NUL byte".into()))?;
+        self.pipeline.sent_internal();
+        self.enter_pipeline()?;
+        self.pg.send_unnamed(&sql, &[], false)?;
+        self.pg.pipeline_sync()?;
         self.flush()
     }
 

@@ -253,8 +253,8 @@ impl Pool {
                         c.forget(req);
                         out.push(Delivery::Complete(req));
                     }
-                    Step::Resend(req) => again.push(req),
-                    Step::ForgetPrepared => c.forget_prepared(),
+                    Step::Resend(req) => again.push((req, false)),
+                    Step::Deallocate(req) => again.push((req, true)),
                     other => debug_assert!(false, "a result step {other:?}"),
                 }
             }
@@ -266,11 +266,22 @@ impl Pool {
             let why = lost.unwrap_or_else(|| c.pg.error_message());
             return self.broken(id, &format!("connection lost: {why}"), out);
         }
-        // Prepared statements that vanished (DEALLOCATE, DISCARD, a schema
-        // change): prepared again, the requests sent again (they did not run).
-        for req in again {
-            let Some(q) = c.query_of(req) else { continue };
-            if let Err(e) = c.send(req, &q) {
+        // Prepared statements that vanished (DEALLOCATE, DISCARD) or whose
+        // plan changed (deallocated first): prepared again, the requests
+        // sent again (they did not run), in the order the routing asked.
+        for (req, deallocate) in again {
+            let sent = if deallocate {
+                debug!(
+                    Log::cycle(),
+                    "sqldb: connection #{}: a changed plan is deallocated",
+                    id.0.as_u64()
+                );
+                c.deallocate(req)
+            } else {
+                let Some(q) = c.query_of(req) else { continue };
+                c.send(req, &q)
+            };
+            if let Err(e) = sent {
                 return self.broken(id, &format!("sending the query failed: {e}"), out);
             }
         }
@@ -293,7 +304,11 @@ impl Pool {
                     c.forget(req);
                     out.push(Delivery::Complete(req));
                 }
-                Step::ForgetPrepared => c.forget_prepared(),
+                Step::Deallocate(req) => {
+                    if let Err(e) = c.deallocate(req) {
+                        return self.broken(id, &format!("sending the query failed: {e}"), out);
+                    }
+                }
                 Step::Resend(req) => {
                     if let Some(q) = c.query_of(req) {
                         if let Err(e) = c.send(req, &q) {

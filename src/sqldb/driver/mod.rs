@@ -30,7 +30,7 @@ pub struct ConnId(Key);
 /// A statement prepared once per connection: its template's number and name.
 #[derive(Debug)]
 pub struct Statement {
-    pub id: usize,
+    pub id: u32,
     pub name: CString,
 }
 

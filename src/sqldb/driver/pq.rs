@@ -393,7 +393,11 @@ impl PgResult {
         match self.kind() {
             ResultKind::Command | ResultKind::Tuples | ResultKind::Empty => pipeline::ResultKind::Final,
             ResultKind::Row => pipeline::ResultKind::Row,
-            ResultKind::Error => pipeline::ResultKind::Error(pipeline::ErrorClass::of(&self.sqlstate())),
+            ResultKind::Error => {
+                // 'V': the severity, never translated (PostgreSQL 9.6 on).
+                let severity = self.error_field(b'V');
+                pipeline::ResultKind::Error(pipeline::ErrorClass::of(&severity, &self.sqlstate()))
+            }
             ResultKind::Sync => pipeline::ResultKind::Sync,
             ResultKind::Aborted => pipeline::ResultKind::Aborted,
             ResultKind::Unsupported => pipeline::ResultKind::Copy,
