@@ -93,3 +93,18 @@ GET /v
 Content-Length: 3
 --- response_body chomp
 Tom
+
+
+
+=== TEST 7: the last rows fill a whole batch: the response still ends (an empty last buffer is not a "zero size buf") (text, csv, an empty text stream), then the next request on the connection
+--- config
+location /t { sqldb_pass database; sqldb_stream on; sqldb_output text; sqldb_query "select repeat('x', 20000)"; }
+location /c { sqldb_pass database; sqldb_stream on; sqldb_output csv; sqldb_query "select repeat('y', 20000) as v"; }
+location /e { sqldb_pass database; sqldb_stream on; sqldb_output text; sqldb_query "select g from generate_series(1, 0) g"; }
+--- request eval
+["GET /t", "GET /c", "GET /e", "GET /t"]
+--- response_body eval
+["x" x 20000, "v\r\n" . ("y" x 20000) . "\r\n", "", "x" x 20000]
+--- no_error_log
+zero size buf
+[alert]

@@ -146,7 +146,11 @@ impl Reuse {
         unsafe { ptr::copy_nonoverlapping(data.as_ptr(), b.start, data.len()) };
         b.pos = b.start;
         b.last = b.start.wrapping_add(data.len());
-        b.set_temporary(1);
+        // An empty buffer is a special one (flush, last): marked as memory it
+        // would be a "zero size buf" to nginx's writer, which fails the
+        // request. A reused buffer may carry the flag of its last use.
+        b.set_temporary(u32::from(!data.is_empty()));
+        b.set_memory(0);
         b.set_flush(1);
         b.tag = self.tag;
         if let Some(main) = last {
