@@ -390,3 +390,27 @@ location /a { proxy_pass http://127.0.0.1:1; sqldb_pass database; sqldb_query "s
 --- must_die
 --- error_log eval
 qr/\[emerg\].*"sqldb_pass" cannot be in the same location as another content handler \(such as "proxy_pass"\) in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 30: a typed parameter inside a string literal
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; }
+--- config
+location /a { sqldb_pass database; sqldb_query "select 'id: $arg_id::int'"; }
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"sqldb_query" directive: the typed parameter "\$arg_id::int" is inside a string literal, where it cannot be a parameter.* in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 31: ... inside a dollar-quoted string (quoted names and comments: core's unit tests)
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; }
+--- config
+location /a { sqldb_pass database; sqldb_query "select $$ $arg_a::int $$"; }
+location /b { sqldb_pass database; sqldb_query 'select 1 as "${arg_b}::text"'; }
+location /c { sqldb_pass database; sqldb_query "select 1 /* $arg_c::int */"; }
+--- must_die
+--- error_log eval
+qr/\[emerg\].*the typed parameter "\$arg_a::int" is inside a string literal.* in \S+nginx\.conf:\d+/

@@ -7,28 +7,85 @@
 /// ends another one. Empty statements (a leading ';', ";;") do not count:
 /// PostgreSQL drops them.
 pub fn has_several_statements(sql: &[u8]) -> bool {
-    let mut i = 0;
-    let n = sql.len();
     // A statement has begun; a ';' has ended one.
     let mut begun = false;
     let mut ended = false;
+    let mut several = false;
+    scan(sql, |token, _| match token {
+        Token::Semicolon => ended |= begun,
+        Token::Comment | Token::Space => {}
+        _ => {
+            several |= ended;
+            begun = true;
+        }
+    });
+    several
+}
+
+/// Where a piece of SQL is not plain code: the text inside it is data
+/// (a string), a name, or nothing at all (a comment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Region {
+    /// '...', E'...' or $tag$...$tag$.
+    Literal,
+    /// "...".
+    Identifier,
+    /// -- ... or /* ... */.
+    Comment,
+}
+
+/// The byte ranges of literals, quoted names and comments, in order.
+pub fn regions(sql: &[u8]) -> Vec<(std::ops::Range<usize>, Region)> {
+    let mut out = Vec::new();
+    scan(sql, |token, range| {
+        let region = match token {
+            Token::Literal => Region::Literal,
+            Token::Identifier => Region::Identifier,
+            Token::Comment => Region::Comment,
+            _ => return,
+        };
+        out.push((range, region));
+    });
+    out
+}
+
+/// What the scanner met.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Token {
+    Literal,
+    Identifier,
+    Comment,
+    /// A name or keyword (E'...' is a Literal).
+    Word,
+    Semicolon,
+    Space,
+    /// Any other byte.
+    Other,
+}
+
+/// PostgreSQL's lexer, as far as quoting goes: calls `on` for each token
+/// with its byte range.
+fn scan(sql: &[u8], mut on: impl FnMut(Token, std::ops::Range<usize>)) {
+    let mut i = 0;
+    let n = sql.len();
     while i < n {
+        let start = i;
         let b = sql[i];
-        match b {
-            b'\'' | b'"' => {
+        let token = match b {
+            b'\'' => {
                 i = skip_quoted(sql, i, false);
-                if ended {
-                    return true;
-                }
-                begun = true;
-                continue;
+                Token::Literal
+            }
+            b'"' => {
+                i = skip_quoted(sql, i, false);
+                Token::Identifier
             }
             b'-' if i + 1 < n && sql[i + 1] == b'-' => {
                 // To the end of the line: PostgreSQL's lexer ends it at CR too.
                 while i < n && sql[i] != b'\n' && sql[i] != b'\r' {
                     i += 1;
                 }
-                continue;
+                Token::Comment
             }
             b'/' if i + 1 < n && sql[i + 1] == b'*' => {
                 let mut depth = 1;
@@ -44,36 +101,25 @@ pub fn has_several_statements(sql: &[u8]) -> bool {
                         i += 1;
                     }
                 }
-                continue;
+                Token::Comment
             }
-            b'$' => {
-                if let Some(tag_len) = dollar_tag(&sql[i..]) {
-                    if ended {
-                        return true;
-                    }
-                    begun = true;
-                    let tag = &sql[i..i + tag_len];
-                    i += tag_len;
-                    while i < n && !sql[i..].starts_with(tag) {
-                        i += 1;
-                    }
-                    i += tag_len;
-                    continue;
+            b'$' if dollar_tag(&sql[i..]).is_some() => {
+                let tag_len = dollar_tag(&sql[i..]).unwrap_or(1);
+                let tag = &sql[i..i + tag_len];
+                i += tag_len;
+                while i < n && !sql[i..].starts_with(tag) {
+                    i += 1;
                 }
+                i += tag_len;
+                Token::Literal
             }
             b';' => {
-                ended |= begun;
                 i += 1;
-                continue;
+                Token::Semicolon
             }
             c if is_ident_start(c) => {
                 // A name or keyword as a whole: '$' inside one is a letter
                 // (a$b$ is a name, not the start of a dollar quote).
-                if ended {
-                    return true;
-                }
-                begun = true;
-                let start = i;
                 i += 1;
                 while i < n && (is_ident_start(sql[i]) || sql[i].is_ascii_digit() || sql[i] == b'$') {
                     i += 1;
@@ -81,20 +127,22 @@ pub fn has_several_statements(sql: &[u8]) -> bool {
                 // E'...' is one token, an escape string; xE'...' is a name and a string.
                 if i - start == 1 && matches!(c, b'E' | b'e') && sql.get(i) == Some(&b'\'') {
                     i = skip_quoted(sql, i, true);
+                    Token::Literal
+                } else {
+                    Token::Word
                 }
-                continue;
             }
-            _ => {}
-        }
-        if !b.is_ascii_whitespace() {
-            if ended {
-                return true;
+            c if c.is_ascii_whitespace() => {
+                i += 1;
+                Token::Space
             }
-            begun = true;
-        }
-        i += 1;
+            _ => {
+                i += 1;
+                Token::Other
+            }
+        };
+        on(token, start..i.min(n));
     }
-    false
 }
 
 /// The end of the quoted string or name at `at`: '...' or "..." with the

@@ -85,9 +85,62 @@ fn typed_at(s: &[u8], at: usize) -> Option<(String, String, usize)> {
     ))
 }
 
+/// The first typed parameter written inside a string literal, a quoted
+/// name or a comment (where it cannot be a parameter: PostgreSQL would see
+/// `$1` as text there, and the query would not match its values), with
+/// what it is inside.
+pub fn misplaced_param(template: &[u8]) -> Option<(String, crate::sql::Region)> {
+    let regions = crate::sql::regions(template);
+    let mut i = 0;
+    while i < template.len() {
+        if template[i] == b'$' {
+            if let Some((_, _, end)) = typed_at(template, i) {
+                if let Some((_, region)) = regions.iter().find(|(r, _)| r.contains(&i)) {
+                    return Some((String::from_utf8_lossy(&template[i..end]).into_owned(), *region));
+                }
+                i = end;
+                continue;
+            }
+        }
+        i += 1;
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parameters_inside_quotes_or_comments_are_found() {
+        use crate::sql::Region;
+        assert_eq!(misplaced_param(b"select $a::int, '$a' || $b::text"), None);
+        assert_eq!(
+            misplaced_param(b"select '$a::int'"),
+            Some(("$a::int".into(), Region::Literal))
+        );
+        assert_eq!(
+            misplaced_param(b"select E'x\\'$b::int'"),
+            Some(("$b::int".into(), Region::Literal))
+        );
+        assert_eq!(
+            misplaced_param(b"select $q$ $c::text $q$"),
+            Some(("$c::text".into(), Region::Literal))
+        );
+        assert_eq!(
+            misplaced_param(b"select 1 as \"${d}::int\""),
+            Some(("${d}::int".into(), Region::Identifier))
+        );
+        assert_eq!(
+            misplaced_param(b"select 1 -- $e::int\n, $f::int"),
+            Some(("$e::int".into(), Region::Comment))
+        );
+        assert_eq!(
+            misplaced_param(b"select /* $g::int */ 1"),
+            Some(("$g::int".into(), Region::Comment))
+        );
+        assert_eq!(misplaced_param(b"select 'it''s', $h::int"), None);
+    }
 
     fn text(s: &str) -> Piece {
         Piece::Text(s.as_bytes().to_vec())

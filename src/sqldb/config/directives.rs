@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use gateway_core::method::parse_methods;
 use gateway_core::rewrite;
 use gateway_core::sql::has_several_statements;
+use gateway_core::sql::Region;
 use gateway_core::template::{self, Piece};
 
 use super::{Column, Entries, EscapeRule, LocConf, Output, PendingPass, SetRule, Sqldb, Template, TemplatePiece};
@@ -55,6 +56,17 @@ static TEMPLATES: AtomicU32 = AtomicU32::new(0);
 
 /// Compiles a template: text pieces and typed parameters.
 fn compile_template(cf: Conf, text: &[u8]) -> Result<Template, ConfError> {
+    if let Some((param, region)) = template::misplaced_param(text) {
+        let inside = match region {
+            Region::Literal => "a string literal",
+            Region::Identifier => "a quoted name",
+            Region::Comment => "a comment",
+        };
+        return Err(format!(
+            "\"sqldb_query\" directive: the typed parameter \"{param}\" is inside {inside}, where it cannot be a parameter; write it outside the quotes (for example 'prefix' || {param})"
+        )
+        .into());
+    }
     let mut pieces = Vec::new();
     let mut constant = true;
     let mut sql = Vec::new();
