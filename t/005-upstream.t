@@ -170,6 +170,25 @@ location /w {
 
 
 
+=== TEST 8b: two server lines with the same address and other parameters: each peer connects with its own line's
+--- http_config
+upstream database {
+    sqldb_server $TEST_NGINX_PG_SERVER application_name=first;
+    sqldb_server $TEST_NGINX_PG_SERVER application_name=second;
+}
+--- config
+location /n {
+    sqldb_pass database;
+    sqldb_output value;
+    sqldb_query "select current_setting('application_name')";
+}
+--- request eval
+["GET /n", "GET /n", "GET /n", "GET /n"]
+--- response_body eval
+["first", "second", "first", "second"]
+
+
+
 === TEST 9: sqldb_next_upstream off: a refused server is not skipped
 --- http_config
 upstream database {

@@ -422,6 +422,9 @@ pub struct Url {
 pub struct Addr {
     /// The sockaddr's bytes.
     pub sockaddr: Vec<u8>,
+    /// Where nginx keeps it: the balancers hand this very pointer to a
+    /// peer, which tells apart two servers of the same address.
+    pub at: usize,
     /// Its text ("127.0.0.1:5432"), in configuration memory.
     pub name: ngx_str_t,
 }
@@ -457,6 +460,7 @@ impl Conf {
                     let a = &*url.addrs.add(i);
                     Addr {
                         sockaddr: std::slice::from_raw_parts(a.sockaddr as *const u8, a.socklen as usize).to_vec(),
+                        at: a.sockaddr as usize,
                         name: a.name,
                     }
                 })

@@ -101,6 +101,8 @@ impl Output {
 /// One address of one `sqldb_server` line, with its finished connection string.
 pub struct ServerAddr {
     pub sockaddr: Vec<u8>,
+    /// nginx's copy of it (see Addr::at).
+    pub at: usize,
     /// The address as text ("127.0.0.1:5432"), in configuration memory
     /// (nginx's balancers and `$upstream_addr` point at it).
     pub name: ngx_str_t,
@@ -127,8 +129,12 @@ pub struct SrvConf {
 
 impl SrvConf {
     /// Which address a balancer picked.
-    pub fn addr_index(&self, sockaddr: &[u8]) -> Option<usize> {
-        self.addrs.iter().position(|a| a.sockaddr == sockaddr)
+    /// The server line of a peer the balancer picked: by nginx's pointer
+    /// to the address (two lines may have the same address and different
+    /// parameters), else by the address itself (a balancer that copies it).
+    pub fn addr_index(&self, at: usize, sockaddr: &[u8]) -> Option<usize> {
+        let by_ptr = self.addrs.iter().position(|a| a.at == at);
+        by_ptr.or_else(|| self.addrs.iter().position(|a| a.sockaddr == sockaddr))
     }
 }
 

@@ -104,6 +104,7 @@ fn server(cf: Conf, srv: &mut SrvConf) -> Result<(), ConfError> {
         check_conninfo(&conninfo).map_err(|e| format!("\"sqldb_server\" directive: {e}"))?;
         srv.addrs.push(super::ServerAddr {
             sockaddr: a.sockaddr.clone(),
+            at: a.at,
             name: a.name,
             conninfo,
         });

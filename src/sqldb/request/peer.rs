@@ -168,7 +168,7 @@ fn get(pc: &mut ngx_peer_connection_t, pd: &mut PeerData, log: Log) -> ngx_int_t
             String::from_utf8_lossy((*pc.name).as_bytes()).into_owned(),
         )
     };
-    let Some(addr) = srv.addr_index(sockaddr) else {
+    let Some(addr) = srv.addr_index(pc.sockaddr as usize, sockaddr) else {
         log!(NGX_LOG_ALERT, log, "sqldb: no sqldb_server for peer {name}");
         return ERROR;
     };
