@@ -209,8 +209,12 @@ impl<T> Entry<T> {
 pub struct Pipeline<T> {
     phase: Phase,
     queue: VecDeque<Entry<T>>,
-    /// Requests not sent yet, in order (connecting or draining).
+    /// Requests not sent yet, in order (connecting, draining, or behind
+    /// queries they cannot share the connection with).
     waiting: Vec<T>,
+    /// Those of them that need the connection alone (several statements,
+    /// a stream): each goes out once nothing is in flight.
+    alone: Vec<T>,
     /// Requests told to send again (`Step::Resend`), until they have.
     resending: Vec<T>,
     /// Opened for a request that needs it alone (several statements, a stream).
@@ -237,6 +241,7 @@ impl<T: Copy + Eq> Pipeline<T> {
             phase: Phase::Connecting,
             queue: VecDeque::new(),
             waiting: vec![creator],
+            alone: if exclusive { vec![creator] } else { Vec::new() },
             resending: Vec::new(),
             exclusive,
             draining: false,
@@ -292,7 +297,9 @@ impl<T: Copy + Eq> Pipeline<T> {
     pub fn shareable(&self) -> bool {
         match self.phase {
             Phase::Ready if self.draining => true,
-            Phase::Ready => self.queue.iter().all(|e| e.mode != Mode::Simple && !e.streaming),
+            Phase::Ready => {
+                self.waiting.is_empty() && self.queue.iter().all(|e| e.mode != Mode::Simple && !e.streaming)
+            }
             Phase::Connecting => !self.exclusive,
             Phase::Closed => false,
         }
@@ -304,16 +311,28 @@ impl<T: Copy + Eq> Pipeline<T> {
         self.queue.is_empty()
     }
 
-    /// A request joins: sent now, or waiting for the connection.
-    pub fn join(&mut self, req: T) -> Join {
-        if self.phase == Phase::Connecting || self.draining {
-            if !self.waiting.contains(&req) {
-                self.waiting.push(req);
-            }
-            Join::Wait
-        } else {
-            Join::SendNow
+    /// A request joins: sent now, or waiting for the connection. `alone`:
+    /// it needs the connection to itself (several statements, a stream),
+    /// so it waits until nothing is in flight; another waits while the
+    /// connection cannot be shared (a pool at its bound queues requests
+    /// on its busiest connections rather than open more).
+    pub fn join(&mut self, req: T, alone: bool) -> Join {
+        let now = match self.phase {
+            Phase::Ready if self.draining => false,
+            Phase::Ready if self.queue.is_empty() && self.waiting.is_empty() => true,
+            Phase::Ready => !alone && self.shareable(),
+            Phase::Connecting | Phase::Closed => false,
+        };
+        if now {
+            return Join::SendNow;
         }
+        if !self.waiting.contains(&req) {
+            self.waiting.push(req);
+            if alone {
+                self.alone.push(req);
+            }
+        }
+        Join::Wait
     }
 
     /// The request's query was handed to libpq: it is in flight. (Queued
@@ -412,12 +431,30 @@ impl<T: Copy + Eq> Pipeline<T> {
         self.send_waiting()
     }
 
+    /// The requests that waited go out, in order: up to the first that
+    /// needs the connection alone (which goes only when nothing is in
+    /// flight, and then alone). Settle when none waited.
     fn send_waiting(&mut self) -> Vec<Step<T>> {
-        let waiting = std::mem::take(&mut self.waiting);
-        if waiting.is_empty() {
-            vec![Step::Settle]
+        if self.waiting.is_empty() {
+            return vec![Step::Settle];
+        }
+        let mut batch = Vec::new();
+        while let Some(&w) = self.waiting.first() {
+            let alone = self.alone.contains(&w);
+            if alone && !(batch.is_empty() && self.queue.is_empty()) {
+                break;
+            }
+            self.waiting.remove(0);
+            self.alone.retain(|&a| a != w);
+            batch.push(w);
+            if alone {
+                break;
+            }
+        }
+        if batch.is_empty() {
+            Vec::new()
         } else {
-            vec![Step::Send(waiting)]
+            vec![Step::Send(batch)]
         }
     }
 
@@ -541,7 +578,7 @@ impl<T: Copy + Eq> Pipeline<T> {
                     steps.extend(self.finish_drain());
                 }
             } else {
-                steps.push(Step::Settle);
+                steps.extend(self.send_waiting());
             }
         } else if self.drainable() {
             steps.extend(self.begin_drain());
@@ -552,11 +589,10 @@ impl<T: Copy + Eq> Pipeline<T> {
     /// Queries run, yet no request is there for them (nor one to be sent
     /// again, nor a DEALLOCATE of the gateway's, which must not be
     /// cancelled: the session would keep a statement it was told is gone).
+    /// (Requests waiting to be sent do not keep a gone one's query
+    /// running: they go once it is cancelled.)
     fn drainable(&self) -> bool {
-        !self.queue.is_empty()
-            && self.live() == 0
-            && self.resending.is_empty()
-            && !self.queue.iter().any(|e| e.internal)
+        !self.queue.is_empty() && self.queue.iter().all(|e| e.req.is_none() && !e.internal) && self.resending.is_empty()
     }
 
     /// Every request left: cancel what runs, or close a connection still
@@ -610,6 +646,7 @@ impl<T: Copy + Eq> Pipeline<T> {
     /// are dropped; what the connection does next.
     pub fn abandon(&mut self, req: T) -> Vec<Step<T>> {
         self.waiting.retain(|&w| w != req);
+        self.alone.retain(|&w| w != req);
         self.resending.retain(|&w| w != req);
         let was_head = self.queue.front().is_some_and(|e| e.req == Some(req));
         for e in self.queue.iter_mut().filter(|e| e.req == Some(req)) {
@@ -651,6 +688,7 @@ impl<T: Copy + Eq> Pipeline<T> {
         self.phase = Phase::Closed;
         self.draining = false;
         self.paused = false;
+        self.alone.clear();
         let mut failed: Vec<(T, Lost)> = self.waiting.drain(..).map(|r| (r, waited)).collect();
         failed.extend(self.resending.drain(..).map(|r| (r, Lost::Sent)));
         failed.extend(self.queue.drain(..).filter_map(|e| e.req).map(|r| (r, Lost::Sent)));

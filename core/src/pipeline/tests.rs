@@ -14,7 +14,7 @@ const PREP: Mode = Mode::Pipelined { preparing: true };
 fn ready(reqs: &[(u32, Mode)]) -> Pipeline<u32> {
     let mut p = Pipeline::connecting(reqs[0].0, false);
     for &(r, _) in &reqs[1..] {
-        assert_eq!(p.join(r), Join::Wait);
+        assert_eq!(p.join(r, false), Join::Wait);
     }
     let steps = p.connected();
     assert_eq!(steps, vec![Step::Send(reqs.iter().map(|r| r.0).collect())]);
@@ -234,6 +234,37 @@ fn errors_of_unnamed_statements_are_never_sent_again() {
 }
 
 #[test]
+fn requests_that_need_the_connection_alone_wait_their_turn() {
+    let mut p = ready(&[(1, P)]);
+    // A query of several statements waits for the one in flight.
+    assert_eq!(p.join(2, true), Join::Wait);
+    assert!(!p.shareable(), "nothing jumps ahead of a waiting request");
+    // A plain one queued behind it waits too, in order.
+    assert_eq!(p.join(3, false), Join::Wait);
+    assert_eq!(feed(&mut p, &[Final, End, Sync]), ["Result(1)", "Complete(1)"]);
+    assert_eq!(p.after_results(), vec![Step::Send(vec![2])], "alone");
+    p.sent(2, Mode::Simple, false);
+    assert_eq!(
+        feed(&mut p, &[Final, Final, End]),
+        ["Result(2)", "Result(2)", "Complete(2)"]
+    );
+    assert_eq!(p.after_results(), vec![Step::Send(vec![3])]);
+    p.sent(3, P, false);
+    // A stream on an idle connection goes at once; nothing queues behind it.
+    feed(&mut p, &[Final, End, Sync]);
+    assert_eq!(p.after_results(), vec![Step::Settle]);
+    assert_eq!(p.join(4, true), Join::SendNow);
+    p.sent(4, P, true);
+    assert_eq!(p.join(5, false), Join::Wait);
+    // The stream's request leaves: its query is cancelled at once (the
+    // waiting one does not keep it running), then the waiting one goes.
+    assert_eq!(p.abandon(4), vec![Step::DrainTimer, Step::Cancel]);
+    feed(&mut p, &[Error(ErrorClass::Statement), End, Sync]);
+    assert!(p.after_results().is_empty());
+    assert_eq!(p.cancel_done(), vec![Step::Send(vec![5])]);
+}
+
+#[test]
 fn a_failed_prepare_is_the_request_error() {
     let mut p = ready(&[(1, PREP)]);
     let out = feed(&mut p, &[Error(ErrorClass::PlanChanged), End, Aborted, Sync]);
@@ -252,12 +283,12 @@ fn lost_mid_query_fails_sent_queries_and_never_resends_them() {
 #[test]
 fn lost_while_connecting_or_draining() {
     let mut p = Pipeline::connecting(1, false);
-    p.join(2);
+    p.join(2, false);
     assert_eq!(p.lost(), vec![(1, Lost::Connect), (2, Lost::Connect)]);
     // Waiting on a draining connection: never sent, so one more try.
     let mut p = ready(&[(1, P)]);
     p.abandon(1);
-    assert_eq!(p.join(2), Join::Wait);
+    assert_eq!(p.join(2, false), Join::Wait);
     assert_eq!(p.lost(), vec![(2, Lost::NotSent)]);
 }
 
@@ -274,7 +305,7 @@ fn a_request_gone_mid_stream_releases_the_connection() {
     let steps = p.abandon(1);
     assert_eq!(steps, vec![Step::Resume, Step::DrainTimer, Step::Cancel]);
     // The rest of its rows are dropped; a new request waits for the drain.
-    assert_eq!(p.join(2), Join::Wait);
+    assert_eq!(p.join(2, false), Join::Wait);
     assert!(feed(&mut p, &[Row, Error(ErrorClass::Statement), End, Sync]).is_empty());
     assert!(p.after_results().is_empty(), "the cancel request is not through yet");
     assert_eq!(p.cancel_done(), vec![Step::Send(vec![2])]);
@@ -322,7 +353,7 @@ fn each_running_query_of_gone_requests_is_cancelled_in_turn() {
 #[test]
 fn a_connection_still_connecting_closes_when_everyone_left() {
     let mut p = Pipeline::connecting(1, false);
-    p.join(2);
+    p.join(2, false);
     assert!(p.abandon(1).is_empty());
     assert_eq!(p.abandon(2), vec![Step::Close]);
     assert!(p.is_closed());
@@ -333,7 +364,7 @@ fn picked_but_never_used_settles() {
     let mut p = ready(&[(1, P)]);
     feed(&mut p, &[Final, End, Sync]);
     p.after_results();
-    assert_eq!(p.join(5), Join::SendNow);
+    assert_eq!(p.join(5, false), Join::SendNow);
     assert_eq!(p.abandon(5), vec![Step::Settle]);
 }
 
@@ -433,6 +464,7 @@ struct Seen {
     deallocated: u64,
     failed_prepares: u64,
     executed_by_name: u64,
+    alone: u64,
 }
 
 struct Sim {
@@ -449,6 +481,17 @@ struct Sim {
     /// The statement each request runs by name.
     statement_of: std::collections::HashMap<u32, u32>,
     streams: std::collections::HashSet<u32>,
+    kind: std::collections::HashMap<u32, Kind>,
+}
+
+/// What a request of the random runs asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Plain,
+    /// Several statements: the simple protocol, the connection alone.
+    Simple,
+    /// Streamed rows: nothing queued behind it.
+    Stream,
 }
 
 impl Sim {
@@ -519,7 +562,26 @@ impl Sim {
     }
 
     fn send(&mut self, req: u32) {
-        let streaming = self.rng.below(4) == 0;
+        let kind = self.kind.get(&req).copied().unwrap_or(Kind::Plain);
+        let streaming = kind == Kind::Stream;
+        // Nothing goes out behind a stream or a query of several statements
+        // (their requests need the connection alone), and those go out
+        // only when nothing is in flight.
+        for s in &self.server {
+            let k = self.kind.get(&s.req).copied().unwrap_or(Kind::Plain);
+            assert!(
+                k == Kind::Plain,
+                "request {req} sent behind request {} ({k:?}), still in flight",
+                s.req
+            );
+        }
+        // (A stream sent again may follow the gateway's own DEALLOCATE.)
+        if kind != Kind::Plain {
+            assert!(
+                self.server.iter().all(|s| s.req == 0),
+                "request {req} ({kind:?}) sent while queries are in flight"
+            );
+        }
         let statement = match self.statement_of.get(&req) {
             Some(&id) => Some(id),
             None if self.rng.below(3) > 0 => Some(1 + self.rng.below(3) as u32),
@@ -533,9 +595,7 @@ impl Sim {
             "request {req} sent twice without its statement vanishing"
         );
         self.log.sent.insert(req);
-        let simple =
-            !self.log.resent.contains(&req) && self.p.nothing_in_flight() && !streaming && self.rng.below(4) == 0;
-        let sent = if simple {
+        let sent = if kind == Kind::Simple {
             self.p.sent(req, Mode::Simple, streaming);
             Sent::Simple
         } else {
@@ -691,6 +751,7 @@ impl Sim {
             session: Session::default(),
             statement_of: Default::default(),
             streams: Default::default(),
+            kind: Default::default(),
         };
         let mut all = vec![1];
         for _ in 0..80 {
@@ -702,11 +763,22 @@ impl Sim {
                     let steps = sim.p.connected();
                     sim.steps(steps);
                 }
-                0 | 1 if sim.p.shareable() || sim.p.is_idle() => {
+                // The pool may queue a request on any connection that is
+                // not closed (at its bound it picks the least busy).
+                0 | 1 if !sim.p.is_closed() => {
                     let r = sim.next_req;
                     sim.next_req += 1;
                     all.push(r);
-                    if sim.p.join(r) == Join::SendNow {
+                    let kind = match sim.rng.below(6) {
+                        0 => Kind::Simple,
+                        1 => Kind::Stream,
+                        _ => Kind::Plain,
+                    };
+                    sim.kind.insert(r, kind);
+                    if kind != Kind::Plain {
+                        sim.seen.alone += 1;
+                    }
+                    if sim.p.join(r, kind != Kind::Plain) == Join::SendNow {
                         sim.send(r);
                     }
                 }
@@ -800,6 +872,7 @@ impl Sim {
         seen.deallocated += s.deallocated;
         seen.failed_prepares += s.failed_prepares;
         seen.executed_by_name += s.executed_by_name;
+        seen.alone += s.alone;
     }
 }
 
@@ -824,6 +897,7 @@ fn random_event_sequences_keep_the_invariants() {
         ("DEALLOCATEs of changed plans", seen.deallocated),
         ("failed prepares", seen.failed_prepares),
         ("executed by name", seen.executed_by_name),
+        ("requests that need the connection alone", seen.alone),
     ] {
         assert!(n > runs / 30, "only {n} {what}: {seen:?}");
     }

@@ -53,6 +53,10 @@ pub enum Pick {
     /// A busy connection in pipeline mode, or one still connecting or
     /// draining, to queue behind its requests.
     Share(ConnId),
+    /// Every connection the pool may open is busy and none can take the
+    /// request now (pipelining on): it waits on the least busy one and
+    /// goes out once that one can serve it.
+    Behind(ConnId),
     /// Open a new connection.
     New,
     /// `overflow=reject` and nothing free.
@@ -113,9 +117,9 @@ impl Pool {
     }
 
     /// Where a request goes. `addr` is the balancer's choice (None: any,
-    /// single mode); `pipelinable` is false for several statements, which
-    /// need a connection of their own.
-    pub fn pick(&mut self, addr: Option<usize>, pipelinable: bool) -> Pick {
+    /// single mode); `alone`: it needs the connection to itself (several
+    /// statements, a stream).
+    pub fn pick(&mut self, addr: Option<usize>, alone: bool) -> Pick {
         let fits = |pool: &Pool, id: &ConnId| addr.is_none_or(|a| pool.addr_of(*id) == Some(a));
         while let Some(i) = self.idle.iter().rposition(|id| fits(self, id)) {
             let id = self.idle.remove(i);
@@ -144,28 +148,43 @@ impl Pool {
         if s.max == 0 || self.conns.len() < s.max {
             return Pick::New;
         }
-        if pipelinable && s.pipelining {
-            let best = self
-                .conns
+        let least_busy = |shareable: bool| {
+            self.conns
                 .iter()
-                .filter(|(_, c)| c.pipeline.shareable() && addr.is_none_or(|a| c.addr == a))
-                .min_by_key(|(_, c)| c.pipeline.depth());
-            if let Some((key, c)) = best {
+                .filter(|(_, c)| !c.pipeline.is_closed() && addr.is_none_or(|a| c.addr == a))
+                .filter(|(_, c)| !shareable || c.pipeline.shareable())
+                .min_by_key(|(_, c)| c.pipeline.depth())
+                .map(|(key, c)| (ConnId(key), c))
+        };
+        if !alone && s.pipelining {
+            if let Some((id, c)) = least_busy(true) {
                 debug!(
                     Log::cycle(),
                     "sqldb: pool shares connection #{} to {} ({} queued)",
-                    key.as_u64(),
+                    id.0.as_u64(),
                     c.name,
                     c.pipeline.depth()
                 );
-                return Pick::Share(ConnId(key));
+                return Pick::Share(id);
             }
         }
-        if self.settings.reject {
-            Pick::Reject
-        } else {
-            Pick::New
+        if s.reject {
+            return Pick::Reject;
         }
+        if s.pipelining {
+            // The bound holds: the request waits its turn on a connection.
+            if let Some((id, c)) = least_busy(false) {
+                debug!(
+                    Log::cycle(),
+                    "sqldb: pool queues behind connection #{} to {} ({} queued)",
+                    id.0.as_u64(),
+                    c.name,
+                    c.pipeline.depth()
+                );
+                return Pick::Behind(id);
+            }
+        }
+        Pick::New
     }
 
     /// A request would be turned away (checked before nginx's upstream
@@ -234,7 +253,8 @@ impl Pool {
             )]);
         };
         c.remember(req, query.clone());
-        match c.pipeline.join(req) {
+        let alone = query.several || query.streaming;
+        match c.pipeline.join(req, alone) {
             Join::Wait => Ok(Submitted::Waiting {
                 connecting: c.pipeline.is_connecting(),
             }),

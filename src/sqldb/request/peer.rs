@@ -141,10 +141,10 @@ fn get(pc: &mut ngx_peer_connection_t, pd: &mut PeerData, log: Log) -> ngx_int_t
     // SAFETY: the upstream's configuration outlives its requests, the Ctx
     // its request's peer; no other reference to them is used meanwhile.
     let (srv, ctx) = unsafe { (&mut *pd.srv.as_ptr(), &mut *pd.ctx.as_ptr()) };
-    let pipelinable = !ctx.query.several;
+    let alone = ctx.query.several || ctx.query.streaming;
     pd.balancer_used = false;
     if srv.pool.settings.single {
-        if let Pick::Idle(id) = srv.pool.pick(None, false) {
+        if let Pick::Idle(id) = srv.pool.pick(None, alone) {
             let a = &srv.addrs[srv.pool.addr_of(id).unwrap_or(0)];
             pc.sockaddr = a.sockaddr.as_ptr() as *mut sockaddr;
             pc.socklen = a.sockaddr.len() as socklen_t;
@@ -172,8 +172,8 @@ fn get(pc: &mut ngx_peer_connection_t, pd: &mut PeerData, log: Log) -> ngx_int_t
         log!(NGX_LOG_ALERT, log, "sqldb: no sqldb_server for peer {name}");
         return ERROR;
     };
-    match srv.pool.pick(Some(addr), pipelinable) {
-        Pick::Idle(id) | Pick::Share(id) => use_conn(pc, pd, ctx, id, false),
+    match srv.pool.pick(Some(addr), alone) {
+        Pick::Idle(id) | Pick::Share(id) | Pick::Behind(id) => use_conn(pc, pd, ctx, id, false),
         Pick::Reject => {
             log_failure(log, &ConnError::NoConnection(name));
             BUSY
