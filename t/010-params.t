@@ -147,3 +147,39 @@ location ~ ^/cap/(\d+)$ {
 GET /cap/7
 --- response_body eval
 GatewayTest::rds_rows([['label', 25]], [['item 7']])
+
+
+
+=== TEST 11: a value past a limit of the server (program limit exceeded, 54000): the client's mistake, 400 at info
+--- config
+location /r {
+    sqldb_pass database;
+    sqldb_output value;
+    sqldb_query "select length(repeat('x', $arg_n::int))::text";
+}
+--- request eval
+["GET /r?n=3", "GET /r?n=2000000000", "GET /r?n=4"]
+--- error_code eval
+[200, 400, 200]
+--- response_body_like eval
+["^3\$", "400 Bad Request", "^4\$"]
+--- error_log eval
+qr/\[info\].*sqldb: a parameter was rejected: .*SQLSTATE 54000/
+
+
+
+=== TEST 12: invalid UTF-8 through sqldb_escape (a variable in the SQL text): 400 at info
+--- config
+location /e {
+    sqldb_pass database;
+    sqldb_escape $v $http_x_value;
+    sqldb_output value;
+    sqldb_query "select $v";
+}
+--- more_headers eval
+"X-Value: \xff\xfe"
+--- request
+GET /e
+--- error_code: 400
+--- error_log eval
+qr/\[info\].*SQLSTATE 22021/

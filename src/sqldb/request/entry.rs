@@ -132,7 +132,9 @@ fn run(r: &mut Req) -> Result<(), StartError> {
     let ctx = Ctx {
         token,
         query: Rc::new(query),
-        has_params: tmpl.params > 0,
+        // Values from the request reach the SQL: as typed parameters, or as
+        // variables in its text (escaped with sqldb_escape).
+        has_params: tmpl.params > 0 || !tmpl.constant,
         srv: None,
         conn: None,
         fresh: false,

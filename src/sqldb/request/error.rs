@@ -194,7 +194,11 @@ pub fn log_failure(log: Log, f: &dyn Failure) {
     crate::log!(f.level(), log, "sqldb: {f}");
 }
 
-/// SQLSTATEs of a parameter value that does not fit its type: invalid text
+/// SQLSTATEs of a value from the request that does not fit: invalid text
 /// representation, numeric out of range, datetime format and overflow,
-/// characters not valid in the encoding, string too long, bad escape.
-pub const BAD_PARAMETER: &[&str] = &["22P02", "22003", "22007", "22008", "22021", "22P05", "22001", "22025"];
+/// characters not valid in the encoding, string too long, bad escape, and
+/// values past a limit of the server (program limit exceeded, statement
+/// too complex).
+pub const BAD_PARAMETER: &[&str] = &[
+    "22P02", "22003", "22007", "22008", "22021", "22P05", "22001", "22025", "54000", "54001",
+];
