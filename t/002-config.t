@@ -414,3 +414,105 @@ location /c { sqldb_pass database; sqldb_query "select 1 /* $arg_c::int */"; }
 --- must_die
 --- error_log eval
 qr/\[emerg\].*the typed parameter "\$arg_a::int" is inside a string literal.* in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 32: nginx -t refuses a zero timeout
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER;  }
+--- config
+location /a { sqldb_pass database; sqldb_connect_timeout 0; sqldb_query "select 1"; }
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"sqldb_connect_timeout" must be more than 0.* in \S+nginx\.conf:\d+/
+
+
+=== TEST 33: nginx -t refuses a zero result timeout at the server level
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER;  }
+--- config
+sqldb_result_timeout 0s; location /a { sqldb_pass database; sqldb_query "select 1"; }
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"sqldb_result_timeout" must be more than 0.* in \S+nginx\.conf:\d+/
+
+
+=== TEST 34: nginx -t refuses sqldb_set into a regex capture
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER;  }
+--- config
+location /a { sqldb_pass database; sqldb_query "select 1"; sqldb_set $1 0 0; }
+--- must_die
+--- error_log eval
+qr/\[emerg\].*invalid variable name "\$1".* in \S+nginx\.conf:\d+/
+
+
+=== TEST 35: nginx -t refuses sqldb_pipeline twice
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; sqldb_pipeline on; sqldb_pipeline off; }
+--- config
+location /a { sqldb_pass database; sqldb_query "select 1"; }
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"sqldb_pipeline" directive is duplicate.* in \S+nginx\.conf:\d+/
+
+
+=== TEST 36: nginx -t refuses a keepalive parameter given twice
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; sqldb_keepalive max=2 max=5; }
+--- config
+location /a { sqldb_pass database; sqldb_query "select 1"; }
+--- must_die
+--- error_log eval
+qr/\[emerg\].*parameter "max=" is duplicate in "sqldb_keepalive" directive.* in \S+nginx\.conf:\d+/
+
+
+=== TEST 37: nginx -t refuses a rewrite rule that an earlier one shadows
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER;  }
+--- config
+location /a { sqldb_pass database; sqldb_query "select 1"; sqldb_rewrite no_rows 404; sqldb_rewrite no_rows 410; }
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"sqldb_rewrite" directive is duplicate: an earlier rule has the condition "no_rows" for the same methods.* in \S+nginx\.conf:\d+/
+
+
+=== TEST 38: nginx -t refuses a method and no query
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER;  }
+--- config
+location /a { sqldb_pass database; sqldb_query GET; }
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"sqldb_query" directive has the method "GET" but no query.* in \S+nginx\.conf:\d+/
+
+
+=== TEST 39: nginx -t refuses connect_timeout= that is not a number
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER connect_timeout=abc; }
+--- config
+location /a { sqldb_pass database; sqldb_query "select 1"; }
+--- must_die
+--- error_log eval
+qr/\[emerg\].*invalid value "abc" of "connect_timeout", it must be a whole number.* in \S+nginx\.conf:\d+/
+
+
+=== TEST 40: nginx -t refuses binary_value with a query of several statements
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER;  }
+--- config
+location /a { sqldb_pass database; sqldb_output binary_value; sqldb_query "select 1; select 2"; }
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"sqldb_output binary_value" needs queries of one statement.* in \S+nginx\.conf:\d+/
+
+
+=== TEST 41: on/off and next_upstream values in any letter case, as nginx reads them
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; sqldb_pipeline OFF; sqldb_keepalive max=2 mode=MULTI; }
+--- config
+location /a { sqldb_pass database; sqldb_next_upstream Error TIMEOUT; sqldb_output value; sqldb_query "select 'ok'"; }
+--- request
+GET /a
+--- response_body chomp
+ok

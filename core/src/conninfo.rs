@@ -60,6 +60,16 @@ const ENUMERATED: &[(&str, &[&str])] = &[
     ),
 ];
 
+/// Keywords whose values are integers (libpq reads them when it connects).
+const INTEGERS: &[&str] = &[
+    "connect_timeout",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_count",
+    "tcp_user_timeout",
+];
+
 /// The keyword=value pairs of one server, in the order given.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Keywords {
@@ -89,6 +99,14 @@ impl Keywords {
                     allowed,
                 });
             }
+        }
+        let digits = !value.is_empty() && value.len() <= 9 && value.bytes().all(|b| b.is_ascii_digit());
+        if INTEGERS.contains(&key) && !digits {
+            return Err(ConninfoError::BadValue {
+                key: key.to_owned(),
+                value: value.to_owned(),
+                allowed: &["a whole number"],
+            });
         }
         if key == "port" && port_number(value).is_none() {
             return Err(ConninfoError::BadValue {
@@ -241,6 +259,15 @@ mod tests {
             "invalid value \"requir\" of \"sslmode\", it must be disable, allow, prefer, require, verify-ca, verify-full"
         );
         assert!(kw(&["sslmode=verify-full", "target_session_attrs=read-write"]).is_ok());
+        assert!(kw(&["connect_timeout=5", "keepalives_idle=30"]).is_ok());
+        for bad in [
+            "connect_timeout=abc",
+            "connect_timeout=",
+            "keepalives=-1",
+            "tcp_user_timeout=1.5",
+        ] {
+            assert!(kw(&[bad]).is_err(), "{bad}");
+        }
         assert!(kw(&["port=0"]).is_err());
         assert!(kw(&["port=65536"]).is_err());
         assert!(kw(&["port=x"]).is_err());

@@ -2,7 +2,7 @@
 //! the file and line, module configurations, compiled values with
 //! variables, and the content handler of a location.
 
-use std::ffi::c_char;
+use std::ffi::{c_char, c_void};
 use std::fmt::{self, Write};
 use std::mem;
 use std::ptr::NonNull;
@@ -214,10 +214,11 @@ impl Conf {
         let args = self.args();
         let mut bits: ngx_uint_t = 0;
         for a in &args[1..] {
-            if *a == b"off" && args.len() == 2 {
+            // In any letter case, as nginx reads bitmasks.
+            if a.eq_ignore_ascii_case(b"off") && args.len() == 2 {
                 return Ok(0);
             }
-            match keywords.iter().find(|(k, _)| k.as_bytes() == *a) {
+            match keywords.iter().find(|(k, _)| k.as_bytes().eq_ignore_ascii_case(a)) {
                 Some(&(_, bit)) => bits |= bit as ngx_uint_t,
                 None => {
                     let (text, directive) = (String::from_utf8_lossy(a), self.directive());
@@ -524,5 +525,29 @@ pub fn socket_addr(sa: &[u8]) -> Option<std::net::SocketAddr> {
             Some(SocketAddr::new(IpAddr::V6(Ipv6Addr::from(ip)), port))
         }
         _ => None,
+    }
+}
+
+/// A timeout directive: nginx's time syntax (`ngx_conf_set_msec_slot`), and
+/// more than 0 (a zero timeout would fail every request at once).
+pub extern "C" fn set_timeout_slot(cf: *mut ngx_conf_t, cmd: *mut ngx_command_t, conf: *mut c_void) -> *mut c_char {
+    // SAFETY: nginx passes the configuration being read, the command
+    // (whose offset names an ngx_msec_t of `conf`) and the command's
+    // configuration object.
+    let rc = unsafe { ngx_conf_set_msec_slot(cf, cmd, conf) };
+    let body = |c: Conf, value: &mut ngx_msec_t| {
+        if *value == 0 {
+            return Err(format!("\"{}\" must be more than 0", c.directive()).into());
+        }
+        Ok(())
+    };
+    if !rc.is_null() {
+        return rc;
+    }
+    // SAFETY: as above; the field at the command's offset is the ngx_msec_t
+    // just set.
+    unsafe {
+        let field = (conf as *mut u8).add((*cmd).offset) as *mut c_void;
+        directive(cf, field, "set_timeout_slot", body)
     }
 }

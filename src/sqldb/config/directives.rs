@@ -126,6 +126,13 @@ pub(crate) extern "C" fn cmd_sqldb_query(
         if text.is_empty() {
             return Err("empty query in \"sqldb_query\" directive".to_owned().into());
         }
+        if args.len() == 2 && parse_methods([text]).is_ok() {
+            return Err(format!(
+                "\"sqldb_query\" directive has the method \"{}\" but no query",
+                String::from_utf8_lossy(text)
+            )
+            .into());
+        }
         let methods = parse_methods(args[1..args.len() - 1].iter().copied())
             .map_err(|e| format!("\"sqldb_query\" directive: {e}"))?;
         let tmpl = compile_template(cf, text)?;
@@ -188,7 +195,12 @@ pub(crate) extern "C" fn cmd_sqldb_next_upstream(
 
 /// Declares a variable that `sqldb_set` / `sqldb_escape` writes (as `set` does).
 fn writable_variable(cf: Conf, name: &[u8]) -> Result<ngx_int_t, ConfError> {
-    let Some(bare) = name.strip_prefix(b"$") else {
+    // A name nginx can set: a letter or '_' first ($1 is a regex capture).
+    let valid = |b: &[u8]| {
+        b.first().is_some_and(|c| c.is_ascii_alphabetic() || *c == b'_')
+            && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_')
+    };
+    let Some(bare) = name.strip_prefix(b"$").filter(|b| valid(b)) else {
         return Err(format!("invalid variable name \"{}\"", String::from_utf8_lossy(name)).into());
     };
     let (v, index) = cf
@@ -253,6 +265,18 @@ pub(crate) extern "C" fn cmd_sqldb_rewrite(
     let body = |cf: Conf, lcf: &mut LocConf| {
         let rule = rewrite::parse_rule(cf.args()[1..].iter().copied())
             .map_err(|e| format!("{e} in \"sqldb_rewrite\" directive"))?;
+        // A second rule for the same condition and methods would never apply.
+        let shadowed = lcf.rewrites.iter().any(|r| {
+            r.condition == rule.condition && (r.methods & rule.methods != 0 || (r.methods == 0 && rule.methods == 0))
+        });
+        if shadowed {
+            let args = cf.args();
+            return Err(format!(
+                "\"sqldb_rewrite\" directive is duplicate: an earlier rule has the condition \"{}\" for the same methods",
+                String::from_utf8_lossy(args[args.len() - 2])
+            )
+            .into());
+        }
         lcf.rewrites.push(rule);
         Ok(())
     };

@@ -125,10 +125,10 @@ pub struct SrvConf {
     /// `sqldb_keepalive` / `sqldb_pipeline` and, in each worker, its connections.
     pub pool: Pool,
     keepalive_set: bool,
+    pipeline_set: bool,
 }
 
 impl SrvConf {
-    /// Which address a balancer picked.
     /// The server line of a peer the balancer picked: by nginx's pointer
     /// to the address (two lines may have the same address and different
     /// parameters), else by the address itself (a balancer that copies it).
@@ -270,6 +270,7 @@ pub(crate) extern "C" fn create_srv_conf(cf: *mut ngx_conf_t) -> *mut c_void {
         balancer_init: None,
         pool: Pool::new(Settings::default()),
         keepalive_set: false,
+        pipeline_set: false,
     };
     // SAFETY: nginx passes the configuration being read.
     unsafe { create_conf(cf, "create_srv_conf", value) }
@@ -316,7 +317,7 @@ fn merge_list<T: Clone>(conf: &mut Vec<T>, prev: &[T]) {
 }
 
 impl LocConf {
-    fn merge(&mut self, prev: &LocConf, conf: Conf) {
+    fn merge(&mut self, prev: &LocConf, conf: Conf) -> Result<(), ConfError> {
         // A level with any sqldb_query of its own ignores every outer one.
         if self.queries.is_empty() {
             self.queries = prev.queries.clone();
@@ -349,14 +350,17 @@ impl LocConf {
         u.send_timeout = self.result_timeout;
         u.next_upstream = self.next_upstream.unwrap_or(default_next);
         u.module = static_str("sqldb");
+        if self.output == Some(Output::BinaryValue) && self.queries.iter().any(|t| t.several) {
+            return Err("\"sqldb_output binary_value\" needs queries of one statement: a query of several statements answers in text"
+                .to_owned()
+                .into());
+        }
+        Ok(())
     }
 }
 
 pub(crate) extern "C" fn merge_loc_conf(cf: *mut ngx_conf_t, parent: *mut c_void, child: *mut c_void) -> *mut c_char {
-    let merge = |conf: Conf, prev: &LocConf, this: &mut LocConf| {
-        this.merge(prev, conf);
-        Ok::<(), ConfError>(())
-    };
+    let merge = |conf: Conf, prev: &LocConf, this: &mut LocConf| this.merge(prev, conf);
     // SAFETY: nginx passes the configuration being read and two LocConf of it.
     unsafe { merge_conf(cf, parent, child, "merge_loc_conf", merge) }
 }

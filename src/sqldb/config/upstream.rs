@@ -127,11 +127,23 @@ pub(crate) extern "C" fn cmd_sqldb_keepalive(
         srv.keepalive_set = true;
         let args = cf.args();
         let s = &mut srv.pool.settings;
-        if args.len() == 2 && args[1] == b"off" {
+        if args.len() == 2 && args[1].eq_ignore_ascii_case(b"off") {
             s.max = 0;
             return Ok(());
         }
+        let mut seen: Vec<&[u8]> = Vec::new();
         for &a in &args[1..] {
+            if let Some(eq) = a.iter().position(|&b| b == b'=') {
+                let key = &a[..=eq];
+                if seen.contains(&key) {
+                    return Err(format!(
+                        "parameter \"{}\" is duplicate in \"sqldb_keepalive\" directive",
+                        String::from_utf8_lossy(key)
+                    )
+                    .into());
+                }
+                seen.push(key);
+            }
             // Values in any letter case, as the C module takes them; max=0 is off.
             let ok = if let Some(v) = a.strip_prefix(b"max=") {
                 atoi(v).map(|n| s.max = n).is_some()
@@ -170,15 +182,21 @@ pub(crate) extern "C" fn cmd_sqldb_pipeline(
     conf: *mut c_void,
 ) -> *mut c_char {
     let body = |cf: Conf, srv: &mut SrvConf| {
-        srv.pool.settings.pipelining = match cf.args()[1] {
+        if srv.pipeline_set {
+            return Err("\"sqldb_pipeline\" directive is duplicate".to_owned().into());
+        }
+        srv.pipeline_set = true;
+        // In any letter case, as nginx reads on/off.
+        srv.pool.settings.pipelining = match cf.args()[1].to_ascii_lowercase().as_slice() {
             b"on" => true,
             b"off" => false,
-            other => {
+            _ => {
+                let other = cf.args()[1];
                 return Err(format!(
                     "invalid value \"{}\" in \"sqldb_pipeline\" directive, it must be \"on\" or \"off\"",
                     String::from_utf8_lossy(other)
                 )
-                .into())
+                .into());
             }
         };
         Ok(())
