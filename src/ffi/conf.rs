@@ -530,7 +530,11 @@ pub fn socket_addr(sa: &[u8]) -> Option<std::net::SocketAddr> {
 
 /// A timeout directive: nginx's time syntax (`ngx_conf_set_msec_slot`), and
 /// more than 0 (a zero timeout would fail every request at once).
-pub extern "C" fn set_timeout_slot(cf: *mut ngx_conf_t, cmd: *mut ngx_command_t, conf: *mut c_void) -> *mut c_char {
+pub(crate) extern "C" fn set_timeout_slot(
+    cf: *mut ngx_conf_t,
+    cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
     // SAFETY: nginx passes the configuration being read, the command
     // (whose offset names an ngx_msec_t of `conf`) and the command's
     // configuration object.
