@@ -36,11 +36,17 @@ my %reply = (
     'bad-end'  => [['send', "\$2\r\nokXY"]],
     'error'    => [['send', "-ERR something broke\r\n"]],
     'long-line' => [['send', '+' . ('x' x 70000) . "\r\n"]],
+    # A header line ended by a bare LF, or holding a bare CR: never RESP,
+    # whatever follows (the rest comes after cache_read_timeout, if ever).
+    'bare-lf'  => [['send', "\$3\n"], ['sleep', 1], ['send', "abc\r\n"]],
+    'bare-cr'  => [['send', "\$3\rabc"], ['sleep', 1], ['send', "\r\n"]],
+    'bare-lf-ok' => [['send', "+OK\n"]],
 );
 
 my $fake = FakeRedis->start(sub {
     my ($conn, $n, $cmd, @args) = @_;
     return @{ $reply{ $args[0] // '' } // [['send', "-ERR unknown\r\n"]] } if uc $cmd eq 'GET';
+    return @{ $reply{ $args[0] // '' } // [['send', "+OK\r\n"]] } if uc $cmd eq 'SET';
     return (['send', "+OK\r\n"]) if uc $cmd eq 'SELECT';
     return (['send', "-ERR unknown command\r\n"]);
 });
@@ -88,7 +94,7 @@ sub case {
     return $fake->connections - $before;
 }
 
-my $n;
+my ($n, $mark, @r);
 $n = case('huge', 502, qr/\[error\].*value length of 9223372036854775807 bytes, more than 536870912 allowed/,
     'a bulk length near 2^63');
 cmp_ok($n, '>=', 2, 'the connection of the overflowing reply was not reused');
@@ -103,9 +109,19 @@ case('error', 502, qr/redis answered GET with an error: ERR something broke/, 'a
 case('long-line', 502, qr/upstream sent too big header|invalid reply/, 'a reply line longer than the buffer');
 case('miss', 404, undef, 'a miss');
 
+# A bare LF (or CR) in a reply header line is refused as soon as it is
+# seen, not waited on until cache_read_timeout (which would be 504).
+case('bare-lf', 502, qr/\[error\].*cache: redis sent an invalid reply to GET/, 'a bulk header ended by a bare LF');
+case('bare-cr', 502, qr/\[error\].*cache: redis sent an invalid reply to GET/, 'a bare CR in a bulk header');
+$mark = length nginx_error_log();
+@r = keepalive_requests($port, 5, ['PUT', '/k/?key=bare-lf-ok', 'v'], ['GET', '/k/?key=other']);
+is($r[0]{status}, 502, 'a status line ended by a bare LF: 502');
+like(substr(nginx_error_log(), $mark), qr/\[error\].*cache: redis sent an invalid reply to SET/, 'the error log says why');
+is($r[1]{body}, 'other', 'and the next request gets its own answer');
+
 # A dripped reply is whole, and its connection is reused.
 my $before = $fake->connections;
-my @r = keepalive_requests($port, 5, ['GET', '/k/?key=drip'], ['GET', '/k/?key=ok']);
+@r = keepalive_requests($port, 5, ['GET', '/k/?key=drip'], ['GET', '/k/?key=ok']);
 is($r[0]{status}, 200, 'a reply dripped byte by byte: 200');
 is($r[0]{body}, "hello\r\nworld", 'and the value is whole');
 is($r[1]{body}, 'ok', 'the next request gets its own answer');
@@ -131,7 +147,7 @@ is_deeply([map { $_->{body} } @r], ['ok', 'other'], 'after the late reply arrive
 case('bad-end', undef, qr/redis sent an invalid end of value/, 'a value without its CRLF');
 
 # $cache_db: the fake sees SELECT n, the command, and SELECT 0 before the connection is reused.
-my $mark = scalar $fake->log_lines;
+$mark = scalar $fake->log_lines;
 @r = keepalive_requests($port, 5, ['GET', '/k/?key=ok&db=5'], ['GET', '/k/?key=other']);
 is_deeply([map { $_->{body} } @r], ['ok', 'other'], '$cache_db: both requests answered');
 my @cmds = map { s/^\d+: //r } grep { /^\d+: / } ($fake->log_lines)[$mark .. scalar($fake->log_lines) - 1];
