@@ -33,7 +33,10 @@ my %reply = (
     'extra-miss' => [['send', "\$-1\r\n\$4\r\nevil\r\n"]],
     'idle-junk'  => [['send', "\$2\r\nok\r\n"], ['later', 0.05, "\$4\r\nevil\r\n"]],
     'late'     => [['sleep', 0.6], ['send', "\$4\r\nlate\r\n"]],
+    'set-extra' => [['send', "+OK\r\n+OK\r\n+EXTRA\r\n"]],
     'bad-end'  => [['send', "\$2\r\nokXY"]],
+    'bad-end-long' => [['send', "\$3\r\nabcXYZ\r\n"]],
+    'bad-end-cr' => [['send', "\$3\r\nabc\rX"]],
     'error'    => [['send', "-ERR something broke\r\n"]],
     'long-line' => [['send', '+' . ('x' x 70000) . "\r\n"]],
     # A header line ended by a bare LF, or holding a bare CR: never RESP,
@@ -136,6 +139,13 @@ $n = case('extra', 200, qr/\[error\].*redis sent bytes that no command asked for
 cmp_ok($n, '>=', 1, 'the connection with extra bytes was not reused');
 case('extra-miss', 404, qr/redis sent bytes that no command asked for/, 'bytes after a miss');
 case('idle-junk', 200, undef, 'bytes sent later to an idle pooled connection');
+# Bytes after the last reply of a store: logged once (the input filter is
+# not handed them again).
+$mark = length nginx_error_log();
+@r = keepalive_requests($port, 5, ['PUT', '/k/?key=set-extra&db=3', 'v'], ['GET', '/k/?key=other']);
+is_deeply([map { $_->{status} } @r], [201, 200], 'bytes after the replies to a store: 201, then the next answer');
+my @said = substr(nginx_error_log(), $mark) =~ /(redis sent bytes that no command asked for)/g;
+is(scalar @said, 1, 'and one error-log line about them');
 
 # A reply after the timeout goes nowhere.
 case('late', 504, qr/upstream timed out/, 'a reply after cache_read_timeout');
@@ -143,8 +153,14 @@ sleep 0.7;
 @r = keepalive_requests($port, 5, ['GET', '/k/?key=ok'], ['GET', '/k/?key=other']);
 is_deeply([map { $_->{body} } @r], ['ok', 'other'], 'after the late reply arrived, answers are still right');
 
-# A value that does not end with CRLF.
-case('bad-end', undef, qr/redis sent an invalid end of value/, 'a value without its CRLF');
+# A value that does not end with CRLF, when all of it came with its
+# header: 502 before any header goes out, and the connection goes.
+$n = case('bad-end', 502, qr/\[error\].*cache: redis sent an invalid end of value/, 'a value without its CRLF');
+cmp_ok($n, '>=', 1, 'the connection of the value without its CRLF was not reused');
+$n = case('bad-end-long', 502, qr/\[error\].*cache: redis sent an invalid end of value/,
+    'a value followed by other bytes than CRLF');
+cmp_ok($n, '>=', 1, 'the connection was not reused');
+case('bad-end-cr', 502, qr/\[error\].*cache: redis sent an invalid end of value/, 'a value followed by CR alone');
 
 # $cache_db: the fake sees SELECT n, the command, and SELECT 0 before the connection is reused.
 $mark = scalar $fake->log_lines;

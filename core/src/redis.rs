@@ -276,6 +276,28 @@ impl Exchange {
         matches!(self.phase, Phase::Value { .. } | Phase::After(_) | Phase::Done)
     }
 
+    /// Looks ahead, without reading: within a value, whether the bytes of
+    /// `buf` (what follows in the stream) end it with its CRLF, as far as
+    /// they go. `Err(BadValueEnd)` when they cannot: the value is
+    /// malformed, and known to be so before any of it is passed on. (The
+    /// events of `step` do not change: they stay the same however the
+    /// bytes are cut.)
+    pub fn check_value_end(&self, buf: &[u8]) -> Result<(), ReplyError> {
+        let Phase::Value { rest, crlf } = self.phase else {
+            return Ok(());
+        };
+        let Some(after) = usize::try_from(rest).ok().and_then(|r| buf.get(r..)) else {
+            return Ok(());
+        };
+        let want = &b"\r\n"[2 - crlf as usize..];
+        let n = want.len().min(after.len());
+        if after[..n] == want[..n] {
+            Ok(())
+        } else {
+            Err(ReplyError::BadValueEnd)
+        }
+    }
+
     /// Takes bytes from the start of `buf`: the event and how many bytes it
     /// used. Replies that need no action (setup commands, the CRLF after a
     /// value) are read on the way; `More` means every whole reply line is
@@ -588,6 +610,55 @@ mod tests {
             );
             assert!(!ex.is_done());
         }
+    }
+
+    #[test]
+    fn a_bad_value_end_is_seen_ahead() {
+        let answer = |input: &[u8]| {
+            let mut ex = Exchange::new(vec![], Command::Get, vec![]);
+            let (ev, used) = ex.step(input);
+            assert!(matches!(ev, Event::Answer { status: 200, .. }), "{ev:?}");
+            (ex, used)
+        };
+        for bad in [
+            &b"$3\r\nabcXY"[..],
+            b"$3\r\nabcXYZ\r\n",
+            b"$3\r\nabc\rX",
+            b"$3\r\nabcX",
+            b"$0\r\n\n",
+        ] {
+            let (ex, used) = answer(bad);
+            assert_eq!(
+                ex.check_value_end(&bad[used..]),
+                Err(ReplyError::BadValueEnd),
+                "{bad:?}"
+            );
+        }
+        for fine in [
+            &b"$3\r\nabc\r\n"[..],
+            b"$3\r\nabc\r",
+            b"$3\r\nabc",
+            b"$3\r\nab",
+            b"$3\r\n",
+            b"$3\r\nabc\r\n+anything",
+            b"$0\r\n\r\n",
+        ] {
+            let (ex, used) = answer(fine);
+            assert_eq!(ex.check_value_end(&fine[used..]), Ok(()), "{fine:?}");
+        }
+        // Part of the value read already, part of the CRLF too.
+        let (mut ex, used) = answer(b"$3\r\nab");
+        assert_eq!(used, 4);
+        assert_eq!(ex.step(b"ab"), (Event::Value(b"ab"), 2));
+        assert_eq!(ex.check_value_end(b"c\rX"), Err(ReplyError::BadValueEnd));
+        assert_eq!(ex.check_value_end(b"c\r\n"), Ok(()));
+        assert_eq!(ex.step(b"c\r"), (Event::Value(b"c"), 1));
+        assert_eq!(ex.step(b"\r"), (Event::More, 1));
+        assert_eq!(ex.check_value_end(b"X"), Err(ReplyError::BadValueEnd));
+        assert_eq!(ex.check_value_end(b"\n"), Ok(()));
+        // Outside a value there is nothing to look at.
+        let ex = Exchange::new(vec![], Command::Get, vec![]);
+        assert_eq!(ex.check_value_end(b"garbage"), Ok(()));
     }
 
     #[test]
