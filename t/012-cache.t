@@ -172,7 +172,7 @@ location /a/ {
 GET /a/k9
 --- error_code: 502
 --- error_log
-cache: redis answered GET with an error: NOAUTH
+cache: PING was refused: NOAUTH
 
 
 
@@ -200,7 +200,7 @@ location /g/ {
 GET /g/x
 --- error_code: 502
 --- error_log
-cache: redis sent an invalid reply to GET
+cache: redis sent an invalid reply to PING
 
 
 

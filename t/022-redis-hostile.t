@@ -32,6 +32,8 @@ my %reply = (
     'extra'    => [['send', "\$2\r\nok\r\n+SURPRISE\r\n"]],
     'extra-miss' => [['send', "\$-1\r\n\$4\r\nevil\r\n"]],
     'idle-junk'  => [['send', "\$2\r\nok\r\n"], ['later', 0.05, "\$4\r\nevil\r\n"]],
+    'smuggle'  => [['send', "\$2\r\nok\r\n"], ['stale', 0.05, "\$4\r\nevil\r\n"]],
+    'smuggle-ok' => [['send', "\$2\r\nok\r\n"], ['stale', 0.05, "+OK\r\n"]],
     'late'     => [['sleep', 0.6], ['send', "\$4\r\nlate\r\n"]],
     'set-extra' => [['send', "+OK\r\n+OK\r\n+EXTRA\r\n"]],
     'bad-end'  => [['send', "\$2\r\nokXY"]],
@@ -51,6 +53,7 @@ my $fake = FakeRedis->start(sub {
     return @{ $reply{ $args[0] // '' } // [['send', "-ERR unknown\r\n"]] } if uc $cmd eq 'GET';
     return @{ $reply{ $args[0] // '' } // [['send', "+OK\r\n"]] } if uc $cmd eq 'SET';
     return (['send', "+OK\r\n"]) if uc $cmd eq 'SELECT';
+    return (['send', "+PONG\r\n"]) if uc $cmd eq 'PING';
     return (['send', "-ERR unknown command\r\n"]);
 });
 
@@ -147,6 +150,37 @@ is_deeply([map { $_->{status} } @r], [201, 200], 'bytes after the replies to a s
 my @said = substr(nginx_error_log(), $mark) =~ /(redis sent bytes that no command asked for)/g;
 is(scalar @said, 1, 'and one error-log line about them');
 
+# Stale bytes: sent by the server after a complete reply, they arrive once
+# the pooled connection has gone to the next request, in front of its
+# replies. Every request starts with PING, and anything before +PONG means
+# the connection carries bytes from before: 502, one error line, the
+# connection closed; never the stale bytes as the next request's answer.
+sub commands_since {
+    my ($from) = @_;
+    my @l = $fake->log_lines;
+    return map { /^(\d+): (.*)$/ ? [$1, $2] : () } @l[$from .. $#l];
+}
+for my $stale (['smuggle', 'a bulk'], ['smuggle-ok', 'a status']) {
+    my ($key, $what) = @$stale;
+    my $from = scalar $fake->log_lines;
+    $mark = length nginx_error_log();
+    @r = keepalive_requests($port, 5, ['GET', "/k/?key=$key"], ['GET', '/k/?key=other'], ['GET', '/k/?key=ok']);
+    is($r[0]{body}, 'ok', "stale bytes ($what): the request before them gets its answer");
+    is($r[1]{status}, 502, "stale bytes ($what): the request that finds them gets 502");
+    unlike($r[1]{body} // '', qr/evil/, "stale bytes ($what): and not them as its value");
+    is($r[2]{body}, 'ok', "stale bytes ($what): the request after gets its own answer");
+    my @cmds = commands_since($from);
+    my %conn_of = map { ($_->[1] => $_->[0]) } @cmds;
+    is($conn_of{'GET other'}, $conn_of{"GET $key"}, "stale bytes ($what): they came on the pooled connection");
+    isnt($conn_of{'GET ok'}, $conn_of{'GET other'}, "stale bytes ($what): which was not used again");
+    my @on_it = map { $_->[1] } grep { $_->[0] == $conn_of{'GET other'} } @cmds;
+    is_deeply([@on_it[-2, -1]], ['PING', 'GET other'], "stale bytes ($what): PING went first");
+    my $log = substr(nginx_error_log(), $mark);
+    my @lines = grep { /\[error\]/ } split /\n/, $log;
+    is(scalar @lines, 1, "stale bytes ($what): one error line") or diag($log);
+    like($log, qr/\[error\].*cache: redis sent .* where PONG was due/, "stale bytes ($what): which says so");
+}
+
 # A reply after the timeout goes nowhere.
 case('late', 504, qr/upstream timed out/, 'a reply after cache_read_timeout');
 sleep 0.7;
@@ -162,12 +196,13 @@ $n = case('bad-end-long', 502, qr/\[error\].*cache: redis sent an invalid end of
 cmp_ok($n, '>=', 1, 'the connection was not reused');
 case('bad-end-cr', 502, qr/\[error\].*cache: redis sent an invalid end of value/, 'a value followed by CR alone');
 
-# $cache_db: the fake sees SELECT n, the command, and SELECT 0 before the connection is reused.
+# $cache_db: the fake sees PING, SELECT n, the command, and SELECT 0 before the connection is reused.
 $mark = scalar $fake->log_lines;
 @r = keepalive_requests($port, 5, ['GET', '/k/?key=ok&db=5'], ['GET', '/k/?key=other']);
 is_deeply([map { $_->{body} } @r], ['ok', 'other'], '$cache_db: both requests answered');
 my @cmds = map { s/^\d+: //r } grep { /^\d+: / } ($fake->log_lines)[$mark .. scalar($fake->log_lines) - 1];
-is_deeply(\@cmds, ['SELECT 5', 'GET ok', 'SELECT 0', 'GET other'], 'SELECT 0 puts the connection back to database 0');
+is_deeply(\@cmds, ['PING', 'SELECT 5', 'GET ok', 'SELECT 0', 'PING', 'GET other'],
+    'SELECT 0 puts the connection back to database 0');
 
 stop_nginx();
 
@@ -196,7 +231,7 @@ HTTP
 is_deeply([map { $_->{status} } @r], [201, 404, 200, 502],
     'db 5 stays with its request; a request without cache_auth is not authenticated by an earlier one');
 is($r[2]{body}, 'in five', 'the value is in database 5');
-like(nginx_error_log(), qr/redis answered GET with an error: NOAUTH/, 'the unauthenticated request got NOAUTH');
+like(nginx_error_log(), qr/cache: PING was refused: NOAUTH/, 'the unauthenticated request got NOAUTH');
 my $clients = redis_cli($redis, 'INFO', 'stats');
 my ($conns) = $clients =~ /total_connections_received:(\d+)/;
 # The start-up probe, nginx's one connection, and this redis-cli.
