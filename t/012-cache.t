@@ -124,6 +124,26 @@ location /db/ {
 
 
 
+=== TEST 6b: a database Redis refuses (16 of 16), or a number beyond SELECT's int: 400 at info
+--- config
+location /db/ {
+    set $cache_key $uri;
+    set $cache_db $arg_db;
+    cache_pass redis;
+}
+--- request eval
+["GET /db/k6b?db=16", "GET /db/k6b?db=2147483648", "GET /db/k6b?db=99999999999", "GET /db/k6b?db=15"]
+--- error_code eval
+[400, 400, 400, 404]
+--- error_log eval
+[qr/\[info\].*cache: redis refused SELECT 16 \("\$cache_db"\): ERR DB index is out of range/,
+ qr/\[info\].*cache: "\$cache_db" is not a database number \(0 to 2147483647\): "2147483648"/,
+ qr/\[info\].*cache: "\$cache_db" is not a database number \(0 to 2147483647\): "99999999999"/]
+--- no_error_log
+[error]
+
+
+
 === TEST 7: cache_auth against a server with requirepass
 --- http_config
 upstream locked { server 127.0.0.1:$TEST_NGINX_REDIS_AUTH_PORT; }

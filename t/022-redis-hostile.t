@@ -52,6 +52,7 @@ my $fake = FakeRedis->start(sub {
     my ($conn, $n, $cmd, @args) = @_;
     return @{ $reply{ $args[0] // '' } // [['send', "-ERR unknown\r\n"]] } if uc $cmd eq 'GET';
     return @{ $reply{ $args[0] // '' } // [['send', "+OK\r\n"]] } if uc $cmd eq 'SET';
+    return (['send', "-ERR DB index is out of range\r\n"]) if uc $cmd eq 'SELECT' && $args[0] >= 16;
     return (['send', "+OK\r\n"]) if uc $cmd eq 'SELECT';
     return (['send', "+PONG\r\n"]) if uc $cmd eq 'PING';
     return (['send', "-ERR unknown command\r\n"]);
@@ -204,6 +205,38 @@ my @cmds = map { s/^\d+: //r } grep { /^\d+: / } ($fake->log_lines)[$mark .. sca
 is_deeply(\@cmds, ['PING', 'SELECT 5', 'GET ok', 'SELECT 0', 'PING', 'GET other'],
     'SELECT 0 puts the connection back to database 0');
 
+# $cache_db beyond SELECT's int (Redis takes 0 to 2147483647): 400 at
+# info before anything is sent; the largest one goes out as it is (the
+# fake, as a Redis of 16 databases, refuses SELECT 16 and over).
+my $from = scalar $fake->log_lines;
+$mark = length nginx_error_log();
+@r = map { keepalive_requests($port, 5, ['GET', "/k/?key=other&db=$_"]) } '2147483648', '4294967296', '-1';
+is_deeply([map { $_->{status} } @r], [400, 400, 400], '$cache_db over 2147483647 or negative: 400');
+is_deeply([commands_since($from)], [], 'and nothing reached the server');
+my $said = substr(nginx_error_log(), $mark);
+like($said, qr/\[info\].*"\$cache_db" is not a database number \(0 to 2147483647\): "2147483648"/, 'logged at info');
+unlike($said, qr/\[error\]/, 'and not as an error');
+$from = scalar $fake->log_lines;
+@r = keepalive_requests($port, 5, ['GET', '/k/?key=other&db=2147483647']);
+is_deeply([map { $_->[1] } commands_since($from)], ['PING', 'SELECT 2147483647', 'GET other', 'SELECT 0'],
+    '$cache_db 2147483647 is a database number, sent as it is');
+is($r[0]{status}, 400, 'which this server (of 16) refuses: 400');
+
+# A database Redis refuses: the client's mistake (400 at info), and the
+# connection, its state unknown past the refusal, is closed.
+$from = scalar $fake->log_lines;
+$mark = length nginx_error_log();
+@r = keepalive_requests($port, 5, ['GET', '/k/?key=ok&db=16'], ['GET', '/k/?key=other']);
+is_deeply([map { $_->{status} } @r], [400, 200], 'SELECT refused: 400, then the next request is answered');
+is($r[1]{body}, 'other', 'with its own answer');
+$said = substr(nginx_error_log(), $mark);
+like($said, qr/\[info\].*cache: redis refused SELECT 16 \("\$cache_db"\): ERR DB index is out of range/,
+    'the refusal is logged at info');
+unlike($said, qr/\[error\]/, 'and not as an error');
+my @cmds_db = commands_since($from);
+my %conn_db = map { ($_->[1] => $_->[0]) } @cmds_db;
+isnt($conn_db{'GET other'}, $conn_db{'SELECT 16'}, 'the connection of the refused SELECT was not used again');
+
 stop_nginx();
 
 # Against a real Redis: nothing of one request's database or AUTH is left
@@ -246,7 +279,8 @@ is(redis_cli($redis, 'TTL', '/auth/t0'), '-1', '$cache_exptime 0: no expiry');
 cmp_ok(redis_cli($redis, 'TTL', '/auth/t9'), '>', 80, '$cache_exptime 90: expires');
 my $log = nginx_error_log();
 like($log, qr/\[info\].*cache: "\$cache_exptime" is not a number of seconds: "abc"/, 'a bad $cache_exptime is logged at info');
-like($log, qr/\[info\].*cache: "\$cache_db" is not a database number: "x"/, 'a bad $cache_db is logged at info');
+like($log, qr/\[info\].*cache: "\$cache_db" is not a database number \(0 to 2147483647\): "x"/,
+    'a bad $cache_db is logged at info');
 unlike($log, qr/\[alert\]|exited on signal/, 'no worker trouble');
 stop_nginx();
 

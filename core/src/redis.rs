@@ -64,10 +64,13 @@ impl Setup {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BadNumber;
 
-/// `$cache_db`: a database number; 0 needs no `SELECT`.
+/// The largest database number: Redis's `SELECT` takes an int.
+pub const MAX_DB: u32 = i32::MAX as u32;
+
+/// `$cache_db`: a database number, 0 to `MAX_DB`; 0 needs no `SELECT`.
 pub fn parse_db(v: &[u8]) -> Result<Option<u32>, BadNumber> {
-    let n: u32 = parse_digits(v).and_then(|n| u32::try_from(n).ok()).ok_or(BadNumber)?;
-    Ok((n != 0).then_some(n))
+    let n = parse_digits(v).filter(|&n| n <= u64::from(MAX_DB)).ok_or(BadNumber)?;
+    Ok((n != 0).then_some(n as u32))
 }
 
 /// `$cache_exptime`: seconds; 0 means no expiry (as memcached has it).
@@ -653,8 +656,12 @@ mod tests {
     fn numbers() {
         assert_eq!(parse_db(b"0"), Ok(None));
         assert_eq!(parse_db(b"15"), Ok(Some(15)));
+        assert_eq!(parse_db(b"2147483647"), Ok(Some(2147483647)));
+        assert_eq!(parse_db(b"2147483648"), Err(BadNumber));
+        assert_eq!(parse_db(b"4294967295"), Err(BadNumber));
         assert_eq!(parse_db(b"4294967296"), Err(BadNumber));
         assert_eq!(parse_db(b"-1"), Err(BadNumber));
+        assert_eq!(parse_db(b"-2147483648"), Err(BadNumber));
         assert_eq!(parse_db(b""), Err(BadNumber));
         assert_eq!(parse_db(b"1 "), Err(BadNumber));
         assert_eq!(parse_exptime(b"0"), Ok(None));

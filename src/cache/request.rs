@@ -7,7 +7,7 @@
 
 use std::ffi::c_void;
 
-use gateway_core::redis::{self, Command, Event, Exchange, ReplyError};
+use gateway_core::redis::{self, Command, Event, Exchange, ReplyError, Setup};
 use gateway_core::resp;
 
 use super::config::{Cache, CacheLocConf, CacheMainConf};
@@ -77,7 +77,8 @@ impl StartError {
             StartError::BadDb(v) => log!(
                 NGX_LOG_INFO,
                 log,
-                "cache: \"$cache_db\" is not a database number: \"{v}\""
+                "cache: \"$cache_db\" is not a database number (0 to {}): \"{v}\"",
+                redis::MAX_DB
             ),
             StartError::BadExptime(v) => {
                 log!(
@@ -338,6 +339,26 @@ extern "C" fn process_header(r: *mut ngx_http_request_t) -> ngx_int_t {
                         log!(NGX_LOG_ERR, log, "cache: {}", ReplyError::Unsolicited);
                         drop_unread(u);
                     }
+                    return OK;
+                }
+                // A database Redis will not select is the client's: 400,
+                // logged at info as nginx logs client errors. What follows
+                // the refusal is not read: the connection goes (whatever
+                // state it is in, none of it is kept).
+                Event::Failed(ReplyError::Refused {
+                    setup: Setup::Select,
+                    message,
+                }) => {
+                    log!(
+                        NGX_LOG_INFO,
+                        log,
+                        "cache: redis refused SELECT {} (\"$cache_db\"): {}",
+                        ctx.db.unwrap_or_default(),
+                        String::from_utf8_lossy(&message)
+                    );
+                    drop_unread(u);
+                    u.set_status(HTTP_BAD_REQUEST as ngx_uint_t);
+                    u.set_content_length(0);
                     return OK;
                 }
                 Event::Failed(e) => {
