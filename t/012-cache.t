@@ -301,6 +301,65 @@ qr/\[emerg\].*"cache_pass" needs the \$cache_key variable, which no "set \$cache
 
 
 
+=== TEST 16b: nginx -t refuses a cache_buffer_size too small for the first reply lines
+--- config
+location /c/ {
+    set $cache_key $uri;
+    cache_buffer_size 127;
+    cache_pass redis;
+}
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"cache_buffer_size" must be at least 128 bytes.*, not 127 in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 16c: and a cache_buffer_size that is no size, as nginx says it
+--- config
+location /c/ {
+    set $cache_key $uri;
+    cache_buffer_size 4x;
+    cache_pass redis;
+}
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"cache_buffer_size" directive invalid value in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 16e: and one given twice
+--- config
+location /d/ {
+    set $cache_key $uri;
+    cache_buffer_size 4k;
+    cache_buffer_size 8k;
+    cache_pass redis;
+}
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"cache_buffer_size" directive is duplicate in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 16d: cache_buffer_size at http level applies below; 128 bytes is enough
+--- http_config
+upstream redis { server 127.0.0.1:$TEST_NGINX_REDIS_PORT; keepalive 4; }
+cache_buffer_size 128;
+--- config
+location /c/ {
+    set $cache_key $uri;
+    set $cache_db $arg_db;
+    cache_pass redis;
+}
+--- request eval
+["PUT /c/k16d?db=5\n" . ("x" x 1000), "GET /c/k16d?db=5", "GET /c/k16d"]
+--- error_code eval
+[201, 200, 404]
+--- response_body eval
+["", "x" x 1000, undef]
+
+
+
 === TEST 17: a server that never answers: 504 after cache_read_timeout
 --- config
 location /s/ {
