@@ -227,9 +227,9 @@ static mut CACHE_COMMANDS: [ngx_command_t; 9] = [
     command(
         "cache_buffer_size\0",
         LOC_ANY | NGX_CONF_TAKE1,
-        ngx_conf_set_size_slot,
+        cc::cmd_cache_buffer_size,
         LOC,
-        offset_of!(cc::CacheLocConf, upstream.buffer_size),
+        0,
     ),
     command(
         "cache_next_upstream\0",

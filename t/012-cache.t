@@ -124,6 +124,26 @@ location /db/ {
 
 
 
+=== TEST 6b: a database Redis refuses (16 of 16), or a number beyond SELECT's int: 400 at info
+--- config
+location /db/ {
+    set $cache_key $uri;
+    set $cache_db $arg_db;
+    cache_pass redis;
+}
+--- request eval
+["GET /db/k6b?db=16", "GET /db/k6b?db=2147483648", "GET /db/k6b?db=99999999999", "GET /db/k6b?db=15"]
+--- error_code eval
+[400, 400, 400, 404]
+--- error_log eval
+[qr/\[info\].*cache: redis refused SELECT 16 \("\$cache_db"\): ERR DB index is out of range/,
+ qr/\[info\].*cache: "\$cache_db" is not a database number \(0 to 2147483647\): "2147483648"/,
+ qr/\[info\].*cache: "\$cache_db" is not a database number \(0 to 2147483647\): "99999999999"/]
+--- no_error_log
+[error]
+
+
+
 === TEST 7: cache_auth against a server with requirepass
 --- http_config
 upstream locked { server 127.0.0.1:$TEST_NGINX_REDIS_AUTH_PORT; }
@@ -172,7 +192,7 @@ location /a/ {
 GET /a/k9
 --- error_code: 502
 --- error_log
-cache: redis answered GET with an error: NOAUTH
+cache: PING was refused: NOAUTH
 
 
 
@@ -200,7 +220,7 @@ location /g/ {
 GET /g/x
 --- error_code: 502
 --- error_log
-cache: redis sent an invalid reply to GET
+cache: redis sent an invalid reply to PING
 
 
 
@@ -278,6 +298,65 @@ location /x/ {
 --- must_die
 --- error_log eval
 qr/\[emerg\].*"cache_pass" needs the \$cache_key variable, which no "set \$cache_key \.\.\." defines, in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 16b: nginx -t refuses a cache_buffer_size too small for the first reply lines
+--- config
+location /c/ {
+    set $cache_key $uri;
+    cache_buffer_size 127;
+    cache_pass redis;
+}
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"cache_buffer_size" must be at least 128 bytes.*, not 127 in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 16c: and a cache_buffer_size that is no size, as nginx says it
+--- config
+location /c/ {
+    set $cache_key $uri;
+    cache_buffer_size 4x;
+    cache_pass redis;
+}
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"cache_buffer_size" directive invalid value in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 16e: and one given twice
+--- config
+location /d/ {
+    set $cache_key $uri;
+    cache_buffer_size 4k;
+    cache_buffer_size 8k;
+    cache_pass redis;
+}
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"cache_buffer_size" directive is duplicate in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 16d: cache_buffer_size at http level applies below; 128 bytes is enough
+--- http_config
+upstream redis { server 127.0.0.1:$TEST_NGINX_REDIS_PORT; keepalive 4; }
+cache_buffer_size 128;
+--- config
+location /c/ {
+    set $cache_key $uri;
+    set $cache_db $arg_db;
+    cache_pass redis;
+}
+--- request eval
+["PUT /c/k16d?db=5\n" . ("x" x 1000), "GET /c/k16d?db=5", "GET /c/k16d"]
+--- error_code eval
+[201, 200, 404]
+--- response_body eval
+["", "x" x 1000, undef]
 
 
 

@@ -32,16 +32,29 @@ my %reply = (
     'extra'    => [['send', "\$2\r\nok\r\n+SURPRISE\r\n"]],
     'extra-miss' => [['send', "\$-1\r\n\$4\r\nevil\r\n"]],
     'idle-junk'  => [['send', "\$2\r\nok\r\n"], ['later', 0.05, "\$4\r\nevil\r\n"]],
+    'smuggle'  => [['send', "\$2\r\nok\r\n"], ['stale', 0.05, "\$4\r\nevil\r\n"]],
+    'smuggle-ok' => [['send', "\$2\r\nok\r\n"], ['stale', 0.05, "+OK\r\n"]],
     'late'     => [['sleep', 0.6], ['send', "\$4\r\nlate\r\n"]],
+    'set-extra' => [['send', "+OK\r\n+OK\r\n+EXTRA\r\n"]],
     'bad-end'  => [['send', "\$2\r\nokXY"]],
+    'bad-end-long' => [['send', "\$3\r\nabcXYZ\r\n"]],
+    'bad-end-cr' => [['send', "\$3\r\nabc\rX"]],
     'error'    => [['send', "-ERR something broke\r\n"]],
     'long-line' => [['send', '+' . ('x' x 70000) . "\r\n"]],
+    # A header line ended by a bare LF, or holding a bare CR: never RESP,
+    # whatever follows (the rest comes after cache_read_timeout, if ever).
+    'bare-lf'  => [['send', "\$3\n"], ['sleep', 1], ['send', "abc\r\n"]],
+    'bare-cr'  => [['send', "\$3\rabc"], ['sleep', 1], ['send', "\r\n"]],
+    'bare-lf-ok' => [['send', "+OK\n"]],
 );
 
 my $fake = FakeRedis->start(sub {
     my ($conn, $n, $cmd, @args) = @_;
     return @{ $reply{ $args[0] // '' } // [['send', "-ERR unknown\r\n"]] } if uc $cmd eq 'GET';
+    return @{ $reply{ $args[0] // '' } // [['send', "+OK\r\n"]] } if uc $cmd eq 'SET';
+    return (['send', "-ERR DB index is out of range\r\n"]) if uc $cmd eq 'SELECT' && $args[0] >= 16;
     return (['send', "+OK\r\n"]) if uc $cmd eq 'SELECT';
+    return (['send', "+PONG\r\n"]) if uc $cmd eq 'PING';
     return (['send', "-ERR unknown command\r\n"]);
 });
 
@@ -88,7 +101,7 @@ sub case {
     return $fake->connections - $before;
 }
 
-my $n;
+my ($n, $mark, @r);
 $n = case('huge', 502, qr/\[error\].*value length of 9223372036854775807 bytes, more than 536870912 allowed/,
     'a bulk length near 2^63');
 cmp_ok($n, '>=', 2, 'the connection of the overflowing reply was not reused');
@@ -103,9 +116,19 @@ case('error', 502, qr/redis answered GET with an error: ERR something broke/, 'a
 case('long-line', 502, qr/upstream sent too big header|invalid reply/, 'a reply line longer than the buffer');
 case('miss', 404, undef, 'a miss');
 
+# A bare LF (or CR) in a reply header line is refused as soon as it is
+# seen, not waited on until cache_read_timeout (which would be 504).
+case('bare-lf', 502, qr/\[error\].*cache: redis sent an invalid reply to GET/, 'a bulk header ended by a bare LF');
+case('bare-cr', 502, qr/\[error\].*cache: redis sent an invalid reply to GET/, 'a bare CR in a bulk header');
+$mark = length nginx_error_log();
+@r = keepalive_requests($port, 5, ['PUT', '/k/?key=bare-lf-ok', 'v'], ['GET', '/k/?key=other']);
+is($r[0]{status}, 502, 'a status line ended by a bare LF: 502');
+like(substr(nginx_error_log(), $mark), qr/\[error\].*cache: redis sent an invalid reply to SET/, 'the error log says why');
+is($r[1]{body}, 'other', 'and the next request gets its own answer');
+
 # A dripped reply is whole, and its connection is reused.
 my $before = $fake->connections;
-my @r = keepalive_requests($port, 5, ['GET', '/k/?key=drip'], ['GET', '/k/?key=ok']);
+@r = keepalive_requests($port, 5, ['GET', '/k/?key=drip'], ['GET', '/k/?key=ok']);
 is($r[0]{status}, 200, 'a reply dripped byte by byte: 200');
 is($r[0]{body}, "hello\r\nworld", 'and the value is whole');
 is($r[1]{body}, 'ok', 'the next request gets its own answer');
@@ -120,6 +143,44 @@ $n = case('extra', 200, qr/\[error\].*redis sent bytes that no command asked for
 cmp_ok($n, '>=', 1, 'the connection with extra bytes was not reused');
 case('extra-miss', 404, qr/redis sent bytes that no command asked for/, 'bytes after a miss');
 case('idle-junk', 200, undef, 'bytes sent later to an idle pooled connection');
+# Bytes after the last reply of a store: logged once (the input filter is
+# not handed them again).
+$mark = length nginx_error_log();
+@r = keepalive_requests($port, 5, ['PUT', '/k/?key=set-extra&db=3', 'v'], ['GET', '/k/?key=other']);
+is_deeply([map { $_->{status} } @r], [201, 200], 'bytes after the replies to a store: 201, then the next answer');
+my @said = substr(nginx_error_log(), $mark) =~ /(redis sent bytes that no command asked for)/g;
+is(scalar @said, 1, 'and one error-log line about them');
+
+# Stale bytes: sent by the server after a complete reply, they arrive once
+# the pooled connection has gone to the next request, in front of its
+# replies. Every request starts with PING, and anything before +PONG means
+# the connection carries bytes from before: 502, one error line, the
+# connection closed; never the stale bytes as the next request's answer.
+sub commands_since {
+    my ($from) = @_;
+    my @l = $fake->log_lines;
+    return map { /^(\d+): (.*)$/ ? [$1, $2] : () } @l[$from .. $#l];
+}
+for my $stale (['smuggle', 'a bulk'], ['smuggle-ok', 'a status']) {
+    my ($key, $what) = @$stale;
+    my $from = scalar $fake->log_lines;
+    $mark = length nginx_error_log();
+    @r = keepalive_requests($port, 5, ['GET', "/k/?key=$key"], ['GET', '/k/?key=other'], ['GET', '/k/?key=ok']);
+    is($r[0]{body}, 'ok', "stale bytes ($what): the request before them gets its answer");
+    is($r[1]{status}, 502, "stale bytes ($what): the request that finds them gets 502");
+    unlike($r[1]{body} // '', qr/evil/, "stale bytes ($what): and not them as its value");
+    is($r[2]{body}, 'ok', "stale bytes ($what): the request after gets its own answer");
+    my @cmds = commands_since($from);
+    my %conn_of = map { ($_->[1] => $_->[0]) } @cmds;
+    is($conn_of{'GET other'}, $conn_of{"GET $key"}, "stale bytes ($what): they came on the pooled connection");
+    isnt($conn_of{'GET ok'}, $conn_of{'GET other'}, "stale bytes ($what): which was not used again");
+    my @on_it = map { $_->[1] } grep { $_->[0] == $conn_of{'GET other'} } @cmds;
+    is_deeply([@on_it[-2, -1]], ['PING', 'GET other'], "stale bytes ($what): PING went first");
+    my $log = substr(nginx_error_log(), $mark);
+    my @lines = grep { /\[error\]/ } split /\n/, $log;
+    is(scalar @lines, 1, "stale bytes ($what): one error line") or diag($log);
+    like($log, qr/\[error\].*cache: redis sent .* where PONG was due/, "stale bytes ($what): which says so");
+}
 
 # A reply after the timeout goes nowhere.
 case('late', 504, qr/upstream timed out/, 'a reply after cache_read_timeout');
@@ -127,15 +188,54 @@ sleep 0.7;
 @r = keepalive_requests($port, 5, ['GET', '/k/?key=ok'], ['GET', '/k/?key=other']);
 is_deeply([map { $_->{body} } @r], ['ok', 'other'], 'after the late reply arrived, answers are still right');
 
-# A value that does not end with CRLF.
-case('bad-end', undef, qr/redis sent an invalid end of value/, 'a value without its CRLF');
+# A value that does not end with CRLF, when all of it came with its
+# header: 502 before any header goes out, and the connection goes.
+$n = case('bad-end', 502, qr/\[error\].*cache: redis sent an invalid end of value/, 'a value without its CRLF');
+cmp_ok($n, '>=', 1, 'the connection of the value without its CRLF was not reused');
+$n = case('bad-end-long', 502, qr/\[error\].*cache: redis sent an invalid end of value/,
+    'a value followed by other bytes than CRLF');
+cmp_ok($n, '>=', 1, 'the connection was not reused');
+case('bad-end-cr', 502, qr/\[error\].*cache: redis sent an invalid end of value/, 'a value followed by CR alone');
 
-# $cache_db: the fake sees SELECT n, the command, and SELECT 0 before the connection is reused.
-my $mark = scalar $fake->log_lines;
+# $cache_db: the fake sees PING, SELECT n, the command, and SELECT 0 before the connection is reused.
+$mark = scalar $fake->log_lines;
 @r = keepalive_requests($port, 5, ['GET', '/k/?key=ok&db=5'], ['GET', '/k/?key=other']);
 is_deeply([map { $_->{body} } @r], ['ok', 'other'], '$cache_db: both requests answered');
 my @cmds = map { s/^\d+: //r } grep { /^\d+: / } ($fake->log_lines)[$mark .. scalar($fake->log_lines) - 1];
-is_deeply(\@cmds, ['SELECT 5', 'GET ok', 'SELECT 0', 'GET other'], 'SELECT 0 puts the connection back to database 0');
+is_deeply(\@cmds, ['PING', 'SELECT 5', 'GET ok', 'SELECT 0', 'PING', 'GET other'],
+    'SELECT 0 puts the connection back to database 0');
+
+# $cache_db beyond SELECT's int (Redis takes 0 to 2147483647): 400 at
+# info before anything is sent; the largest one goes out as it is (the
+# fake, as a Redis of 16 databases, refuses SELECT 16 and over).
+my $from = scalar $fake->log_lines;
+$mark = length nginx_error_log();
+@r = map { keepalive_requests($port, 5, ['GET', "/k/?key=other&db=$_"]) } '2147483648', '4294967296', '-1';
+is_deeply([map { $_->{status} } @r], [400, 400, 400], '$cache_db over 2147483647 or negative: 400');
+is_deeply([commands_since($from)], [], 'and nothing reached the server');
+my $said = substr(nginx_error_log(), $mark);
+like($said, qr/\[info\].*"\$cache_db" is not a database number \(0 to 2147483647\): "2147483648"/, 'logged at info');
+unlike($said, qr/\[error\]/, 'and not as an error');
+$from = scalar $fake->log_lines;
+@r = keepalive_requests($port, 5, ['GET', '/k/?key=other&db=2147483647']);
+is_deeply([map { $_->[1] } commands_since($from)], ['PING', 'SELECT 2147483647', 'GET other', 'SELECT 0'],
+    '$cache_db 2147483647 is a database number, sent as it is');
+is($r[0]{status}, 400, 'which this server (of 16) refuses: 400');
+
+# A database Redis refuses: the client's mistake (400 at info), and the
+# connection, its state unknown past the refusal, is closed.
+$from = scalar $fake->log_lines;
+$mark = length nginx_error_log();
+@r = keepalive_requests($port, 5, ['GET', '/k/?key=ok&db=16'], ['GET', '/k/?key=other']);
+is_deeply([map { $_->{status} } @r], [400, 200], 'SELECT refused: 400, then the next request is answered');
+is($r[1]{body}, 'other', 'with its own answer');
+$said = substr(nginx_error_log(), $mark);
+like($said, qr/\[info\].*cache: redis refused SELECT 16 \("\$cache_db"\): ERR DB index is out of range/,
+    'the refusal is logged at info');
+unlike($said, qr/\[error\]/, 'and not as an error');
+my @cmds_db = commands_since($from);
+my %conn_db = map { ($_->[1] => $_->[0]) } @cmds_db;
+isnt($conn_db{'GET other'}, $conn_db{'SELECT 16'}, 'the connection of the refused SELECT was not used again');
 
 stop_nginx();
 
@@ -164,7 +264,7 @@ HTTP
 is_deeply([map { $_->{status} } @r], [201, 404, 200, 502],
     'db 5 stays with its request; a request without cache_auth is not authenticated by an earlier one');
 is($r[2]{body}, 'in five', 'the value is in database 5');
-like(nginx_error_log(), qr/redis answered GET with an error: NOAUTH/, 'the unauthenticated request got NOAUTH');
+like(nginx_error_log(), qr/cache: PING was refused: NOAUTH/, 'the unauthenticated request got NOAUTH');
 my $clients = redis_cli($redis, 'INFO', 'stats');
 my ($conns) = $clients =~ /total_connections_received:(\d+)/;
 # The start-up probe, nginx's one connection, and this redis-cli.
@@ -179,7 +279,8 @@ is(redis_cli($redis, 'TTL', '/auth/t0'), '-1', '$cache_exptime 0: no expiry');
 cmp_ok(redis_cli($redis, 'TTL', '/auth/t9'), '>', 80, '$cache_exptime 90: expires');
 my $log = nginx_error_log();
 like($log, qr/\[info\].*cache: "\$cache_exptime" is not a number of seconds: "abc"/, 'a bad $cache_exptime is logged at info');
-like($log, qr/\[info\].*cache: "\$cache_db" is not a database number: "x"/, 'a bad $cache_db is logged at info');
+like($log, qr/\[info\].*cache: "\$cache_db" is not a database number \(0 to 2147483647\): "x"/,
+    'a bad $cache_db is logged at info');
 unlike($log, qr/\[alert\]|exited on signal/, 'no worker trouble');
 stop_nginx();
 

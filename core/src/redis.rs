@@ -6,6 +6,13 @@
 //! connection must be, for the next request (`RESET` after `AUTH`,
 //! `SELECT 0` after `SELECT`). Every reply is read to its exact end; only
 //! then can the connection be reused.
+//!
+//! Every request's commands start with `PING` (after `AUTH`, which Redis
+//! wants before anything else on a server with a password), and the reader
+//! takes nothing as a reply of the request before `+PONG`: bytes that the
+//! server sent after the previous request's last reply, which arrive once
+//! a pooled connection has been picked by the next request, are never
+//! read as that request's answer.
 
 use std::fmt;
 
@@ -33,6 +40,8 @@ impl Command {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Setup {
     Auth,
+    /// `PING`: its `+PONG` marks where the request's own replies start.
+    Ping,
     Select,
     /// `SELECT 0` after the request's own `SELECT`.
     SelectZero,
@@ -44,6 +53,7 @@ impl Setup {
     pub fn name(self) -> &'static str {
         match self {
             Setup::Auth => "AUTH",
+            Setup::Ping => "PING",
             Setup::Select | Setup::SelectZero => "SELECT",
             Setup::Reset => "RESET",
         }
@@ -54,10 +64,13 @@ impl Setup {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BadNumber;
 
-/// `$cache_db`: a database number; 0 needs no `SELECT`.
+/// The largest database number: Redis's `SELECT` takes an int.
+pub const MAX_DB: u32 = i32::MAX as u32;
+
+/// `$cache_db`: a database number, 0 to `MAX_DB`; 0 needs no `SELECT`.
 pub fn parse_db(v: &[u8]) -> Result<Option<u32>, BadNumber> {
-    let n: u32 = parse_digits(v).and_then(|n| u32::try_from(n).ok()).ok_or(BadNumber)?;
-    Ok((n != 0).then_some(n))
+    let n = parse_digits(v).filter(|&n| n <= u64::from(MAX_DB)).ok_or(BadNumber)?;
+    Ok((n != 0).then_some(n as u32))
 }
 
 /// `$cache_exptime`: seconds; 0 means no expiry (as memcached has it).
@@ -104,6 +117,9 @@ pub fn plan(req: &Request<'_>, body_len: usize) -> Plan {
         resp::command(&mut head, &[b"AUTH", pw]);
         before.push(Setup::Auth);
     }
+    // Right after AUTH: an unauthenticated PING would be refused (NOAUTH).
+    resp::command(&mut head, &[b"PING"]);
+    before.push(Setup::Ping);
     if let Some(db) = req.db {
         resp::command(&mut head, &[b"SELECT", db.to_string().as_bytes()]);
         before.push(Setup::Select);
@@ -165,7 +181,14 @@ pub enum ReplyError {
     BadValueEnd,
     /// Bytes after the last reply that nothing asked for.
     Unsolicited,
+    /// A reply where `+PONG` was due: bytes the server sent before it read
+    /// this request's commands (left from before on a pooled connection).
+    /// The header line that came, at most `STALE_SHOWN` bytes of it.
+    Stale(Vec<u8>),
 }
+
+/// How much of a stale reply's header line an error keeps (for the log).
+pub const STALE_SHOWN: usize = 32;
 
 impl fmt::Display for ReplyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -189,6 +212,11 @@ impl fmt::Display for ReplyError {
             ),
             ReplyError::BadValueEnd => f.write_str("redis sent an invalid end of value"),
             ReplyError::Unsolicited => f.write_str("redis sent bytes that no command asked for"),
+            ReplyError::Stale(line) => write!(
+                f,
+                "redis sent \"{}\" where PONG was due: bytes left on the connection from before this request",
+                line.escape_ascii()
+            ),
         }
     }
 }
@@ -276,6 +304,28 @@ impl Exchange {
         matches!(self.phase, Phase::Value { .. } | Phase::After(_) | Phase::Done)
     }
 
+    /// Looks ahead, without reading: within a value, whether the bytes of
+    /// `buf` (what follows in the stream) end it with its CRLF, as far as
+    /// they go. `Err(BadValueEnd)` when they cannot: the value is
+    /// malformed, and known to be so before any of it is passed on. (The
+    /// events of `step` do not change: they stay the same however the
+    /// bytes are cut.)
+    pub fn check_value_end(&self, buf: &[u8]) -> Result<(), ReplyError> {
+        let Phase::Value { rest, crlf } = self.phase else {
+            return Ok(());
+        };
+        let Some(after) = usize::try_from(rest).ok().and_then(|r| buf.get(r..)) else {
+            return Ok(());
+        };
+        let want = &b"\r\n"[2 - crlf as usize..];
+        let n = want.len().min(after.len());
+        if after[..n] == want[..n] {
+            Ok(())
+        } else {
+            Err(ReplyError::BadValueEnd)
+        }
+    }
+
     /// Takes bytes from the start of `buf`: the event and how many bytes it
     /// used. Replies that need no action (setup commands, the CRLF after a
     /// value) are read on the way; `More` means every whole reply line is
@@ -340,6 +390,10 @@ impl Exchange {
         let what = setup.name();
         match resp::reply_header(buf) {
             (Reply::Incomplete, _) => (Event::More, 0),
+            // Before +PONG nothing is the request's: any other reply that
+            // is RESP is one from before (errors and garbage are said as such).
+            (Reply::Status(s), _) if setup == Setup::Ping && s != b"PONG" => self.stale(buf),
+            (Reply::Bulk(_) | Reply::Integer(_) | Reply::Nil, _) if setup == Setup::Ping => self.stale(buf),
             (Reply::Status(_), used) => {
                 next(self);
                 if self.phase == Phase::Done {
@@ -356,6 +410,12 @@ impl Exchange {
             (Reply::TooLong(n), _) => self.fail(ReplyError::TooLong(n)),
             (_, _) => self.fail(ReplyError::Unexpected { what }),
         }
+    }
+
+    /// A reply where `+PONG` was due, its header line at the start of `buf`.
+    fn stale<'a>(&mut self, buf: &[u8]) -> (Event<'a>, usize) {
+        let line = buf.split(|&b| b == b'\r').next().unwrap_or_default();
+        self.fail(ReplyError::Stale(line[..line.len().min(STALE_SHOWN)].to_vec()))
     }
 
     fn command_reply<'a>(&mut self, buf: &'a [u8]) -> (Event<'a>, usize) {
@@ -481,7 +541,7 @@ mod tests {
     #[test]
     fn plans_send_what_redis_expects() {
         let p = plan(&req(Command::Get), 0);
-        assert_eq!(p.head, b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n");
+        assert_eq!(p.head, b"*1\r\n$4\r\nPING\r\n*2\r\n$3\r\nGET\r\n$1\r\nk\r\n");
         assert!(p.tail.is_empty());
         let p = plan(
             &Request {
@@ -493,6 +553,7 @@ mod tests {
         );
         let mut want = Vec::new();
         resp::command(&mut want, &[b"AUTH", b"pw"]);
+        resp::command(&mut want, &[b"PING"]);
         resp::command(&mut want, &[b"SELECT", b"3"]);
         resp::command(&mut want, &[b"DEL", b"k"]);
         resp::command(&mut want, &[b"RESET"]);
@@ -509,18 +570,98 @@ mod tests {
         whole.extend_from_slice(b"hello");
         whole.extend_from_slice(&p.tail);
         let mut want = Vec::new();
+        resp::command(&mut want, &[b"PING"]);
         resp::command(&mut want, &[b"SELECT", b"2"]);
         resp::command(&mut want, &[b"SET", b"k", b"hello", b"EX", b"30"]);
         resp::command(&mut want, &[b"SELECT", b"0"]);
         assert_eq!(whole, want);
     }
 
+    /// The reader of a planned request (PING included), for GET.
+    fn planned(auth: bool, db: Option<u32>) -> Exchange {
+        plan(
+            &Request {
+                auth: auth.then_some(&b"pw"[..]),
+                db,
+                ..req(Command::Get)
+            },
+            0,
+        )
+        .exchange
+    }
+
+    #[test]
+    fn replies_start_after_pong() {
+        for (auth, db, input) in [
+            (false, None, &b"+PONG\r\n$2\r\nok\r\n"[..]),
+            (false, Some(3), b"+PONG\r\n+OK\r\n$2\r\nok\r\n+OK\r\n"),
+            (true, None, b"+OK\r\n+PONG\r\n$2\r\nok\r\n+RESET\r\n"),
+            (true, Some(3), b"+OK\r\n+PONG\r\n+OK\r\n$2\r\nok\r\n+RESET\r\n"),
+        ] {
+            for piece in 1..input.len() + 1 {
+                let mut ex = planned(auth, db);
+                let (events, rest) = run(&mut ex, input, piece);
+                assert_eq!(events, ["answer 200 Some(2)", "done", "value ok"], "{input:?} {piece}");
+                assert!(rest.is_empty() && ex.is_done());
+            }
+        }
+    }
+
+    #[test]
+    fn anything_before_pong_is_stale() {
+        let stale = |line: &str| {
+            format!("failed redis sent \"{line}\" where PONG was due: bytes left on the connection from before this request")
+        };
+        let cases: [(bool, &[u8], String); 9] = [
+            (false, b"$4\r\nevil\r\n+PONG\r\n$2\r\nok\r\n", stale("$4")),
+            (false, b"+OK\r\n+PONG\r\n", stale("+OK")),
+            (false, b":1\r\n+PONG\r\n", stale(":1")),
+            (false, b"$-1\r\n+PONG\r\n", stale("$-1")),
+            (false, b"+PONGS\r\n", stale("+PONGS")),
+            // One reply too many in front of AUTH's shifts +OK to where PONG is due.
+            (true, b"+OK\r\n+OK\r\n+PONG\r\n", stale("+OK")),
+            (
+                false,
+                b"-NOAUTH Authentication required.\r\n",
+                "failed PING was refused: NOAUTH Authentication required.".into(),
+            ),
+            (
+                false,
+                b"hello there\r\n",
+                "failed redis sent an invalid reply to PING".into(),
+            ),
+            (
+                false,
+                b"$9999999999\r\n",
+                "failed redis sent a value length of 9999999999 bytes, more than 536870912 allowed".into(),
+            ),
+        ];
+        for (auth, input, want) in cases {
+            for piece in [1, input.len()] {
+                let mut ex = planned(auth, None);
+                let (events, _) = run(&mut ex, input, piece);
+                assert_eq!(events, [want.clone()], "{input:?} {piece}");
+            }
+        }
+        // What is shown of a long stale line is bounded, and escaped.
+        let mut ex = planned(false, None);
+        let mut long = b"+\x01".to_vec();
+        long.extend_from_slice(&[b'x'; 100]);
+        long.extend_from_slice(b"\r\n");
+        let (events, _) = run(&mut ex, &long, long.len());
+        assert_eq!(events, [stale(&format!("+\\x01{}", "x".repeat(STALE_SHOWN - 2)))]);
+    }
+
     #[test]
     fn numbers() {
         assert_eq!(parse_db(b"0"), Ok(None));
         assert_eq!(parse_db(b"15"), Ok(Some(15)));
+        assert_eq!(parse_db(b"2147483647"), Ok(Some(2147483647)));
+        assert_eq!(parse_db(b"2147483648"), Err(BadNumber));
+        assert_eq!(parse_db(b"4294967295"), Err(BadNumber));
         assert_eq!(parse_db(b"4294967296"), Err(BadNumber));
         assert_eq!(parse_db(b"-1"), Err(BadNumber));
+        assert_eq!(parse_db(b"-2147483648"), Err(BadNumber));
         assert_eq!(parse_db(b""), Err(BadNumber));
         assert_eq!(parse_db(b"1 "), Err(BadNumber));
         assert_eq!(parse_exptime(b"0"), Ok(None));
@@ -588,6 +729,55 @@ mod tests {
             );
             assert!(!ex.is_done());
         }
+    }
+
+    #[test]
+    fn a_bad_value_end_is_seen_ahead() {
+        let answer = |input: &[u8]| {
+            let mut ex = Exchange::new(vec![], Command::Get, vec![]);
+            let (ev, used) = ex.step(input);
+            assert!(matches!(ev, Event::Answer { status: 200, .. }), "{ev:?}");
+            (ex, used)
+        };
+        for bad in [
+            &b"$3\r\nabcXY"[..],
+            b"$3\r\nabcXYZ\r\n",
+            b"$3\r\nabc\rX",
+            b"$3\r\nabcX",
+            b"$0\r\n\n",
+        ] {
+            let (ex, used) = answer(bad);
+            assert_eq!(
+                ex.check_value_end(&bad[used..]),
+                Err(ReplyError::BadValueEnd),
+                "{bad:?}"
+            );
+        }
+        for fine in [
+            &b"$3\r\nabc\r\n"[..],
+            b"$3\r\nabc\r",
+            b"$3\r\nabc",
+            b"$3\r\nab",
+            b"$3\r\n",
+            b"$3\r\nabc\r\n+anything",
+            b"$0\r\n\r\n",
+        ] {
+            let (ex, used) = answer(fine);
+            assert_eq!(ex.check_value_end(&fine[used..]), Ok(()), "{fine:?}");
+        }
+        // Part of the value read already, part of the CRLF too.
+        let (mut ex, used) = answer(b"$3\r\nab");
+        assert_eq!(used, 4);
+        assert_eq!(ex.step(b"ab"), (Event::Value(b"ab"), 2));
+        assert_eq!(ex.check_value_end(b"c\rX"), Err(ReplyError::BadValueEnd));
+        assert_eq!(ex.check_value_end(b"c\r\n"), Ok(()));
+        assert_eq!(ex.step(b"c\r"), (Event::Value(b"c"), 1));
+        assert_eq!(ex.step(b"\r"), (Event::More, 1));
+        assert_eq!(ex.check_value_end(b"X"), Err(ReplyError::BadValueEnd));
+        assert_eq!(ex.check_value_end(b"\n"), Ok(()));
+        // Outside a value there is nothing to look at.
+        let ex = Exchange::new(vec![], Command::Get, vec![]);
+        assert_eq!(ex.check_value_end(b"garbage"), Ok(()));
     }
 
     #[test]

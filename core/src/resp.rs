@@ -65,15 +65,17 @@ pub const MAX_BULK: u64 = 512 * 1024 * 1024;
 /// bytes its header line took (0 when incomplete or not a reply). Any
 /// answer but `Incomplete` is final: more bytes after `buf` would not
 /// change it.
+///
+/// A header line ends at its first CR or LF, which must be a CRLF: no
+/// RESP header holds either byte, so a bare LF (`+OK\n`) or a CR followed
+/// by anything else is invalid as soon as it is seen, whatever follows.
 pub fn reply_header(buf: &[u8]) -> (Reply<'_>, usize) {
-    let Some(end) = buf.windows(2).position(|w| w == b"\r\n") else {
+    let end = match line_end(buf) {
+        LineEnd::Crlf(end) => end,
+        LineEnd::Bare => return (Reply::Invalid, 0),
         // Once MAX_LINE bytes are here without a CRLF, none can end the line in time.
-        let reply = if buf.len() >= MAX_LINE {
-            Reply::Invalid
-        } else {
-            Reply::Incomplete
-        };
-        return (reply, 0);
+        LineEnd::NotYet if buf.len() >= MAX_LINE => return (Reply::Invalid, 0),
+        LineEnd::NotYet => return (Reply::Incomplete, 0),
     };
     if end == 0 || end + 2 > MAX_LINE {
         return (Reply::Invalid, 0);
@@ -99,6 +101,28 @@ pub fn reply_header(buf: &[u8]) -> (Reply<'_>, usize) {
     match reply {
         Reply::Invalid | Reply::TooLong(_) => (reply, 0),
         _ => (reply, used),
+    }
+}
+
+/// Where the first line of a buffer ends.
+enum LineEnd {
+    /// At this index, with CRLF.
+    Crlf(usize),
+    /// With a bare LF, or a CR that another byte follows.
+    Bare,
+    /// Not in the buffer (no CR or LF, or a CR as its last byte).
+    NotYet,
+}
+
+fn line_end(buf: &[u8]) -> LineEnd {
+    match buf.iter().position(|&b| b == b'\r' || b == b'\n') {
+        None => LineEnd::NotYet,
+        Some(i) if buf[i] == b'\n' => LineEnd::Bare,
+        Some(i) => match buf.get(i + 1) {
+            None => LineEnd::NotYet,
+            Some(b'\n') => LineEnd::Crlf(i),
+            Some(_) => LineEnd::Bare,
+        },
     }
 }
 
@@ -203,6 +227,30 @@ mod tests {
         ] {
             assert_eq!(reply_header(bad), (Reply::Invalid, 0), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_line_ends_with_crlf_only() {
+        // A bare LF or CR is refused at once, whatever follows it.
+        for bad in [
+            &b"+OK\n"[..],
+            b"$3\nabc\r\n",
+            b"$3\n",
+            b"\n",
+            b"-ERR x\ny\r\n",
+            b":1\n\r\n",
+            b"$3\rabc\r\n",
+            b"$3\rabc",
+            b"+O\rK\r\n",
+            b"\r\r\n",
+        ] {
+            assert_eq!(reply_header(bad), (Reply::Invalid, 0), "{bad:?}");
+        }
+        // A CR as the last byte is the start of a CRLF: not yet known.
+        assert_eq!(reply_header(b"+OK\r"), (Reply::Incomplete, 0));
+        assert_eq!(reply_header(b"$3\r"), (Reply::Incomplete, 0));
+        // Bytes after the header line (a value) may hold anything.
+        assert_eq!(reply_header(b"$3\r\na\nb\r\n"), (Reply::Bulk(3), 4));
     }
 
     #[test]

@@ -207,6 +207,41 @@ pub(crate) extern "C" fn cmd_cache_auth(
     unsafe { directive(cf, conf, "cmd_cache_auth", body) }
 }
 
+/// The smallest `cache_buffer_size`. nginx reads a reply's header into the
+/// buffer without moving what is used out of it, so the replies before
+/// the command's own (`+OK` to AUTH, `+PONG`, `+OK` to SELECT: 17 bytes)
+/// and the first line of the command's (`$536870912\r\n` at most for a
+/// value; Redis's usual error lines, such as the 68 bytes of
+/// `-WRONGTYPE ...`) must fit in it together.
+pub const MIN_BUFFER_SIZE: usize = 128;
+
+/// `cache_buffer_size size`: nginx's size slot, and at least `MIN_BUFFER_SIZE`.
+pub(crate) extern "C" fn cmd_cache_buffer_size(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    let body = |cf: Conf, lcf: &mut CacheLocConf| {
+        // (nginx's own words for these two, as its size slot has them.)
+        if lcf.upstream.buffer_size != CONF_UNSET_SIZE {
+            return Err("\"cache_buffer_size\" directive is duplicate".to_owned().into());
+        }
+        let size = cf
+            .parse_size(cf.args()[1])
+            .ok_or_else(|| "\"cache_buffer_size\" directive invalid value".to_owned())?;
+        if size < MIN_BUFFER_SIZE {
+            return Err(format!(
+                "\"cache_buffer_size\" must be at least {MIN_BUFFER_SIZE} bytes (the first lines of Redis's replies to a request must fit in it), not {size}"
+            )
+            .into());
+        }
+        lcf.upstream.buffer_size = size;
+        Ok(())
+    };
+    // SAFETY: nginx passes the configuration being read and this module's CacheLocConf.
+    unsafe { directive(cf, conf, "cmd_cache_buffer_size", body) }
+}
+
 /// `cache_next_upstream error | timeout | invalid_response | not_found ... | off`
 pub(crate) extern "C" fn cmd_cache_next_upstream(
     cf: *mut ngx_conf_t,

@@ -7,7 +7,7 @@
 
 use std::ffi::c_void;
 
-use gateway_core::redis::{self, Command, Event, Exchange, ReplyError};
+use gateway_core::redis::{self, Command, Event, Exchange, ReplyError, Setup};
 use gateway_core::resp;
 
 use super::config::{Cache, CacheLocConf, CacheMainConf};
@@ -77,7 +77,8 @@ impl StartError {
             StartError::BadDb(v) => log!(
                 NGX_LOG_INFO,
                 log,
-                "cache: \"$cache_db\" is not a database number: \"{v}\""
+                "cache: \"$cache_db\" is not a database number (0 to {}): \"{v}\"",
+                redis::MAX_DB
             ),
             StartError::BadExptime(v) => {
                 log!(
@@ -309,6 +310,17 @@ extern "C" fn process_header(r: *mut ngx_http_request_t) -> ngx_int_t {
             match event {
                 Event::More => return AGAIN,
                 Event::Answer { status, value } => {
+                    // A value that came whole with its header is checked to
+                    // its end before the status goes out: one that does not
+                    // end with CRLF is a malformed reply (502), not a 200
+                    // cut short.
+                    if value.is_some() {
+                        if let Err(e) = ctx.exchange.check_value_end(u.unread()) {
+                            log!(NGX_LOG_ERR, log, "cache: {e}");
+                            drop_unread(u);
+                            return NGX_HTTP_UPSTREAM_INVALID_HEADER as ngx_int_t;
+                        }
+                    }
                     ctx.answered = true;
                     u.set_status(ngx_uint_t::from(status));
                     match value {
@@ -325,11 +337,35 @@ extern "C" fn process_header(r: *mut ngx_http_request_t) -> ngx_int_t {
                         u.set_keepalive(true);
                     } else {
                         log!(NGX_LOG_ERR, log, "cache: {}", ReplyError::Unsolicited);
+                        drop_unread(u);
                     }
+                    return OK;
+                }
+                // A database Redis will not select is the client's: 400,
+                // logged at info as nginx logs client errors. What follows
+                // the refusal is not read: the connection goes (whatever
+                // state it is in, none of it is kept).
+                Event::Failed(ReplyError::Refused {
+                    setup: Setup::Select,
+                    message,
+                }) => {
+                    log!(
+                        NGX_LOG_INFO,
+                        log,
+                        "cache: redis refused SELECT {} (\"$cache_db\"): {}",
+                        ctx.db.unwrap_or_default(),
+                        String::from_utf8_lossy(&message)
+                    );
+                    drop_unread(u);
+                    u.set_status(HTTP_BAD_REQUEST as ngx_uint_t);
+                    u.set_content_length(0);
                     return OK;
                 }
                 Event::Failed(e) => {
                     log!(NGX_LOG_ERR, log, "cache: {e}");
+                    // The connection goes, and what it sent with it
+                    // (said once, here, not again by the input filter).
+                    drop_unread(u);
                     // A broken reply after the answer: the answer stands,
                     // the connection goes.
                     return if ctx.answered {
@@ -342,6 +378,13 @@ extern "C" fn process_header(r: *mut ngx_http_request_t) -> ngx_int_t {
             }
         }
     })
+}
+
+/// Drops the bytes read and not used: the connection they came on is not
+/// kept, and nothing of them is passed on.
+fn drop_unread(u: &mut Upstream) {
+    let n = u.unread().len();
+    u.consume(n);
 }
 
 /// The request of an input filter's data.

@@ -208,6 +208,17 @@ impl Conf {
         (t != ERROR).then_some(t)
     }
 
+    /// `ngx_parse_size` of a value (`512`, `4k`, `1m`).
+    pub fn parse_size(&self, value: &[u8]) -> Option<usize> {
+        let mut s = ngx_str_t {
+            len: value.len(),
+            data: value.as_ptr() as *mut u8,
+        };
+        // SAFETY: nginx only reads the bytes, which are live for the call.
+        let n = unsafe { ngx_parse_size(&mut s) };
+        usize::try_from(n).ok()
+    }
+
     /// Parses the arguments of a `*_next_upstream` directive against the
     /// keywords it accepts; `off` alone is 0.
     pub fn next_upstream_bits(&self, keywords: &[(&str, u32)]) -> Result<ngx_uint_t, *mut c_char> {

@@ -12,8 +12,11 @@ package FakeRedis;
 #
 # Steps: ['send', BYTES], ['drip', BYTES, SECONDS_PER_BYTE], ['sleep', SECONDS],
 # ['close'], ['later', SECONDS, BYTES] (sent after the delay while the
-# connection waits for its next command). Every connection and command is
-# written to a log (`$fake->log`) as "conn N" and "N: CMD ARG ...".
+# connection waits for its next command), ['stale', SECONDS, BYTES] (held
+# until the next commands arrive on the connection, then sent after the
+# delay in front of their replies: bytes left on a pooled connection that
+# the next request finds before its own replies). Every connection and
+# command is written to a log (`$fake->log`) as "conn N" and "N: CMD ARG ...".
 
 use strict;
 use warnings;
@@ -101,7 +104,7 @@ sub serve {
     note($log, "conn $conn");
     my $buf = '';
     my $n = 0;
-    my @later;
+    my (@later, @stale);
     my $sel = IO::Select->new($c);
     while (1) {
         my $wait = @later ? $later[0][0] - time : undef;
@@ -114,6 +117,10 @@ sub serve {
         my $got = sysread($c, my $chunk, 65536);
         return unless $got;
         $buf .= $chunk;
+        for my $st (splice @stale) {
+            sleep $st->[0];
+            syswrite($c, $st->[1]);
+        }
         while (my $cmd = take_command(\$buf)) {
             $n++;
             note($log, "$conn: " . join ' ', @$cmd);
@@ -126,6 +133,7 @@ sub serve {
                 elsif ($what eq 'sleep') { sleep $a[0] }
                 elsif ($what eq 'close') { close $c; return }
                 elsif ($what eq 'later') { push @later, [time + $a[0], $a[1]] }
+                elsif ($what eq 'stale') { push @stale, [@a] }
             }
         }
     }

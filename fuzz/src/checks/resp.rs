@@ -1,7 +1,8 @@
 //! `resp::reply_header` on arbitrary bytes.
 //!
 //! What must hold: the answer agrees with a model of RESP2 reply headers
-//! written here; `used` never passes the buffer and is the length of the
+//! written here (a header line ends at its first CR or LF, which must be
+//! a CRLF); `used` never passes the buffer and is the length of the
 //! header line with its CRLF; and an answer other than `Incomplete` is
 //! final: the module acts on it at once, so more bytes arriving behind it
 //! must not change it (the same stream cut differently by the network
@@ -74,6 +75,13 @@ fn decimal(s: &[u8]) -> Option<i64> {
 /// The model: what the header at the start of `buf` is, `crlf` being
 /// where its first CRLF is.
 fn model(buf: &[u8], crlf: Option<usize>) -> (Reply<'_>, usize) {
+    // No header holds a CR or LF: a line's first one of them must be its CRLF.
+    if let Some(i) = buf.iter().position(|&b| b == b'\r' || b == b'\n') {
+        let bare_cr = buf[i] == b'\r' && i + 1 < buf.len() && crlf != Some(i);
+        if buf[i] == b'\n' || bare_cr {
+            return (Reply::Invalid, 0);
+        }
+    }
     let Some(end) = crlf else {
         // A line must end (CRLF included) within MAX_LINE bytes.
         let r = if buf.len() >= MAX_LINE {
