@@ -162,6 +162,31 @@ for my $after (0.01, 0.1, 0.3) {
     is((http_get($port, '/echo'))[1], 'echo', "a stream left after $after s: the next request is served");
 }
 
+# 5b. The backend killed while a stream is under way: the response is cut
+# short (the client sees no end), and the log says how many rows went out.
+stop_nginx();
+$port = start('max=1');
+{
+    my $c = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port) or die;
+    print $c "GET /many HTTP/1.1\r\nHost: x\r\n\r\n";
+    my $got = '';
+    sysread($c, $got, 65536);    # some rows are out
+    ok(length $got, 'the stream has begun');
+    psql("select pg_terminate_backend(pid) from pg_stat_activity where application_name = 'faults' and query like '%generate_series%'");
+    my $rest = '';
+    my $deadline = time + 10;
+    while (time < $deadline) {
+        my $n = sysread($c, my $chunk, 1 << 20);
+        last unless $n;
+        $rest .= $chunk;
+    }
+    close $c;
+    unlike($got . $rest, qr/\r\n0\r\n\r\n\z/, 'no end of the chunked body: the client can tell');
+    like(nginx_error_log(), qr/\[error\].*sqldb: the response was cut short after [1-9]\d* rows had gone out: .*connection lost/,
+        'the log counts the rows that went out');
+    is((http_get($port, '/echo'))[1], 'echo', 'the next request is served');
+}
+
 # 6. The postmaster killed mid-query: 502, then service returns with the server.
 $s = http_send($port, '/sleep?s=10');
 ok(wait_until(sub { running('%pg_sleep%') == 1 }, 5), 'a slow query runs');

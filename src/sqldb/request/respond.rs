@@ -7,6 +7,7 @@ use super::error::{log_failure, ConnError, Failure, ResultError, BAD_PARAMETER};
 use super::peer::{fail, finish_upstream, guard_request, next, next_after_stale, started};
 use super::{ctx_of, output, registry, vars};
 use crate::ffi::*;
+use crate::log;
 use crate::sqldb::config::{LocConf, Sqldb, Var};
 use crate::sqldb::driver::{Delivery, PgResult, ReqToken, ResultKind};
 
@@ -55,7 +56,15 @@ fn apply(r: &mut Req, d: Delivery) {
         Delivery::Failed(_, lost, why) => {
             ctx.conn = None;
             let e = ConnError::Lost(lost, why);
-            log_failure(r.log(), &e);
+            match ctx.streaming.as_ref().filter(|s| s.started()) {
+                Some(s) => log!(
+                    NGX_LOG_ERR,
+                    r.log(),
+                    "sqldb: the response was cut short after {} rows had gone out: {e}",
+                    s.sent
+                ),
+                None => log_failure(r.log(), &e),
+            }
             match lost {
                 Lost::NotSent => next_after_stale(r),
                 Lost::Connect => next(r, HTTP_BAD_GATEWAY, NGX_HTTP_UPSTREAM_FT_ERROR),

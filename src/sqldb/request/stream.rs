@@ -32,7 +32,8 @@ pub struct Streaming {
     discard: bool,
     out: Vec<u8>,
     /// Rows in the buffers handed to nginx so far.
-    sent: u64,
+    /// Rows that have gone out to the client.
+    pub sent: u64,
     bufs: Reuse,
 }
 
