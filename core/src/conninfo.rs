@@ -70,6 +70,36 @@ const INTEGERS: &[&str] = &[
     "tcp_user_timeout",
 ];
 
+/// Client encodings whose multibyte characters can hold the bytes of `'`
+/// or `\\`: quoting a value byte by byte (sqldb_escape) is not safe in them.
+/// Names as PostgreSQL compares them (lower case, letters and digits only).
+const UNSAFE_ENCODINGS: &[&str] = &[
+    "sjis",
+    "shiftjis",
+    "mskanji",
+    "windows932",
+    "shiftjis2004",
+    "big5",
+    "windows950",
+    "gbk",
+    "windows936",
+    "cp936",
+    "gb18030",
+    "uhc",
+    "windows949",
+    "johab",
+];
+
+/// An encoding name whose characters can hide a quote (see UNSAFE_ENCODINGS).
+fn unsafe_encoding(name: &str) -> bool {
+    let norm: String = name
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .map(|c| c.to_ascii_lowercase())
+        .collect();
+    UNSAFE_ENCODINGS.contains(&norm.as_str())
+}
+
 /// The keyword=value pairs of one server, in the order given.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Keywords {
@@ -106,6 +136,25 @@ impl Keywords {
                 key: key.to_owned(),
                 value: value.to_owned(),
                 allowed: &["a whole number"],
+            });
+        }
+        // client_encoding=..., or -c client_encoding=... in options.
+        let encoding = match key {
+            "client_encoding" => Some(value),
+            "options" => value
+                .split_whitespace()
+                .filter_map(|w| w.split_once('='))
+                .find(|(k, _)| {
+                    k.trim_start_matches("-c").trim_start_matches("--").replace('-', "_") == "client_encoding"
+                })
+                .map(|(_, v)| v),
+            _ => None,
+        };
+        if encoding.is_some_and(unsafe_encoding) {
+            return Err(ConninfoError::BadValue {
+                key: "client_encoding".to_owned(),
+                value: encoding.unwrap_or_default().to_owned(),
+                allowed: &["an encoding whose characters never hold the bytes of a quote or a backslash (UTF8, LATIN1, EUC_JP, ...)"],
             });
         }
         if key == "port" && port_number(value).is_none() {
@@ -260,6 +309,16 @@ mod tests {
         );
         assert!(kw(&["sslmode=verify-full", "target_session_attrs=read-write"]).is_ok());
         assert!(kw(&["connect_timeout=5", "keepalives_idle=30"]).is_ok());
+        assert!(kw(&["client_encoding=UTF8", "options=-c client_encoding=euc_jp"]).is_ok());
+        for bad in [
+            "client_encoding=SJIS",
+            "client_encoding=Shift_JIS",
+            "client_encoding=big5",
+            "options=-c client_encoding=GBK",
+            "options=--client-encoding=uhc",
+        ] {
+            assert!(kw(&[bad]).is_err(), "{bad}");
+        }
         for bad in [
             "connect_timeout=abc",
             "connect_timeout=",
