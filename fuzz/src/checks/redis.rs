@@ -83,10 +83,24 @@ struct Shape {
 
 impl Shape {
     fn new(src: &mut Source) -> Shape {
+        // As the module plans it (AUTH, PING, SELECT), and in other orders.
+        let before = if src.bool() {
+            let mut b = Vec::new();
+            if src.bool() {
+                b.push(Setup::Auth);
+            }
+            b.push(Setup::Ping);
+            if src.bool() {
+                b.push(Setup::Select);
+            }
+            b
+        } else {
+            (0..src.below(3))
+                .map(|_| src.pick(&[Setup::Auth, Setup::Ping, Setup::Select]))
+                .collect()
+        };
         Shape {
-            before: (0..src.below(3))
-                .map(|_| src.pick(&[Setup::Auth, Setup::Select]))
-                .collect(),
+            before,
             command: src.pick(&[Command::Get, Command::Set, Command::Del]),
             after: (0..src.below(2))
                 .map(|_| src.pick(&[Setup::Reset, Setup::SelectZero]))
@@ -126,8 +140,8 @@ pub fn redis_exchange(data: &[u8]) {
 /// Well-formed replies for the exchange, and what reading them gives.
 fn replies(src: &mut Source, shape: &Shape) -> (Vec<u8>, Outcome) {
     let mut out = Vec::new();
-    for _ in &shape.before {
-        out.extend_from_slice(b"+OK\r\n");
+    for s in &shape.before {
+        out.extend_from_slice(if *s == Setup::Ping { b"+PONG\r\n" } else { b"+OK\r\n" });
     }
     let value: Vec<u8> = src.bytes(40).to_vec();
     let (answer, val) = match shape.command {
