@@ -140,17 +140,18 @@ impl Keywords {
         }
         // client_encoding=..., or -c client_encoding=... in options.
         let encoding = match key {
-            "client_encoding" => Some(value),
+            "client_encoding" => Some(value).filter(|v| unsafe_encoding(v)),
             "options" => value
                 .split_whitespace()
                 .filter_map(|w| w.split_once('='))
-                .find(|(k, _)| {
+                .filter(|(k, _)| {
                     k.trim_start_matches("-c").trim_start_matches("--").replace('-', "_") == "client_encoding"
                 })
-                .map(|(_, v)| v),
+                .map(|(_, v)| v)
+                .find(|v| unsafe_encoding(v)),
             _ => None,
         };
-        if encoding.is_some_and(unsafe_encoding) {
+        if encoding.is_some() {
             return Err(ConninfoError::BadValue {
                 key: "client_encoding".to_owned(),
                 value: encoding.unwrap_or_default().to_owned(),
@@ -183,6 +184,10 @@ impl Keywords {
 }
 
 fn port_number(v: &str) -> Option<u16> {
+    // Digits only (str::parse would take a sign).
+    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
     v.parse().ok().filter(|&p| p != 0)
 }
 

@@ -106,6 +106,32 @@ fn expected(arg: &str, taken: &[(String, String)]) -> Result<(String, String), C
         "target_session_attrs" => Some(&["any", "read-write", "read-only", "primary", "standby", "prefer-standby"]),
         _ => None,
     };
+    let number = |v: &str| !v.is_empty() && v.len() <= 9 && v.bytes().all(|b| b.is_ascii_digit());
+    // Encodings in which a multibyte character can hold a quote's byte.
+    let unsafe_encoding = |v: &str| {
+        let norm: String = v
+            .chars()
+            .filter(char::is_ascii_alphanumeric)
+            .map(|c| c.to_ascii_lowercase())
+            .collect();
+        [
+            "sjis",
+            "shiftjis",
+            "mskanji",
+            "windows932",
+            "shiftjis2004",
+            "big5",
+            "windows950",
+            "gbk",
+            "windows936",
+            "cp936",
+            "gb18030",
+            "uhc",
+            "windows949",
+            "johab",
+        ]
+        .contains(&norm.as_str())
+    };
     let bad = match allowed {
         Some(list) => !list.contains(&value),
         None if key == "port" => {
@@ -113,6 +139,25 @@ fn expected(arg: &str, taken: &[(String, String)]) -> Result<(String, String), C
                 || value.is_empty()
                 || value.parse::<u32>().map_or(true, |p| p == 0 || p > 65535)
         }
+        None if matches!(
+            key,
+            "connect_timeout"
+                | "keepalives"
+                | "keepalives_idle"
+                | "keepalives_interval"
+                | "keepalives_count"
+                | "tcp_user_timeout"
+        ) =>
+        {
+            !number(value)
+        }
+        None if key == "client_encoding" => unsafe_encoding(value),
+        None if key == "options" => value.split_whitespace().any(|w| {
+            w.split_once('=').is_some_and(|(k, v)| {
+                k.trim_start_matches("-c").trim_start_matches("--").replace('-', "_") == "client_encoding"
+                    && unsafe_encoding(v)
+            })
+        }),
         None => false,
     };
     if bad {
