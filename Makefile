@@ -1,7 +1,7 @@
 # ngx_gateway: build, test, run and benchmark.
 #
 #   make          build the module against Debian's nginx (objs/ngx_http_gateway_module.so)
-#   make vendored build nginx 1.28 and the module against it (objs/vendored/)
+#   make vendored build nginx 1.28 (--with-debug) and the module against it (objs/vendored/)
 #   make test     install what is missing, unit tests, then the .t suites on both builds
 #   make run      a throwaway PostgreSQL + nginx with nginx-conf/demo.conf on 127.0.0.1:8080
 #   make stop     stop what make run started
@@ -71,8 +71,10 @@ fault: $(DEB_BUILD)/objs/ngx_auto_config.h FORCE
 	NGINX_BUILD_DIR=$(DEB_BUILD)/objs $(CARGO) build --release --features fault-injection --target-dir $(FAULT_TARGET)
 	mkdir -p $(OBJS)/fault && cp $(FAULT_TARGET)/release/lib$(MODULE) $(FAULT_MODULE)
 
+# With debug logging (--with-debug), so that the suites see the module's
+# debug traces on one of the two builds.
 vendored: FORCE
-	$(CARGO) build --release --features vendored --target-dir $(VEN_TARGET)
+	NGX_CONFIGURE_ARGS=--with-debug $(CARGO) build --release --features vendored --target-dir $(VEN_TARGET)
 	mkdir -p $(OBJS)/vendored
 	cp $(VEN_TARGET)/release/lib$(MODULE) $(VEN_MODULE)
 	cp "$$(cat $(VEN_TARGET)/release/nginx-build-dir)/nginx" $(VEN_NGINX)

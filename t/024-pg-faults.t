@@ -15,8 +15,7 @@ use Time::HiRes qw(sleep time);
 psql('create sequence if not exists fault_seq');
 psql('grant usage, select, update on sequence fault_seq to gateway');
 
-my $server = "127.0.0.1:$ENV{TEST_NGINX_PG_PORT} dbname=$ENV{TEST_NGINX_PG_DB} user=$ENV{TEST_NGINX_PG_USER} "
-    . "\"password=$ENV{TEST_NGINX_PG_PASSWORD}\" application_name=faults";
+my $server = GatewayTest::pg_server_line('faults');
 
 sub start {
     my ($keepalive, %opt) = @_;

@@ -14,8 +14,7 @@ psql('drop table if exists prep_t, prep_missing');
 psql("create table prep_t (k int primary key, v text); insert into prep_t values (1, 'one')");
 psql('grant select on prep_t to gateway');
 
-my $server = "127.0.0.1:$ENV{TEST_NGINX_PG_PORT} dbname=$ENV{TEST_NGINX_PG_DB} user=$ENV{TEST_NGINX_PG_USER} "
-    . "\"password=$ENV{TEST_NGINX_PG_PASSWORD}\" application_name=prepared";
+my $server = GatewayTest::pg_server_line('prepared');
 
 my $port = nginx_start(<<"HTTP");
 upstream database {

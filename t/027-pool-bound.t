@@ -9,8 +9,7 @@ use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_send http_read ps
 use Test::More;
 use Time::HiRes qw(sleep time);
 
-my $server = "127.0.0.1:$ENV{TEST_NGINX_PG_PORT} dbname=$ENV{TEST_NGINX_PG_DB} user=$ENV{TEST_NGINX_PG_USER} "
-    . "\"password=$ENV{TEST_NGINX_PG_PASSWORD}\" application_name=bound";
+my $server = GatewayTest::pg_server_line('bound');
 
 my $port = nginx_start(<<"HTTP");
 upstream database {

@@ -20,7 +20,7 @@ use POSIX qw(WNOHANG);
 use Time::HiRes qw(sleep time);
 use FindBin;
 
-our @EXPORT_OK = qw(start_servers stop_servers psql rds rds_rows rds_command free_port pg_bin pg_stop pg_start
+our @EXPORT_OK = qw(pg_server_line start_servers stop_servers psql rds rds_rows rds_command free_port pg_bin pg_stop pg_start
     pg_restart start_extra_pg nginx_signal nginx_exited start_redis redis_cli garbage_port
     nginx_start stop_nginx nginx_error_log http_send http_read http_get);
 
@@ -133,6 +133,14 @@ sub start_pg {
 # A second server with the same role, password and schema (for failover
 # tests); stopped when the test file ends.
 sub start_extra_pg { new_pg_instance(@_) }
+
+# A sqldb_server line's arguments for the test server, with an
+# application_name by which pg_stat_activity tells the gateway's connections.
+sub pg_server_line {
+    my ($app) = @_;
+    return "127.0.0.1:$ENV{TEST_NGINX_PG_PORT} dbname=$ENV{TEST_NGINX_PG_DB} user=$ENV{TEST_NGINX_PG_USER} "
+        . "\"password=$ENV{TEST_NGINX_PG_PASSWORD}\" application_name=$app";
+}
 
 sub set_derived_env {
     $ENV{TEST_NGINX_PG_SERVER} = "127.0.0.1:$ENV{TEST_NGINX_PG_PORT} dbname=$ENV{TEST_NGINX_PG_DB} "

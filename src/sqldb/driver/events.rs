@@ -217,6 +217,13 @@ impl Pool {
                 Some(r) => r.route_kind(),
             };
             let (route, steps) = c.pipeline.on_result(kind);
+            if kind != gateway_core::pipeline::ResultKind::Row {
+                debug!(
+                    Log::cycle(),
+                    "sqldb: connection #{}: {kind:?} routed: {route:?}",
+                    id.0.as_u64()
+                );
+            }
             match (route, res) {
                 (Route::Row(req), Some(res)) => {
                     let verdict = sink.map_or(RowVerdict::Continue, |s| s.row(req, &res));
