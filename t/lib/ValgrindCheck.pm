@@ -31,7 +31,8 @@ use Fcntl qw(:flock);
 use Time::HiRes qw(time);
 
 my $Top = abs_path(dirname(__FILE__) . '/../..');
-my $OutDir = $ENV{TEST_NGINX_VALGRIND_DIR} || "$Top/target/valgrind";
+# Where summary.tsv and the kept logs go.
+sub out_dir () { $ENV{TEST_NGINX_VALGRIND_DIR} || "$Top/target/valgrind" }
 
 sub enabled () { $ENV{TEST_NGINX_USE_VALGRIND} ? 1 : 0 }
 
@@ -174,6 +175,12 @@ sub check ($$;%) {
             select(undef, undef, undef, 0.1);
             $p = parse_log($log);
         }
+        # A worker left behind (its master was killed) is ended, by its pid;
+        # its report stays cut short.
+        if (!$p->{complete} && still_running($p->{pid})) {
+            kill 'KILL', $p->{pid};
+            $p->{straggler} = 1;
+        }
         push @procs, $p;
     }
     my %in_run = map { $_->{pid} => 1 } @procs;
@@ -185,12 +192,14 @@ sub check ($$;%) {
         my $kept = '-';
         if ($bad) {
             $clean = 0;
-            make_path("$OutDir/logs");
-            $kept = "$OutDir/logs/" . sanitize(suite_name() . "-$label") . "-$p->{pid}.log";
+            make_path(out_dir() . '/logs');
+            $kept = out_dir() . '/logs/' . sanitize(suite_name() . "-$label") . "-$p->{pid}.log";
             copy($p->{file}, $kept);
             $report .= sprintf("valgrind: %s, pid %s (%s): %d error(s), %d definite leak(s) (%d bytes)%s; log %s\n",
                 $label, $p->{pid}, $role, $p->{errors}, $p->{leaks}, $p->{leaked},
-                $p->{complete} ? '' : ', REPORT CUT SHORT (no ERROR SUMMARY: killed or not ended)', $kept);
+                $p->{complete} ? ''
+                    : $p->{straggler} ? ', REPORT CUT SHORT (still running after nginx stopped: killed)'
+                    : ', REPORT CUT SHORT (no ERROR SUMMARY: killed or not ended)', $kept);
             my @recs = @{ $p->{records} };
             my $shown = 0;
             for my $r (@recs) {
@@ -209,8 +218,8 @@ sub check ($$;%) {
 
 # Appends lines to summary.tsv (with a header when it is new).
 sub record (@) {
-    make_path($OutDir);
-    my $file = "$OutDir/summary.tsv";
+    make_path(out_dir());
+    my $file = out_dir() . '/summary.tsv';
     open my $fh, '>>', $file or die "cannot write $file: $!";
     flock($fh, LOCK_EX);
     seek($fh, 0, 2);
