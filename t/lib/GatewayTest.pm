@@ -464,14 +464,27 @@ sub nginx_error_log {
     return <$fh>;
 }
 
+# (Under valgrind, QUIT again after 10 s and every 5 s, to the master and to its
+# workers that have not ended: a signal that arrives just as a process's
+# event loop goes to sleep can be taken without waking it.)
 sub stop_nginx {
     return valgrind_verdict() unless $NginxPid;
     kill 'QUIT', $NginxPid;
     my $deadline = time + stretch(5);
+    my ($again, $sent) = (time + 10, 1);
     while (time < $deadline) {
-        if (waitpid($NginxPid, WNOHANG) == $NginxPid) { $NginxPid = undef; return valgrind_verdict() }
+        if (waitpid($NginxPid, WNOHANG) == $NginxPid) {
+            Test::Builder->new->diag("$StartLabel: nginx exited only after QUIT was sent $sent times") if $sent > 1;
+            $NginxPid = undef;
+            return valgrind_verdict();
+        }
+        if ($VgDir && time > $again) {
+            kill 'QUIT', $NginxPid, ValgrindCheck::running_pids($VgDir);
+            ($again, $sent) = (time + 5, $sent + 1);
+        }
         sleep 0.01;
     }
+    Test::Builder->new->diag("$StartLabel: nginx did not exit within " . stretch(5) . " s of QUIT (sent $sent times): killed");
     kill 'KILL', $NginxPid;
     waitpid($NginxPid, 0);
     $NginxPid = undef;

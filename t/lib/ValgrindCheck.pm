@@ -145,6 +145,20 @@ sub still_running ($) {
     return $cmd =~ /valgrind|memcheck|nginx/;
 }
 
+# The processes of a run (pids from their logs' names) that have not
+# finished their report and are still running: for a signal sent again.
+sub running_pids ($) {
+    my $logdir = shift;
+    my @pids;
+    for my $log (glob "$logdir/valgrind.*.log") {
+        my ($pid) = basename($log) =~ /(\d+)/ or next;
+        open my $fh, '<', $log or next;
+        my $done = grep { /ERROR SUMMARY:/ } <$fh>;
+        push @pids, $pid if !$done && still_running($pid);
+    }
+    return @pids;
+}
+
 sub sanitize ($) {
     my $s = shift;
     $s =~ s/[^A-Za-z0-9._#-]+/-/g;

@@ -177,6 +177,7 @@ CONF
 
 my $NginxPid;
 my $VgDir;    # the valgrind logs of the nginx last started
+my $CurrentBlock = 'END';
 
 # True when something answers on the port (a test server that was given it,
 # an nginx of another run): the start check would talk to it, not to ours.
@@ -216,14 +217,27 @@ sub start_nginx () {
     return "nginx did not start listening on port $Port";
 }
 
+# (Under valgrind, QUIT again after 10 s and every 5 s: a signal that arrives just as
+# nginx's event loop goes to sleep in epoll_wait can be taken without
+# waking it, and nginx would sleep on until its next timer.)
 sub stop_nginx () {
     return unless $NginxPid;
     kill 'QUIT', $NginxPid;
     my $deadline = time + ValgrindCheck::stretch(5);
+    my ($again, $sent) = (time + 10, 1);
     while (time < $deadline) {
-        if (waitpid($NginxPid, WNOHANG) == $NginxPid) { $NginxPid = undef; return; }
+        if (waitpid($NginxPid, WNOHANG) == $NginxPid) {
+            diag("$CurrentBlock: nginx exited only after QUIT was sent $sent times") if $sent > 1;
+            $NginxPid = undef;
+            return;
+        }
+        if ($Valgrind && time > $again) {
+            kill 'QUIT', $NginxPid, ($VgDir ? ValgrindCheck::running_pids($VgDir) : ());
+            ($again, $sent) = (time + 5, $sent + 1);
+        }
         sleep 0.01;
     }
+    diag("$CurrentBlock: nginx did not exit within " . ValgrindCheck::stretch(5) . " s of QUIT (sent $sent times): killed");
     kill 'KILL', $NginxPid;
     waitpid($NginxPid, 0);
     $NginxPid = undef;
@@ -242,7 +256,6 @@ sub valgrind_verdict ($) {
     diag($report);
 }
 
-my $CurrentBlock = 'END';
 END { stop_nginx(); valgrind_verdict($CurrentBlock) }
 
 sub slurp ($) {
