@@ -10,6 +10,8 @@
 #   make fuzztest the fuzz checks on stable Rust over the seeds and pseudo-random inputs (part of make test)
 #   make fuzz     every fuzz target under cargo-fuzz for FUZZ_RUNS inputs (nightly; installs cargo-fuzz)
 #   make fuzz-short  every fuzz target for FUZZ_SECONDS with cargo-fuzz, else the stable fuzztest
+#   make test-valgrind  the .t suites (VALGRIND_TESTS, default t/) with Debian's nginx and the module
+#                 under valgrind memcheck; fails on a memory error, a definite leak or a cut-short report
 
 SHELL        := /bin/bash
 CARGO        ?= cargo
@@ -33,7 +35,7 @@ FUZZ_RUNS    ?= 10000000
 FUZZ_SECONDS ?= 20
 FUZZ_TARGET  := $(CURDIR)/fuzz/target
 
-.PHONY: all build fault vendored deps unittest fuzztest fuzz fuzz-short cargo-fuzz test test-debian test-vendored run stop bench check clean
+.PHONY: all build fault vendored deps valgrind-deps unittest fuzztest fuzz fuzz-short cargo-fuzz test test-debian test-vendored test-valgrind run stop bench check clean
 
 all: build
 
@@ -118,6 +120,35 @@ test-debian: build fault
 test-vendored: vendored
 	@echo "=== suites on the vendored nginx: $$($(VEN_NGINX) -v 2>&1)"
 	TEST_NGINX_BINARY=$(VEN_NGINX) TEST_NGINX_LOAD_MODULES=$(VEN_MODULE) $(PROVE)
+
+# The suites with nginx (Debian's, and the Debian build of the module) under
+# valgrind's memcheck (t/lib/ValgrindCheck.pm, suppressions in
+# t/valgrind.supp): a block or nginx_start whose nginx processes show a
+# memory error, a definite leak or a cut-short report fails, and
+# tools/valgrind-summary prints the totals of target/valgrind/summary.tsv
+# (logs with findings in target/valgrind/logs/). Not part of make test.
+# VALGRIND_TESTS picks files; TEST_NGINX_VALGRIND_OPTS adds valgrind
+# options, TEST_NGINX_VALGRIND_SUPP another suppressions file.
+VALGRIND_TESTS ?= t/
+VALGRIND_OUT   := $(CURDIR)/target/valgrind
+
+valgrind-deps:
+	@dpkg-query -W -f='$${Status}' valgrind 2>/dev/null | grep -q 'install ok installed' || { \
+	    echo "installing: valgrind"; \
+	    sudo=""; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+	    $$sudo env DEBIAN_FRONTEND=noninteractive apt-get update -q && \
+	    $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends valgrind; \
+	}
+
+test-valgrind: deps valgrind-deps
+	$(MAKE) build fault
+	@echo "=== suites under valgrind on Debian's nginx: $$(/usr/sbin/nginx -v 2>&1), $$(valgrind --version)"
+	rm -rf $(VALGRIND_OUT)
+	status=0; \
+	TEST_NGINX_USE_VALGRIND=1 TEST_NGINX_BINARY=/usr/sbin/nginx TEST_NGINX_LOAD_MODULES=$(DEB_MODULE) \
+	    TEST_NGINX_FAULT_MODULE=$(FAULT_MODULE) prove -I t/lib/harness $(PROVE_FLAGS) $(VALGRIND_TESTS) || status=$$?; \
+	perl tools/valgrind-summary $(VALGRIND_OUT)/summary.tsv || status=1; \
+	exit $$status
 
 run: deps build
 	bash nginx-conf/run.sh

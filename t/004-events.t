@@ -4,7 +4,7 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_send http_read http_get psql rds);
+use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_send http_read http_get psql rds stretch under_valgrind);
 use Test::More;
 use Time::HiRes qw(time sleep);
 
@@ -30,8 +30,11 @@ for (1 .. 10) {
     is($body, rds('echo', 'fast'), "fast request $_ body");
 }
 my $worst = (sort { $b <=> $a } @lat)[0];
-cmp_ok($worst, '<', 0.5, sprintf('fast requests did not wait for the slow one (worst %.3f s)', $worst));
-cmp_ok(time - $t0, '<', 1.5, 'all fast requests were done before the slow query ended');
+SKIP: {
+    skip 'latency bounds: under valgrind every request is tens of times slower', 2 if under_valgrind();
+    cmp_ok($worst, '<', 0.5, sprintf('fast requests did not wait for the slow one (worst %.3f s)', $worst));
+    cmp_ok(time - $t0, '<', 1.5, 'all fast requests were done before the slow query ended');
+}
 my ($status) = http_read($slow);
 is($status, 200, 'the slow request completed too');
 cmp_ok(time - $t0, '>=', 1.4, 'the slow request really took its time');
@@ -41,22 +44,30 @@ $t0 = time;
 my @socks = map { http_send($port, '/slow?s=0.5') } 1 .. 8;
 my @codes = map { (http_read($_))[0] } @socks;
 is_deeply(\@codes, [(200) x 8], 'eight concurrent slow requests succeeded');
-cmp_ok(time - $t0, '<', 2.0, sprintf('they ran concurrently (%.2f s for 8 x 0.5 s)', time - $t0));
+SKIP: {
+    skip 'a speed bound: under valgrind opening connections alone takes longer than 2 s', 1 if under_valgrind();
+    cmp_ok(time - $t0, '<', 2.0, sprintf('they ran concurrently (%.2f s for 8 x 0.5 s)', time - $t0));
+}
 
 # 3. A client that closes early: its query is cancelled on the server (the
 # connection then goes back to the pool, clean); a query left running would
 # show here as active.
 sub sleeping_backends {
     psql("select count(*) from pg_stat_activity where application_name = 'ngx_gateway' "
-        . "and state = 'active' and query like '%pg_sleep(1)%'");
+        . "and state = 'active' and query like '%pg_sleep(" . stretch(1) . ")%'");
 }
 is(sleeping_backends(), 0, 'no backend has run the test query yet');
-my $early = http_send($port, '/slow?s=1');
-sleep 0.3;
-is(sleeping_backends(), 1, 'the slow query holds one connection');
+my $early = http_send($port, '/slow?s=' . stretch(1));
+my $running = 0;
+for (1 .. stretch(10)) {
+    $running = sleeping_backends();
+    last if $running;
+    sleep 0.03;
+}
+is($running, 1, 'the slow query holds one connection');
 close $early;
 my $left = 1;
-for (1 .. 40) {
+for (1 .. stretch(40)) {
     $left = sleeping_backends();
     last if $left == 0;
     sleep 0.1;

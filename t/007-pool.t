@@ -3,7 +3,7 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_send http_read http_get psql rds rds_rows);
+use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_send http_read http_get psql rds rds_rows stretch);
 use Test::More;
 use Time::HiRes qw(sleep);
 
@@ -14,7 +14,7 @@ sub gateway_backends {
 sub wait_for {
     my ($want, $what) = @_;
     my $n;
-    for (1 .. 50) {
+    for (1 .. stretch(50)) {
         $n = gateway_backends();
         return $n if $n == $want;
         sleep 0.1;
@@ -47,7 +47,7 @@ is_deeply([map { (http_read($_))[0] } @s], [200, 200, 200], 'three concurrent re
 my $pooled = gateway_backends();
 cmp_ok($pooled, '>=', 1, "$pooled connections pooled");
 psql("select pg_terminate_backend(pid) from pg_stat_activity where application_name = 'ngx_gateway'");
-sleep 0.3;
+sleep stretch(0.3);
 my @codes = map { (http_get($port, '/echo'))[0] } 1 .. 5;
 is_deeply(\@codes, [(200) x 5], 'requests after pg_terminate_backend all succeed');
 like(nginx_error_log(), qr/sqldb: idle connection to \S+ closed by the server/, 'the closed idle connections were noticed');
@@ -78,20 +78,22 @@ is($st, 200, 'and the next request is served');
 stop_nginx();
 
 # 4. overflow=reject without pipelining: 503 when every connection is busy.
-$port = nginx_start(<<'HTTP');
+# (The slow query and the wait for it to start are stretched under valgrind.)
+my $slow_s = stretch(0.8);
+$port = nginx_start(<<"HTTP");
 upstream database {
-    sqldb_server $TEST_NGINX_PG_SERVER;
+    sqldb_server \$TEST_NGINX_PG_SERVER;
     sqldb_keepalive max=1 overflow=reject;
     sqldb_pipeline off;
 }
 server {
-    listen 127.0.0.1:$PORT;
-    location /slow { sqldb_pass database; sqldb_query "select pg_sleep(0.8)::text as s"; }
+    listen 127.0.0.1:\$PORT;
+    location /slow { sqldb_pass database; sqldb_query "select pg_sleep($slow_s)::text as s"; }
     location /echo { sqldb_pass database; sqldb_query "select 'x' as echo"; }
 }
 HTTP
 my $slow = http_send($port, '/slow');
-sleep 0.2;
+sleep stretch(0.2);
 ($st) = http_get($port, '/echo');
 is($st, 503, 'second request while the only connection is busy: 503');
 like(nginx_error_log(), qr/sqldb: all 1 connections to upstream "database" are busy/, 'logged');

@@ -4,7 +4,7 @@ use strict;
 use warnings;
 use lib 't/lib';
 use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_send http_read http_get psql rds
-    start_extra_pg pg_stop pg_start pg_restart nginx_signal nginx_exited free_port);
+    start_extra_pg pg_stop pg_start pg_restart nginx_signal nginx_exited free_port stretch under_valgrind);
 use File::Temp qw(tempdir);
 use Test::More;
 use Time::HiRes qw(sleep time);
@@ -45,6 +45,9 @@ stop_nginx();
 
 # 2. The server restarts under load: no worker dies, every request gets
 # 200 or 502/503/504 (no hang, no reset), and service resumes within a second.
+SKIP: {
+skip 'a restart under wrk load: under valgrind nginx serves too few requests in wrk\'s 4 s, and service '
+    . 'cannot resume within a second', 8 if under_valgrind();
 $port = nginx_start(<<'HTTP', workers => 2);
 upstream database {
     sqldb_server $TEST_NGINX_PG_SERVER;
@@ -111,30 +114,34 @@ my @after = map { (http_get($port, '/echo'))[0] } 1 .. 20;
 is_deeply(\@after, [(200) x 20], 'and every request after it succeeds');
 unlike(nginx_error_log(), qr/exited on signal|\[alert\]/, 'no worker died');
 stop_nginx();
+}
 
 # 3. Reload (HUP) and graceful quit with queries in flight lose none of them.
-$port = nginx_start(<<'HTTP', workers => 1);
-upstream database { sqldb_server $TEST_NGINX_PG_SERVER; }
+# (Under valgrind the queries and the waits are stretched, so that the
+# requests are in flight, not still in the listen queue, at the signal.)
+my $slow_s = stretch(1);
+$port = nginx_start(<<"HTTP", workers => 1);
+upstream database { sqldb_server \$TEST_NGINX_PG_SERVER; }
 server {
-    listen 127.0.0.1:$PORT;
-    location /slow { sqldb_pass database; sqldb_query "select pg_sleep(1)::text as s, 'done' as tag"; }
+    listen 127.0.0.1:\$PORT;
+    location /slow { sqldb_pass database; sqldb_query "select pg_sleep($slow_s)::text as s, 'done' as tag"; }
     location /echo { sqldb_pass database; sqldb_query "select 'x' as echo"; }
 }
 HTTP
 my @inflight = map { http_send($port, '/slow') } 1 .. 4;
-sleep 0.3;
+sleep stretch(0.3);
 nginx_signal('HUP');
-sleep 0.3;
+sleep stretch(0.3);
 my ($st) = http_get($port, '/echo');
 is($st, 200, 'new requests are served after the reload');
 is_deeply([map { (http_read($_))[0] } @inflight], [(200) x 4], 'queries in flight during the reload all completed');
 
 @inflight = map { http_send($port, '/slow') } 1 .. 4;
-sleep 0.3;
+sleep stretch(0.3);
 nginx_signal('QUIT');
 is_deeply([map { (http_read($_))[0] } @inflight], [(200) x 4], 'queries in flight during a graceful quit all completed');
 my $gone = 0;
-for (1 .. 50) { if (nginx_exited()) { $gone = 1; last } sleep 0.1 }
+for (1 .. stretch(50)) { if (nginx_exited()) { $gone = 1; last } sleep 0.1 }
 ok($gone, 'nginx then exited');
 unlike(nginx_error_log(), qr/exited on signal|\[alert\]/, 'no worker died');
 

@@ -5,7 +5,7 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_send http_read http_get psql rds rds_rows);
+use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_send http_read http_get psql rds rds_rows stretch);
 use Test::More;
 use Time::HiRes qw(sleep);
 
@@ -78,7 +78,7 @@ ok($mixed, 'prepared and unnamed statements interleave');
 
 # 4. A client that leaves: the others behind it still get their results.
 my $gone = http_send($port, '/slow?i=gone');
-sleep 0.1;
+sleep stretch(0.1);
 @socks = map { [$_, http_send($port, "/i?i=$_")] } 1 .. 5;
 close $gone;
 my $rest = 1;
@@ -101,21 +101,23 @@ for my $s (@socks) {
 ok($both, 'simple-protocol and pipelined requests side by side');
 
 # 6. With pipelining off, requests beyond the pool open their own connections.
+# (The queries and the wait for them are stretched under valgrind.)
 stop_nginx();
-$port = nginx_start(<<'HTTP');
+my $slow_s = stretch(0.5);
+$port = nginx_start(<<"HTTP");
 upstream database {
-    sqldb_server $TEST_NGINX_PG_SERVER;
+    sqldb_server \$TEST_NGINX_PG_SERVER;
     sqldb_keepalive max=1;
     sqldb_pipeline off;
 }
 server {
-    listen 127.0.0.1:$PORT;
-    location /slow { sqldb_pass database; sqldb_query "select pg_sleep(0.5)::text as s"; }
-    location /count { sqldb_pass database; sqldb_query "select count(*)::int as n from pg_stat_activity where application_name = 'ngx_gateway' and state = 'active' and query = 'select pg_sleep(0.5)::text as s'"; }
+    listen 127.0.0.1:\$PORT;
+    location /slow { sqldb_pass database; sqldb_query "select pg_sleep($slow_s)::text as s"; }
+    location /count { sqldb_pass database; sqldb_query "select count(*)::int as n from pg_stat_activity where application_name = 'ngx_gateway' and state = 'active' and query = 'select pg_sleep($slow_s)::text as s'"; }
 }
 HTTP
 @socks = map { http_send($port, '/slow') } 1 .. 3;
-sleep 0.25;
+sleep stretch(0.25);
 ($st, $body) = http_get($port, '/count');
 is($body, rds_rows([['n', 23]], [[3]]), 'three slow queries on three connections')
     or diag(psql("select pid, state, backend_start, query_start, query from pg_stat_activity where application_name = 'ngx_gateway'"));

@@ -6,7 +6,7 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_send http_read http_get psql pg_start);
+use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_send http_read http_get psql pg_start stretch under_valgrind);
 use HttpClient qw(keepalive_requests);
 use IO::Socket::INET;
 use Test::More;
@@ -51,9 +51,10 @@ sub running {
 }
 sub gateway_connections { psql("select count(*) from pg_stat_activity where application_name = 'faults'") }
 
+# (The deadline is stretched under valgrind.)
 sub wait_until {
     my ($what, $seconds) = @_;
-    my $deadline = time + $seconds;
+    my $deadline = time + stretch($seconds);
     while (time < $deadline) {
         return 1 if $what->();
         sleep 0.05;
@@ -70,7 +71,7 @@ ok(wait_until(sub { running('%nextval%') == 1 }, 5), 'the query runs');
 psql("select pg_terminate_backend(pid) from pg_stat_activity where application_name = 'faults' and query like '%nextval%' and state = 'active'");
 my ($st) = http_read($s);
 is($st, 502, 'a backend killed mid-query: 502');
-sleep 0.5;
+sleep stretch(0.5);
 is(seq_value(), $before + 1, 'the query ran exactly once (no silent retry)');
 # Whether the server's FATAL message arrives before the end depends on the
 # server: either is a clear reason.
@@ -89,7 +90,7 @@ ok(wait_until(sub { running('%nextval%') == 1 }, 5), 'the first of three pipelin
 psql("select pg_terminate_backend(pid) from pg_stat_activity where application_name = 'faults' and query like '%nextval%'");
 my @st = map { (http_read($_))[0] } @s;
 is_deeply(\@st, [502, 502, 502], 'every request on the killed connection: 502');
-sleep 0.5;
+sleep stretch(0.5);
 is(seq_value() - $before, 1, 'the first ran, none ran again elsewhere');
 is((http_get($port, '/echo'))[1], 'echo', 'the next request is served');
 
@@ -105,7 +106,10 @@ close $s;
 ok(wait_until(sub { running('%pg_sleep%') == 0 }, 2), 'the client left: its query is cancelled within 2 s');
 my $t0 = time;
 is((http_get($port, '/echo'))[1], 'echo', 'the next request is served');
-cmp_ok(time - $t0, '<', 1, 'at once');
+SKIP: {
+    skip 'a latency bound: under valgrind a request alone can take a second', 1 if under_valgrind();
+    cmp_ok(time - $t0, '<', 1, 'at once');
+}
 is(gateway_connections(), $conns, 'on the same server connection (it was kept, not replaced)');
 like(nginx_error_log(), qr/sqldb: cancel/, 'the cancel is logged');
 
@@ -127,7 +131,7 @@ for (1 .. 300) {
     print $c "GET /sleep?s=20 HTTP/1.1\r\nHost: x\r\n\r\n";
     push @clients, $c;
 }
-sleep 0.5;
+sleep stretch(0.5);
 my $peak = gateway_connections();
 close $_ for @clients;
 cmp_ok($peak, '<=', 8, "connections stayed within max per worker ($peak for 2 workers x 4)");
@@ -144,13 +148,16 @@ $port = start('max=1');
 my $slow = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port) or die;
 setsockopt($slow, Socket::SOL_SOCKET(), Socket::SO_RCVBUF(), 4096);
 print $slow "GET /many HTTP/1.1\r\nHost: x\r\n\r\n";
-sleep 1;    # the client reads nothing: the stream pauses
+sleep stretch(1);    # the client reads nothing: the stream pauses
 ok(running('%generate_series%') + 0 >= 0, 'a large stream is under way');
 close $slow;
 $t0 = time;
 my @r = keepalive_requests($port, 10, ['GET', '/echo'], ['GET', '/echo']);
 is_deeply([map { $_->{body} } @r], ['echo', 'echo'], 'the requests after the abandoned stream are served');
-cmp_ok(time - $t0, '<', 2, sprintf('within 2 s (%.2f s)', time - $t0));
+SKIP: {
+    skip 'a latency bound: under valgrind two requests can take more than 2 s', 1 if under_valgrind();
+    cmp_ok(time - $t0, '<', 2, sprintf('within 2 s (%.2f s)', time - $t0));
+}
 ok(wait_until(sub { running('%generate_series%') == 0 }, 2), 'the abandoned stream is cancelled on the server');
 
 # A client that leaves at each step of a stream: the next request is right.

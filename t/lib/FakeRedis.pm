@@ -31,8 +31,13 @@ my @Fakes;
 sub start {
     my ($class, $script) = @_;
     my $dir = tempdir('ngx-gateway-fake-XXXXXX', TMPDIR => 1, CLEANUP => 1);
-    my $l = IO::Socket::INET->new(Listen => 64, LocalAddr => '127.0.0.1', LocalPort => 0, ReuseAddr => 1)
-        or die "listen: $!";
+    # Not on the port the suite runner picked for its nginx.
+    my $l;
+    for (1 .. 100) {
+        $l = IO::Socket::INET->new(Listen => 64, LocalAddr => '127.0.0.1', LocalPort => 0, ReuseAddr => 1)
+            or die "listen: $!";
+        last if $l->sockport != ($ENV{TEST_NGINX_SERVER_PORT} // 0);
+    }
     my $self = bless { port => $l->sockport, log => "$dir/log" }, $class;
     open my $fh, '>', $self->{log} or die $!;
     close $fh;

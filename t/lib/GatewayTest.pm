@@ -10,6 +10,12 @@ package GatewayTest;
 #   TEST_NGINX_PG_PASSWORD (has a space and a quote), TEST_NGINX_PG_SOCKET_DIR,
 #   TEST_NGINX_PG_SERVER (address + keywords, for sqldb_server lines),
 #   TEST_NGINX_CLOSED_PORT (a port where nothing listens).
+#
+# Under valgrind (TEST_NGINX_USE_VALGRIND=1, see ValgrindCheck.pm),
+# nginx_start runs nginx and the workers it forks under memcheck; each start
+# is checked when it stops, exits or fails to start, and a start whose
+# processes show findings is a failed test named "nginx_start #N at FILE
+# line L". stretch() gives the suites' waits the same slack.
 
 use strict;
 use warnings;
@@ -19,10 +25,23 @@ use IO::Socket::INET;
 use POSIX qw(WNOHANG);
 use Time::HiRes qw(sleep time);
 use FindBin;
+use File::Basename qw(dirname);
+use lib dirname(__FILE__);
+use ValgrindCheck ();
+# Loaded before this file's END block is compiled, so that Test::Builder's
+# own END runs after ours and counts what ours reports.
+use Test::Builder ();
+
+# A write to a socket the server has closed fails that request (EPIPE)
+# instead of killing the test process (and leaving its servers behind).
+$SIG{PIPE} = 'IGNORE';
 
 our @EXPORT_OK = qw(pg_server_line start_servers stop_servers psql rds rds_rows rds_command free_port pg_bin pg_stop pg_start
     pg_restart start_extra_pg nginx_signal nginx_exited start_redis redis_cli garbage_port
-    nginx_start stop_nginx nginx_error_log http_send http_read http_get);
+    nginx_start stop_nginx nginx_error_log http_send http_read http_get stretch under_valgrind);
+
+sub stretch ($) { ValgrindCheck::stretch($_[0]) }
+sub under_valgrind () { ValgrindCheck::enabled() }
 
 my $PgBin = $ENV{PG_BIN} || (sort { $b cmp $a } glob '/usr/lib/postgresql/*/bin')[0];
 our ($PgDir, $PgData);
@@ -30,12 +49,37 @@ our (@Redis, $Garbage);
 
 sub pg_bin { $PgBin }
 
+# Ports handed out here, and the one the suite runner has picked for its
+# nginx (TEST_NGINX_SERVER_PORT, released until a block starts nginx on it):
+# never given twice.
+my %Given;
+
+sub port_ok { my $p = shift; !$Given{$p} && $p != ($ENV{TEST_NGINX_SERVER_PORT} // 0) }
+
+# A listening loopback socket on a port nobody else was given.
+sub listen_socket {
+    my ($backlog) = @_;
+    for (1 .. 100) {
+        my $l = IO::Socket::INET->new(Listen => $backlog, LocalAddr => '127.0.0.1', LocalPort => 0, ReuseAddr => 1)
+            or die "cannot listen: $!";
+        next unless port_ok($l->sockport);
+        $Given{ $l->sockport } = 1;
+        return $l;
+    }
+    die "no free port\n";
+}
+
 sub free_port {
-    my $s = IO::Socket::INET->new(Listen => 1, LocalAddr => '127.0.0.1', LocalPort => 0, ReuseAddr => 1)
-        or die "no free port: $!";
-    my $p = $s->sockport;
-    close $s;
-    return $p;
+    for (1 .. 100) {
+        my $s = IO::Socket::INET->new(Listen => 1, LocalAddr => '127.0.0.1', LocalPort => 0, ReuseAddr => 1)
+            or die "no free port: $!";
+        my $p = $s->sockport;
+        close $s;
+        next unless port_ok($p);
+        $Given{$p} = 1;
+        return $p;
+    }
+    die "no free port\n";
 }
 
 # Runs a server command as the postgres user when we are root (initdb
@@ -182,8 +226,7 @@ sub pg_restart { my $pg = $_[0]; pg_ctl($pg, '-m', 'fast', '-l', ($pg ? $pg->{di
 # but never answers: for connect timeouts.
 my $Silent;
 sub silent_port {
-    $Silent ||= IO::Socket::INET->new(Listen => 64, LocalAddr => '127.0.0.1', LocalPort => 0, ReuseAddr => 1)
-        or die "cannot listen: $!";
+    $Silent ||= listen_socket(64);
     return $Silent->sockport;
 }
 
@@ -294,7 +337,7 @@ sub start_redis {
     }
     my %r = (port => $port, pid => $pid, dir => $dir, password => $opt{password}, socket => "$dir/redis.sock");
     push @Redis, \%r;
-    for (1 .. 200) {
+    for (1 .. 500) {
         my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port);
         if ($s) { close $s; return \%r }
         sleep 0.01;
@@ -325,8 +368,7 @@ sub stop_redis {
 # A server that answers anything with bytes that are not RESP.
 sub garbage_port {
     return $Garbage->{port} if $Garbage;
-    my $l = IO::Socket::INET->new(Listen => 16, LocalAddr => '127.0.0.1', LocalPort => 0, ReuseAddr => 1)
-        or die "listen: $!";
+    my $l = listen_socket(16);
     my $pid = fork;
     if (!$pid) {
         while (my $c = $l->accept) {
@@ -345,11 +387,27 @@ sub garbage_port {
 # (the data-driven format sends one request at a time)
 
 our ($NginxPid, $NginxRoot);
+my ($Starts, $StartLabel, $VgDir) = (0);
+
+# Under valgrind, once the nginx of a start has exited: a failed test with
+# valgrind's records when one of its processes shows findings.
+sub valgrind_verdict {
+    return unless $VgDir;
+    my ($dir, $label) = ($VgDir, $StartLabel);
+    $VgDir = undef;
+    my ($clean, $report) = ValgrindCheck::check($dir, $label);
+    return if $clean;
+    my $tb = Test::Builder->new;
+    $tb->ok(0, "$label - valgrind: no memory error, definite leak or cut-short report in nginx");
+    $tb->diag($report);
+}
 
 # Starts nginx (foreground, our child) with an http{} body; returns its port.
 sub nginx_start {
     my ($http, %opt) = @_;
     stop_nginx();
+    my (undef, $file, $line) = caller;
+    $StartLabel = sprintf('nginx_start #%d at %s line %d', ++$Starts, $file, $line);
     $NginxRoot = tempdir('ngx-gateway-nginx-XXXXXX', TMPDIR => 1, CLEANUP => 1);
     chmod 0755, $NginxRoot;    # workers (nobody) use the temp folders in it
     mkdir "$NginxRoot/logs";
@@ -368,22 +426,31 @@ sub nginx_start {
         " scgi_temp_path $NginxRoot/scgi;\n$body\n}\n";
     close $fh;
     my $bin = $ENV{TEST_NGINX_BINARY} || 'nginx';
+    my @cmd = ($bin, '-p', "$NginxRoot/", '-c', "$NginxRoot/nginx.conf");
+    if (ValgrindCheck::enabled()) {
+        # Master and workers (valgrind follows the forks), a log each.
+        $VgDir = "$NginxRoot/valgrind";
+        @cmd = ValgrindCheck::command($VgDir, @cmd);
+    }
     $NginxPid = fork;
     if (!$NginxPid) {
         open STDERR, '>>', "$NginxRoot/logs/stderr.log";
-        exec $bin, '-p', "$NginxRoot/", '-c', "$NginxRoot/nginx.conf";
+        exec @cmd;
         exit 127;
     }
-    my $deadline = time + 10;
+    my $deadline = time + stretch(10);
     while (time < $deadline) {
         if (waitpid($NginxPid, WNOHANG) == $NginxPid) {
             $NginxPid = undef;
-            die "nginx exited: " . `cat $NginxRoot/logs/stderr.log`;
+            my $why = `cat $NginxRoot/logs/stderr.log`;
+            valgrind_verdict();
+            die "nginx exited: $why";
         }
         my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port);
         if ($s) { close $s; return $port }
         sleep 0.01;
     }
+    stop_nginx();
     die "nginx did not start\n";
 }
 
@@ -395,7 +462,7 @@ sub nginx_signal {
 # True when the nginx master started by nginx_start has exited (reaped here).
 sub nginx_exited {
     return 1 unless $NginxPid;
-    if (waitpid($NginxPid, WNOHANG) == $NginxPid) { $NginxPid = undef; return 1 }
+    if (waitpid($NginxPid, WNOHANG) == $NginxPid) { $NginxPid = undef; valgrind_verdict(); return 1 }
     return 0;
 }
 
@@ -405,17 +472,31 @@ sub nginx_error_log {
     return <$fh>;
 }
 
+# (Under valgrind, QUIT again after 10 s and every 5 s, to the master and to its
+# workers that have not ended: a signal that arrives just as a process's
+# event loop goes to sleep can be taken without waking it.)
 sub stop_nginx {
-    return unless $NginxPid;
+    return valgrind_verdict() unless $NginxPid;
     kill 'QUIT', $NginxPid;
-    my $deadline = time + 5;
+    my $deadline = time + stretch(5);
+    my ($again, $sent) = (time + 10, 1);
     while (time < $deadline) {
-        if (waitpid($NginxPid, WNOHANG) == $NginxPid) { $NginxPid = undef; return }
+        if (waitpid($NginxPid, WNOHANG) == $NginxPid) {
+            Test::Builder->new->diag("$StartLabel: nginx exited only after QUIT was sent $sent times") if $sent > 1;
+            $NginxPid = undef;
+            return valgrind_verdict();
+        }
+        if ($VgDir && time > $again) {
+            kill 'QUIT', $NginxPid, ValgrindCheck::running_pids($VgDir);
+            ($again, $sent) = (time + 5, $sent + 1);
+        }
         sleep 0.01;
     }
+    Test::Builder->new->diag("$StartLabel: nginx did not exit within " . stretch(5) . " s of QUIT (sent $sent times): killed");
     kill 'KILL', $NginxPid;
     waitpid($NginxPid, 0);
     $NginxPid = undef;
+    valgrind_verdict();
 }
 
 
@@ -424,6 +505,7 @@ sub http_send {
     my ($port, $path) = @_;
     my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port) or die "connect: $!";
     binmode $s;
+    # A refused write (the server closed already) shows as a failed read.
     print $s "GET $path HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
     return $s;
 }
@@ -431,7 +513,7 @@ sub http_send {
 # Reads a whole response (the server closes); returns (status, body).
 sub http_read {
     my ($s, $timeout) = @_;
-    $timeout ||= 10;
+    $timeout = stretch($timeout || 10);
     my $buf = '';
     my $deadline = time + $timeout;
     my $rin = '';

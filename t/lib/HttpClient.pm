@@ -10,6 +10,13 @@ use warnings;
 use Exporter 'import';
 use IO::Socket::INET;
 use Time::HiRes qw(time);
+use File::Basename qw(dirname);
+use lib dirname(__FILE__);
+use ValgrindCheck ();
+
+# A write to a socket the server has closed fails that request (EPIPE)
+# instead of killing the test process with SIGPIPE.
+$SIG{PIPE} = 'IGNORE';
 
 our @EXPORT_OK = qw(response_length parse_response keepalive_requests);
 
@@ -72,8 +79,10 @@ sub parse_response {
 # Sends [METHOD, PATH, BODY, {header => value}] requests one after the other
 # on one connection, each after the previous answer. Returns one hash per
 # request: { status, headers, body, error }; the first error ends the list.
+# The timeout (seconds per answer) is stretched under valgrind.
 sub keepalive_requests {
     my ($port, $timeout, @reqs) = @_;
+    $timeout = ValgrindCheck::stretch($timeout);
     my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port)
         or return ({ error => "connect: $!" });
     binmode $s;
@@ -86,7 +95,10 @@ sub keepalive_requests {
         $raw .= "Connection: close\r\n" if $i == $#reqs;
         $raw .= "Content-Length: " . length($body) . "\r\n" if length $body || $method =~ /^(POST|PUT)$/;
         $raw .= "$_: $headers->{$_}\r\n" for sort keys %{ $headers || {} };
-        print $s "$raw\r\n$body";
+        if (!print $s "$raw\r\n$body") {
+            push @out, { error => "send: $!", partial => $buf };
+            return @out;
+        }
         my $head_only = $method eq 'HEAD';
         my $deadline = time + $timeout;
         my $len;

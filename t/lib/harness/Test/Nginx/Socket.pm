@@ -10,7 +10,15 @@ package Test::Nginx::Socket;
 # response_body_unlike error_log no_error_log timeout abort wait must_die init
 # ignore_response
 # skip_nginx skip_nginx2 (skip_slave is accepted and never skips),
+# skip_valgrind ("N: why", skips N tests under valgrind),
 # plus Test::Base's SKIP / ONLY / LAST.
+#
+# With TEST_NGINX_USE_VALGRIND=1 (t/lib/ValgrindCheck.pm) nginx runs under
+# valgrind's memcheck, as a single process unless the file asked for
+# master_on or more workers; deadlines (start, stop, requests, waits) are
+# stretched, except the timeout of a block that aborts on purpose; a block
+# whose nginx shows a memory error, a definite leak or a report cut short
+# fails once, with valgrind's records in the output.
 
 use strict;
 use warnings;
@@ -25,6 +33,12 @@ use Cwd qw(getcwd);
 use File::Basename qw(dirname);
 use lib dirname(__FILE__) . '/../../..';    # t/lib
 use HttpClient ();
+use ValgrindCheck ();
+
+# A write to a socket the server has closed fails that request (EPIPE)
+# instead of killing the test process with SIGPIPE.
+$SIG{PIPE} = 'IGNORE';
+my $Valgrind = ValgrindCheck::enabled();
 
 our @EXPORT = qw(
     run_tests run_test repeat_each no_diff workers master_on master_off
@@ -51,6 +65,7 @@ my $RepeatEach   = 1;
 my $Workers      = 1;
 my $WorkerConnections = 1024;
 my $MasterOn     = 1;
+my $MasterAsked  = 0;    # master_on / workers > 1 called by the file
 my $LogLevel     = 'debug';
 my $NoDiff       = 0;
 my $NoRootLoc    = 0;
@@ -64,10 +79,10 @@ $ENV{TEST_NGINX_SERVER_PORT} = $Port;
 $ENV{TEST_NGINX_HTML_DIR} = "$ServRoot/html";
 
 sub repeat_each (@) { $RepeatEach = shift if @_; $RepeatEach }
-sub workers ($) { $Workers = shift }
+sub workers ($) { $Workers = shift; $MasterAsked = 1 if $Workers > 1 }
 sub worker_connections (@) { $WorkerConnections = shift if @_; $WorkerConnections }
-sub master_on () { $MasterOn = 1 }
-sub master_off () { $MasterOn = 0 }
+sub master_on () { $MasterOn = 1; $MasterAsked = 1 }
+sub master_off () { $MasterOn = 0; $MasterAsked = 1 }
 sub log_level ($) { $LogLevel = shift }
 sub no_diff () { $NoDiff = 1 }
 sub no_long_string () { }
@@ -79,12 +94,17 @@ sub server_root () { $ServRoot }
 sub html_dir () { "$ServRoot/html" }
 sub add_block_preprocessor (&) { push @Preprocessors, shift }
 
+# A free loopback port, none of those the test servers were given.
 sub free_port {
-    my $s = IO::Socket::INET->new(Listen => 1, LocalAddr => '127.0.0.1', LocalPort => 0, ReuseAddr => 1)
-        or die "no free port: $!";
-    my $p = $s->sockport;
-    close $s;
-    return $p;
+    my %taken = map { ($_ // 0) => 1 } @ENV{qw(TEST_NGINX_PG_PORT TEST_NGINX_CLOSED_PORT TEST_NGINX_SILENT_PORT)};
+    for (1 .. 100) {
+        my $s = IO::Socket::INET->new(Listen => 1, LocalAddr => '127.0.0.1', LocalPort => 0, ReuseAddr => 1)
+            or die "no free port: $!";
+        my $p = $s->sockport;
+        close $s;
+        return $p unless $taken{$p};
+    }
+    die "no free port\n";
 }
 
 # $TEST_NGINX_FOO in configuration text becomes the environment's value.
@@ -115,7 +135,8 @@ sub write_config ($) {
     my $http = expand_env($block->http_config);
     my $config = expand_env($block->config);
     my $root_loc = $NoRootLoc ? '' : "location = /index.html { }\n";
-    my $master = $MasterOn ? 'on' : 'off';
+    # Under valgrind one process does it all, unless the file wants a master.
+    my $master = $MasterOn && (!$Valgrind || $MasterAsked) ? 'on' : 'off';
     my $conf = <<"CONF";
 daemon off;
 master_process $master;
@@ -155,18 +176,35 @@ CONF
 }
 
 my $NginxPid;
+my $VgDir;    # the valgrind logs of the nginx last started
+my $CurrentBlock = 'END';
+
+# True when something answers on the port (a test server that was given it,
+# an nginx of another run): the start check would talk to it, not to ours.
+sub port_taken ($) {
+    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => shift, Timeout => 1) or return 0;
+    close $s;
+    return 1;
+}
 
 sub start_nginx () {
+    return "port $Port already answers (another server has it): refusing to start nginx there"
+        if port_taken($Port);
+    my @cmd = ($Binary, '-p', "$ServRoot/", '-c', "$ServRoot/conf/nginx.conf");
+    if ($Valgrind) {
+        $VgDir = "$ServRoot/valgrind";
+        @cmd = ValgrindCheck::command($VgDir, @cmd);
+    }
     my $pid = fork;
     die "fork: $!" unless defined $pid;
     if ($pid == 0) {
         open STDERR, '>>', "$ServRoot/logs/stderr.log";
         open STDOUT, '>>', "$ServRoot/logs/stderr.log";
-        exec $Binary, '-p', "$ServRoot/", '-c', "$ServRoot/conf/nginx.conf";
+        exec @cmd;
         exit 127;
     }
     $NginxPid = $pid;
-    my $deadline = time + 10;
+    my $deadline = time + ValgrindCheck::stretch(10);
     while (time < $deadline) {
         if (waitpid($pid, WNOHANG) == $pid) {
             $NginxPid = undef;
@@ -179,20 +217,46 @@ sub start_nginx () {
     return "nginx did not start listening on port $Port";
 }
 
+# (Under valgrind, QUIT again after 10 s and every 5 s: a signal that arrives just as
+# nginx's event loop goes to sleep in epoll_wait can be taken without
+# waking it, and nginx would sleep on until its next timer.)
 sub stop_nginx () {
     return unless $NginxPid;
     kill 'QUIT', $NginxPid;
-    my $deadline = time + 5;
+    my $deadline = time + ValgrindCheck::stretch(5);
+    my ($again, $sent) = (time + 10, 1);
     while (time < $deadline) {
-        if (waitpid($NginxPid, WNOHANG) == $NginxPid) { $NginxPid = undef; return; }
+        if (waitpid($NginxPid, WNOHANG) == $NginxPid) {
+            diag("$CurrentBlock: nginx exited only after QUIT was sent $sent times") if $sent > 1;
+            $NginxPid = undef;
+            return;
+        }
+        if ($Valgrind && time > $again) {
+            kill 'QUIT', $NginxPid, ($VgDir ? ValgrindCheck::running_pids($VgDir) : ());
+            ($again, $sent) = (time + 5, $sent + 1);
+        }
         sleep 0.01;
     }
+    diag("$CurrentBlock: nginx did not exit within " . ValgrindCheck::stretch(5) . " s of QUIT (sent $sent times): killed");
     kill 'KILL', $NginxPid;
     waitpid($NginxPid, 0);
     $NginxPid = undef;
 }
 
-END { stop_nginx() }
+# Under valgrind, after nginx has exited: one failed test, with valgrind's
+# records, when any of its processes shows findings; nothing otherwise.
+sub valgrind_verdict ($) {
+    my $name = shift;
+    return unless $Valgrind && $VgDir;
+    my $dir = $VgDir;
+    $VgDir = undef;
+    my ($clean, $report) = ValgrindCheck::check($dir, $name);
+    return if $clean;
+    fail("$name - valgrind: no memory error, definite leak or cut-short report in nginx");
+    diag($report);
+}
+
+END { stop_nginx(); valgrind_verdict($CurrentBlock) }
 
 sub slurp ($) {
     my $f = shift;
@@ -237,7 +301,7 @@ sub http_exchange ($$$) {
     my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $Port, Timeout => $timeout)
         or return (undef, {}, '', "cannot connect: $!");
     binmode $s;
-    print $s $raw;
+    print $s $raw or return (undef, {}, '', "cannot send the request: $!");
     my $buf = '';
     my $deadline = time + $timeout;
     my $rin = '';
@@ -264,7 +328,7 @@ sub http_pipelined ($$$) {
     my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $Port, Timeout => $timeout)
         or return ([undef, {}, '', "cannot connect: $!"]);
     binmode $s;
-    print $s join '', @$raws;
+    print $s join('', @$raws) or return ([undef, {}, '', "cannot send the requests: $!"]);
     my $buf = '';
     my @out;
     my $deadline = time + $timeout;
@@ -405,6 +469,16 @@ sub check_headers ($$$) {
     }
 }
 
+# `--- skip_valgrind: N: why`: N tests skipped under valgrind.
+sub valgrind_skip ($) {
+    my $block = shift;
+    return unless $Valgrind;
+    my $spec = $block->skip_valgrind;
+    return unless defined $spec;
+    my ($n, $why) = $spec =~ /^\s*(\d+)\s*:\s*(.*?)\s*$/s or die "skip_valgrind needs \"N: why\"\n";
+    return ($n, "under valgrind: $why");
+}
+
 sub run_test ($) {
     my $block = shift;
     my $name = $block->name;
@@ -413,6 +487,11 @@ sub run_test ($) {
         SKIP: { Test::More::skip("$name - $why", $n) }
         return;
     }
+    if (my ($n, $why) = valgrind_skip($block)) {
+        SKIP: { Test::More::skip("$name - $why", $n) }
+        return;
+    }
+    $CurrentBlock = $name;
     if (defined(my $init = $block->init)) {
         eval $init;
         die "init section of $name failed: $@" if $@;
@@ -424,11 +503,14 @@ sub run_test ($) {
         ok(defined $err, "$name - nginx must not start");
         check_log($name, slurp("$ServRoot/logs/stderr.log") . slurp("$ServRoot/logs/error.log"), $block->error_log, 1);
         stop_nginx();
+        valgrind_verdict($name);
         return;
     }
     if ($err) {
         fail("$name - nginx started: $err");
         diag(slurp("$ServRoot/logs/stderr.log"));
+        stop_nginx();
+        valgrind_verdict($name);
         return;
     }
 
@@ -442,6 +524,9 @@ sub run_test ($) {
     my @bodies = ref $bodies eq 'ARRAY' ? @$bodies : ($bodies) x @reqs;
     my $timeout = $block->timeout || 10;
     $timeout =~ s/s$//;
+    # The client's deadline grows under valgrind, but not when the block's
+    # point is a client that gives up (it must give up at the same moment).
+    $timeout = ValgrindCheck::stretch($timeout) unless defined $block->abort;
 
     my @pipelined;
     if (defined $pipelined) {
@@ -495,11 +580,12 @@ sub run_test ($) {
         }
     }
 
-    if (my $w = $block->wait) { $w =~ s/s$//; sleep $w }
+    if (my $w = $block->wait) { $w =~ s/s$//; sleep ValgrindCheck::stretch($w) }
     my $log = slurp("$ServRoot/logs/error.log");
     check_log($name, $log, section($block, 'error_log'), 1) if defined $block->error_log;
     check_log($name, $log, section($block, 'no_error_log'), 0) if defined $block->no_error_log;
     stop_nginx();
+    valgrind_verdict($name);
     # Whatever the block did, the workers must not have crashed (a failed
     # test when they did; none otherwise, so that plans keep their counts).
     # (TEST_NGINX_ALLOW_PANICS: a suite that makes panics on purpose checks
