@@ -319,10 +319,11 @@ impl Req {
         unsafe { ngx_http_finalize_request(self.as_ptr(), rc) }
     }
 
-    /// Runs the subrequests posted meanwhile (after a handler that is not nginx's own).
-    pub fn run_posted(&mut self) {
-        // SAFETY: the client connection outlives its requests.
-        unsafe { ngx_http_run_posted_requests(self.0.connection) }
+    /// The request's client connection, taken before a handler that may
+    /// finalize (and free) the request, to run the subrequests posted
+    /// meanwhile once it returns, as nginx's own handlers do.
+    pub fn posted(&self) -> Posted {
+        Posted(self.0.connection)
     }
 
     /// One more reference to the main request (kept until finalized).
@@ -397,5 +398,19 @@ impl Req {
             *st = mem::zeroed();
             Some(st)
         }
+    }
+}
+
+/// A client connection whose posted subrequests run after a handler
+/// (`Req::posted`). The request may be gone by then; the connection is not:
+/// nginx's connections live in the worker's array, and a request freed or a
+/// connection closed marks it `destroyed`, which nginx checks first.
+pub struct Posted(*mut ngx_connection_t);
+
+impl Posted {
+    pub fn run(self) {
+        // SAFETY: a connection of the worker's array (see above);
+        // ngx_http_run_posted_requests returns at once when it is destroyed.
+        unsafe { ngx_http_run_posted_requests(self.0) }
     }
 }

@@ -309,6 +309,8 @@ extern "C" fn request_timer(ev: *mut ngx_event_t) {
         Req::from_raw((*c).data as *mut ngx_http_request_t)
     };
     r.set_log_request();
+    // Taken now: the timeout finalizes the request, which frees it.
+    let posted = r.posted();
     guard_request(r, "request_timer", |r| {
         let Some(ctx) = ctx_of(r) else { return };
         let (Some(conn), false) = (ctx.conn, ctx.done) else {
@@ -327,7 +329,7 @@ extern "C" fn request_timer(ev: *mut ngx_event_t) {
             fail(r, e.status(), true);
         }
     });
-    r.run_posted();
+    posted.run();
 }
 
 /// Runs the body of an entry point that serves one request; a panic ends

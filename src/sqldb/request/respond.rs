@@ -31,8 +31,10 @@ pub fn deliver(d: Delivery) {
     // pool is destroyed); the driver is done with its event.
     let r = unsafe { Req::from_raw(r.as_ptr()) };
     r.set_log_request();
+    // Taken now: apply may finalize the request, which frees it.
+    let posted = r.posted();
     guard_request(r, "sqldb delivery", |r| apply(r, d));
-    r.run_posted();
+    posted.run();
 }
 
 fn apply(r: &mut Req, d: Delivery) {
