@@ -7,12 +7,13 @@
 //! `SELECT 0` after `SELECT`). Every reply is read to its exact end; only
 //! then can the connection be reused.
 //!
-//! Every request's commands start with `PING` (after `AUTH`, which Redis
-//! wants before anything else on a server with a password), and the reader
-//! takes nothing as a reply of the request before `+PONG`: bytes that the
-//! server sent after the previous request's last reply, which arrive once
-//! a pooled connection has been picked by the next request, are never
-//! read as that request's answer.
+//! Every request's commands start with `PING <token>` (after `AUTH`, which
+//! Redis wants before anything else on a server with a password), the token
+//! the request's own, and the reader takes nothing as a reply of the
+//! request before the echo of that token: bytes that the server sent after
+//! the previous request's last reply, which arrive once a pooled connection
+//! has been picked by the next request, are never read as that request's
+//! answer, even when they look like a reply to PING.
 
 use std::fmt;
 
@@ -40,7 +41,8 @@ impl Command {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Setup {
     Auth,
-    /// `PING`: its `+PONG` marks where the request's own replies start.
+    /// `PING <token>`: the echo of its token marks where the request's
+    /// own replies start.
     Ping,
     Select,
     /// `SELECT 0` after the request's own `SELECT`.
@@ -97,6 +99,20 @@ pub struct Request<'a> {
     pub auth: Option<&'a [u8]>,
     pub db: Option<u32>,
     pub exptime: Option<u64>,
+    /// A number no earlier request on the connection used: the PING token.
+    pub ping: u64,
+}
+
+/// The length of a PING token (a u64 in hex).
+pub const PING_TOKEN_LEN: usize = 16;
+
+/// The token of `PING <token>` for a request's number.
+pub fn ping_token(n: u64) -> [u8; PING_TOKEN_LEN] {
+    let mut t = [0u8; PING_TOKEN_LEN];
+    for (i, b) in t.iter_mut().enumerate() {
+        *b = b"0123456789abcdef"[((n >> (60 - 4 * i)) & 0xf) as usize];
+    }
+    t
 }
 
 /// What to send: `head`, then (for `SET`) the request body of `body_len`
@@ -118,7 +134,8 @@ pub fn plan(req: &Request<'_>, body_len: usize) -> Plan {
         before.push(Setup::Auth);
     }
     // Right after AUTH: an unauthenticated PING would be refused (NOAUTH).
-    resp::command(&mut head, &[b"PING"]);
+    let token = ping_token(req.ping);
+    resp::command(&mut head, &[b"PING", &token]);
     before.push(Setup::Ping);
     if let Some(db) = req.db {
         resp::command(&mut head, &[b"SELECT", db.to_string().as_bytes()]);
@@ -160,7 +177,7 @@ pub fn plan(req: &Request<'_>, body_len: usize) -> Plan {
     Plan {
         head,
         tail,
-        exchange: Exchange::new(before, req.command, after),
+        exchange: Exchange::new(before, req.command, after).with_ping(token),
     }
 }
 
@@ -181,7 +198,7 @@ pub enum ReplyError {
     BadValueEnd,
     /// Bytes after the last reply that nothing asked for.
     Unsolicited,
-    /// A reply where `+PONG` was due: bytes the server sent before it read
+    /// A reply where PING's echo was due: bytes the server sent before it read
     /// this request's commands (left from before on a pooled connection).
     /// The header line that came, at most `STALE_SHOWN` bytes of it.
     Stale(Vec<u8>),
@@ -214,7 +231,7 @@ impl fmt::Display for ReplyError {
             ReplyError::Unsolicited => f.write_str("redis sent bytes that no command asked for"),
             ReplyError::Stale(line) => write!(
                 f,
-                "redis sent \"{}\" where PONG was due: bytes left on the connection from before this request",
+                "redis sent \"{}\" where the echo of PING was due: bytes left on the connection from before this request",
                 line.escape_ascii()
             ),
         }
@@ -262,6 +279,8 @@ pub struct Exchange {
     command: Command,
     after: Vec<Setup>,
     phase: Phase,
+    /// The token of its PING.
+    ping: [u8; PING_TOKEN_LEN],
 }
 
 impl Exchange {
@@ -276,7 +295,14 @@ impl Exchange {
             command,
             after,
             phase,
+            ping: ping_token(0),
         }
+    }
+
+    /// The token its PING carries (the reply to PING must echo it).
+    pub fn with_ping(mut self, token: [u8; PING_TOKEN_LEN]) -> Exchange {
+        self.ping = token;
+        self
     }
 
     /// Back to the first reply (the request is sent again, to another server).
@@ -386,14 +412,44 @@ impl Exchange {
         };
     }
 
-    fn setup_reply<'a>(&mut self, buf: &'a [u8], setup: Setup, next: impl FnOnce(&mut Self)) -> (Event<'a>, usize) {
-        let what = setup.name();
+    /// The reply to `PING <token>`: exactly the bulk `$16\r\n<token>\r\n`.
+    /// Anything else is bytes from before (errors and garbage are said as
+    /// such), decided once its header line is whole, so that how the bytes
+    /// are cut never changes the outcome.
+    fn ping_reply<'a>(&mut self, buf: &'a [u8], next: impl FnOnce(&mut Self)) -> (Event<'a>, usize) {
+        let mut want = Vec::with_capacity(PING_TOKEN_LEN + 7);
+        resp::bulk(&mut want, &self.ping);
+        let n = want.len().min(buf.len());
+        if buf[..n] == want[..n] {
+            if n < want.len() {
+                return (Event::More, 0);
+            }
+            next(self);
+            return if self.phase == Phase::Done {
+                (Event::Done, n)
+            } else {
+                (Event::More, n)
+            };
+        }
         match resp::reply_header(buf) {
             (Reply::Incomplete, _) => (Event::More, 0),
-            // Before +PONG nothing is the request's: any other reply that
-            // is RESP is one from before (errors and garbage are said as such).
-            (Reply::Status(s), _) if setup == Setup::Ping && s != b"PONG" => self.stale(buf),
-            (Reply::Bulk(_) | Reply::Integer(_) | Reply::Nil, _) if setup == Setup::Ping => self.stale(buf),
+            (Reply::Error(msg), _) => self.fail(ReplyError::Refused {
+                setup: Setup::Ping,
+                message: msg.to_vec(),
+            }),
+            (Reply::Invalid, _) => self.fail(ReplyError::NotResp { what: "PING" }),
+            (Reply::TooLong(n), _) => self.fail(ReplyError::TooLong(n)),
+            _ => self.stale(buf),
+        }
+    }
+
+    fn setup_reply<'a>(&mut self, buf: &'a [u8], setup: Setup, next: impl FnOnce(&mut Self)) -> (Event<'a>, usize) {
+        let what = setup.name();
+        if setup == Setup::Ping {
+            return self.ping_reply(buf, next);
+        }
+        match resp::reply_header(buf) {
+            (Reply::Incomplete, _) => (Event::More, 0),
             (Reply::Status(_), used) => {
                 next(self);
                 if self.phase == Phase::Done {
@@ -412,7 +468,8 @@ impl Exchange {
         }
     }
 
-    /// A reply where `+PONG` was due, its header line at the start of `buf`.
+    /// A reply where the echo of PING's token was due, its header line at
+    /// the start of `buf`.
     fn stale<'a>(&mut self, buf: &[u8]) -> (Event<'a>, usize) {
         let line = buf.split(|&b| b == b'\r').next().unwrap_or_default();
         self.fail(ReplyError::Stale(line[..line.len().min(STALE_SHOWN)].to_vec()))
@@ -490,8 +547,12 @@ mod tests {
             auth: None,
             db: None,
             exptime: None,
+            ping: 7,
         }
     }
+
+    /// The reply to the PING of `req`'s requests.
+    const ECHO: &[u8] = b"$16\r\n0000000000000007\r\n";
 
     /// Feeds `input` in pieces of `piece` bytes, keeping unconsumed bytes
     /// as a caller must; returns the events (values joined) and the rest.
@@ -541,7 +602,10 @@ mod tests {
     #[test]
     fn plans_send_what_redis_expects() {
         let p = plan(&req(Command::Get), 0);
-        assert_eq!(p.head, b"*1\r\n$4\r\nPING\r\n*2\r\n$3\r\nGET\r\n$1\r\nk\r\n");
+        assert_eq!(
+            p.head,
+            [&b"*2\r\n$4\r\nPING\r\n"[..], ECHO, b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n"].concat()
+        );
         assert!(p.tail.is_empty());
         let p = plan(
             &Request {
@@ -553,7 +617,7 @@ mod tests {
         );
         let mut want = Vec::new();
         resp::command(&mut want, &[b"AUTH", b"pw"]);
-        resp::command(&mut want, &[b"PING"]);
+        resp::command(&mut want, &[b"PING", b"0000000000000007"]);
         resp::command(&mut want, &[b"SELECT", b"3"]);
         resp::command(&mut want, &[b"DEL", b"k"]);
         resp::command(&mut want, &[b"RESET"]);
@@ -570,7 +634,7 @@ mod tests {
         whole.extend_from_slice(b"hello");
         whole.extend_from_slice(&p.tail);
         let mut want = Vec::new();
-        resp::command(&mut want, &[b"PING"]);
+        resp::command(&mut want, &[b"PING", b"0000000000000007"]);
         resp::command(&mut want, &[b"SELECT", b"2"]);
         resp::command(&mut want, &[b"SET", b"k", b"hello", b"EX", b"30"]);
         resp::command(&mut want, &[b"SELECT", b"0"]);
@@ -591,13 +655,18 @@ mod tests {
     }
 
     #[test]
-    fn replies_start_after_pong() {
+    fn replies_start_after_the_echo_of_ping() {
         for (auth, db, input) in [
-            (false, None, &b"+PONG\r\n$2\r\nok\r\n"[..]),
-            (false, Some(3), b"+PONG\r\n+OK\r\n$2\r\nok\r\n+OK\r\n"),
-            (true, None, b"+OK\r\n+PONG\r\n$2\r\nok\r\n+RESET\r\n"),
-            (true, Some(3), b"+OK\r\n+PONG\r\n+OK\r\n$2\r\nok\r\n+RESET\r\n"),
+            (false, None, [ECHO, b"$2\r\nok\r\n"].concat()),
+            (false, Some(3), [ECHO, b"+OK\r\n$2\r\nok\r\n+OK\r\n"].concat()),
+            (true, None, [&b"+OK\r\n"[..], ECHO, b"$2\r\nok\r\n+RESET\r\n"].concat()),
+            (
+                true,
+                Some(3),
+                [&b"+OK\r\n"[..], ECHO, b"+OK\r\n$2\r\nok\r\n+RESET\r\n"].concat(),
+            ),
         ] {
+            let input = &input[..];
             for piece in 1..input.len() + 1 {
                 let mut ex = planned(auth, db);
                 let (events, rest) = run(&mut ex, input, piece);
@@ -608,18 +677,30 @@ mod tests {
     }
 
     #[test]
-    fn anything_before_pong_is_stale() {
+    fn anything_before_the_echo_of_ping_is_stale() {
         let stale = |line: &str| {
-            format!("failed redis sent \"{line}\" where PONG was due: bytes left on the connection from before this request")
+            format!("failed redis sent \"{line}\" where the echo of PING was due: bytes left on the connection from before this request")
         };
-        let cases: [(bool, &[u8], String); 9] = [
-            (false, b"$4\r\nevil\r\n+PONG\r\n$2\r\nok\r\n", stale("$4")),
-            (false, b"+OK\r\n+PONG\r\n", stale("+OK")),
-            (false, b":1\r\n+PONG\r\n", stale(":1")),
-            (false, b"$-1\r\n+PONG\r\n", stale("$-1")),
-            (false, b"+PONGS\r\n", stale("+PONGS")),
-            // One reply too many in front of AUTH's shifts +OK to where PONG is due.
-            (true, b"+OK\r\n+OK\r\n+PONG\r\n", stale("+OK")),
+        let cases: [(bool, &[u8], String); 12] = [
+            (
+                false,
+                b"$4\r\nevil\r\n$16\r\n0000000000000007\r\n$2\r\nok\r\n",
+                stale("$4"),
+            ),
+            (false, b"+OK\r\n$16\r\n0000000000000007\r\n", stale("+OK")),
+            (false, b":1\r\n$16\r\n0000000000000007\r\n", stale(":1")),
+            (false, b"$-1\r\n$16\r\n0000000000000007\r\n", stale("$-1")),
+            // A reply to a PING without a token, or another request's echo.
+            (
+                false,
+                b"+PONG\r\n$6\r\nSTALE!\r\n$16\r\n0000000000000007\r\n",
+                stale("+PONG"),
+            ),
+            (false, b"$16\r\n0000000000000006\r\n", stale("$16")),
+            (false, b"$16\r\n0000000000000007XX", stale("$16")),
+            (false, b"$17\r\n0000000000000007x\r\n", stale("$17")),
+            // One reply too many in front of AUTH's shifts +OK to where the echo is due.
+            (true, b"+OK\r\n+OK\r\n$16\r\n0000000000000007\r\n", stale("+OK")),
             (
                 false,
                 b"-NOAUTH Authentication required.\r\n",

@@ -239,6 +239,25 @@ fn resolve(u: &mut Upstream, pool: Pool, umcf: &ngx_http_upstream_main_conf_t, n
     }
 }
 
+/// A number for the next request's PING token: never the same twice in a
+/// worker (the connections are the worker's), and not guessable from the
+/// start (it begins at a value taken from the clock and the process id).
+fn next_ping() -> u64 {
+    thread_local! {
+        static NEXT: std::cell::Cell<u64> = std::cell::Cell::new({
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            t ^ (u64::from(std::process::id()) << 32)
+        });
+    }
+    NEXT.with(|n| {
+        let v = n.get();
+        n.set(v.wrapping_add(1));
+        v
+    })
+}
+
 /// The commands (core's `redis::plan`): the head, the request body for
 /// SET, the tail.
 extern "C" fn create_request(r: *mut ngx_http_request_t) -> ngx_int_t {
@@ -258,6 +277,7 @@ extern "C" fn create_request(r: *mut ngx_http_request_t) -> ngx_int_t {
                 auth: ctx.auth.as_deref(),
                 db: ctx.db,
                 exptime: ctx.exptime,
+                ping: next_ping(),
             },
             len,
         );

@@ -141,7 +141,14 @@ pub fn redis_exchange(data: &[u8]) {
 fn replies(src: &mut Source, shape: &Shape) -> (Vec<u8>, Outcome) {
     let mut out = Vec::new();
     for s in &shape.before {
-        out.extend_from_slice(if *s == Setup::Ping { b"+PONG\r\n" } else { b"+OK\r\n" });
+        if *s == Setup::Ping {
+            // The echo of the token (Exchange::new's, for number 0).
+            out.extend_from_slice(b"$16\r\n");
+            out.extend_from_slice(&gateway_core::redis::ping_token(0));
+            out.extend_from_slice(b"\r\n");
+        } else {
+            out.extend_from_slice(b"+OK\r\n");
+        }
     }
     let value: Vec<u8> = src.bytes(40).to_vec();
     let (answer, val) = match shape.command {
