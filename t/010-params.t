@@ -183,3 +183,20 @@ GET /e
 --- error_code: 400
 --- error_log eval
 qr/\[info\].*SQLSTATE 22021/
+
+
+
+=== TEST 13: a session switched to an unsafe client_encoding (a SET in a template) is never used again: the next request goes out on a fresh connection
+--- http_config
+upstream db1 { sqldb_server $TEST_NGINX_PG_SERVER; sqldb_keepalive max=1; }
+--- config
+location /sjis { sqldb_pass db1; sqldb_output value; sqldb_query "select set_config('client_encoding', 'SJIS', false)"; }
+location /e { sqldb_pass db1; sqldb_escape $v $arg_v; sqldb_output value; sqldb_query "select $v || current_setting('client_encoding')"; }
+--- request eval
+["GET /sjis", "GET /e?v=x", "GET /e?v=y"]
+--- error_code eval
+[200, 200, 200]
+--- response_body eval
+["SJIS", "xUTF8", "yUTF8"]
+--- error_log eval
+qr/\[error\].*sqldb: idle connection to \S+: the session's client_encoding is SJIS, in which quoting values byte by byte is unsafe/

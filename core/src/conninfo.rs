@@ -91,7 +91,7 @@ const UNSAFE_ENCODINGS: &[&str] = &[
 ];
 
 /// An encoding name whose characters can hide a quote (see UNSAFE_ENCODINGS).
-fn unsafe_encoding(name: &str) -> bool {
+pub fn unsafe_encoding(name: &str) -> bool {
     let norm: String = name
         .chars()
         .filter(char::is_ascii_alphanumeric)
@@ -140,21 +140,24 @@ impl Keywords {
         }
         // client_encoding=..., or -c client_encoding=... in options.
         let encoding = match key {
-            "client_encoding" => Some(value).filter(|v| unsafe_encoding(v)),
+            "client_encoding" => Some(value.to_owned()).filter(|v| unsafe_encoding(v)),
             "options" => value
                 .split_whitespace()
-                .filter_map(|w| w.split_once('='))
-                .filter(|(k, _)| {
-                    k.trim_start_matches("-c").trim_start_matches("--").replace('-', "_") == "client_encoding"
+                // libpq's options take backslash escapes; setting names
+                // are in any letter case.
+                .map(|w| w.replace('\\', "").to_ascii_lowercase())
+                .filter_map(|w| {
+                    let (k, v) = w.split_once('=')?;
+                    let k = k.trim_start_matches("-c").trim_start_matches("--").replace('-', "_");
+                    (k == "client_encoding" && unsafe_encoding(v)).then(|| v.to_owned())
                 })
-                .map(|(_, v)| v)
-                .find(|v| unsafe_encoding(v)),
+                .next(),
             _ => None,
         };
-        if encoding.is_some() {
+        if let Some(encoding) = encoding {
             return Err(ConninfoError::BadValue {
                 key: "client_encoding".to_owned(),
-                value: encoding.unwrap_or_default().to_owned(),
+                value: encoding,
                 allowed: &["an encoding whose characters never hold the bytes of a quote or a backslash (UTF8, LATIN1, EUC_JP, ...)"],
             });
         }
@@ -321,6 +324,8 @@ mod tests {
             "client_encoding=big5",
             "options=-c client_encoding=GBK",
             "options=--client-encoding=uhc",
+            "options=-c CLIENT_ENCODING=sjis",
+            "options=-c client\\_encoding=sjis",
         ] {
             assert!(kw(&[bad]).is_err(), "{bad}");
         }

@@ -153,6 +153,7 @@ fn expected(arg: &str, taken: &[(String, String)]) -> Result<(String, String), C
         }
         None if key == "client_encoding" => unsafe_encoding(value),
         None if key == "options" => value.split_whitespace().any(|w| {
+            let w = w.replace('\\', "").to_ascii_lowercase();
             w.split_once('=').is_some_and(|(k, v)| {
                 k.trim_start_matches("-c").trim_start_matches("--").replace('-', "_") == "client_encoding"
                     && unsafe_encoding(v)

@@ -119,6 +119,7 @@ impl Conn {
     pub fn send(&mut self, req: ReqToken, q: &Query) -> Result<(), PqError> {
         if q.several {
             self.pipeline.sent(req, Mode::Simple, q.streaming);
+            self.check_encoding()?;
             if self.in_pipeline {
                 self.pg.exit_pipeline()?;
                 self.in_pipeline = false;
@@ -127,6 +128,7 @@ impl Conn {
         } else {
             let statement = q.statement.as_deref();
             let wire = self.pipeline.sent_statement(req, statement.map(|s| s.id), q.streaming);
+            self.check_encoding()?;
             self.enter_pipeline()?;
             match (wire, statement) {
                 (Wire::PrepareAndExecute, Some(s)) => {
@@ -139,6 +141,20 @@ impl Conn {
             self.pg.pipeline_sync()?;
         }
         self.flush()
+    }
+
+    /// Escaped values (sqldb_escape) are quoted byte by byte, which is safe
+    /// only if no character of the session's encoding can hold a quote's
+    /// byte: however such an encoding came (options, a service file, a
+    /// `SET` in a template), that session is not used.
+    pub fn check_encoding(&self) -> Result<(), PqError> {
+        let encoding = self.pg.client_encoding();
+        if gateway_core::conninfo::unsafe_encoding(&encoding) {
+            return Err(PqError(format!(
+                "the session's client_encoding is {encoding}, in which quoting values byte by byte is unsafe; the connection is closed"
+            )));
+        }
+        Ok(())
     }
 
     fn enter_pipeline(&mut self) -> Result<(), PqError> {

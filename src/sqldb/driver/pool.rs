@@ -135,6 +135,17 @@ impl Pool {
                 self.close(id);
                 continue;
             }
+            if let Err(e) = c.check_encoding() {
+                log!(
+                    NGX_LOG_ERR,
+                    Log::cycle(),
+                    "sqldb: idle connection to {}: {}",
+                    c.name,
+                    e.0
+                );
+                self.close(id);
+                continue;
+            }
             c.set_idle(None);
             debug!(
                 Log::cycle(),

@@ -324,6 +324,14 @@ impl PgConn {
         key
     }
 
+    /// The session's client_encoding now (libpq follows every change the
+    /// server reports, `SET client_encoding` included).
+    pub fn client_encoding(&self) -> String {
+        // SAFETY: live connection; pg_encoding_to_char returns a static
+        // name ("" for an unknown number).
+        cstr_lossy(unsafe { pq::pg_encoding_to_char(pq::PQclientEncoding(self.raw())) })
+    }
+
     /// The backend's process ID.
     pub fn backend_pid(&self) -> i32 {
         // SAFETY: live connection.
