@@ -135,7 +135,7 @@ sleep stretch(0.5);
 my $peak = gateway_connections();
 close $_ for @clients;
 cmp_ok($peak, '<=', 8, "connections stayed within max per worker ($peak for 2 workers x 4)");
-ok(wait_until(sub { running('%pg_sleep%') == 0 }, 5), 'every abandoned query was cancelled');
+ok(wait_until(sub { running('%pg_sleep%') == 0 }, 15), 'every abandoned query was cancelled');
 my @ok = map { (http_get($port, '/echo'))[1] } 1 .. 20;
 is_deeply(\@ok, [('echo') x 20], 'service goes on');
 cmp_ok(gateway_connections(), '<=', 8, 'still within the bound');

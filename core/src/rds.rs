@@ -364,12 +364,12 @@ pub fn decode(buf: &[u8]) -> Result<Decoded, DecodeError> {
 mod tests {
     use super::*;
 
-    struct Table {
-        cols: Vec<(&'static str, u32)>,
+    struct Table<'a> {
+        cols: Vec<(&'a str, u32)>,
         rows: Vec<Vec<Option<Vec<u8>>>>,
     }
 
-    impl ResultSet for Table {
+    impl ResultSet for Table<'_> {
         fn columns(&self) -> usize {
             self.cols.len()
         }
@@ -484,9 +484,9 @@ mod tests {
 
     #[test]
     fn limits_are_errors_not_truncation() {
-        let long: &'static str = Box::leak("n".repeat(70000).into_boxed_str());
+        let long = "n".repeat(70000);
         let t = Table {
-            cols: vec![(long, 25)],
+            cols: vec![(&long, 25)],
             rows: vec![],
         };
         assert_eq!(
