@@ -516,3 +516,14 @@ location /a { sqldb_pass database; sqldb_next_upstream Error TIMEOUT; sqldb_outp
 GET /a
 --- response_body chomp
 ok
+
+
+
+=== TEST 42: nginx -t refuses a typed parameter without its type
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; }
+--- config
+location /a { sqldb_pass database; sqldb_query "select $arg_x::"; }
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"sqldb_query" directive: "\$arg_x::" has no type after "::".* in \S+nginx\.conf:\d+/

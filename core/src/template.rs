@@ -107,9 +107,57 @@ pub fn misplaced_param(template: &[u8]) -> Option<(String, crate::sql::Region)> 
     None
 }
 
+/// The first variable written with a cast but no type (`$arg_id::` and
+/// then no type name), outside literals, quoted names and comments: a
+/// typed parameter whose type was left out, which would reach the server
+/// as broken SQL.
+pub fn cast_without_type(template: &[u8]) -> Option<String> {
+    let regions = crate::sql::regions(template);
+    let mut i = 0;
+    while i < template.len() {
+        if template[i] == b'$' && !regions.iter().any(|(r, _)| r.contains(&i)) {
+            if let Some((_, _, end)) = typed_at(template, i) {
+                i = end;
+                continue;
+            }
+            let mut j = i + 1;
+            if template.get(j) == Some(&b'{') {
+                match template[j..].iter().position(|&b| b == b'}') {
+                    Some(close) => j += close + 1,
+                    None => {
+                        i += 1;
+                        continue;
+                    }
+                }
+            } else {
+                while j < template.len() && is_var_char(template[j]) {
+                    j += 1;
+                }
+            }
+            // (A quoted type name, `$x::"My Type"`, is a cast of the text.)
+            if j > i + 1 && template[j..].starts_with(b"::") && template.get(j + 2) != Some(&b'"') {
+                return Some(String::from_utf8_lossy(&template[i..j + 2]).into_owned());
+            }
+        }
+        i += 1;
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cast_without_a_type_is_found() {
+        assert_eq!(cast_without_type(b"select $arg_x::int, ${y}::text[]"), None);
+        assert_eq!(cast_without_type(b"select $arg_x::"), Some("$arg_x::".into()));
+        assert_eq!(cast_without_type(b"select ${arg_x}:: + 1"), Some("${arg_x}::".into()));
+        assert_eq!(cast_without_type(b"select $a:: int"), Some("$a::".into()));
+        assert_eq!(cast_without_type(b"select '$a::' || $1::int"), None);
+        assert_eq!(cast_without_type(b"select $$ $a:: $$"), None);
+        assert_eq!(cast_without_type(b"select $a::\"My Type\""), None);
+    }
 
     #[test]
     fn parameters_inside_quotes_or_comments_are_found() {

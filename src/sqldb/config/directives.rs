@@ -56,6 +56,12 @@ static TEMPLATES: AtomicU32 = AtomicU32::new(0);
 
 /// Compiles a template: text pieces and typed parameters.
 fn compile_template(cf: Conf, text: &[u8]) -> Result<Template, ConfError> {
+    if let Some(var) = template::cast_without_type(text) {
+        return Err(format!(
+            "\"sqldb_query\" directive: \"{var}\" has no type after \"::\" (a typed parameter is written $name::type)"
+        )
+        .into());
+    }
     if let Some((param, region)) = template::misplaced_param(text) {
         let inside = match region {
             Region::Literal => "a string literal",
