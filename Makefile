@@ -7,6 +7,7 @@
 #   make stop     stop what make run started
 #   make bench    wrk through the gateway next to pgbench in the same run
 #   make check    cargo fmt --check and clippy -D warnings
+#   make miri     core's unit and random-sequence tests under Miri (nightly)
 #   make fuzztest the fuzz checks on stable Rust over the seeds and pseudo-random inputs (part of make test)
 #   make fuzz     every fuzz target under cargo-fuzz for FUZZ_RUNS inputs (nightly; installs cargo-fuzz)
 #   make fuzz-short  every fuzz target for FUZZ_SECONDS with cargo-fuzz, else the stable fuzztest
@@ -35,7 +36,7 @@ FUZZ_RUNS    ?= 10000000
 FUZZ_SECONDS ?= 20
 FUZZ_TARGET  := $(CURDIR)/fuzz/target
 
-.PHONY: all build fault vendored deps valgrind-deps unittest fuzztest fuzz fuzz-short cargo-fuzz test test-debian test-vendored test-valgrind run stop bench check clean
+.PHONY: all build fault vendored deps valgrind-deps unittest miri fuzztest fuzz fuzz-short cargo-fuzz test test-debian test-vendored test-valgrind run stop bench check clean
 
 all: build
 
@@ -83,6 +84,11 @@ vendored: FORCE
 
 unittest:
 	$(CARGO) test -p gateway-core --target-dir $(DEB_TARGET)
+
+# core's tests under Miri (nightly; the component is added when missing).
+miri:
+	@rustup component list --toolchain nightly --installed 2>/dev/null | grep -q '^miri' || rustup component add --toolchain nightly miri
+	$(CARGO) +nightly miri test -p gateway-core --target-dir $(CURDIR)/target/miri
 
 # The fuzz checks of fuzz/src/checks/ without libFuzzer (stable Rust).
 fuzztest:
