@@ -78,15 +78,19 @@ const UNSAFE_ENCODINGS: &[&str] = &[
     "shiftjis",
     "mskanji",
     "windows932",
+    "win932",
     "shiftjis2004",
     "big5",
     "windows950",
+    "win950",
     "gbk",
     "windows936",
+    "win936",
     "cp936",
     "gb18030",
     "uhc",
     "windows949",
+    "win949",
     "johab",
 ];
 
@@ -326,6 +330,9 @@ mod tests {
             "options=--client-encoding=uhc",
             "options=-c CLIENT_ENCODING=sjis",
             "options=-c client\\_encoding=sjis",
+            "client_encoding=win932",
+            "client_encoding=WIN950",
+            "options=-c client_encoding=win949",
         ] {
             assert!(kw(&[bad]).is_err(), "{bad}");
         }

@@ -195,6 +195,8 @@ struct Entry<T> {
     named: Option<Named>,
     /// The gateway's own query (DEALLOCATE): never cancelled.
     internal: bool,
+    /// Its request needs the connection alone: nothing queues behind it.
+    alone: bool,
 }
 
 impl<T> Entry<T> {
@@ -213,8 +215,11 @@ pub struct Pipeline<T> {
     /// queries they cannot share the connection with).
     waiting: Vec<T>,
     /// Those of them that need the connection alone (several statements,
-    /// a stream): each goes out once nothing is in flight.
+    /// a stream, a statement that changes the session): each goes out once
+    /// nothing is in flight, and nothing queues behind it.
     alone: Vec<T>,
+    /// Requests told to go out that need the connection alone, until sent.
+    alone_going: Vec<T>,
     /// Requests told to send again (`Step::Resend`), until they have.
     resending: Vec<T>,
     /// Opened for a request that needs it alone (several statements, a stream).
@@ -242,6 +247,7 @@ impl<T: Copy + Eq> Pipeline<T> {
             queue: VecDeque::new(),
             waiting: vec![creator],
             alone: if exclusive { vec![creator] } else { Vec::new() },
+            alone_going: Vec::new(),
             resending: Vec::new(),
             exclusive,
             draining: false,
@@ -298,7 +304,11 @@ impl<T: Copy + Eq> Pipeline<T> {
         match self.phase {
             Phase::Ready if self.draining => true,
             Phase::Ready => {
-                self.waiting.is_empty() && self.queue.iter().all(|e| e.mode != Mode::Simple && !e.streaming)
+                self.waiting.is_empty()
+                    && self
+                        .queue
+                        .iter()
+                        .all(|e| e.mode != Mode::Simple && !e.streaming && !e.alone)
             }
             Phase::Connecting => !self.exclusive,
             Phase::Closed => false,
@@ -324,6 +334,9 @@ impl<T: Copy + Eq> Pipeline<T> {
             Phase::Connecting | Phase::Closed => false,
         };
         if now {
+            if alone && !self.alone_going.contains(&req) {
+                self.alone_going.push(req);
+            }
             return Join::SendNow;
         }
         if !self.waiting.contains(&req) {
@@ -396,10 +409,18 @@ impl<T: Copy + Eq> Pipeline<T> {
                 seq: self.last_seq,
                 named,
                 internal: false,
+                alone: false,
             });
             return;
         };
         self.waiting.retain(|&w| w != req);
+        let alone = match self.alone_going.iter().position(|&r| r == req) {
+            Some(i) => {
+                self.alone_going.swap_remove(i);
+                true
+            }
+            None => false,
+        };
         let resent = match self.resending.iter().position(|&r| r == req) {
             Some(i) => {
                 self.resending.swap_remove(i);
@@ -419,6 +440,7 @@ impl<T: Copy + Eq> Pipeline<T> {
             seq: self.last_seq,
             named,
             internal: false,
+            alone,
         });
     }
 
@@ -448,6 +470,7 @@ impl<T: Copy + Eq> Pipeline<T> {
             self.alone.retain(|&a| a != w);
             batch.push(w);
             if alone {
+                self.alone_going.push(w);
                 break;
             }
         }
@@ -555,6 +578,9 @@ impl<T: Copy + Eq> Pipeline<T> {
         match e.req {
             None => {}
             Some(req) if e.again => {
+                if e.alone {
+                    self.alone_going.push(req);
+                }
                 self.resending.push(req);
                 steps.push(Step::Resend(req));
             }
@@ -647,6 +673,7 @@ impl<T: Copy + Eq> Pipeline<T> {
     pub fn abandon(&mut self, req: T) -> Vec<Step<T>> {
         self.waiting.retain(|&w| w != req);
         self.alone.retain(|&w| w != req);
+        self.alone_going.retain(|&w| w != req);
         self.resending.retain(|&w| w != req);
         let was_head = self.queue.front().is_some_and(|e| e.req == Some(req));
         for e in self.queue.iter_mut().filter(|e| e.req == Some(req)) {
@@ -689,6 +716,7 @@ impl<T: Copy + Eq> Pipeline<T> {
         self.draining = false;
         self.paused = false;
         self.alone.clear();
+        self.alone_going.clear();
         let mut failed: Vec<(T, Lost)> = self.waiting.drain(..).map(|r| (r, waited)).collect();
         failed.extend(self.resending.drain(..).map(|r| (r, Lost::Sent)));
         failed.extend(self.queue.drain(..).filter_map(|e| e.req).map(|r| (r, Lost::Sent)));

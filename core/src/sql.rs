@@ -22,6 +22,67 @@ pub fn has_several_statements(sql: &[u8]) -> bool {
     several
 }
 
+/// Statements whose effect outlives their sync point on the session: a
+/// transaction left open, a setting, a COPY, a cursor, a lock, a prepared
+/// statement of its own. A request that runs one must have the connection
+/// to itself: a query pipelined behind it would run inside its transaction
+/// or under its settings.
+const SESSION_KEYWORDS: &[&str] = &[
+    "begin",
+    "start",
+    "commit",
+    "end",
+    "rollback",
+    "abort",
+    "savepoint",
+    "release",
+    "set",
+    "reset",
+    "discard",
+    "deallocate",
+    "prepare",
+    "execute",
+    "listen",
+    "unlisten",
+    "lock",
+    "copy",
+    "declare",
+    "fetch",
+    "move",
+    "close",
+    "do",
+    "call",
+];
+
+/// Functions that change the session from inside any statement.
+const SESSION_FUNCTIONS: &[&str] = &[
+    "set_config",
+    "pg_advisory_lock",
+    "pg_advisory_lock_shared",
+    "dblink_connect",
+];
+
+/// True when the SQL may change its session beyond its own sync point
+/// (see SESSION_KEYWORDS): a statement that starts with one of those
+/// keywords, or a call of one of SESSION_FUNCTIONS anywhere.
+pub fn changes_session(sql: &[u8]) -> bool {
+    let mut first = true;
+    let mut found = false;
+    scan(sql, |token, range| match token {
+        Token::Semicolon => first = true,
+        Token::Comment | Token::Space => {}
+        Token::Word => {
+            let word = String::from_utf8_lossy(&sql[range]).to_ascii_lowercase();
+            if (first && SESSION_KEYWORDS.contains(&word.as_str())) || SESSION_FUNCTIONS.contains(&word.as_str()) {
+                found = true;
+            }
+            first = false;
+        }
+        _ => first = false,
+    });
+    found
+}
+
 /// Where a piece of SQL is not plain code: the text inside it is data
 /// (a string), a name, or nothing at all (a comment).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -188,6 +249,39 @@ fn dollar_tag(s: &[u8]) -> Option<usize> {
         }
     }
     None
+}
+
+#[cfg(test)]
+mod session_tests {
+    use super::changes_session;
+
+    #[test]
+    fn statements_that_change_the_session() {
+        for sql in [
+            "begin",
+            "BEGIN; insert into t values (1)",
+            "select 1; commit",
+            "set search_path to x",
+            "select set_config('client_encoding', 'SJIS', false)",
+            "select pg_advisory_lock(1)",
+            "copy t from stdin",
+            "/* c */ Rollback",
+            "declare c cursor for select 1",
+        ] {
+            assert!(changes_session(sql.as_bytes()), "{sql}");
+        }
+        for sql in [
+            "select 1",
+            "insert into t (begin, set) values (1, 2)",
+            "select 'begin'",
+            "select \"set\" from t",
+            "update t set x = 1",
+            "select 1 -- commit",
+            "select offset_begin from t",
+        ] {
+            assert!(!changes_session(sql.as_bytes()), "{sql}");
+        }
+    }
 }
 
 #[cfg(test)]

@@ -240,21 +240,36 @@ fn resolve(u: &mut Upstream, pool: Pool, umcf: &ngx_http_upstream_main_conf_t, n
 }
 
 /// A number for the next request's PING token: never the same twice in a
-/// worker (the connections are the worker's), and not guessable from the
-/// start (it begins at a value taken from the clock and the process id).
+/// worker (a counter), and not guessable from the ones before (the counter
+/// goes through a keyed mix: splitmix64 of a secret per-worker seed, read
+/// from /dev/urandom, plus the counter). A server that sends stale bytes
+/// cannot forge the echo the next request waits for.
 fn next_ping() -> u64 {
+    use std::io::Read;
     thread_local! {
-        static NEXT: std::cell::Cell<u64> = std::cell::Cell::new({
-            let t = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64);
-            t ^ (u64::from(std::process::id()) << 32)
+        static STATE: std::cell::Cell<(u64, u64)> = std::cell::Cell::new({
+            let mut seed = [0u8; 8];
+            let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut seed));
+            let seed = match read {
+                Ok(()) => u64::from_ne_bytes(seed),
+                Err(_) => {
+                    let t = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_nanos() as u64);
+                    t ^ (u64::from(std::process::id()) << 32)
+                }
+            };
+            (seed, 0)
         });
     }
-    NEXT.with(|n| {
-        let v = n.get();
-        n.set(v.wrapping_add(1));
-        v
+    STATE.with(|s| {
+        let (seed, n) = s.get();
+        s.set((seed, n.wrapping_add(1)));
+        // splitmix64: a bijection of the counter, so never the same twice.
+        let mut z = seed.wrapping_add(n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
     })
 }
 

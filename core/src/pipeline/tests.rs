@@ -265,6 +265,22 @@ fn requests_that_need_the_connection_alone_wait_their_turn() {
 }
 
 #[test]
+fn nothing_queues_behind_a_request_that_changes_its_session() {
+    let mut p = holding(&[]);
+    // A "begin": one statement, pipelined, but alone on the connection.
+    assert_eq!(p.join(1, true), Join::SendNow);
+    assert_eq!(p.sent_statement(1, Some(3), false), Wire::PrepareAndExecute);
+    assert!(!p.shareable(), "nothing may run inside its transaction");
+    assert_eq!(p.join(2, false), Join::Wait);
+    assert_eq!(
+        feed(&mut p, &[Final, End, Final, End, Sync]),
+        ["Result(1)", "Complete(1)"]
+    );
+    // The driver checks the session before the waiting one goes out.
+    assert_eq!(p.after_results(), vec![Step::Send(vec![2])]);
+}
+
+#[test]
 fn a_failed_prepare_is_the_request_error() {
     let mut p = ready(&[(1, PREP)]);
     let out = feed(&mut p, &[Error(ErrorClass::PlanChanged), End, Aborted, Sync]);

@@ -116,6 +116,7 @@ fn compile_template(cf: Conf, text: &[u8]) -> Result<Template, ConfError> {
         statement: Rc::new(Statement { id, name }),
         constant,
         several,
+        changes_session: gateway_core::sql::changes_session(text),
         params,
     })
 }

@@ -147,6 +147,9 @@ pub struct Template {
     pub constant: bool,
     /// A constant text that holds several statements.
     pub several: bool,
+    /// It may change its session beyond its sync point (core's
+    /// `sql::changes_session`).
+    pub changes_session: bool,
     /// Typed parameters ($var::type) in the template.
     pub params: usize,
 }

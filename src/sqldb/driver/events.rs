@@ -324,6 +324,29 @@ impl Pool {
                     }
                 }
                 Step::Send(reqs) => {
+                    // Requests that waited go out on a connection with
+                    // nothing in flight: never into a transaction an
+                    // earlier request left open (they would run inside it,
+                    // and be rolled back when the connection closes). They
+                    // were not sent: each tries again elsewhere.
+                    // Nor into a session whose client encoding makes escaped
+                    // values unsafe.
+                    let unfit = if !connected && !c.reusable() {
+                        Some("the connection was left inside a transaction block".to_owned())
+                    } else {
+                        c.check_encoding().err().map(|e| e.0)
+                    };
+                    if let Some(why) = unfit {
+                        for &req in &reqs {
+                            c.forget(req);
+                            out.push(Delivery::Failed(
+                                req,
+                                gateway_core::pipeline::Lost::NotSent,
+                                why.clone(),
+                            ));
+                        }
+                        return self.broken(id, &why, out);
+                    }
                     c.set_timer(None);
                     for req in reqs {
                         let Some(q) = c.query_of(req) else { continue };

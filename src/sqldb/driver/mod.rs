@@ -34,6 +34,13 @@ pub struct Statement {
     pub name: CString,
 }
 
+impl Query {
+    /// It needs the connection to itself: nothing pipelined with it.
+    pub fn alone(&self) -> bool {
+        self.several || self.streaming || self.changes_session
+    }
+}
+
 /// What a request asks the database, ready to send.
 #[derive(Debug)]
 pub struct Query {
@@ -49,6 +56,9 @@ pub struct Query {
     pub binary: bool,
     /// Rows one by one (single-row mode), for a streamed response.
     pub streaming: bool,
+    /// It may change its session beyond its sync point (a transaction, a
+    /// setting, a COPY): it needs the connection to itself.
+    pub changes_session: bool,
 }
 
 /// What the driver tells the request side.

@@ -264,7 +264,7 @@ impl Pool {
             )]);
         };
         c.remember(req, query.clone());
-        let alone = query.several || query.streaming;
+        let alone = query.alone();
         match c.pipeline.join(req, alone) {
             Join::Wait => Ok(Submitted::Waiting {
                 connecting: c.pipeline.is_connecting(),

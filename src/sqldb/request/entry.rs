@@ -127,6 +127,7 @@ fn run(r: &mut Req) -> Result<(), StartError> {
         several,
         binary: output == Output::BinaryValue,
         streaming: stream_format.is_some(),
+        changes_session: tmpl.changes_session,
     };
     let token = registry::register(r);
     let ctx = Ctx {

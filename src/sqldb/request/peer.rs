@@ -141,7 +141,7 @@ fn get(pc: &mut ngx_peer_connection_t, pd: &mut PeerData, log: Log) -> ngx_int_t
     // SAFETY: the upstream's configuration outlives its requests, the Ctx
     // its request's peer; no other reference to them is used meanwhile.
     let (srv, ctx) = unsafe { (&mut *pd.srv.as_ptr(), &mut *pd.ctx.as_ptr()) };
-    let alone = ctx.query.several || ctx.query.streaming;
+    let alone = ctx.query.alone();
     pd.balancer_used = false;
     if srv.pool.settings.single {
         if let Pick::Idle(id) = srv.pool.pick(None, alone) {
@@ -179,7 +179,7 @@ fn get(pc: &mut ngx_peer_connection_t, pd: &mut PeerData, log: Log) -> ngx_int_t
             BUSY
         }
         Pick::New => {
-            let exclusive = ctx.query.several || ctx.query.streaming;
+            let exclusive = ctx.query.alone();
             match srv
                 .pool
                 .open(addr, &srv.addrs[addr].conninfo, name, ctx.token, exclusive)

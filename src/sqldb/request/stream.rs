@@ -220,15 +220,17 @@ pub fn complete(r: &mut Req) {
     let Some(mut s) = ctx.streaming.take() else { return };
     let (rows, sent) = (s.enc.rows(), s.sent);
     vars::store(r, Var::Rows, rows.to_string().as_bytes());
+    // A client that could not take the rows (it left) is the client's
+    // doing: info, as nginx logs those.
     let failed = match ctx.error.take() {
-        Some(err) => Some(err.error_summary()),
-        None if ctx.stream_failed => Some("sending the rows to the client failed".to_owned()),
+        Some(err) => Some((err.error_summary(), NGX_LOG_ERR)),
+        None if ctx.stream_failed => Some(("sending the rows to the client failed".to_owned(), NGX_LOG_INFO)),
         None => None,
     };
-    if let Some(why) = failed {
+    if let Some((why, level)) = failed {
         vars::store(r, Var::Error, why.as_bytes());
         log!(
-            NGX_LOG_ERR,
+            level,
             r.log(),
             "sqldb: the response was cut short after {sent} rows had gone out: {why}"
         );
