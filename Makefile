@@ -3,6 +3,8 @@
 #   make          build the module against Debian's nginx (objs/ngx_http_gateway_module.so)
 #   make vendored build nginx 1.28 (--with-debug) and the module against it (objs/vendored/)
 #   make test     install what is missing, unit tests, then the .t suites on both builds
+#   make deb      the Debian package libnginx-mod-http-gateway (objs/deb/)
+#   make install  the module and its load file under DESTDIR/PREFIX (VENDORED=1: the 1.28 build)
 #   make run      a throwaway PostgreSQL + nginx with nginx-conf/demo.conf on 127.0.0.1:8080
 #   make stop     stop what make run started
 #   make bench    wrk through the gateway next to pgbench in the same run
@@ -36,7 +38,7 @@ FUZZ_RUNS    ?= 10000000
 FUZZ_SECONDS ?= 20
 FUZZ_TARGET  := $(CURDIR)/fuzz/target
 
-.PHONY: all build fault vendored deps valgrind-deps unittest miri fuzztest fuzz fuzz-short cargo-fuzz test test-debian test-vendored test-valgrind run stop bench check clean
+.PHONY: all build fault vendored deps valgrind-deps unittest miri deb install fuzztest fuzz fuzz-short cargo-fuzz test test-debian test-vendored test-valgrind run stop bench check clean
 
 all: build
 
@@ -155,6 +157,33 @@ test-valgrind: deps valgrind-deps
 	    TEST_NGINX_FAULT_MODULE=$(FAULT_MODULE) prove -I t/lib/harness $(PROVE_FLAGS) $(VALGRIND_TESTS) || status=$$?; \
 	perl tools/valgrind-summary $(VALGRIND_OUT)/summary.tsv || status=1; \
 	exit $$status
+
+# The Debian package, the Debian way (debian/: debhelper and nginx-dev's
+# dh_nginx), against Debian's nginx. The version is Cargo.toml's; the Rust
+# toolchain is rustup's, which dpkg does not know of (hence -d).
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
+DEB_OUT := $(OBJS)/deb
+
+deb: deps $(DEB_BUILD)/objs/ngx_auto_config.h
+	printf 'libnginx-mod-http-gateway (%s) unstable; urgency=medium\n\n  * ngx_gateway %s (the version of Cargo.toml).\n\n -- ngx_gateway developers <maintainers@ngx-gateway.org>  %s\n' \
+	    "$(VERSION)" "$(VERSION)" "$$(date -R)" > debian/changelog
+	dpkg-buildpackage -us -uc -b -d
+	mkdir -p $(DEB_OUT)
+	mv ../libnginx-mod-http-gateway_$(VERSION)_*.deb ../libnginx-mod-http-gateway-dbgsym_$(VERSION)_*.deb ../libnginx-mod-http-gateway_$(VERSION)_*.buildinfo \
+	    ../libnginx-mod-http-gateway_$(VERSION)_*.changes $(DEB_OUT)/
+	@ls -l $(DEB_OUT)/*.deb
+
+# make install [DESTDIR=...] [PREFIX=/usr]: the module built against
+# Debian's nginx (or, with VENDORED=1, against the vendored nginx 1.28) and a
+# load file, as the package lays them out.
+PREFIX      ?= /usr
+MODULES_DIR ?= $(PREFIX)/lib/nginx/modules
+INSTALL_SO  := $(if $(VENDORED),$(VEN_MODULE),$(DEB_MODULE))
+
+install: $(if $(VENDORED),vendored,build)
+	install -d $(DESTDIR)$(MODULES_DIR) $(DESTDIR)$(PREFIX)/share/nginx/modules-available
+	install -m 0644 $(INSTALL_SO) $(DESTDIR)$(MODULES_DIR)/$(MODULE)
+	echo "load_module $(MODULES_DIR)/$(MODULE);" > $(DESTDIR)$(PREFIX)/share/nginx/modules-available/mod-http-gateway.conf
 
 run: deps build
 	bash nginx-conf/run.sh

@@ -189,8 +189,27 @@ pub static mut ngx_http_gateway_module: ngx_module_t = ngx_module_t {
     ctx: ptr::addr_of!(SQLDB_CTX) as *mut _,
     commands: ptr::addr_of_mut!(SQLDB_COMMANDS) as *mut _,
     type_: NGX_HTTP_MODULE as ngx_uint_t,
+    init_module: Some(init_module),
     ..ngx_module_t::default()
 };
+
+/// Says which module this is, once per configuration loaded (start-up and
+/// each reload), at notice level as nginx says its own version.
+extern "C" fn init_module(cycle: *mut ngx_cycle_t) -> ngx_int_t {
+    // SAFETY: nginx calls this with the cycle being initialised, whose log
+    // is set up.
+    let log = unsafe { ffi::log::Log::from_raw((*cycle).log) };
+    ffi::guard(log, "init_module", OK as ngx_int_t, || {
+        log!(
+            NGX_LOG_NOTICE,
+            log,
+            "ngx_gateway/{} (built for nginx {})",
+            env!("CARGO_PKG_VERSION"),
+            NGINX_VERSION.to_string_lossy()
+        );
+        OK as ngx_int_t
+    })
+}
 
 use cache::config as cc;
 

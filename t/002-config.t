@@ -527,3 +527,13 @@ location /a { sqldb_pass database; sqldb_query "select $arg_x::"; }
 --- must_die
 --- error_log eval
 qr/\[emerg\].*"sqldb_query" directive: "\$arg_x::" has no type after "::".* in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 43: the module says its version at start-up, at notice level
+--- config
+location /v { return 200 "ok"; }
+--- request
+GET /v
+--- error_log eval
+qr/\[notice\].*ngx_gateway\/\d+\.\d+\.\d+ \(built for nginx \d+\.\d+\.\d+\)/
