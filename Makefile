@@ -4,6 +4,7 @@
 #   make vendored build nginx 1.28 (--with-debug) and the module against it (objs/vendored/)
 #   make test     install what is missing, unit tests, then the .t suites on both builds
 #   make deb      the Debian package libnginx-mod-http-gateway (objs/deb/)
+#   make test-package  install the .deb here, a site with both gateways, requests, purge (root)
 #   make install  the module and its load file under DESTDIR/PREFIX (VENDORED=1: the 1.28 build)
 #   make run      a throwaway PostgreSQL + nginx with nginx-conf/demo.conf on 127.0.0.1:8080
 #   make stop     stop what make run started
@@ -32,13 +33,14 @@ APT_PACKAGES := nginx nginx-dev libpq-dev libclang-dev clang pkg-config \
                 libpcre2-dev libssl-dev zlib1g-dev make gcc \
                 postgresql postgresql-contrib redis-server wrk \
                 libtest-base-perl libtext-diff-perl libipc-run-perl liburi-perl \
-                libwww-perl libnginx-mod-http-srcache-filter openssl
+                libwww-perl libnginx-mod-http-srcache-filter openssl \
+                debhelper dpkg-dev file
 
 FUZZ_RUNS    ?= 10000000
 FUZZ_SECONDS ?= 20
 FUZZ_TARGET  := $(CURDIR)/fuzz/target
 
-.PHONY: all build fault vendored deps valgrind-deps unittest miri deb install fuzztest fuzz fuzz-short cargo-fuzz test test-debian test-vendored test-valgrind run stop bench check clean
+.PHONY: all build fault vendored deps valgrind-deps unittest miri deb install test-package fuzztest fuzz fuzz-short cargo-fuzz test test-debian test-vendored test-valgrind run stop bench check clean
 
 all: build
 
@@ -115,7 +117,7 @@ fuzz-short:
 
 test: deps
 	$(MAKE) check unittest fuzztest build fault vendored
-	$(MAKE) test-debian test-vendored
+	$(MAKE) test-debian test-vendored test-package
 
 # The .t suites against one nginx build; t/lib/harness holds the runner
 # (an upstream Test::Nginx::Socket earlier in @INC is used instead).
@@ -172,6 +174,11 @@ deb: deps $(DEB_BUILD)/objs/ngx_auto_config.h
 	mv ../libnginx-mod-http-gateway_$(VERSION)_*.deb ../libnginx-mod-http-gateway-dbgsym_$(VERSION)_*.deb ../libnginx-mod-http-gateway_$(VERSION)_*.buildinfo \
 	    ../libnginx-mod-http-gateway_$(VERSION)_*.changes $(DEB_OUT)/
 	@ls -l $(DEB_OUT)/*.deb
+
+# The package on this machine (root): install, a site with sqldb_* and
+# cache_pass, requests, purge; the machine is left as it was.
+test-package: deb
+	TEST_PACKAGE_DEB=$$(ls $(DEB_OUT)/libnginx-mod-http-gateway_$(VERSION)_*.deb) prove -I t/lib/harness $(PROVE_FLAGS) t/package/
 
 # make install [DESTDIR=...] [PREFIX=/usr]: the module built against
 # Debian's nginx (or, with VENDORED=1, against the vendored nginx 1.28) and a
