@@ -287,11 +287,6 @@ impl<T: Copy + Eq> Pipeline<T> {
         self.served
     }
 
-    /// Requests queued or waiting that have not gone.
-    pub fn live(&self) -> usize {
-        self.queue.iter().filter(|e| e.req.is_some()).count() + self.waiting.len()
-    }
-
     /// Queued and waiting requests (how busy the connection is).
     pub fn depth(&self) -> usize {
         self.queue.len() + self.waiting.len()
