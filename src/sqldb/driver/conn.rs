@@ -31,6 +31,8 @@ pub(super) struct Conn {
     in_pipeline: bool,
     write_watched: bool,
     reading_paused: bool,
+    /// The client encoding last found safe (see check_encoding).
+    safe_encoding: Option<std::ffi::c_int>,
     /// The session's cancel key (None: its queries cannot be cancelled).
     pub cancel_key: Option<CancelKey>,
     pub canceller: Option<Canceller>,
@@ -58,6 +60,7 @@ impl Conn {
             in_pipeline: false,
             write_watched: false,
             reading_paused: false,
+            safe_encoding: None,
             cancel_key: None,
             canceller: None,
         }
@@ -147,13 +150,20 @@ impl Conn {
     /// only if no character of the session's encoding can hold a quote's
     /// byte: however such an encoding came (options, a service file, a
     /// `SET` in a template), that session is not used.
-    pub fn check_encoding(&self) -> Result<(), PqError> {
-        let encoding = self.pg.client_encoding();
+    /// The name is looked at only when the encoding's number changes (it
+    /// is checked before every query).
+    pub fn check_encoding(&mut self) -> Result<(), PqError> {
+        let id = self.pg.client_encoding_id();
+        if self.safe_encoding == Some(id) {
+            return Ok(());
+        }
+        let encoding = PgConn::encoding_name(id);
         if gateway_core::conninfo::unsafe_encoding(&encoding) {
             return Err(PqError(format!(
                 "the session's client_encoding is {encoding}, in which quoting values byte by byte is unsafe; the connection is closed"
             )));
         }
+        self.safe_encoding = Some(id);
         Ok(())
     }
 

@@ -324,12 +324,18 @@ impl PgConn {
         key
     }
 
-    /// The session's client_encoding now (libpq follows every change the
-    /// server reports, `SET client_encoding` included).
-    pub fn client_encoding(&self) -> String {
-        // SAFETY: live connection; pg_encoding_to_char returns a static
-        // name ("" for an unknown number).
-        cstr_lossy(unsafe { pq::pg_encoding_to_char(pq::PQclientEncoding(self.raw())) })
+    /// The number of the session's client_encoding now (libpq follows every
+    /// change the server reports, `SET client_encoding` included).
+    pub fn client_encoding_id(&self) -> c_int {
+        // SAFETY: live connection.
+        unsafe { pq::PQclientEncoding(self.raw()) }
+    }
+
+    /// The name of an encoding number.
+    pub fn encoding_name(id: c_int) -> String {
+        // SAFETY: pg_encoding_to_char returns a static name ("" for an
+        // unknown number).
+        cstr_lossy(unsafe { pq::pg_encoding_to_char(id) })
     }
 
     /// The backend's process ID.
