@@ -7,7 +7,6 @@ use super::error::{log_failure, ConnError, Failure, ResultError, BAD_PARAMETER};
 use super::peer::{fail, finish_upstream, guard_request, next, next_after_stale, started};
 use super::{ctx_of, output, registry, vars};
 use crate::ffi::*;
-use crate::log;
 use crate::sqldb::config::{LocConf, Sqldb, Var};
 use crate::sqldb::driver::{Delivery, PgResult, ReqToken, ResultKind};
 
@@ -59,12 +58,7 @@ fn apply(r: &mut Req, d: Delivery) {
             ctx.conn = None;
             let e = ConnError::Lost(lost, why);
             match ctx.streaming.as_ref().filter(|s| s.started()) {
-                Some(s) => log!(
-                    NGX_LOG_ERR,
-                    r.log(),
-                    "sqldb: the response was cut short after {} rows had gone out: {e}",
-                    s.sent
-                ),
+                Some(s) => super::stream::log_cut_short(r.log(), NGX_LOG_ERR, s.sent, &e),
                 None => log_failure(r.log(), &e),
             }
             match lost {

@@ -229,11 +229,7 @@ pub fn complete(r: &mut Req) {
     };
     if let Some((why, level)) = failed {
         vars::store(r, Var::Error, why.as_bytes());
-        log!(
-            level,
-            r.log(),
-            "sqldb: the response was cut short after {sent} rows had gone out: {why}"
-        );
+        log_cut_short(r.log(), level, sent, &why);
         finish_upstream(r, HTTP_OK, 0);
         r.finalize(ERROR);
         return;
@@ -241,4 +237,14 @@ pub fn complete(r: &mut Req) {
     finish_upstream(r, HTTP_OK, 0);
     let rc = s.finish(r);
     r.finalize(rc);
+}
+
+/// The line of a streamed response cut short, counting the rows that had
+/// gone out to the client.
+pub fn log_cut_short(log: Log, level: u32, sent: u64, why: &dyn std::fmt::Display) {
+    log!(
+        level,
+        log,
+        "sqldb: the response was cut short after {sent} rows had gone out: {why}"
+    );
 }
