@@ -107,35 +107,9 @@ fn expected(arg: &str, taken: &[(String, String)]) -> Result<(String, String), C
         _ => None,
     };
     let number = |v: &str| !v.is_empty() && v.len() <= 9 && v.bytes().all(|b| b.is_ascii_digit());
-    // Encodings in which a multibyte character can hold a quote's byte.
-    let unsafe_encoding = |v: &str| {
-        let norm: String = v
-            .chars()
-            .filter(char::is_ascii_alphanumeric)
-            .map(|c| c.to_ascii_lowercase())
-            .collect();
-        [
-            "sjis",
-            "shiftjis",
-            "mskanji",
-            "windows932",
-            "win932",
-            "shiftjis2004",
-            "big5",
-            "windows950",
-            "win950",
-            "gbk",
-            "windows936",
-            "win936",
-            "cp936",
-            "gb18030",
-            "uhc",
-            "windows949",
-            "win949",
-            "johab",
-        ]
-        .contains(&norm.as_str())
-    };
+    // Which encoding names are unsafe is core's list (data, not logic to
+    // model); where the name sits in the arguments is modelled here.
+    let unsafe_encoding = gateway_core::conninfo::unsafe_encoding;
     let bad = match allowed {
         Some(list) => !list.contains(&value),
         None if key == "port" => {
