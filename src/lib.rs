@@ -115,7 +115,7 @@ static mut SQLDB_COMMANDS: [ngx_command_t; 15] = [
     ),
     command(
         "sqldb_pipeline\0",
-        NGX_HTTP_UPS_CONF | NGX_CONF_TAKE1,
+        NGX_HTTP_UPS_CONF | NGX_CONF_TAKE123,
         sc::upstream::cmd_sqldb_pipeline,
         SRV,
         0,

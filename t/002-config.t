@@ -537,3 +537,81 @@ location /v { return 200 "ok"; }
 GET /v
 --- error_log eval
 qr/\[notice\].*ngx_gateway\/\d+\.\d+\.\d+ \(built for nginx \d+\.\d+\.\d+\)/
+
+
+
+=== TEST 44: nginx -t refuses sqldb_pipeline off depth=4;
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; sqldb_pipeline off depth=4; }
+--- config
+location /a { sqldb_pass database; sqldb_query "select 1"; }
+--- must_die
+--- error_log eval
+qr/\[emerg\].*parameter "depth=4" in "sqldb_pipeline" directive needs "on" in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 45: nginx -t refuses sqldb_pipeline on depth=0;
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; sqldb_pipeline on depth=0; }
+--- config
+location /a { sqldb_pass database; sqldb_query "select 1"; }
+--- must_die
+--- error_log eval
+qr/\[emerg\].*invalid parameter "depth=0" in "sqldb_pipeline" directive in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 46: nginx -t refuses sqldb_pipeline on slow=0;
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; sqldb_pipeline on slow=0; }
+--- config
+location /a { sqldb_pass database; sqldb_query "select 1"; }
+--- must_die
+--- error_log eval
+qr/\[emerg\].*invalid parameter "slow=0" in "sqldb_pipeline" directive in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 47: nginx -t refuses sqldb_pipeline on slow=soon;
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; sqldb_pipeline on slow=soon; }
+--- config
+location /a { sqldb_pass database; sqldb_query "select 1"; }
+--- must_die
+--- error_log eval
+qr/\[emerg\].*invalid parameter "slow=soon" in "sqldb_pipeline" directive in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 48: nginx -t refuses sqldb_pipeline on depth=4 depth=8;
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; sqldb_pipeline on depth=4 depth=8; }
+--- config
+location /a { sqldb_pass database; sqldb_query "select 1"; }
+--- must_die
+--- error_log eval
+qr/\[emerg\].*parameter "depth" is duplicate in "sqldb_pipeline" directive in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 49: nginx -t refuses sqldb_pipeline on width=4;
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; sqldb_pipeline on width=4; }
+--- config
+location /a { sqldb_pass database; sqldb_query "select 1"; }
+--- must_die
+--- error_log eval
+qr/\[emerg\].*invalid parameter "width=4" in "sqldb_pipeline" directive in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 50: sqldb_pipeline takes depth= and slow=
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; sqldb_pipeline on depth=3 slow=20ms; }
+--- config
+location /a { sqldb_pass database; sqldb_output value; sqldb_query "select 'piped'"; }
+--- request
+GET /a
+--- response_body chomp
+piped

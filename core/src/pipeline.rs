@@ -233,6 +233,8 @@ pub struct Pipeline<T> {
     paused: bool,
     last_seq: u64,
     served: u64,
+    /// Entries whose results are all in (the head moved on this often).
+    finished: u64,
     /// The statements the session holds or will once the prepares in
     /// flight are through (a failed prepare is forgotten).
     prepared: Vec<Named>,
@@ -256,6 +258,7 @@ impl<T: Copy + Eq> Pipeline<T> {
             paused: false,
             last_seq: 0,
             served: 0,
+            finished: 0,
             prepared: Vec::new(),
             prepare_gen: 0,
         }
@@ -285,6 +288,18 @@ impl<T: Copy + Eq> Pipeline<T> {
     /// Requests served to the end on this connection.
     pub fn served(&self) -> u64 {
         self.served
+    }
+
+    /// How often the head of the queue finished: a change tells the driver
+    /// that the query now in front started later than the one it timed.
+    pub fn finished(&self) -> u64 {
+        self.finished
+    }
+
+    /// The request whose results come next (None: an internal query, or
+    /// one whose request has gone).
+    pub fn front(&self) -> Option<T> {
+        self.queue.front().and_then(|e| e.req)
     }
 
     /// Queued and waiting requests (how busy the connection is).
@@ -570,6 +585,7 @@ impl<T: Copy + Eq> Pipeline<T> {
     /// The head request's results are all in.
     fn finish_head(&mut self, steps: &mut Vec<Step<T>>) {
         let Some(e) = self.queue.pop_front() else { return };
+        self.finished += 1;
         match e.req {
             None => {}
             Some(req) if e.again => {

@@ -113,7 +113,7 @@ fn compile_template(cf: Conf, text: &[u8]) -> Result<Template, ConfError> {
     let name = CString::new(format!("ngx_gateway_{id:x}")).expect("no NUL in a number");
     Ok(Template {
         pieces,
-        statement: Rc::new(Statement { id, name }),
+        statement: Rc::new(Statement::new(id, name)),
         constant,
         several,
         changes_session: gateway_core::sql::changes_session(text),

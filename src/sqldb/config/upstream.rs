@@ -175,7 +175,9 @@ pub(crate) extern "C" fn cmd_sqldb_keepalive(
     unsafe { directive(cf, conf, "cmd_sqldb_keepalive", body) }
 }
 
-/// `sqldb_pipeline on | off` (upstream): queue requests onto busy connections.
+/// `sqldb_pipeline on | off [depth=N] [slow=T]` (upstream): queue requests
+/// onto busy connections, while their queues are shorter than `depth` and
+/// the query in front has run less than `slow`.
 pub(crate) extern "C" fn cmd_sqldb_pipeline(
     cf: *mut ngx_conf_t,
     _cmd: *mut ngx_command_t,
@@ -186,19 +188,52 @@ pub(crate) extern "C" fn cmd_sqldb_pipeline(
             return Err("\"sqldb_pipeline\" directive is duplicate".to_owned().into());
         }
         srv.pipeline_set = true;
+        let args = cf.args();
+        let s = &mut srv.pool.settings;
         // In any letter case, as nginx reads on/off.
-        srv.pool.settings.pipelining = match cf.args()[1].to_ascii_lowercase().as_slice() {
+        s.pipelining = match args[1].to_ascii_lowercase().as_slice() {
             b"on" => true,
             b"off" => false,
             _ => {
-                let other = cf.args()[1];
                 return Err(format!(
                     "invalid value \"{}\" in \"sqldb_pipeline\" directive, it must be \"on\" or \"off\"",
-                    String::from_utf8_lossy(other)
+                    String::from_utf8_lossy(args[1])
                 )
                 .into());
             }
         };
+        let mut seen: Vec<&[u8]> = Vec::new();
+        for &a in &args[2..] {
+            let key = a.split(|&b| b == b'=').next().unwrap_or(a);
+            let ok = if !s.pipelining {
+                return Err(format!(
+                    "parameter \"{}\" in \"sqldb_pipeline\" directive needs \"on\"",
+                    String::from_utf8_lossy(a)
+                )
+                .into());
+            } else if seen.contains(&key) {
+                return Err(format!(
+                    "parameter \"{}\" is duplicate in \"sqldb_pipeline\" directive",
+                    String::from_utf8_lossy(key)
+                )
+                .into());
+            } else if let Some(v) = a.strip_prefix(b"depth=") {
+                atoi(v).filter(|&n| n > 0).map(|n| s.depth = n).is_some()
+            } else if let Some(v) = a.strip_prefix(b"slow=") {
+                let t = cf.parse_time(v, false).filter(|&t| t > 0);
+                t.map(|t| s.slow = t as ngx_msec_t).is_some()
+            } else {
+                false
+            };
+            if !ok {
+                return Err(format!(
+                    "invalid parameter \"{}\" in \"sqldb_pipeline\" directive",
+                    String::from_utf8_lossy(a)
+                )
+                .into());
+            }
+            seen.push(key);
+        }
         Ok(())
     };
     // SAFETY: nginx passes the configuration being read and this module's SrvConf.

@@ -9,7 +9,7 @@ use gateway_core::pipeline::{Mode, Pipeline, Wire};
 
 use super::cancel::Canceller;
 use super::pq::{CancelKey, PgConn, PqError};
-use super::{ConnId, Pool, Query, ReqToken};
+use super::{ConnId, Pool, Query, ReqToken, Statement};
 use crate::ffi::*;
 
 pub(super) struct Conn {
@@ -33,6 +33,11 @@ pub(super) struct Conn {
     reading_paused: bool,
     /// The client encoding last found safe (see check_encoding).
     safe_encoding: Option<std::ffi::c_int>,
+    /// When the query in front of the queue started, as far as the event
+    /// loop can tell (opening, sent to an empty queue, or the one before it
+    /// finished), and how many had finished then.
+    head_since: ngx_msec_t,
+    head_finished: u64,
     /// The session's cancel key (None: its queries cannot be cancelled).
     pub cancel_key: Option<CancelKey>,
     pub canceller: Option<Canceller>,
@@ -61,6 +66,8 @@ impl Conn {
             write_watched: false,
             reading_paused: false,
             safe_encoding: None,
+            head_since: current_msec(),
+            head_finished: 0,
             cancel_key: None,
             canceller: None,
         }
@@ -99,6 +106,47 @@ impl Conn {
         }
     }
 
+    /// How long the query in front of the queue has been running (0 with
+    /// nothing queued).
+    pub fn head_age(&self, now: ngx_msec_t) -> ngx_msec_t {
+        if self.pipeline.depth() == 0 {
+            0
+        } else {
+            now.wrapping_sub(self.head_since)
+        }
+    }
+
+    /// The template of the query at the front of the queue.
+    pub fn front_template(&self) -> Option<Rc<Statement>> {
+        let req = self.pipeline.front()?;
+        self.queries
+            .iter()
+            .find(|(r, _)| *r == req)
+            .map(|(_, q)| q.template.clone())
+    }
+
+    /// Results were read: if the front of the queue moved, the query now
+    /// there started about now, and the one that was there (`front`) ran
+    /// until now: its template learns whether that was `long`.
+    pub fn progressed(&mut self, front: Option<Rc<Statement>>, long: ngx_msec_t) {
+        let finished = self.pipeline.finished();
+        if finished != self.head_finished {
+            let now = current_msec();
+            if let Some(t) = front {
+                t.ran(now.wrapping_sub(self.head_since), long);
+            }
+            self.head_finished = finished;
+            self.head_since = now;
+        }
+    }
+
+    /// A query goes out: with nothing in flight, it is the front one.
+    fn starting(&mut self) {
+        if self.pipeline.nothing_in_flight() {
+            self.head_since = current_msec();
+        }
+    }
+
     pub fn remember(&mut self, req: ReqToken, query: Rc<Query>) {
         if !self.queries.iter().any(|(r, _)| *r == req) {
             self.queries.push((req, query));
@@ -120,6 +168,7 @@ impl Conn {
     /// several statements need the simple protocol, outside pipeline mode.
     /// Queued first, so that a failed send fails it with the others.
     pub fn send(&mut self, req: ReqToken, q: &Query) -> Result<(), PqError> {
+        self.starting();
         if q.several {
             self.pipeline.sent(req, Mode::Simple, q.streaming);
             self.check_encoding()?;
@@ -182,6 +231,7 @@ impl Conn {
         let Some(s) = q.statement.as_deref() else { return Ok(()) };
         let sql = CString::new(format!("DEALLOCATE {}", s.name.to_string_lossy()))
             .map_err(|_| PqError("a statement name with a NUL byte".into()))?;
+        self.starting();
         self.pipeline.sent_internal();
         self.enter_pipeline()?;
         self.pg.send_unnamed(&sql, &[], false)?;

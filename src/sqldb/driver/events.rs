@@ -6,6 +6,7 @@ use gateway_core::pipeline::{Route, Step};
 
 use super::cancel::{Canceller, Progress};
 use super::conn::Conn;
+use super::pool::LONG_FACTOR;
 use super::pq::Poll;
 use super::{ConnId, Delivery, Pool, RowVerdict};
 use crate::ffi::*;
@@ -196,7 +197,9 @@ impl Pool {
     /// Reads every result that has arrived and hands each its request.
     pub(super) fn read_results(&mut self, id: ConnId, out: &mut Vec<Delivery>) {
         let sink = self.sink;
+        let long = self.settings.slow.saturating_mul(LONG_FACTOR);
         let Some(c) = self.conn(id) else { return };
+        let front = c.front_template();
         let mut again = Vec::new();
         // Why the connection is going away, when the server said so.
         let mut lost: Option<String> = None;
@@ -266,6 +269,7 @@ impl Pool {
                 }
             }
         }
+        c.progressed(front, long);
         // The end of the session may be announced (a FATAL message) before
         // it is here: then the next read event finds it.
         let gone = c.pg.is_bad() || (lost.is_some() && (c.pg.consume_input().is_err() || c.pg.is_bad()));

@@ -10,11 +10,14 @@ mod events;
 mod pool;
 pub mod pq;
 
+use std::cell::Cell;
 use std::ffi::CString;
 use std::rc::Rc;
 
 use gateway_core::pipeline::Lost;
 use gateway_core::slab::Key;
+
+use crate::ffi::ngx_msec_t;
 
 pub use pool::{OpenError, Pick, Pool, Settings, Submitted};
 pub use pq::{check_conninfo, PgResult, PqError, ResultKind};
@@ -32,12 +35,39 @@ pub struct ConnId(Key);
 pub struct Statement {
     pub id: u32,
     pub name: CString,
+    /// Its query ran long at the front of a connection's queue lately
+    /// (counts down with each run that did not): it runs alone, so that no
+    /// request is pipelined behind it.
+    pub slow: Cell<u8>,
 }
+
+impl Statement {
+    pub fn new(id: u32, name: CString) -> Statement {
+        Statement {
+            id,
+            name,
+            slow: Cell::new(0),
+        }
+    }
+
+    /// A run of its query took `ms` at the front of the queue.
+    pub fn ran(&self, ms: ngx_msec_t, long: ngx_msec_t) {
+        let v = self.slow.get();
+        if ms >= long {
+            self.slow.set(SLOW_MEMORY);
+        } else if v > 0 {
+            self.slow.set(v - 1);
+        }
+    }
+}
+
+/// How many runs that are not long a template takes to lose its slow mark.
+const SLOW_MEMORY: u8 = 8;
 
 impl Query {
     /// It needs the connection to itself: nothing pipelined with it.
     pub fn alone(&self) -> bool {
-        self.several || self.streaming || self.changes_session
+        self.several || self.streaming || self.changes_session || self.slow
     }
 }
 
@@ -59,6 +89,10 @@ pub struct Query {
     /// It may change its session beyond its sync point (a transaction, a
     /// setting, a COPY): it needs the connection to itself.
     pub changes_session: bool,
+    /// Its template: what its runs teach (see Statement::slow).
+    pub template: Rc<Statement>,
+    /// The template was slow when the request came: it runs alone.
+    pub slow: bool,
 }
 
 /// What the driver tells the request side.

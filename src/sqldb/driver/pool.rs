@@ -30,7 +30,20 @@ pub struct Settings {
     pub max_requests: u64,
     /// Queue requests onto busy connections (libpq pipeline mode).
     pub pipelining: bool,
+    /// A busy connection takes more requests while fewer than this many
+    /// are queued on it...
+    pub depth: usize,
+    /// ...and the query in front of its queue has run less than this (ms).
+    /// Past either, the pool opens another connection (up to `max`).
+    pub slow: ngx_msec_t,
 }
+
+/// Defaults of `sqldb_pipeline`'s `depth=` and `slow=` (see `make bench`).
+pub const DEFAULT_DEPTH: usize = 16;
+pub const DEFAULT_SLOW: ngx_msec_t = 5;
+/// A query that runs this many times `slow` at the front of its queue
+/// marks its template: its next requests run alone (see Statement::slow).
+pub const LONG_FACTOR: ngx_msec_t = 4;
 
 impl Default for Settings {
     fn default() -> Self {
@@ -41,6 +54,8 @@ impl Default for Settings {
             idle_timeout: 60_000,
             max_requests: 0,
             pipelining: true,
+            depth: DEFAULT_DEPTH,
+            slow: DEFAULT_SLOW,
         }
     }
 }
@@ -120,6 +135,11 @@ impl Pool {
     /// single mode); `alone`: it needs the connection to itself (several
     /// statements, a stream).
     pub fn pick(&mut self, addr: Option<usize>, alone: bool) -> Pick {
+        if !alone && self.settings.pipelining && self.settings.max != 0 {
+            if let Some(id) = self.shallow(addr) {
+                return Pick::Share(id);
+            }
+        }
         let fits = |pool: &Pool, id: &ConnId| addr.is_none_or(|a| pool.addr_of(*id) == Some(a));
         while let Some(i) = self.idle.iter().rposition(|id| fits(self, id)) {
             let id = self.idle.remove(i);
@@ -159,23 +179,12 @@ impl Pool {
         if s.max == 0 || self.conns.len() < s.max {
             return Pick::New;
         }
-        let least_busy = |shareable: bool| {
-            self.conns
-                .iter()
-                .filter(|(_, c)| !c.pipeline.is_closed() && addr.is_none_or(|a| c.addr == a))
-                .filter(|(_, c)| !shareable || c.pipeline.shareable())
-                .min_by_key(|(_, c)| c.pipeline.depth())
-                .map(|(key, c)| (ConnId(key), c))
-        };
         if !alone && s.pipelining {
-            if let Some((id, c)) = least_busy(true) {
-                debug!(
-                    Log::cycle(),
-                    "sqldb: pool shares connection #{} to {} ({} queued)",
-                    id.0.as_u64(),
-                    c.name,
-                    c.pipeline.depth()
-                );
+            // Every connection the pool may open is open: the least busy one
+            // whose front query is not slow takes it, however deep.
+            let now = current_msec();
+            if let Some(id) = self.least_busy(addr, now, |c| c.pipeline.shareable()) {
+                self.trace_pick("shares", id);
                 return Pick::Share(id);
             }
         }
@@ -184,18 +193,52 @@ impl Pool {
         }
         if s.pipelining {
             // The bound holds: the request waits its turn on a connection.
-            if let Some((id, c)) = least_busy(false) {
-                debug!(
-                    Log::cycle(),
-                    "sqldb: pool queues behind connection #{} to {} ({} queued)",
-                    id.0.as_u64(),
-                    c.name,
-                    c.pipeline.depth()
-                );
+            if let Some(id) = self.least_busy(addr, current_msec(), |c| !c.pipeline.is_closed()) {
+                self.trace_pick("queues behind", id);
                 return Pick::Behind(id);
             }
         }
         Pick::New
+    }
+
+    /// A busy connection that a pipelined request should join rather than
+    /// take an idle one or open another: its queue is shorter than `depth`
+    /// and the query in front of it has run less than `slow`, so that
+    /// requests share writes and reads without waiting behind a long query.
+    fn shallow(&self, addr: Option<usize>) -> Option<ConnId> {
+        let s = &self.settings;
+        let now = current_msec();
+        let id = self.least_busy(addr, now, |c| {
+            c.pipeline.shareable()
+                && !c.pipeline.is_draining()
+                && (1..s.depth).contains(&c.pipeline.depth())
+                && c.head_age(now) < s.slow
+        })?;
+        self.trace_pick("shares", id);
+        Some(id)
+    }
+
+    /// Among the connections to `addr` that `ok` accepts, the one with the
+    /// shortest queue, those whose front query is slow last.
+    fn least_busy(&self, addr: Option<usize>, now: ngx_msec_t, ok: impl Fn(&Conn) -> bool) -> Option<ConnId> {
+        let slow = self.settings.slow;
+        self.conns
+            .iter()
+            .filter(|(_, c)| addr.is_none_or(|a| c.addr == a) && ok(c))
+            .min_by_key(|(_, c)| (c.head_age(now) >= slow, c.pipeline.depth()))
+            .map(|(key, _)| ConnId(key))
+    }
+
+    fn trace_pick(&self, how: &str, id: ConnId) {
+        if let Some(c) = self.conns.get(id.0) {
+            debug!(
+                Log::cycle(),
+                "sqldb: pool {how} connection #{} to {} ({} queued)",
+                id.0.as_u64(),
+                c.name,
+                c.pipeline.depth()
+            );
+        }
     }
 
     /// A request would be turned away (checked before nginx's upstream

@@ -128,6 +128,8 @@ fn run(r: &mut Req) -> Result<(), StartError> {
         binary: output == Output::BinaryValue,
         streaming: stream_format.is_some(),
         changes_session: tmpl.changes_session,
+        template: tmpl.statement.clone(),
+        slow: tmpl.statement.slow.get() > 0,
     };
     let token = registry::register(r);
     let ctx = Ctx {
