@@ -194,6 +194,25 @@ impl Socket {
         self.write().watch(WRITE_EVENT, on)
     }
 
+    /// TCP_CORK on (or off, which sends what was held): while on, what is
+    /// written goes out only in full segments. False if the socket does
+    /// not take it (not TCP).
+    pub fn cork(&self, on: bool) -> bool {
+        let v: c_int = on.into();
+        // SAFETY: a plain setsockopt on the connection's own socket, with a
+        // pointer to a live int and its size.
+        let rc = unsafe {
+            libc::setsockopt(
+                self.fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_CORK,
+                (&v as *const c_int).cast(),
+                std::mem::size_of::<c_int>() as libc::socklen_t,
+            )
+        };
+        rc == 0
+    }
+
     /// Gives the nginx connection back; the socket stays open (its owner,
     /// libpq, closes it).
     pub fn release(self) {
@@ -222,6 +241,9 @@ impl Socket {
     }
 }
 
+/// One posted event of the module, for the worker's whole life.
+pub type DeferSlot = std::thread::LocalKey<std::cell::Cell<*mut ngx_event_t>>;
+
 thread_local! {
     /// The event that runs deferred work after the current handler
     /// (nginx's posted events), one per worker.
@@ -232,7 +254,14 @@ thread_local! {
 /// posted events, before the next wait for I/O). For work that must not
 /// run inside the caller (a pool cleanup, say).
 pub fn defer(handler: ngx_event_handler_pt) {
-    let ev = DEFERRED.with(|d| {
+    defer_on(&DEFERRED, handler)
+}
+
+/// `defer` with an event of the caller's (`slot`), so that deferred work
+/// of different kinds does not share one event. Posting an event that is
+/// already posted does nothing: the handler runs once.
+pub fn defer_on(slot: &'static DeferSlot, handler: ngx_event_handler_pt) {
+    let ev = slot.with(|d| {
         if d.get().is_null() {
             // One event per worker, for its whole life.
             // SAFETY: all-zero is the initial state of an event.

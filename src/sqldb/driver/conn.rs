@@ -38,6 +38,11 @@ pub(super) struct Conn {
     /// finished), and how many had finished then.
     head_since: ngx_msec_t,
     head_finished: u64,
+    /// TCP_CORK is on until the end of this pass of the event loop, so that
+    /// the queries of the pass go out together (see batch.rs).
+    corked: bool,
+    /// The socket takes TCP_CORK (not a Unix socket).
+    corkable: bool,
     /// The session's cancel key (None: its queries cannot be cancelled).
     pub cancel_key: Option<CancelKey>,
     pub canceller: Option<Canceller>,
@@ -68,6 +73,8 @@ impl Conn {
             safe_encoding: None,
             head_since: current_msec(),
             head_finished: 0,
+            corked: false,
+            corkable: true,
             cancel_key: None,
             canceller: None,
         }
@@ -140,8 +147,30 @@ impl Conn {
         }
     }
 
+    /// Holds what is written until the end of the event loop's pass.
+    fn cork(&mut self) {
+        if self.corked || !self.corkable {
+            return;
+        }
+        if self.socket.cork(true) {
+            self.corked = true;
+            super::batch::hold(self.pool, self.id);
+        } else {
+            self.corkable = false;
+        }
+    }
+
+    /// Sends what was held (the pass is over).
+    pub fn uncork(&mut self) {
+        if self.corked {
+            self.corked = false;
+            self.socket.cork(false);
+        }
+    }
+
     /// A query goes out: with nothing in flight, it is the front one.
     fn starting(&mut self) {
+        self.cork();
         if self.pipeline.nothing_in_flight() {
             self.head_since = current_msec();
         }

@@ -4,6 +4,7 @@
 //! request (core::pipeline). It knows nothing about HTTP: requests are
 //! opaque tokens, results and outcomes go back through a `Sink`.
 
+mod batch;
 mod cancel;
 mod conn;
 mod events;
