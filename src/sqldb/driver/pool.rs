@@ -39,7 +39,7 @@ pub struct Settings {
 }
 
 /// Defaults of `sqldb_pipeline`'s `depth=` and `slow=` (see `make bench`).
-pub const DEFAULT_DEPTH: usize = 16;
+pub const DEFAULT_DEPTH: usize = 8;
 pub const DEFAULT_SLOW: ngx_msec_t = 5;
 /// A query that runs this many times `slow` at the front of its queue
 /// marks its template: its next requests run alone (see Statement::slow).
