@@ -1,23 +1,34 @@
 #!/usr/bin/env bash
-# `make bench`: requests per second through the gateway (wrk) next to the
-# raw server (pgbench) in the same run, at the same concurrency (wrk -t1
-# -c32, pgbench -c32 -j1), as ratios. Absolute numbers vary on shared
-# machines; the ratios are the figures.
+# `make bench`: requests per second and p99 latency through the gateway
+# (wrk) next to the raw servers in the same run, as ratios:
+#   - SQL: pgbench -M prepared and -M simple, at the same concurrency, for
+#     three pool settings: none written (the defaults), max=32 and max=2;
+#   - cache GET: redis-benchmark, nginx's own `return 200` of the same bytes
+#     (the HTTP ceiling of the machine) and Debian's memc module with
+#     memcached;
+#   - a query stuck for a second (pg_sleep) while fast requests run;
+#   - the worker's RSS before and after all the runs.
+# Absolute numbers vary on shared machines; the ratios are the figures.
+# Writes the table to target/bench/results.txt, the raw figures to
+# results.tsv and a chart to chart.svg beside them.
 #   BENCH_SECONDS   seconds per run (default 10)
 #   BENCH_CONNS     client connections (default 32)
-#   BENCH_POOL      sqldb_keepalive max per worker (default 2; pipelining on)
+#   BENCH_WORKERS   nginx worker processes (default 1)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(dirname "$here")
 secs=${BENCH_SECONDS:-10}
 conns=${BENCH_CONNS:-32}
-pool=${BENCH_POOL:-2}
+workers=${BENCH_WORKERS:-1}
 dir=/tmp/ngx-gateway-bench
+out=$repo/target/bench
 pgport=55433
 redisport=56379
+memcport=51211
 port=8081
 nginx=${NGINX:-/usr/sbin/nginx}
 module=${MODULE:-$repo/objs/ngx_http_gateway_module.so}
+memc=/usr/lib/nginx/modules/ngx_http_memc_module.so
 export PGPASSWORD='demo pass'
 
 stop_nginx() {
@@ -29,15 +40,23 @@ stop_nginx() {
 cleanup() {
     stop_nginx
     redis-cli -p $redisport shutdown nosave >/dev/null 2>&1 || true
+    [ -f "$dir/memcached.pid" ] && kill "$(cat "$dir/memcached.pid")" 2>/dev/null || true
     "$repo/nginx-conf/pg-sandbox.sh" stop "$dir/pg" || true
 }
 trap cleanup EXIT
 
+mkdir -p "$dir" "$out"
 "$repo/nginx-conf/pg-sandbox.sh" start "$dir/pg" $pgport "$here/schema.sql"
 redis-server --port $redisport --bind 127.0.0.1 --save '' --appendonly no --daemonize yes --logfile "$dir/redis.log"
+memcached -d -l 127.0.0.1 -p $memcport -U 0 -u nobody -P "$dir/memcached.pid" 2>/dev/null || true
 sleep 0.3
-# redis-benchmark's GET reads the key its SET writes: a 100-byte value.
-redis-benchmark -p $redisport -t set -n 1000 -d 100 -q >/dev/null
+value=$(printf 'v%.0s' $(seq 100))
+# redis-benchmark's GET reads the key its SET writes ("key:__rand_int__"):
+# the gateway, memc and `return 200` serve the same 100 bytes.
+redis-cli -p $redisport set key:__rand_int__ "$value" >/dev/null
+printf 'set key:__rand_int__ 0 0 100\r\n%s\r\n' "$value" | python3 -c "
+import socket, sys
+s = socket.create_connection(('127.0.0.1', $memcport)); s.sendall(sys.stdin.buffer.read()); s.recv(100)"
 mkdir -p "$dir/scripts"
 echo "select 'default' as echo;" >"$dir/scripts/a.sql"
 printf '\\set id random(1, 10000)\nselect id, label from items where id = :id;\n' >"$dir/scripts/b.sql"
@@ -49,12 +68,18 @@ request = function()
 end
 LUA
 
+# start_nginx KEEPALIVE_LINE
 start_nginx() {
-    local workers=$1
     stop_nginx
     rm -rf "$dir/nginx" && mkdir -p "$dir/nginx/logs" "$dir/nginx/tmp"
+    local memc_load="" memc_loc=""
+    if [ -f "$memc" ]; then
+        memc_load="load_module $memc;"
+        memc_loc="location = /m { set \$memc_cmd get; set \$memc_key key:__rand_int__; memc_pass bench_memc; }"
+    fi
     cat >"$dir/nginx/nginx.conf" <<CONF
 load_module $module;
+$memc_load
 worker_processes $workers;
 error_log logs/error.log warn;
 pid logs/nginx.pid;
@@ -63,17 +88,20 @@ http {
     access_log off;
     client_body_temp_path tmp/body;
     upstream bench_redis { server 127.0.0.1:$redisport; keepalive $conns; }
+    upstream bench_memc { server 127.0.0.1:$memcport; keepalive $conns; }
     upstream bench_db {
         sqldb_server 127.0.0.1:$pgport dbname=demo user=demo "password=demo pass" sslmode=disable;
-        sqldb_keepalive max=$pool;
-        sqldb_pipeline on;
+        $1
     }
     server {
         listen 127.0.0.1:$port;
         location = /a { sqldb_pass bench_db; sqldb_query "select 'default' as echo"; }
         location = /b { sqldb_pass bench_db; sqldb_query "select id, label from items where id = \$arg_id::int"; }
         location = /c { sqldb_pass bench_db; sqldb_query "select id, label, price from items where id <= 100"; }
+        location = /sleep { sqldb_pass bench_db; sqldb_query "select pg_sleep(1)"; }
         location = /r { set \$cache_key "key:__rand_int__"; cache_pass bench_redis; }
+        location = /ret { return 200 "$value"; }
+        $memc_loc
     }
 }
 CONF
@@ -81,69 +109,127 @@ CONF
     sleep 0.3
 }
 
-# wrk: prints "rps p99_ms"; also samples the server connections the gateway holds.
+worker_rss_kb() {
+    local total=0
+    for p in $(pgrep -P "$(cat "$dir/nginx/logs/nginx.pid")"); do
+        total=$((total + $(awk '/^VmRSS/ { print $2 }' "/proc/$p/status")))
+    done
+    echo $total
+}
+
+# wrk_run PATH [SCRIPT]: prints "rps p99_ms non2xx server_conns".
 wrk_run() {
     local path=$1 script=${2:-}
     local args=(-t1 -c"$conns" -d"${secs}s" --latency)
     [ -n "$script" ] && args+=(-s "$script")
     (sleep $((secs / 2)); psql -X -A -t -h 127.0.0.1 -p $pgport -U demo demo \
         -c "select count(*) - 1 from pg_stat_activity where datname = 'demo'" >"$dir/conns" 2>/dev/null) &
-    wrk "${args[@]}" "http://127.0.0.1:$port$path" | awk '
+    wrk "${args[@]}" "http://127.0.0.1:$port$path" | awk -v conns="$(cat "$dir/conns" 2>/dev/null)" '
         /Requests\/sec/ { rps = $2 }
         /^ +99%/ { v = $2; if (v ~ /us$/) { sub(/us/, "", v); v /= 1000 } else if (v ~ /ms$/) { sub(/ms/, "", v) } else if (v ~ /s$/) { sub(/s/, "", v); v *= 1000 } p99 = v }
         /Non-2xx/ { bad = $NF }
         END { printf "%.0f %.2f %d\n", rps, p99, bad }'
     wait
+    echo "$(cat "$dir/conns")" >"$dir/conns.last"
 }
 
 pgbench_run() { # mode script: prints "tps p99_ms"
-    pgbench -n -c"$conns" -j1 -T"$secs" -M "$1" -r -l --log-prefix="$dir/pgb" -h 127.0.0.1 -p $pgport -U demo \
+    pgbench -n -c"$conns" -j1 -T"$secs" -M "$1" -l --log-prefix="$dir/pgb" -h 127.0.0.1 -p $pgport -U demo \
         -f "$2" demo 2>/dev/null | awk '/^tps/ { printf "%.0f", $3 }'
     # p99 from the per-transaction log (latency in microseconds, column 3)
     cat "$dir"/pgb.* | awk '{ print $3 }' | sort -n | awk '{ a[NR] = $1 } END { printf " %.2f\n", a[int(NR * 0.99)] / 1000 }'
     rm -f "$dir"/pgb.*
 }
 
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.3f", a / b; else print "n/a" }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
 
-echo "ngx_gateway benchmark: $conns client connections, ${secs}s per run, $(nproc) cores, $("$nginx" -v 2>&1 | sed 's/.*: //'), pool $pool per worker, pipelining on"
-echo
-printf "%-34s %12s %12s %16s %16s\n" "" "pgbench" "pgbench" "gateway" "gateway"
-printf "%-34s %12s %12s %16s %16s\n" "" "simple" "prepared" "1 worker" "2 workers"
+declare -A names=([a]="(a) echo" [b]="(b) pk lookup" [c]="(c) 100 rows x 3")
+declare -A lines=([default]="" [max32]="sqldb_keepalive max=32;" [max2]="sqldb_keepalive max=2;")
+configs=(default max32 max2)
+tsv=$out/results.tsv
+printf "scenario\tclient\tconfig\trps\tp99_ms\tnon2xx\tserver_conns\n" >"$tsv"
 
-declare -A g1 g2
-for w in 1 2; do
-    start_nginx $w
+# The raw servers first.
+declare -A pp ps
+for s in a b c; do
+    read -r rps p99 <<<"$(pgbench_run prepared "$dir/scripts/$s.sql")"
+    pp[$s]="$rps $p99"
+    printf "%s\tpgbench -M prepared\t-\t%s\t%s\t0\t%s\n" "$s" "$rps" "$p99" "$conns" >>"$tsv"
+    read -r rps p99 <<<"$(pgbench_run simple "$dir/scripts/$s.sql")"
+    ps[$s]="$rps $p99"
+    printf "%s\tpgbench -M simple\t-\t%s\t%s\t0\t%s\n" "$s" "$rps" "$p99" "$conns" >>"$tsv"
+done
+rb=$(redis-benchmark -p $redisport -t get -c "$conns" -n $((secs * 40000)) -d 100 --csv |
+    awk -F'"' '/GET/ { printf "%.0f %.2f\n", $4, $14 }')
+printf "r\tredis-benchmark\t-\t%s\t%s\t0\t%s\n" $rb "$conns" >>"$tsv"
+
+# The gateway under each pool setting.
+declare -A g
+rss_first="" rss_last=""
+for cfg in "${configs[@]}"; do
+    start_nginx "${lines[$cfg]}"
     wrk -t1 -c"$conns" -d1s "http://127.0.0.1:$port/a" >/dev/null 2>&1 || true
-    for s in a b c r; do
+    [ -n "$rss_first" ] || rss_first=$(worker_rss_kb)
+    for s in a b c; do
         if [ $s = b ]; then r=$(wrk_run /b "$dir/scripts/b.lua"); else r=$(wrk_run /$s); fi
-        read -r rps p99 bad <<<"$r"
-        if [ "$w" = 1 ]; then g1[$s]="$rps $p99 $bad $(cat "$dir/conns")"; else g2[$s]="$rps $p99 $bad $(cat "$dir/conns")"; fi
+        g[$s.$cfg]="$r $(cat "$dir/conns.last")"
+        read -r rps p99 bad sc <<<"${g[$s.$cfg]}"
+        printf "%s\tgateway\t%s\t%s\t%s\t%s\t%s\n" "$s" "$cfg" "$rps" "$p99" "$bad" "$sc" >>"$tsv"
     done
+    if [ "$cfg" = default ]; then
+        # The cache and its ceilings, with the default pool's nginx.
+        for s in r ret m; do
+            [ $s = m ] && [ ! -f "$memc" ] && continue
+            g[$s]=$(wrk_run /$s)
+            read -r rps p99 bad _ <<<"${g[$s]}"
+            printf "%s\tnginx\t-\t%s\t%s\t%s\t0\n" "$s" "$rps" "$p99" "$bad" >>"$tsv"
+        done
+        # Fast requests while one query sleeps for a second.
+        hol=$(python3 "$here/hol.py" "http://127.0.0.1:$port" 200 8)
+        printf "hol\tgateway\tdefault\t0\t%s\t0\t0\n" "$(echo "$hol" | awk '{ print $2 }')" >>"$tsv"
+        rss_last=$(worker_rss_kb)
+    fi
 done
 stop_nginx
 
-declare -A names=([a]="(a) select 'default' as echo" [b]="(b) primary key lookup, id from URL" [c]="(c) 100 rows x 3 columns")
-for s in a b c; do
-    read -r ps pps <<<"$(pgbench_run simple "$dir/scripts/$s.sql")"
-    read -r pp ppp <<<"$(pgbench_run prepared "$dir/scripts/$s.sql")"
-    read -r r1 p1 b1 c1 <<<"${g1[$s]}"
-    read -r r2 p2 b2 c2 <<<"${g2[$s]}"
-    printf "%-34s %12s %12s %16s %16s\n" "${names[$s]}" "$ps/s" "$pp/s" "$r1/s" "$r2/s"
-    printf "%-34s %12s %12s %16s %16s\n" "   p99 latency (ms)" "$pps" "$ppp" "$p1" "$p2"
-    printf "%-34s %12s %12s %16s %16s\n" "   server connections" "$conns" "$conns" "$c1" "$c2"
-    printf "%-34s %12s %12s %16s %16s\n" "   non-2xx responses" "" "" "$b1" "$b2"
-    printf "%-34s %12s %12s %16s %16s\n" "   gateway / pgbench prepared" "" "" "$(ratio "$r1" "$pp")" "$(ratio "$r2" "$pp")"
-    printf "%-34s %12s %12s %16s %16s\n" "   gateway / pgbench simple" "" "" "$(ratio "$r1" "$ps")" "$(ratio "$r2" "$ps")"
-done
+{
+    echo "ngx_gateway benchmark, $(date -u +%Y-%m-%d): $conns client connections, ${secs}s per run," \
+        "$(nproc) cores, $("$nginx" -v 2>&1 | sed 's/.*: //'), $workers worker(s)"
+    echo
+    echo "SQL: requests/s, p99 ms, ratio to pgbench -M prepared (and to -M simple), server connections"
+    printf "%-18s %-22s %-22s" "" "pgbench prepared" "pgbench simple"
+    for cfg in "${configs[@]}"; do printf " %-32s" "gateway, ${lines[$cfg]:-no keepalive line}"; done
+    echo
+    for s in a b c; do
+        read -r p1 p1l <<<"${pp[$s]}"
+        read -r s1 s1l <<<"${ps[$s]}"
+        printf "%-18s %-22s %-22s" "${names[$s]}" "$p1/s ${p1l}ms" "$s1/s ${s1l}ms"
+        for cfg in "${configs[@]}"; do
+            read -r rps p99 bad sc <<<"${g[$s.$cfg]}"
+            cell="$rps/s ${p99}ms $(ratio "$rps" "$p1")x ($(ratio "$rps" "$s1")x) ${sc}c"
+            [ "$bad" != 0 ] && cell="$cell $bad non-2xx"
+            printf " %-32s" "$cell"
+        done
+        echo
+    done
+    echo
+    read -r rr rrl _ <<<"${g[r]}"
+    read -r rt rtl _ <<<"${g[ret]}"
+    read -r rbr rbl <<<"$rb"
+    echo "Cache GET of a 100-byte value: requests/s, p99 ms"
+    printf "%-34s %10s/s %8sms\n" "nginx return 200 (ceiling)" "$rt" "$rtl"
+    printf "%-34s %10s/s %8sms\n" "redis-benchmark" "$rbr" "$rbl"
+    printf "%-34s %10s/s %8sms   %sx of return 200, %sx of redis-benchmark\n" "gateway cache_pass" "$rr" "$rrl" \
+        "$(ratio "$rr" "$rt")" "$(ratio "$rr" "$rbr")"
+    if [ -n "${g[m]:-}" ]; then
+        read -r rm rml _ <<<"${g[m]}"
+        printf "%-34s %10s/s %8sms   %sx of return 200; gateway / memc %sx\n" "memc module + memcached" "$rm" "$rml" \
+            "$(ratio "$rm" "$rt")" "$(ratio "$rr" "$rm")"
+    fi
+    echo
+    echo "Head of line: 200 fast requests (8 at a time) while a pg_sleep(1) runs, default pool: $hol"
+    echo "Worker RSS: ${rss_first} kB after warm-up, ${rss_last} kB after the default pool's runs"
+} | tee "$out/results.txt"
 
-read -r rb < <(redis-benchmark -p $redisport -t get -c "$conns" -n $((secs * 60000)) -d 100 --csv | awk -F'"' '/GET/ { printf "%.0f\n", $4 }')
-read -r r1 p1 b1 c1 <<<"${g1[r]}"
-read -r r2 p2 b2 c2 <<<"${g2[r]}"
-echo
-printf "%-34s %12s %12s %16s %16s\n" "" "redis-" "" "gateway" "gateway"
-printf "%-34s %12s %12s %16s %16s\n" "" "benchmark" "" "1 worker" "2 workers"
-printf "%-34s %12s %12s %16s %16s\n" "(d) cache GET, 100-byte value" "$rb/s" "" "$r1/s" "$r2/s"
-printf "%-34s %12s %12s %16s %16s\n" "   p99 latency (ms)" "" "" "$p1" "$p2"
-printf "%-34s %12s %12s %16s %16s\n" "   non-2xx responses" "" "" "$b1" "$b2"
-printf "%-34s %12s %12s %16s %16s\n" "   gateway / redis-benchmark" "" "" "$(ratio "$r1" "$rb")" "$(ratio "$r2" "$rb")"
+python3 "$here/chart.py" "$tsv" "$out/chart.svg"
+echo "table: $out/results.txt  figures: $tsv  chart: $out/chart.svg"
