@@ -67,7 +67,7 @@ $(DEB_BUILD)/objs/ngx_auto_config.h:
 
 $(DEB_MODULE): $(DEB_BUILD)/objs/ngx_auto_config.h FORCE
 	NGINX_BUILD_DIR=$(DEB_BUILD)/objs $(CARGO) build --release --target-dir $(DEB_TARGET)
-	mkdir -p $(OBJS) && cp $(DEB_TARGET)/release/lib$(MODULE) $(DEB_MODULE)
+	mkdir -p $(OBJS) && cp $(DEB_TARGET)/release/lib$(MODULE) $(DEB_MODULE).new && mv -f $(DEB_MODULE).new $(DEB_MODULE)
 
 # The Debian build with fault injection (NGX_GATEWAY_PANIC=<entry point>),
 # for the suite that shows every entry point survives a panic.
@@ -76,14 +76,14 @@ FAULT_MODULE := $(OBJS)/fault/$(MODULE)
 
 fault: $(DEB_BUILD)/objs/ngx_auto_config.h FORCE
 	NGINX_BUILD_DIR=$(DEB_BUILD)/objs $(CARGO) build --release --features fault-injection --target-dir $(FAULT_TARGET)
-	mkdir -p $(OBJS)/fault && cp $(FAULT_TARGET)/release/lib$(MODULE) $(FAULT_MODULE)
+	mkdir -p $(OBJS)/fault && cp $(FAULT_TARGET)/release/lib$(MODULE) $(FAULT_MODULE).new && mv -f $(FAULT_MODULE).new $(FAULT_MODULE)
 
 # With debug logging (--with-debug), so that the suites see the module's
 # debug traces on one of the two builds.
 vendored: FORCE
 	NGX_CONFIGURE_ARGS=--with-debug $(CARGO) build --release --features vendored --target-dir $(VEN_TARGET)
 	mkdir -p $(OBJS)/vendored
-	cp $(VEN_TARGET)/release/lib$(MODULE) $(VEN_MODULE)
+	cp $(VEN_TARGET)/release/lib$(MODULE) $(VEN_MODULE).new && mv -f $(VEN_MODULE).new $(VEN_MODULE)
 	cp "$$(cat $(VEN_TARGET)/release/nginx-build-dir)/nginx" $(VEN_NGINX)
 
 unittest:
