@@ -34,7 +34,7 @@ APT_PACKAGES := nginx nginx-dev libpq-dev libclang-dev clang pkg-config \
                 postgresql postgresql-contrib redis-server wrk \
                 libtest-base-perl libtext-diff-perl libipc-run-perl liburi-perl \
                 libwww-perl libnginx-mod-http-srcache-filter openssl \
-                debhelper dpkg-dev file memcached libnginx-mod-http-memc
+                debhelper dpkg-dev file memcached libnginx-mod-http-memc pgbouncer
 
 FUZZ_RUNS    ?= 10000000
 FUZZ_SECONDS ?= 20

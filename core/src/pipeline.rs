@@ -60,6 +60,10 @@ pub enum ErrorClass {
     /// The server is ending the session (shutdown, pg_terminate_backend):
     /// not an answer to the query.
     SessionEnd,
+    /// Preparing a statement whose name the session already holds, which
+    /// this connection never prepared: the session is not the connection's
+    /// own (a pooler in transaction mode shares server sessions).
+    Duplicate,
 }
 
 impl ErrorClass {
@@ -73,6 +77,8 @@ impl ErrorClass {
             (_, "26000") => ErrorClass::Vanished,
             // feature_not_supported (of a prepared statement's execution)
             (_, "0A000") => ErrorClass::PlanChanged,
+            // duplicate_prepared_statement
+            (_, "42P05") => ErrorClass::Duplicate,
             _ => ErrorClass::Statement,
         }
     }
@@ -239,6 +245,12 @@ pub struct Pipeline<T> {
     /// flight are through (a failed prepare is forgotten).
     prepared: Vec<Named>,
     prepare_gen: u32,
+    /// A query that may drop prepared statements (DEALLOCATE, DISCARD) went
+    /// out: a statement that vanishes is explained.
+    session_touched: bool,
+    /// The server's sessions are not this connection's own: a statement it
+    /// prepared vanished unexplained, or one it never prepared was there.
+    shared_session: bool,
 }
 
 impl<T: Copy + Eq> Pipeline<T> {
@@ -261,6 +273,8 @@ impl<T: Copy + Eq> Pipeline<T> {
             finished: 0,
             prepared: Vec::new(),
             prepare_gen: 0,
+            session_touched: false,
+            shared_session: false,
         }
     }
 
@@ -294,6 +308,18 @@ impl<T: Copy + Eq> Pipeline<T> {
     /// that the query now in front started later than the one it timed.
     pub fn finished(&self) -> u64 {
         self.finished
+    }
+
+    /// A query that may change the session (and drop its prepared
+    /// statements) goes out.
+    pub fn touch_session(&mut self) {
+        self.session_touched = true;
+    }
+
+    /// Whether the results showed that the server's session is shared (a
+    /// pooler in transaction mode), once: named statements are not safe.
+    pub fn take_shared_session(&mut self) -> bool {
+        std::mem::take(&mut self.shared_session)
     }
 
     /// The request whose results come next (None: an internal query, or
@@ -543,13 +569,31 @@ impl<T: Copy + Eq> Pipeline<T> {
                 None => Route::Confused,
             },
             (ResultKind::Aborted, _) => Route::Drop,
+            // The name was taken, not by this connection: prepared again, or
+            // unnamed once the driver knows, never run as another's statement.
+            (ResultKind::Error(ErrorClass::Duplicate), _) if head.preparing_step() => {
+                forget(prepared, head.named);
+                self.shared_session = true;
+                match head.req {
+                    Some(req) if head.resent => Route::Error(req),
+                    Some(_) => {
+                        head.again = true;
+                        Route::Drop
+                    }
+                    None => Route::Drop,
+                }
+            }
             // A prepare failed: the session does not have the statement.
             (ResultKind::Error(_), _) if head.preparing_step() => {
                 forget(prepared, head.named);
                 head.req.map_or(Route::Drop, Route::Error)
             }
             (ResultKind::Error(ErrorClass::Vanished), _) if head.named.is_some() => {
-                forget(prepared, head.named);
+                // The session was believed to hold it (its prepare went
+                // through), and no query of this connection's dropped it.
+                if forget(prepared, head.named) && !self.session_touched {
+                    self.shared_session = true;
+                }
                 match head.req {
                     Some(req) if head.resent => Route::Error(req),
                     Some(_) => {

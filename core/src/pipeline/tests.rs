@@ -177,6 +177,54 @@ fn a_failed_prepare_is_the_request_error_and_forgets_only_that_statement() {
 }
 
 #[test]
+fn a_statement_that_vanishes_unexplained_shows_a_shared_session() {
+    let mut p = holding(&[4]);
+    assert_eq!(p.sent_statement(1, Some(4), false), Wire::Execute);
+    assert_eq!(feed(&mut p, &[Error(ErrorClass::Vanished), End, Sync]), ["Resend(1)"]);
+    assert!(p.take_shared_session(), "nothing of the connection's dropped it");
+    assert!(!p.take_shared_session(), "said once");
+    // Sent again unnamed (the driver's choice once it knows): it runs.
+    assert_eq!(p.sent_statement(1, None, false), Wire::Unnamed);
+    assert_eq!(feed(&mut p, &[Final, End, Sync]), ["Result(1)", "Complete(1)"]);
+}
+
+#[test]
+fn a_statement_dropped_by_the_connections_own_query_is_no_sign_of_sharing() {
+    let mut p = holding(&[4]);
+    p.touch_session();
+    assert_eq!(p.sent_statement(1, Some(4), false), Wire::Execute);
+    assert_eq!(feed(&mut p, &[Error(ErrorClass::Vanished), End, Sync]), ["Resend(1)"]);
+    assert!(!p.take_shared_session());
+    // Nor is one whose own prepare failed just before.
+    let mut p = holding(&[]);
+    assert_eq!(p.sent_statement(1, Some(3), false), Wire::PrepareAndExecute);
+    assert_eq!(p.sent_statement(2, Some(3), false), Wire::Execute);
+    feed(&mut p, &[Error(ErrorClass::Statement), End, Aborted, Sync]);
+    assert_eq!(feed(&mut p, &[Error(ErrorClass::Vanished), End, Sync]), ["Resend(2)"]);
+    assert!(!p.take_shared_session());
+}
+
+#[test]
+fn a_name_taken_by_another_session_is_prepared_again_never_run() {
+    let mut p = holding(&[]);
+    assert_eq!(p.sent_statement(1, Some(6), false), Wire::PrepareAndExecute);
+    // The prepare fails (the name is there already); the execute behind it
+    // in the same sync segment is skipped: nothing ran.
+    let out = feed(&mut p, &[Error(ErrorClass::Duplicate), End, Aborted, Sync]);
+    assert_eq!(out, ["Resend(1)"]);
+    assert!(p.take_shared_session());
+    assert!(!p.holds_statement(6));
+    assert_eq!(p.sent_statement(1, None, false), Wire::Unnamed);
+    assert_eq!(feed(&mut p, &[Final, End, Sync]), ["Result(1)", "Complete(1)"]);
+    // A second time for the same request: its error.
+    assert_eq!(p.sent_statement(2, Some(6), false), Wire::PrepareAndExecute);
+    assert_eq!(feed(&mut p, &[Error(ErrorClass::Duplicate), End, Aborted, Sync]), ["Resend(2)"]);
+    assert_eq!(p.sent_statement(2, Some(6), false), Wire::PrepareAndExecute);
+    let out = feed(&mut p, &[Error(ErrorClass::Duplicate), End, Aborted, Sync]);
+    assert_eq!(out, ["Error(2)", "Complete(2)"]);
+}
+
+#[test]
 fn a_changed_plan_is_deallocated_before_the_request_is_sent_again() {
     let mut p = holding(&[6]);
     assert_eq!(p.sent_statement(1, Some(6), false), Wire::Execute);
@@ -400,6 +448,7 @@ fn copy_is_refused_and_confusion_is_caught() {
 fn severities_and_sqlstates() {
     assert_eq!(ErrorClass::of("ERROR", "26000"), ErrorClass::Vanished);
     assert_eq!(ErrorClass::of("ERROR", "0A000"), ErrorClass::PlanChanged);
+    assert_eq!(ErrorClass::of("ERROR", "42P05"), ErrorClass::Duplicate);
     assert_eq!(ErrorClass::of("FATAL", "57P01"), ErrorClass::SessionEnd);
     assert_eq!(ErrorClass::of("PANIC", "XX000"), ErrorClass::SessionEnd);
     assert_eq!(ErrorClass::of("FATAL", "08006"), ErrorClass::SessionEnd);

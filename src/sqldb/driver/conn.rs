@@ -43,6 +43,9 @@ pub(super) struct Conn {
     corked: bool,
     /// The socket takes TCP_CORK (not a Unix socket).
     corkable: bool,
+    /// Statements go out unnamed: the pool found the server's sessions
+    /// shared (a pooler in transaction mode).
+    pub unnamed: bool,
     /// The session's cancel key (None: its queries cannot be cancelled).
     pub cancel_key: Option<CancelKey>,
     pub canceller: Option<Canceller>,
@@ -75,6 +78,7 @@ impl Conn {
             head_finished: 0,
             corked: false,
             corkable: true,
+            unnamed: false,
             cancel_key: None,
             canceller: None,
         }
@@ -198,6 +202,9 @@ impl Conn {
     /// Queued first, so that a failed send fails it with the others.
     pub fn send(&mut self, req: ReqToken, q: &Query) -> Result<(), PqError> {
         self.starting();
+        if q.several || q.changes_session {
+            self.pipeline.touch_session();
+        }
         if q.several {
             self.pipeline.sent(req, Mode::Simple, q.streaming);
             self.check_encoding()?;
@@ -207,7 +214,7 @@ impl Conn {
             }
             self.pg.send_query(&q.sql)?;
         } else {
-            let statement = q.statement.as_deref();
+            let statement = q.statement.as_deref().filter(|_| !self.unnamed);
             let wire = self.pipeline.sent_statement(req, statement.map(|s| s.id), q.streaming);
             self.check_encoding()?;
             self.enter_pipeline()?;

@@ -270,6 +270,11 @@ impl Pool {
             }
         }
         c.progressed(front, long);
+        if c.pipeline.take_shared_session() {
+            let name = c.name.clone();
+            self.statements_shared(&name);
+        }
+        let Some(c) = self.conn(id) else { return };
         // The end of the session may be announced (a FATAL message) before
         // it is here: then the next read event finds it.
         let gone = c.pg.is_bad() || (lost.is_some() && (c.pg.consume_input().is_err() || c.pg.is_bad()));
@@ -298,6 +303,26 @@ impl Pool {
         }
         let steps = c.pipeline.after_results();
         self.apply(id, steps, out);
+    }
+
+    /// A prepared statement vanished or was there already, with nothing of
+    /// this connection's to explain it: the server's sessions are shared
+    /// (PgBouncer in transaction mode, say). Named statements could run
+    /// another client's statement of the same name: they are off for this
+    /// upstream in this worker; requests that met it go again, unnamed.
+    fn statements_shared(&mut self, name: &str) {
+        if !self.statements_off {
+            log!(
+                NGX_LOG_WARN,
+                Log::cycle(),
+                "sqldb: the sessions behind {name} are shared (a pooler in transaction mode?): \
+                 prepared statements are off for this upstream; set \"sqldb_prepare off\""
+            );
+        }
+        self.statements_off = true;
+        for (_, c) in self.conns.iter_mut() {
+            c.unnamed = true;
+        }
     }
 
     /// Carries out what the routing asks.

@@ -100,6 +100,9 @@ pub struct Pool {
     /// Idle ones, most recently used last.
     pub(super) idle: Vec<ConnId>,
     pub(super) sink: Option<&'static dyn Sink>,
+    /// The server's sessions turned out shared (a pooler in transaction
+    /// mode): no named statements on this upstream in this worker.
+    pub(super) statements_off: bool,
 }
 
 impl Pool {
@@ -109,6 +112,7 @@ impl Pool {
             conns: Slab::default(),
             idle: Vec::new(),
             sink: None,
+            statements_off: false,
         }
     }
 
@@ -284,7 +288,9 @@ impl Pool {
         conn.socket.set_data(data.cast());
         let key = self.conns.insert(conn);
         debug_assert_eq!(key, id.0);
+        let statements_off = self.statements_off;
         let c = self.conn(id).expect("just inserted");
+        c.unnamed = statements_off;
         // libpq starts as if it had asked for writability; the read side is
         // watched for the connection's whole life.
         if !c.socket.watch_read(true) || !c.want_write(true) {

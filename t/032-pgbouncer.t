@@ -1,0 +1,113 @@
+# Through PgBouncer in transaction pooling mode (Debian's pgbouncer, which
+# does not keep protocol-level prepared statements): server sessions are
+# shared between the gateway's connections, so a statement one of them
+# prepared may be missing, or already there, on the session the next query
+# lands on. The gateway notices, says so once in the error log, and goes on
+# with unnamed statements: no request fails and each gets its own answer.
+# With `sqldb_prepare off` (the documented setting) nothing is noticed.
+use strict;
+use warnings;
+use lib 't/lib';
+use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_send http_read psql free_port);
+use File::Temp qw(tempdir);
+use Test::More;
+use Time::HiRes qw(sleep time);
+
+my $bouncer = '/usr/sbin/pgbouncer';
+plan skip_all => 'pgbouncer is not installed' unless -x $bouncer;
+
+GatewayTest::start_servers();
+my $dir = tempdir('ngx-gateway-bouncer-XXXXXX', TMPDIR => 1, CLEANUP => 1);
+chmod 0777, $dir;
+my $port = free_port();
+my ($db, $user, $pw) = @ENV{qw(TEST_NGINX_PG_DB TEST_NGINX_PG_USER TEST_NGINX_PG_PASSWORD)};
+(my $quoted = $pw) =~ s/"/""/g;
+open my $ul, '>', "$dir/users.txt" or die $!;
+print $ul qq{"$user" "$quoted"\n};
+close $ul;
+open my $ini, '>', "$dir/pgbouncer.ini" or die $!;
+print $ini <<"INI";
+[databases]
+$db = host=127.0.0.1 port=$ENV{TEST_NGINX_PG_PORT} dbname=$db
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $port
+unix_socket_dir =
+auth_type = plain
+auth_file = $dir/users.txt
+pool_mode = transaction
+default_pool_size = 2
+max_client_conn = 100
+ignore_startup_parameters = extra_float_digits
+logfile = $dir/pgbouncer.log
+pidfile = $dir/pgbouncer.pid
+INI
+close $ini;
+chmod 0644, "$dir/pgbouncer.ini", "$dir/users.txt";
+my @as = $> == 0 ? ('su', 'postgres', '-s', '/bin/sh', '-c', "$bouncer -d -q $dir/pgbouncer.ini") : ($bouncer, '-d', '-q', "$dir/pgbouncer.ini");
+system(@as) == 0 or BAIL_OUT('pgbouncer did not start');
+my $up = time + 5;
+sleep 0.05 while time < $up && !IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port);
+END {
+    if ($dir && open my $pf, '<', "$dir/pgbouncer.pid") {
+        my $pid = <$pf>;
+        kill 'TERM', $pid if $pid;
+    }
+}
+
+my $line = "127.0.0.1:$port dbname=$db user=$user \"password=$pw\" application_name=bounced";
+my $http = <<"HTTP";
+upstream bounced {
+    sqldb_server $line;
+    sqldb_keepalive max=6;
+    sqldb_pipeline on depth=2;
+}
+server {
+    listen 127.0.0.1:\$PORT;
+    sqldb_output value;
+    PREPARE
+    location /inc { sqldb_pass bounced; sqldb_query "select \$arg_n::int + 1"; }
+    location /tag { sqldb_pass bounced; sqldb_query "select 'tag-' || \$arg_n::text"; }
+    location /same { sqldb_pass bounced; sqldb_query "select 'same'"; }
+}
+HTTP
+
+# Requests in waves of 24 at once; returns how many got their own answer.
+sub load {
+    my ($port, $total) = @_;
+    my ($good, @bad) = (0);
+    for (my $i = 0; $i < $total; $i += 24) {
+        my @wave;
+        for my $n ($i .. $i + 23) {
+            my $kind = $n % 3;
+            my ($path, $want) = $kind == 0 ? ("/inc?n=$n", $n + 1) : $kind == 1 ? ("/tag?n=$n", "tag-$n") : ('/same', 'same');
+            push @wave, [$path, $want, http_send($port, $path)];
+        }
+        for my $w (@wave) {
+            my ($path, $want, $sock) = @$w;
+            my ($status, $body) = http_read($sock, 20);
+            if (($status // 0) == 200 && ($body // '') eq $want) { $good++ }
+            else { push @bad, "$path: " . ($status // 'none') . ' ' . ($body // '') }
+        }
+    }
+    diag("first wrong answers: @bad[0 .. ($#bad < 4 ? $#bad : 4)]") if @bad;
+    return $good;
+}
+
+for my $case (['', 'prepared statements on (the default)'], ['sqldb_prepare off;', 'sqldb_prepare off']) {
+    my ($prepare, $label) = @$case;
+    (my $conf = $http) =~ s/PREPARE/$prepare/;
+    my $nport = nginx_start($conf);
+    is(load($nport, 480), 480, "$label: 480 requests through PgBouncer, each with its own answer");
+    my $log = nginx_error_log();
+    my @shared = $log =~ /sessions behind .* are shared \(a pooler in transaction mode\?\)/g;
+    if ($prepare) {
+        is(scalar @shared, 0, "$label: nothing to notice");
+    } else {
+        is(scalar @shared, 1, "$label: the shared sessions are noticed and said once (per worker)");
+    }
+    unlike($log, qr/\[(error|alert|crit|emerg)\]/, "$label: no request failed") or diag($log);
+    stop_nginx();
+}
+
+done_testing();
