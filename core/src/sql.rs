@@ -284,9 +284,33 @@ mod session_tests {
     }
 }
 
+/// The name of a statement prepared for `sql`: made of the text itself (a
+/// 64-bit FNV-1a hash), so that the same name means the same statement on
+/// whatever session a pooler lends, from whatever nginx.
+pub fn statement_name(sql: &[u8]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in sql {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("ngx_gateway_{h:016x}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::has_several_statements as several;
+
+    #[test]
+    fn statement_names_come_from_the_text() {
+        use super::statement_name as name;
+        // FNV-1a of the empty text is its offset basis.
+        assert_eq!(name(b""), "ngx_gateway_cbf29ce484222325");
+        assert_eq!(name(b"select 1"), name(b"select 1"));
+        assert_ne!(name(b"select 1"), name(b"select 2"));
+        assert_ne!(name(b"select $1::int"), name(b"select $1::text"));
+        // PostgreSQL's names hold 63 bytes.
+        assert!(name(b"select 1").len() <= 63);
+    }
 
     #[test]
     fn single_statements() {

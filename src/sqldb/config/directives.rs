@@ -4,7 +4,6 @@
 
 use std::ffi::{c_char, c_void, CString};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use gateway_core::method::parse_methods;
 use gateway_core::rewrite;
@@ -51,8 +50,11 @@ pub(crate) extern "C" fn cmd_sqldb_pass<E: Entries>(
     unsafe { directive(cf, conf, "cmd_sqldb_pass", body) }
 }
 
-/// Numbers every template: its prepared statement's name on every connection.
-static TEMPLATES: AtomicU32 = AtomicU32::new(0);
+thread_local! {
+    /// Numbers each distinct statement text, for the connections to tell
+    /// which statements they hold (templates of the same text share one).
+    static TEXTS: std::cell::RefCell<std::collections::HashMap<Vec<u8>, u32>> = Default::default();
+}
 
 /// Compiles a template: text pieces and typed parameters.
 fn compile_template(cf: Conf, text: &[u8]) -> Result<Template, ConfError> {
@@ -109,8 +111,12 @@ fn compile_template(cf: Conf, text: &[u8]) -> Result<Template, ConfError> {
                 .into(),
         );
     }
-    let id = TEMPLATES.fetch_add(1, Ordering::Relaxed);
-    let name = CString::new(format!("ngx_gateway_{id:x}")).expect("no NUL in a number");
+    let id = TEXTS.with(|t| {
+        let mut t = t.borrow_mut();
+        let next = t.len() as u32;
+        *t.entry(sql.clone()).or_insert(next)
+    });
+    let name = CString::new(gateway_core::sql::statement_name(&sql)).expect("no NUL in hex digits");
     Ok(Template {
         pieces,
         statement: Rc::new(Statement::new(id, name)),
