@@ -218,7 +218,10 @@ fn a_name_taken_by_another_session_is_prepared_again_never_run() {
     assert_eq!(feed(&mut p, &[Final, End, Sync]), ["Result(1)", "Complete(1)"]);
     // A second time for the same request: its error.
     assert_eq!(p.sent_statement(2, Some(6), false), Wire::PrepareAndExecute);
-    assert_eq!(feed(&mut p, &[Error(ErrorClass::Duplicate), End, Aborted, Sync]), ["Resend(2)"]);
+    assert_eq!(
+        feed(&mut p, &[Error(ErrorClass::Duplicate), End, Aborted, Sync]),
+        ["Resend(2)"]
+    );
     assert_eq!(p.sent_statement(2, Some(6), false), Wire::PrepareAndExecute);
     let out = feed(&mut p, &[Error(ErrorClass::Duplicate), End, Aborted, Sync]);
     assert_eq!(out, ["Error(2)", "Complete(2)"]);
