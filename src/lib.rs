@@ -213,7 +213,7 @@ extern "C" fn init_module(cycle: *mut ngx_cycle_t) -> ngx_int_t {
 
 use cache::config as cc;
 
-static mut CACHE_COMMANDS: [ngx_command_t; 9] = [
+static mut CACHE_COMMANDS: [ngx_command_t; 18] = [
     command(
         "cache_pass\0",
         NGX_HTTP_LOC_CONF | NGX_HTTP_LIF_CONF | NGX_CONF_TAKE1,
@@ -263,6 +263,69 @@ static mut CACHE_COMMANDS: [ngx_command_t; 9] = [
         ngx_conf_set_flag_slot,
         LOC,
         offset_of!(cc::CacheLocConf, upstream.socket_keepalive),
+    ),
+    command(
+        "cache_ssl\0",
+        LOC_ANY | NGX_CONF_FLAG,
+        ngx_conf_set_flag_slot,
+        LOC,
+        offset_of!(cc::CacheLocConf, ssl),
+    ),
+    command(
+        "cache_ssl_verify\0",
+        LOC_ANY | NGX_CONF_FLAG,
+        ngx_conf_set_flag_slot,
+        LOC,
+        offset_of!(cc::CacheLocConf, upstream.ssl_verify),
+    ),
+    command(
+        "cache_ssl_verify_depth\0",
+        LOC_ANY | NGX_CONF_TAKE1,
+        ngx_conf_set_num_slot,
+        LOC,
+        offset_of!(cc::CacheLocConf, ssl_verify_depth),
+    ),
+    command(
+        "cache_ssl_trusted_certificate\0",
+        LOC_ANY | NGX_CONF_TAKE1,
+        ngx_conf_set_str_slot,
+        LOC,
+        offset_of!(cc::CacheLocConf, ssl_trusted_certificate),
+    ),
+    command(
+        "cache_ssl_name\0",
+        LOC_ANY | NGX_CONF_TAKE1,
+        ngx_http_set_complex_value_slot,
+        LOC,
+        offset_of!(cc::CacheLocConf, upstream.ssl_name),
+    ),
+    command(
+        "cache_ssl_server_name\0",
+        LOC_ANY | NGX_CONF_FLAG,
+        ngx_conf_set_flag_slot,
+        LOC,
+        offset_of!(cc::CacheLocConf, upstream.ssl_server_name),
+    ),
+    command(
+        "cache_ssl_certificate\0",
+        LOC_ANY | NGX_CONF_TAKE1,
+        ngx_conf_set_str_slot,
+        LOC,
+        offset_of!(cc::CacheLocConf, ssl_certificate),
+    ),
+    command(
+        "cache_ssl_certificate_key\0",
+        LOC_ANY | NGX_CONF_TAKE1,
+        ngx_conf_set_str_slot,
+        LOC,
+        offset_of!(cc::CacheLocConf, ssl_certificate_key),
+    ),
+    command(
+        "cache_ssl_session_reuse\0",
+        LOC_ANY | NGX_CONF_FLAG,
+        ngx_conf_set_flag_slot,
+        LOC,
+        offset_of!(cc::CacheLocConf, upstream.ssl_session_reuse),
     ),
     ngx_command_t::empty(),
 ];

@@ -3,10 +3,12 @@
 //! variables it reads.
 
 use std::ffi::{c_char, c_void};
+use std::ptr::NonNull;
 
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
 
 use crate::ffi::conf::{conf_step, create_conf, directive, merge_conf, ComplexValue, ConfError};
+use crate::ffi::ssl::SslFiles;
 use crate::ffi::*;
 use crate::log;
 use crate::sqldb::config::upstream::sqldb_srv_conf;
@@ -53,6 +55,13 @@ pub struct CacheLocConf {
     /// `cache_auth`.
     pub auth: Option<ComplexValue>,
     next_upstream_set: bool,
+    /// `cache_ssl` (the TLS settings live in `upstream`, as nginx's
+    /// upstream code reads them, and in the files below).
+    pub ssl: ngx_flag_t,
+    pub ssl_verify_depth: ngx_int_t,
+    pub ssl_trusted_certificate: ngx_str_t,
+    pub ssl_certificate: ngx_str_t,
+    pub ssl_certificate_key: ngx_str_t,
 }
 
 /// Locations with `cache_pass`, checked once every variable is known.
@@ -90,12 +99,21 @@ pub(crate) extern "C" fn create_loc_conf(cf: *mut ngx_conf_t) -> *mut c_void {
         u.read_timeout = CONF_UNSET_MSEC;
         u.buffer_size = CONF_UNSET_SIZE;
         u.socket_keepalive = CONF_UNSET;
+        u.ssl_verify = CONF_UNSET;
+        u.ssl_server_name = CONF_UNSET;
+        u.ssl_session_reuse = CONF_UNSET;
+        u.ssl_name = CONF_UNSET_PTR.cast();
         CacheLocConf {
             upstream: u,
             pass_set: false,
             pass_var: None,
             auth: None,
             next_upstream_set: false,
+            ssl: CONF_UNSET,
+            ssl_verify_depth: CONF_UNSET,
+            ssl_trusted_certificate: ngx_str_t::default(),
+            ssl_certificate: ngx_str_t::default(),
+            ssl_certificate_key: ngx_str_t::default(),
         }
     };
     // SAFETY: nginx passes the configuration being read.
@@ -109,6 +127,68 @@ fn merge_or<T: PartialEq + Copy>(conf: &mut T, prev: T, unset: T, default: T) {
 }
 
 impl CacheLocConf {
+    /// The `cache_ssl_*` settings, inherited; with `cache_ssl on` in a
+    /// location that passes requests, its TLS context (the parent's, when
+    /// nothing of it changed).
+    fn merge_ssl(&mut self, prev: &CacheLocConf, conf: Conf) -> Result<(), ConfError> {
+        let (p, u) = (&prev.upstream, &mut self.upstream);
+        merge_or(&mut self.ssl, prev.ssl, CONF_UNSET, 0);
+        merge_or(&mut u.ssl_verify, p.ssl_verify, CONF_UNSET, 0);
+        merge_or(&mut u.ssl_server_name, p.ssl_server_name, CONF_UNSET, 0);
+        merge_or(&mut u.ssl_session_reuse, p.ssl_session_reuse, CONF_UNSET, 1);
+        merge_or(&mut self.ssl_verify_depth, prev.ssl_verify_depth, CONF_UNSET, 1);
+        let unset: *mut ngx_http_complex_value_t = CONF_UNSET_PTR.cast();
+        merge_or(&mut u.ssl_name, p.ssl_name, unset, std::ptr::null_mut());
+        for (this, parent) in [
+            (&mut self.ssl_trusted_certificate, &prev.ssl_trusted_certificate),
+            (&mut self.ssl_certificate, &prev.ssl_certificate),
+            (&mut self.ssl_certificate_key, &prev.ssl_certificate_key),
+        ] {
+            if this.data.is_null() {
+                *this = *parent;
+            }
+        }
+        let passes = !self.upstream.upstream.is_null() || self.pass_var.is_some();
+        if self.ssl == 0 || !passes {
+            return Ok(());
+        }
+        let files = self.ssl_files()?;
+        if self.upstream.ssl_verify == 1 && files.trusted.is_none() {
+            return Err("no \"cache_ssl_trusted_certificate\" for \"cache_ssl_verify\""
+                .to_owned()
+                .into());
+        }
+        self.upstream.ssl = match (NonNull::new(prev.upstream.ssl), prev.ssl_files()) {
+            (Some(ctx), Ok(pf)) if pf == files => ctx.as_ptr(),
+            _ => conf.ssl_context(&files)?.as_ptr(),
+        };
+        Ok(())
+    }
+
+    fn ssl_files(&self) -> Result<SslFiles, ConfError> {
+        let some = |s: &ngx_str_t| (!s.data.is_null()).then(|| s.as_bytes().to_vec());
+        let certificate = match (some(&self.ssl_certificate), some(&self.ssl_certificate_key)) {
+            (Some(c), Some(k)) => Some((c, k)),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err("no \"cache_ssl_certificate_key\" for \"cache_ssl_certificate\""
+                    .to_owned()
+                    .into())
+            }
+            (None, Some(_)) => {
+                return Err("no \"cache_ssl_certificate\" for \"cache_ssl_certificate_key\""
+                    .to_owned()
+                    .into())
+            }
+        };
+        Ok(SslFiles {
+            certificate,
+            trusted: some(&self.ssl_trusted_certificate),
+            verify_depth: self.ssl_verify_depth,
+            session_reuse: self.upstream.ssl_session_reuse != 0,
+        })
+    }
+
     fn merge(&mut self, prev: &CacheLocConf, conf: Conf) {
         let (p, u) = (&prev.upstream, &mut self.upstream);
         merge_or(&mut u.connect_timeout, p.connect_timeout, CONF_UNSET_MSEC, 60_000);
@@ -154,7 +234,7 @@ pub(crate) extern "C" fn merge_loc_conf(cf: *mut ngx_conf_t, parent: *mut c_void
             "cache merge_loc_conf",
             |conf, prev: &CacheLocConf, this: &mut CacheLocConf| {
                 this.merge(prev, conf);
-                Ok::<(), ConfError>(())
+                this.merge_ssl(prev, conf)
             },
         )
     }

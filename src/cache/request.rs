@@ -161,12 +161,23 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
     if let Some(name) = backend {
         resolve(u, pool, umcf, &name)?;
     }
+    let tls = !lcf.upstream.ssl.is_null();
     u.install(
         &lcf.upstream,
-        "redis://",
+        if tls { "rediss://" } else { "redis://" },
         <Cache as ngx::http::HttpModule>::module(),
         CALLBACKS,
     );
+    if tls {
+        // The name to verify and send: the host part of cache_pass, as
+        // proxy_pass's is for proxy_ssl_name.
+        // SAFETY: a literal cache_pass's upstream block lives in the configuration.
+        let name = u
+            .resolved_host()
+            .or_else(|| unsafe { lcf.upstream.upstream.as_ref() }.map(|us| us.host))
+            .unwrap_or_default();
+        u.set_ssl(name);
+    }
 
     let ctx = Ctx {
         r: std::ptr::null_mut(),
@@ -304,6 +315,7 @@ extern "C" fn create_request(r: *mut ngx_http_request_t) -> ngx_int_t {
         if !built {
             return ERROR;
         }
+        chain.mark_flush();
         let Some(u) = r.upstream() else { return ERROR };
         u.set_request_bufs(chain.into_raw());
         OK

@@ -57,6 +57,16 @@ impl Chain {
         }
     }
 
+    /// The last buffer is to be sent at once: a TLS connection, which
+    /// gathers what is written into records, sends nothing before it.
+    pub fn mark_flush(&mut self) {
+        // SAFETY: the tail is a link this chain made; its buffer is live.
+        if let Some(t) = unsafe { self.tail.as_mut() } {
+            // SAFETY: as above.
+            unsafe { &mut *t.buf }.set_flush(1);
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.head.is_null()
     }

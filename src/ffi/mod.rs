@@ -11,6 +11,7 @@ pub mod event;
 pub mod log;
 pub mod pool;
 pub mod request;
+pub mod ssl;
 pub mod upstream;
 
 use std::ffi::c_char;
@@ -36,6 +37,8 @@ pub const CONF_OK: *mut c_char = ptr::null_mut();
 pub const CONF_ERROR: *mut c_char = usize::MAX as *mut c_char;
 pub const CONF_UNSET_MSEC: ngx_msec_t = ngx_msec_t::MAX;
 pub const CONF_UNSET: ngx_flag_t = -1;
+/// NGX_CONF_UNSET_PTR: a pointer setting not given.
+pub const CONF_UNSET_PTR: *mut std::ffi::c_void = usize::MAX as *mut std::ffi::c_void;
 pub const CONF_UNSET_UINT: ngx_uint_t = ngx_uint_t::MAX;
 pub const CONF_UNSET_SIZE: usize = usize::MAX;
 

@@ -47,6 +47,21 @@ impl Upstream {
         u.finalize_request = Some(cb.finalize_request);
     }
 
+    /// TLS to the server, with the context of the configuration installed;
+    /// `name` is the server's name to verify and to send (SNI), unless the
+    /// configuration's `ssl_name` says otherwise.
+    pub fn set_ssl(&mut self, name: ngx_str_t) {
+        self.0.set_ssl(1);
+        self.0.ssl_name = name;
+    }
+
+    /// The host of the server named at run time (`set_resolved`).
+    pub fn resolved_host(&self) -> Option<ngx_str_t> {
+        // SAFETY: a resolved structure set by set_resolved lives in the
+        // request's pool.
+        unsafe { self.0.resolved.as_ref() }.map(|r| r.host)
+    }
+
     /// Sets the filter that passes the response body on, and its data.
     pub fn set_input_filter(
         &mut self,

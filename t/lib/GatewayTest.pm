@@ -328,6 +328,14 @@ sub start_redis {
         '--dir', $dir, '--logfile', "$dir/redis.log", '--daemonize', 'no');
     push @args, '--requirepass', $opt{password} if defined $opt{password};
     push @args, '--unixsocket', "$dir/redis.sock", '--unixsocketperm', '777' if $opt{unix};
+    # TLS (options: tls => { cert, key, ca, clients => 'no' | 'yes' }): on a
+    # second port, beside the plain one (which redis_cli uses).
+    my $tls_port;
+    if (my $t = $opt{tls}) {
+        $tls_port = free_port();
+        push @args, '--tls-port', $tls_port, '--tls-cert-file', $t->{cert}, '--tls-key-file', $t->{key},
+            '--tls-ca-cert-file', $t->{ca}, '--tls-auth-clients', $t->{clients} // 'no';
+    }
     my $pid = fork;
     die "fork: $!" unless defined $pid;
     if (!$pid) {
@@ -335,7 +343,8 @@ sub start_redis {
         exec $bin, @args;
         exit 127;
     }
-    my %r = (port => $port, pid => $pid, dir => $dir, password => $opt{password}, socket => "$dir/redis.sock");
+    my %r = (port => $port, pid => $pid, dir => $dir, password => $opt{password}, socket => "$dir/redis.sock",
+        tls_port => $tls_port);
     push @Redis, \%r;
     for (1 .. 500) {
         my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port);

@@ -1,0 +1,165 @@
+# TLS to Redis, the way proxy_ssl_* works: cache_ssl, the server's
+# certificate verified against cache_ssl_trusted_certificate for the name
+# cache_ssl_name (or the host of cache_pass), a client certificate for
+# mutual TLS, and 502 with a log line naming why when verification fails.
+# A real redis-server with TLS, certificates made by openssl here.
+use strict;
+use warnings;
+use lib 't/lib';
+use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_get start_redis redis_cli);
+use File::Temp qw(tempdir);
+use IO::Socket::INET;
+use Test::More;
+use Time::HiRes qw(time);
+
+my $d = tempdir('ngx-gateway-tls-XXXXXX', TMPDIR => 1, CLEANUP => 1);
+chmod 0755, $d;
+sub openssl { system("openssl @_ >>$d/openssl.log 2>&1") == 0 or die "openssl @_ failed\n" }
+# Two authorities: the one that signed the server, and another.
+for my $ca (qw(ca other)) {
+    openssl("req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=test-$ca -keyout $d/$ca.key -out $d/$ca.crt");
+}
+# Server (localhost) and client certificates, signed by the first.
+open my $ext, '>', "$d/server.ext" or die $!;
+print $ext "subjectAltName = DNS:localhost\n";
+close $ext;
+for my $who (qw(server client)) {
+    openssl("req -newkey rsa:2048 -nodes -subj /CN=" . ($who eq 'server' ? 'localhost' : 'gateway-client')
+        . " -keyout $d/$who.key -out $d/$who.csr");
+    openssl("x509 -req -in $d/$who.csr -CA $d/ca.crt -CAkey $d/ca.key -CAcreateserial -days 2 -out $d/$who.crt"
+        . ($who eq 'server' ? " -extfile $d/server.ext" : ''));
+}
+chmod 0644, glob("$d/*");
+
+my $redis = start_redis(tls => { cert => "$d/server.crt", key => "$d/server.key", ca => "$d/ca.crt" });
+my $mutual = start_redis(tls => { cert => "$d/server.crt", key => "$d/server.key", ca => "$d/ca.crt", clients => 'yes' });
+redis_cli($_, 'SET', 'greeting', 'hello over tls') for $redis, $mutual;
+my ($tls, $mtls) = ($redis->{tls_port}, $mutual->{tls_port});
+
+# nginx keeps connections per upstream block, whatever the TLS settings of
+# the location that opened them (as for proxy_pass): each setting here has a
+# block of its own.
+my $blocks = join '', map { "upstream $_ { server 127.0.0.1:$tls; keepalive 4; }\n" }
+    qw(tls_redis other_ca wrong_name unverified plain);
+$blocks .= "upstream unkept { server 127.0.0.1:$tls; }\nupstream unkept2 { server 127.0.0.1:$tls; }\n";
+my $port = nginx_start(<<"HTTP");
+$blocks
+upstream mtls_redis { server 127.0.0.1:$mtls; keepalive 4; }
+upstream mtls_none { server 127.0.0.1:$mtls; keepalive 4; }
+server {
+    listen 127.0.0.1:\$PORT;
+    set \$cache_key greeting;
+    cache_connect_timeout 5s;
+    cache_send_timeout 5s;
+    cache_read_timeout 3s;
+    cache_ssl on;
+    cache_ssl_trusted_certificate $d/ca.crt;
+    cache_ssl_verify on;
+    cache_ssl_name localhost;
+    add_header X-Addr \$upstream_addr always;
+    location /verified { cache_pass tls_redis; }
+    location /other-ca { cache_ssl_trusted_certificate $d/other.crt; cache_pass other_ca; }
+    location /wrong-name { cache_ssl_name elsewhere.example; cache_pass wrong_name; }
+    location /unverified { cache_ssl_verify off; cache_ssl_trusted_certificate $d/other.crt; cache_pass unverified; }
+    location /no-client-cert { cache_pass mtls_none; }
+    location /client-cert {
+        cache_ssl_certificate $d/client.crt;
+        cache_ssl_certificate_key $d/client.key;
+        cache_pass mtls_redis;
+    }
+    location /plain { cache_ssl off; cache_pass plain; }
+    location /put { set \$cache_key written; cache_pass tls_redis; }
+    location /unkept { error_log $d/debug.log debug; cache_pass unkept; }
+    location /no-reuse { error_log $d/debug2.log debug; cache_ssl_session_reuse off; cache_pass unkept2; }
+}
+HTTP
+
+sub request {
+    my ($method, $path, $body) = @_;
+    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port) or die $!;
+    $body //= '';
+    print $s "$method $path HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: "
+        . length($body) . "\r\n\r\n$body";
+    local $/;
+    my $resp = <$s> // '';
+    my ($head, $rest) = split /\r\n\r\n/, $resp, 2;
+    my ($status) = ($head // '') =~ m{^HTTP/\S+ (\d+)};
+    return ($status // 0, $rest // '', $head // '');
+}
+
+my @got = map { [request('GET', '/verified')] } 1 .. 5;
+is_deeply([map { "$_->[0] $_->[1]" } @got], [('200 hello over tls') x 5],
+    'GET over TLS, the server verified, five times over kept connections');
+like($got[0][2], qr/X-Addr: 127\.0\.0\.1:$tls/, '$upstream_addr names the server');
+is(join(' ', (request('PUT', '/put', 'sent over tls'))[0]), '201', 'PUT over TLS');
+is(redis_cli($redis, 'GET', 'written'), 'sent over tls', 'the value arrived');
+
+my $before = length nginx_error_log();
+my ($st) = request('GET', '/other-ca');
+is($st, 502, 'a certificate from another authority: 502');
+like(substr(nginx_error_log(), $before), qr/\[error\].*upstream SSL certificate verify error: \(\d+:[^)]+\)/,
+    'the log says why (verify error)');
+
+$before = length nginx_error_log();
+($st) = request('GET', '/wrong-name');
+is($st, 502, 'a certificate for another name: 502');
+like(substr(nginx_error_log(), $before), qr/\[error\].*upstream SSL certificate does not match "elsewhere\.example"/,
+    'the log names the name');
+
+is(join(' ', (request('GET', '/unverified'))[0, 1]), '200 hello over tls', 'cache_ssl_verify off: not verified');
+
+$before = length nginx_error_log();
+($st) = request('GET', '/no-client-cert');
+is($st, 502, 'a server that wants a client certificate, none given: 502');
+like(substr(nginx_error_log(), $before), qr{\[(error|crit|info)\].*(SSL|upstream: "rediss://127\.0\.0\.1:$mtls")}, "the log names the TLS upstream");
+is(join(' ', (request('GET', '/client-cert'))[0, 1]), '200 hello over tls', 'mutual TLS with cache_ssl_certificate');
+
+# Redis does not take plain RESP on its TLS port: it resets the connection.
+$before = length nginx_error_log();
+my $t0 = time;
+($st) = request("GET", "/plain");
+is($st, 502, 'plain RESP to a TLS port: 502');
+cmp_ok(time - $t0, '<', 3, 'at once, not after cache_read_timeout');
+like(substr(nginx_error_log(), $before), qr{\[error\].*upstream: "redis://127\.0\.0\.1:$tls"}, 'one error line naming the server');
+
+# Without keepalive every request opens a connection; the TLS session of the
+# first is resumed by the next ones (cache_ssl_session_reuse, on by default).
+is(join(' ', map { (request('GET', '/unkept'))[0] } 1 .. 3), '200 200 200', 'three requests, three connections');
+SKIP: {
+    skip 'nginx is not built --with-debug', 2 if `$ENV{TEST_NGINX_BINARY} -V 2>&1` !~ /--with-debug/;
+    open my $dl, '<', "$d/debug.log" or die $!;
+    my $log = do { local $/; <$dl> };
+    my $reused = () = $log =~ /SSL reused session/g;
+    cmp_ok($reused, '>=', 2, 'the TLS session is resumed on new connections');
+    request('GET', '/no-reuse') for 1 .. 3;
+    open $dl, '<', "$d/debug2.log" or die $!;
+    $log = do { local $/; <$dl> };
+    my $handshakes = () = $log =~ /SSL_do_handshake: 1/g;
+    is($handshakes . ' ' . ($log =~ /SSL reused session/ ? 'reused' : 'new'), '3 new',
+        'cache_ssl_session_reuse off: three full handshakes');
+}
+unlike(nginx_error_log(), qr/\[(alert|emerg)\]/, 'no alert');
+stop_nginx();
+
+# nginx -t refuses what cannot work.
+for my $case (
+    ['cache_ssl_verify on;', qr/no "cache_ssl_trusted_certificate" for "cache_ssl_verify"/],
+    ["cache_ssl_certificate $d/client.crt;", qr/no "cache_ssl_certificate_key" for "cache_ssl_certificate"/],
+    ["cache_ssl_trusted_certificate $d/missing.crt;", qr/missing\.crt/],
+    ["cache_ssl_certificate $d/client.crt; cache_ssl_certificate_key $d/ca.key;", qr/SSL_CTX_check_private_key|key values mismatch|failed/],
+    ['cache_ssl_verify_depth deep;', qr/"cache_ssl_verify_depth" directive invalid number in .*nginx\.conf:\d+/],
+  )
+{
+    my ($lines, $want) = @$case;
+    my $err = eval {
+        nginx_start(<<"HTTP");
+upstream r { server 127.0.0.1:$tls; }
+server { listen 127.0.0.1:\$PORT; location / { set \$cache_key k; cache_ssl on; $lines cache_pass r; } }
+HTTP
+        stop_nginx();
+        'started';
+    } // $@;
+    like($err, $want, "nginx refuses: $lines");
+}
+
+done_testing();
