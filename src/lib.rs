@@ -19,6 +19,7 @@
 pub mod cache;
 pub mod ffi;
 pub mod sqldb;
+pub mod status;
 
 use std::mem::offset_of;
 use std::ptr;
@@ -350,21 +351,55 @@ pub static mut ngx_http_gateway_cache_module: ngx_module_t = ngx_module_t {
     ..ngx_module_t::default()
 };
 
+static mut STATUS_COMMANDS: [ngx_command_t; 2] = [
+    command(
+        "gateway_status\0",
+        NGX_HTTP_LOC_CONF | NGX_CONF_NOARGS,
+        status::cmd_gateway_status,
+        LOC,
+        0,
+    ),
+    ngx_command_t::empty(),
+];
+
+static STATUS_CTX: ngx_http_module_t = ngx_http_module_t {
+    preconfiguration: None,
+    postconfiguration: Some(status::postconfiguration),
+    create_main_conf: None,
+    init_main_conf: None,
+    create_srv_conf: None,
+    merge_srv_conf: None,
+    create_loc_conf: Some(status::create_loc_conf),
+    merge_loc_conf: None,
+};
+
+/// The metrics (`gateway_status` and the shared zone behind it).
+#[no_mangle]
+#[allow(non_upper_case_globals)]
+pub static mut ngx_http_gateway_status_module: ngx_module_t = ngx_module_t {
+    ctx: ptr::addr_of!(STATUS_CTX) as *mut _,
+    commands: ptr::addr_of_mut!(STATUS_COMMANDS) as *mut _,
+    type_: NGX_HTTP_MODULE as ngx_uint_t,
+    ..ngx_module_t::default()
+};
+
 // What load_module reads: the modules of this object, their names, no order.
 // (ngx's ngx_modules! macro miscounts more than one module.)
 #[no_mangle]
 #[allow(non_upper_case_globals)]
-pub static mut ngx_modules: [*const ngx_module_t; 3] = [
+pub static mut ngx_modules: [*const ngx_module_t; 4] = [
     ptr::addr_of!(ngx_http_gateway_module),
     ptr::addr_of!(ngx_http_gateway_cache_module),
+    ptr::addr_of!(ngx_http_gateway_status_module),
     ptr::null(),
 ];
 
 #[no_mangle]
 #[allow(non_upper_case_globals)]
-pub static mut ngx_module_names: [*const std::ffi::c_char; 3] = [
+pub static mut ngx_module_names: [*const std::ffi::c_char; 4] = [
     c"ngx_http_gateway_module".as_ptr(),
     c"ngx_http_gateway_cache_module".as_ptr(),
+    c"ngx_http_gateway_status_module".as_ptr(),
     ptr::null(),
 ];
 

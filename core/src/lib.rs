@@ -6,6 +6,7 @@
 pub mod conninfo;
 pub mod formats;
 pub mod method;
+pub mod metrics;
 pub mod pgwire;
 pub mod pipeline;
 pub mod rds;

@@ -95,6 +95,33 @@ impl Req {
         self.0.method_name.as_bytes()
     }
 
+    /// The query string (after `?`).
+    pub fn args(&self) -> &[u8] {
+        self.0.args.as_bytes()
+    }
+
+    /// Sends status, headers (Content-Type set before) and `body`, moved
+    /// into the request's pool; what to finalize the request with.
+    pub fn send_body(&mut self, status: ngx_uint_t, body: Vec<u8>) -> ngx_int_t {
+        self.set_status(status);
+        self.set_content_length(body.len() as off_t);
+        let rc = self.send_header();
+        if rc == ERROR || rc > OK || self.header_only() {
+            return rc;
+        }
+        if body.is_empty() {
+            // The header waits in nginx's buffer until the last buffer goes
+            // out: an empty body still ends the response.
+            return self.send_last();
+        }
+        let last = self.is_main();
+        match super::buf::memory_chain(self.pool(), body, Some(last)) {
+            // SAFETY: memory_chain built the chain in the request's pool.
+            Some(chain) => unsafe { self.output_filter(chain) },
+            None => ERROR,
+        }
+    }
+
     pub fn is_main(&self) -> bool {
         std::ptr::eq(self.0.main, &self.0)
     }

@@ -86,21 +86,5 @@ pub fn set_content_type(r: &mut Req, content_type: Option<&'static str>) {
 /// to finalize the request with.
 pub fn send_body(r: &mut Req, status: ngx_uint_t, content_type: Option<&'static str>, body: Vec<u8>) -> ngx_int_t {
     set_content_type(r, content_type);
-    r.set_status(status);
-    r.set_content_length(body.len() as off_t);
-    let rc = r.send_header();
-    if rc == ERROR || rc > OK || r.header_only() {
-        return rc;
-    }
-    if body.is_empty() {
-        // The header waits in nginx's buffer until the last buffer goes
-        // out: an empty body still ends the response.
-        return r.send_last();
-    }
-    let last = r.is_main();
-    match memory_chain(r.pool(), body, Some(last)) {
-        // SAFETY: memory_chain built the chain in the request's pool.
-        Some(chain) => unsafe { r.output_filter(chain) },
-        None => ERROR,
-    }
+    r.send_body(status, body)
 }

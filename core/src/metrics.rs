@@ -1,0 +1,647 @@
+//! The gateway's metrics: a table of counters and gauges that every worker
+//! process updates in place (it lives in nginx's shared memory; here it is
+//! any slice of slots), and its renderings as Prometheus text (exposition
+//! format 0.0.4) and as JSON.
+//!
+//! A slot holds one series: its family, its label values and its value.
+//! Slots are claimed once and never freed; a series is found by hashing its
+//! family and labels and probing from there. Claiming is lock-free: a slot
+//! goes from empty to being written (one process wins the compare-and-swap)
+//! to ready, and readers use only ready slots. A table that is full drops
+//! new series (counted, and shown as `ngx_gateway_metrics_dropped_total`).
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU8, Ordering};
+
+/// What kind of value a family holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    /// Observations in seconds (stored in microseconds): buckets, sum, count.
+    Histogram,
+}
+
+/// A metric family: its name (without `ngx_gateway_`), help, kind and
+/// label names.
+#[derive(Debug)]
+pub struct Family {
+    pub name: &'static str,
+    pub help: &'static str,
+    pub kind: Kind,
+    pub labels: &'static [&'static str],
+}
+
+macro_rules! families {
+    ($($id:ident = $name:literal, $kind:ident, [$($l:literal),*], $help:literal;)*) => {
+        /// The families, by number.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        #[repr(u16)]
+        pub enum Id { $($id),* }
+        pub static FAMILIES: &[Family] = &[$(Family {
+            name: $name,
+            help: $help,
+            kind: Kind::$kind,
+            labels: &[$($l),*],
+        }),*];
+    };
+}
+
+families! {
+    SqldbConnections = "sqldb_connections", Gauge, ["upstream", "server", "state"],
+        "Database connections by state (connecting, idle, busy).";
+    SqldbPipelineDepth = "sqldb_pipeline_depth", Gauge, ["upstream", "server"],
+        "Requests queued on the database connections (sent or waiting to be).";
+    SqldbRequests = "sqldb_requests_total", Counter, ["upstream", "status"],
+        "Database gateway requests by HTTP status.";
+    SqldbQueryDuration = "sqldb_query_duration_seconds", Histogram, ["upstream"],
+        "Time from a query's start to its whole result.";
+    SqldbCancels = "sqldb_cancels_total", Counter, ["upstream"],
+        "Cancel requests sent for queries of requests that left or timed out.";
+    SqldbConnects = "sqldb_connects_total", Counter, ["upstream", "server"],
+        "Database connections opened.";
+    SqldbReconnects = "sqldb_reconnects_total", Counter, ["upstream", "server"],
+        "Database connections lost, then opened again.";
+    SqldbPrepares = "sqldb_prepared_statements_total", Counter, ["upstream"],
+        "Statements prepared on database connections.";
+    CacheRequests = "cache_requests_total", Counter, ["upstream", "command", "status"],
+        "Cache gateway requests by command and HTTP status.";
+    CacheHits = "cache_hits_total", Counter, ["upstream"],
+        "Cache reads that found their key.";
+    CacheMisses = "cache_misses_total", Counter, ["upstream"],
+        "Cache reads that did not find their key.";
+    CacheDuration = "cache_request_duration_seconds", Histogram, ["upstream", "command"],
+        "Time from a cache request's start to its reply.";
+    Subscribers = "subscribers", Gauge, ["source"],
+        "Clients subscribed to server-sent events (source: sqldb_listen, cache_subscribe).";
+    EventsSent = "events_sent_total", Counter, ["source"],
+        "Server-sent events written to subscribers.";
+    Dropped = "metrics_dropped_total", Counter, [],
+        "Series not recorded because the metrics table was full.";
+}
+
+/// Histogram bucket bounds, in microseconds (rendered in seconds).
+pub const BUCKETS_US: [i64; 12] = [
+    500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 5_000_000,
+];
+
+/// Bytes of label values a slot holds (values joined by NUL).
+pub const LABELS_MAX: usize = 110;
+
+const EMPTY: u32 = 0;
+const WRITING: u32 = 1;
+const READY: u32 = 2;
+
+/// One series. The layout is fixed (it lives in shared memory that
+/// processes of one nginx binary share).
+#[repr(C)]
+pub struct Slot {
+    state: AtomicU32,
+    family: AtomicU32,
+    labels_len: AtomicU32,
+    /// Which part of a histogram: 0 sum, 1 count, 2.. bucket i-2 (and the
+    /// last, +Inf); 0 for counters and gauges.
+    part: AtomicU32,
+    value: AtomicI64,
+    labels: [AtomicU8; LABELS_MAX],
+}
+
+/// The size of a slot, for sizing the shared zone.
+pub const SLOT_SIZE: usize = std::mem::size_of::<Slot>();
+
+impl Slot {
+    fn label_bytes(&self) -> impl Iterator<Item = u8> + '_ {
+        let len = (self.labels_len.load(Ordering::Relaxed) as usize).min(LABELS_MAX);
+        self.labels[..len].iter().map(|b| b.load(Ordering::Relaxed))
+    }
+
+    fn labels_are(&self, want: &[u8]) -> bool {
+        self.labels_len.load(Ordering::Relaxed) as usize == want.len() && self.label_bytes().eq(want.iter().copied())
+    }
+}
+
+/// A table over slots (all zero when new).
+pub struct Table<'a> {
+    slots: &'a [Slot],
+}
+
+/// Where a series lives, to update it again without looking it up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeriesRef(usize);
+
+fn hash(family: u32, part: u32, labels: &[u8]) -> u64 {
+    // FNV-1a: short keys, no adversary choosing them (label values come
+    // from the configuration and from nginx's own status codes).
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in family.to_le_bytes().iter().chain(&part.to_le_bytes()).chain(labels) {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// Label values joined by NUL, cut to what a slot holds (at a character
+/// boundary).
+pub fn join_labels(values: &[&str]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (i, v) in values.iter().enumerate() {
+        if i > 0 {
+            out.push(0);
+        }
+        out.extend(v.bytes().filter(|b| *b != 0));
+    }
+    if out.len() > LABELS_MAX {
+        let mut cut = LABELS_MAX;
+        while cut > 0 && (out[cut] & 0xC0) == 0x80 {
+            cut -= 1;
+        }
+        out.truncate(cut);
+    }
+    out
+}
+
+impl<'a> Table<'a> {
+    /// # Safety-free construction
+    /// Any slice of slots will do; zeroed memory is an empty table.
+    pub fn new(slots: &'a [Slot]) -> Table<'a> {
+        Table { slots }
+    }
+
+    /// The slot of a series, claimed when new; None when the table is full.
+    /// (Slot 0 is the count of dropped series: it never holds another.)
+    fn find(&self, family: u32, part: u32, labels: &[u8]) -> Option<SeriesRef> {
+        let n = self.slots.len().checked_sub(1).filter(|n| *n > 0)?;
+        let start = (hash(family, part, labels) % n as u64) as usize;
+        for i in 0..n {
+            let at = 1 + (start + i) % n;
+            let s = &self.slots[at];
+            let mut spins = 0;
+            loop {
+                match s.state.load(Ordering::Acquire) {
+                    READY => {
+                        if s.family.load(Ordering::Relaxed) == family
+                            && s.part.load(Ordering::Relaxed) == part
+                            && s.labels_are(labels)
+                        {
+                            return Some(SeriesRef(at));
+                        }
+                        break;
+                    }
+                    EMPTY => {
+                        if s.state
+                            .compare_exchange(EMPTY, WRITING, Ordering::Acquire, Ordering::Relaxed)
+                            .is_ok()
+                        {
+                            s.family.store(family, Ordering::Relaxed);
+                            s.part.store(part, Ordering::Relaxed);
+                            // Ours alone until READY is stored (published
+                            // with it to the readers' Acquire).
+                            let labels = &labels[..labels.len().min(LABELS_MAX)];
+                            s.labels_len.store(labels.len() as u32, Ordering::Relaxed);
+                            for (to, b) in s.labels.iter().zip(labels) {
+                                to.store(*b, Ordering::Relaxed);
+                            }
+                            s.state.store(READY, Ordering::Release);
+                            return Some(SeriesRef(at));
+                        }
+                    }
+                    _ => {
+                        // Another process is writing this slot: a few
+                        // stores. A process that died there leaves it so
+                        // for good: give up on the slot after a while.
+                        spins += 1;
+                        if spins > 1000 {
+                            break;
+                        }
+                        std::hint::spin_loop();
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    fn dropped(&self) {
+        if let Some(s) = self.slots.first() {
+            s.value.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The series of a counter or gauge.
+    pub fn series(&self, id: Id, labels: &[&str]) -> Option<SeriesRef> {
+        let r = self.find(id as u32, 0, &join_labels(labels));
+        if r.is_none() {
+            self.dropped();
+        }
+        r
+    }
+
+    pub fn add_to(&self, r: SeriesRef, delta: i64) {
+        if let Some(s) = self.slots.get(r.0) {
+            s.value.fetch_add(delta, Ordering::Relaxed);
+        }
+    }
+
+    /// Adds to a counter or gauge.
+    pub fn add(&self, id: Id, labels: &[&str], delta: i64) {
+        if let Some(r) = self.series(id, labels) {
+            self.add_to(r, delta);
+        }
+    }
+
+    /// Records one observation of a histogram, in microseconds.
+    pub fn observe(&self, id: Id, labels: &[&str], us: i64) {
+        let joined = join_labels(labels);
+        let bucket = BUCKETS_US.iter().position(|b| us <= *b).unwrap_or(BUCKETS_US.len());
+        for (part, delta) in [(0, us), (1, 1), (2 + bucket as u32, 1)] {
+            match self.find(id as u32, part, &joined) {
+                Some(r) => self.add_to(r, delta),
+                None => self.dropped(),
+            }
+        }
+    }
+
+    /// Every ready series: (family, part, label values, value).
+    fn snapshot(&self) -> Vec<(u32, u32, Vec<String>, i64)> {
+        let mut out = Vec::new();
+        if let Some(s) = self.slots.first() {
+            out.push((Id::Dropped as u32, 0, Vec::new(), s.value.load(Ordering::Relaxed)));
+        }
+        for s in self.slots.iter().skip(1) {
+            if s.state.load(Ordering::Acquire) != READY {
+                continue;
+            }
+            let labels = s
+                .label_bytes()
+                .collect::<Vec<u8>>()
+                .split(|b| *b == 0)
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+                .collect();
+            out.push((
+                s.family.load(Ordering::Relaxed),
+                s.part.load(Ordering::Relaxed),
+                labels,
+                s.value.load(Ordering::Relaxed),
+            ));
+        }
+        out.sort();
+        out
+    }
+
+    /// Prometheus's text exposition format 0.0.4.
+    pub fn prometheus(&self) -> String {
+        let snap = self.snapshot();
+        let mut out = String::new();
+        for (fi, f) in FAMILIES.iter().enumerate() {
+            let rows: Vec<_> = snap.iter().filter(|r| r.0 == fi as u32).collect();
+            let name = format!("ngx_gateway_{}", f.name);
+            let _ = writeln!(out, "# HELP {name} {}", f.help);
+            let kind = match f.kind {
+                Kind::Counter => "counter",
+                Kind::Gauge => "gauge",
+                Kind::Histogram => "histogram",
+            };
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+            if f.kind != Kind::Histogram {
+                for (_, _, labels, value) in &rows {
+                    let _ = writeln!(out, "{name}{} {value}", label_text(f.labels, labels, None));
+                }
+                if rows.is_empty() && f.labels.is_empty() {
+                    let _ = writeln!(out, "{name} 0");
+                }
+                continue;
+            }
+            for series in histogram_series(&rows) {
+                let mut cumulative = 0;
+                for (i, bound) in BUCKETS_US.iter().map(Some).chain([None]).enumerate() {
+                    cumulative += series.buckets[i];
+                    let le = bound.map_or("+Inf".to_owned(), |b| seconds(*b));
+                    let _ = writeln!(
+                        out,
+                        "{name}_bucket{} {cumulative}",
+                        label_text(f.labels, &series.labels, Some(&le))
+                    );
+                }
+                let l = label_text(f.labels, &series.labels, None);
+                let _ = writeln!(out, "{name}_sum{l} {}", seconds(series.sum));
+                let _ = writeln!(out, "{name}_count{l} {}", series.count);
+            }
+        }
+        out
+    }
+
+    /// The same series as JSON: one object per family.
+    pub fn json(&self) -> String {
+        let snap = self.snapshot();
+        let mut out = String::from("{");
+        for (fi, f) in FAMILIES.iter().enumerate() {
+            let rows: Vec<_> = snap.iter().filter(|r| r.0 == fi as u32).collect();
+            if fi > 0 {
+                out.push(',');
+            }
+            let _ = write!(out, "\"ngx_gateway_{}\":{{\"help\":", f.name);
+            json_str(&mut out, f.help);
+            let kind = match f.kind {
+                Kind::Counter => "counter",
+                Kind::Gauge => "gauge",
+                Kind::Histogram => "histogram",
+            };
+            let _ = write!(out, ",\"type\":\"{kind}\",\"series\":[");
+            let mut first = true;
+            let mut sep = |out: &mut String| {
+                if !first {
+                    out.push(',');
+                }
+                first = false;
+            };
+            if f.kind == Kind::Histogram {
+                for series in histogram_series(&rows) {
+                    sep(&mut out);
+                    out.push_str("{\"labels\":");
+                    json_labels(&mut out, f.labels, &series.labels);
+                    out.push_str(",\"buckets\":{");
+                    let mut cumulative = 0;
+                    for (i, bound) in BUCKETS_US.iter().map(Some).chain([None]).enumerate() {
+                        cumulative += series.buckets[i];
+                        if i > 0 {
+                            out.push(',');
+                        }
+                        let le = bound.map_or("+Inf".to_owned(), |b| seconds(*b));
+                        let _ = write!(out, "\"{le}\":{cumulative}");
+                    }
+                    let _ = write!(out, "}},\"sum\":{},\"count\":{}}}", seconds(series.sum), series.count);
+                }
+            } else {
+                for (_, _, labels, value) in &rows {
+                    sep(&mut out);
+                    out.push_str("{\"labels\":");
+                    json_labels(&mut out, f.labels, labels);
+                    let _ = write!(out, ",\"value\":{value}}}");
+                }
+                if rows.is_empty() && f.labels.is_empty() {
+                    out.push_str("{\"labels\":{},\"value\":0}");
+                }
+            }
+            out.push_str("]}");
+        }
+        out.push('}');
+        out
+    }
+}
+
+struct Histogram {
+    labels: Vec<String>,
+    sum: i64,
+    count: i64,
+    buckets: [i64; BUCKETS_US.len() + 1],
+}
+
+fn histogram_series(rows: &[&(u32, u32, Vec<String>, i64)]) -> Vec<Histogram> {
+    let mut out: Vec<Histogram> = Vec::new();
+    for (_, part, labels, value) in rows {
+        let at = match out.iter().position(|h| &h.labels == labels) {
+            Some(i) => i,
+            None => {
+                out.push(Histogram {
+                    labels: labels.clone(),
+                    sum: 0,
+                    count: 0,
+                    buckets: [0; BUCKETS_US.len() + 1],
+                });
+                out.len() - 1
+            }
+        };
+        let h = &mut out[at];
+        match *part {
+            0 => h.sum = *value,
+            1 => h.count = *value,
+            p => {
+                if let Some(b) = h.buckets.get_mut(p as usize - 2) {
+                    *b = *value;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Microseconds as seconds, without trailing zeros.
+fn seconds(us: i64) -> String {
+    let sign = if us < 0 { "-" } else { "" };
+    let us = us.unsigned_abs();
+    let (whole, frac) = (us / 1_000_000, us % 1_000_000);
+    if frac == 0 {
+        return format!("{sign}{whole}");
+    }
+    let f = format!("{frac:06}");
+    format!("{sign}{whole}.{}", f.trim_end_matches('0'))
+}
+
+/// `{name="value",...}` with Prometheus's escapes; empty without labels.
+fn label_text(names: &[&str], values: &[String], le: Option<&str>) -> String {
+    let mut pairs: Vec<(String, String)> = names
+        .iter()
+        .zip(values.iter().chain(std::iter::repeat(&String::new())))
+        .map(|(n, v)| (n.to_string(), v.clone()))
+        .collect();
+    if let Some(le) = le {
+        pairs.push(("le".into(), le.into()));
+    }
+    if pairs.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from("{");
+    for (i, (n, v)) in pairs.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let _ = write!(out, "{n}=\"");
+        for c in v.chars() {
+            match c {
+                '\\' => out.push_str("\\\\"),
+                '"' => out.push_str("\\\""),
+                '\n' => out.push_str("\\n"),
+                c => out.push(c),
+            }
+        }
+        out.push('"');
+    }
+    out.push('}');
+    out
+}
+
+fn json_str(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+fn json_labels(out: &mut String, names: &[&str], values: &[String]) {
+    out.push('{');
+    for (i, (n, v)) in names.iter().zip(values).enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        json_str(out, n);
+        out.push(':');
+        json_str(out, v);
+    }
+    out.push('}');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slots(n: usize) -> Vec<Slot> {
+        (0..n)
+            .map(|_| Slot {
+                state: AtomicU32::new(0),
+                family: AtomicU32::new(0),
+                labels_len: AtomicU32::new(0),
+                part: AtomicU32::new(0),
+                value: AtomicI64::new(0),
+                labels: std::array::from_fn(|_| AtomicU8::new(0)),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn counters_add_up_per_series() {
+        let s = slots(64);
+        let t = Table::new(&s);
+        t.add(Id::SqldbRequests, &["db", "200"], 1);
+        t.add(Id::SqldbRequests, &["db", "200"], 2);
+        t.add(Id::SqldbRequests, &["db", "502"], 1);
+        t.add(Id::SqldbConnections, &["db", "127.0.0.1:5432", "idle"], 2);
+        t.add(Id::SqldbConnections, &["db", "127.0.0.1:5432", "idle"], -1);
+        let text = t.prometheus();
+        assert!(
+            text.contains("ngx_gateway_sqldb_requests_total{upstream=\"db\",status=\"200\"} 3\n"),
+            "{text}"
+        );
+        assert!(text.contains("ngx_gateway_sqldb_requests_total{upstream=\"db\",status=\"502\"} 1\n"));
+        assert!(text
+            .contains("ngx_gateway_sqldb_connections{upstream=\"db\",server=\"127.0.0.1:5432\",state=\"idle\"} 1\n"));
+        assert!(text.contains("# TYPE ngx_gateway_sqldb_requests_total counter\n"));
+        assert!(text.contains("# TYPE ngx_gateway_sqldb_connections gauge\n"));
+        assert!(text.contains("ngx_gateway_metrics_dropped_total 0\n"));
+    }
+
+    #[test]
+    fn a_second_table_over_the_same_slots_sees_the_same_series() {
+        // Two workers map the same shared memory.
+        let s = slots(16);
+        Table::new(&s).add(Id::CacheHits, &["r"], 5);
+        let t2 = Table::new(&s);
+        t2.add(Id::CacheHits, &["r"], 1);
+        assert!(t2
+            .prometheus()
+            .contains("ngx_gateway_cache_hits_total{upstream=\"r\"} 6\n"));
+    }
+
+    #[test]
+    fn histograms_are_cumulative_in_seconds() {
+        let s = slots(64);
+        let t = Table::new(&s);
+        for us in [300, 700, 3_000, 2_000_000, 9_000_000] {
+            t.observe(Id::SqldbQueryDuration, &["db"], us);
+        }
+        let text = t.prometheus();
+        let want = [
+            "ngx_gateway_sqldb_query_duration_seconds_bucket{upstream=\"db\",le=\"0.0005\"} 1\n",
+            "ngx_gateway_sqldb_query_duration_seconds_bucket{upstream=\"db\",le=\"0.001\"} 2\n",
+            "ngx_gateway_sqldb_query_duration_seconds_bucket{upstream=\"db\",le=\"0.005\"} 3\n",
+            "ngx_gateway_sqldb_query_duration_seconds_bucket{upstream=\"db\",le=\"1\"} 3\n",
+            "ngx_gateway_sqldb_query_duration_seconds_bucket{upstream=\"db\",le=\"5\"} 4\n",
+            "ngx_gateway_sqldb_query_duration_seconds_bucket{upstream=\"db\",le=\"+Inf\"} 5\n",
+            "ngx_gateway_sqldb_query_duration_seconds_sum{upstream=\"db\"} 11.004\n",
+            "ngx_gateway_sqldb_query_duration_seconds_count{upstream=\"db\"} 5\n",
+        ];
+        for w in want {
+            assert!(text.contains(w), "missing {w} in {text}");
+        }
+    }
+
+    #[test]
+    fn a_full_table_drops_and_counts() {
+        let s = slots(3);
+        let t = Table::new(&s);
+        t.add(Id::CacheHits, &["a"], 1);
+        // Two slots for series (the first counts those dropped).
+        t.add(Id::CacheHits, &["b"], 1);
+        t.add(Id::CacheHits, &["c"], 1);
+        t.add(Id::CacheHits, &["d"], 1);
+        let text = t.prometheus();
+        assert!(text.contains("ngx_gateway_metrics_dropped_total 2\n"), "{text}");
+        assert!(text.contains("ngx_gateway_cache_hits_total{upstream=\"a\"} 1\n"));
+        assert!(!text.contains("upstream=\"c\"") && !text.contains("upstream=\"d\""));
+    }
+
+    #[test]
+    fn labels_are_escaped_and_bounded() {
+        let s = slots(8);
+        let t = Table::new(&s);
+        t.add(Id::CacheHits, &["a\"b\\c\nd"], 1);
+        assert!(t.prometheus().contains("{upstream=\"a\\\"b\\\\c\\nd\"} 1\n"));
+        let long = "é".repeat(100);
+        let j = join_labels(&[&long]);
+        assert!(j.len() <= LABELS_MAX);
+        assert!(std::str::from_utf8(&j).is_ok());
+    }
+
+    #[test]
+    fn json_has_the_same_series() {
+        let s = slots(32);
+        let t = Table::new(&s);
+        t.add(Id::CacheRequests, &["r", "GET", "200"], 4);
+        t.observe(Id::CacheDuration, &["r", "GET"], 1_500);
+        let j = t.json();
+        assert!(j.contains(
+            "\"ngx_gateway_cache_requests_total\":{\"help\":\"Cache gateway requests by command and HTTP status.\",\
+             \"type\":\"counter\",\"series\":[{\"labels\":{\"upstream\":\"r\",\"command\":\"GET\",\"status\":\"200\"},\
+             \"value\":4}]}"
+        ), "{j}");
+        assert!(j.contains("\"buckets\":{\"0.0005\":0,\"0.001\":0,\"0.0025\":1,"), "{j}");
+        assert!(j.contains("\"sum\":0.0015,\"count\":1}"), "{j}");
+        assert!(j.starts_with('{') && j.ends_with('}'));
+    }
+
+    #[test]
+    fn concurrent_writers_lose_nothing() {
+        let s = slots(256);
+        std::thread::scope(|scope| {
+            for w in 0..4 {
+                let s = &s;
+                scope.spawn(move || {
+                    let t = Table::new(s);
+                    for i in 0..2000 {
+                        t.add(Id::SqldbRequests, &["db", &format!("{}", 200 + (i + w) % 7)], 1);
+                    }
+                });
+            }
+        });
+        let text = Table::new(&s).prometheus();
+        let total: i64 = text
+            .lines()
+            .filter(|l| l.starts_with("ngx_gateway_sqldb_requests_total{"))
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<i64>().unwrap())
+            .sum();
+        assert_eq!(total, 8000);
+        assert_eq!(
+            text.lines()
+                .filter(|l| l.starts_with("ngx_gateway_sqldb_requests_total{"))
+                .count(),
+            7
+        );
+    }
+}
