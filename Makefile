@@ -9,6 +9,7 @@
 #   make run      a throwaway PostgreSQL + nginx with nginx-conf/demo.conf on 127.0.0.1:8080
 #   make stop     stop what make run started
 #   make bench    wrk through the gateway next to pgbench in the same run
+#   make bench-scale  the figures behind the README's Scaling out (pool sizes, PgBouncer, a cluster's slot map, a partition)
 #   make check    cargo fmt --check and clippy -D warnings
 #   make miri     core's unit and random-sequence tests under Miri (nightly)
 #   make fuzztest the fuzz checks on stable Rust over the seeds and pseudo-random inputs (part of make test)
@@ -40,7 +41,7 @@ FUZZ_RUNS    ?= 10000000
 FUZZ_SECONDS ?= 20
 FUZZ_TARGET  := $(CURDIR)/fuzz/target
 
-.PHONY: all build fault vendored deps valgrind-deps unittest miri deb install test-package fuzztest fuzz fuzz-short cargo-fuzz test test-debian test-vendored test-valgrind run stop bench check clean
+.PHONY: all build fault vendored deps valgrind-deps unittest miri deb install test-package fuzztest fuzz fuzz-short cargo-fuzz test test-debian test-vendored test-valgrind run stop bench bench-scale check clean
 
 all: build
 
@@ -200,6 +201,9 @@ stop:
 
 bench: deps build
 	bash bench/run.sh
+
+bench-scale: deps build
+	python3 bench/scale.py
 
 check: $(DEB_BUILD)/objs/ngx_auto_config.h
 	$(CARGO) fmt --all -- --check
