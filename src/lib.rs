@@ -18,6 +18,7 @@
 
 pub mod cache;
 pub mod ffi;
+pub mod metrics;
 pub mod sqldb;
 pub mod status;
 
@@ -380,6 +381,7 @@ pub static mut ngx_http_gateway_status_module: ngx_module_t = ngx_module_t {
     ctx: ptr::addr_of!(STATUS_CTX) as *mut _,
     commands: ptr::addr_of_mut!(STATUS_COMMANDS) as *mut _,
     type_: NGX_HTTP_MODULE as ngx_uint_t,
+    init_process: Some(status::init_process),
     ..ngx_module_t::default()
 };
 

@@ -3,54 +3,18 @@
 //! JSON. The series live in a shared memory zone (core's metrics table),
 //! which every worker updates in place and which outlives reloads.
 
+use gateway_core::metrics::{Id, SLOT_SIZE};
 use std::ffi::{c_char, c_void};
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
-
-use gateway_core::metrics::{Id, Slot, Table, SLOT_SIZE};
 
 use crate::ffi::conf::{conf_step, create_conf, directive, ConfError};
 use crate::ffi::*;
+use crate::metrics::table;
 
 /// Series the zone holds (about 140 bytes each, a megabyte in all).
 const SLOTS: usize = 7000;
 /// The zone: the slots and the slab allocator's own pages.
 const ZONE_SIZE: usize = SLOTS * SLOT_SIZE + 64 * 1024;
 const ZONE_NAME: &str = "ngx_gateway_metrics";
-
-/// The table in the zone, once nginx has mapped it (set in the master
-/// before the workers start; each worker inherits it).
-static TABLE: AtomicPtr<Slot> = AtomicPtr::new(std::ptr::null_mut());
-static TABLE_LEN: AtomicUsize = AtomicUsize::new(0);
-
-/// The metrics table every worker writes to (None outside an http block or
-/// before nginx mapped the zone).
-pub fn table() -> Option<Table<'static>> {
-    let p = TABLE.load(Ordering::Acquire);
-    let len = TABLE_LEN.load(Ordering::Acquire);
-    if p.is_null() || len == 0 {
-        return None;
-    }
-    // SAFETY: p points at `len` slots in shared memory that nginx maps
-    // before any worker starts and unmaps only when the configuration that
-    // made it is gone; slots are made of atomics, which any process may
-    // read and write at once.
-    Some(Table::new(unsafe { std::slice::from_raw_parts(p, len) }))
-}
-
-/// Adds `delta` to a counter or gauge.
-pub fn add(id: Id, labels: &[&str], delta: i64) {
-    if let Some(t) = table() {
-        t.add(id, labels, delta);
-    }
-}
-
-/// Records a duration (a histogram's observation).
-pub fn observe(id: Id, labels: &[&str], since_ms: ngx_msec_t) {
-    if let Some(t) = table() {
-        let us = current_msec().saturating_sub(since_ms) as i64 * 1000;
-        t.observe(id, labels, us);
-    }
-}
 
 /// The location configuration: `gateway_status` given.
 pub struct StatusLocConf {
@@ -94,6 +58,12 @@ pub(crate) extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
         // SAFETY: nginx returns a zone of this cycle's list, or null.
         let zone = unsafe { zone.as_mut() }.ok_or(ConfError::Logged)?;
         zone.init = Some(zone_init);
+        let cmcf = c.main_conf::<ngx::http::NgxHttpCoreModule>();
+        let phase = &mut cmcf.phases[ngx_http_phases_NGX_HTTP_LOG_PHASE as usize];
+        // SAFETY: the phase's handlers array, of ngx_http_handler_pt.
+        let h = unsafe { (ngx_array_push(&mut phase.handlers) as *mut ngx_http_handler_pt).as_mut() }
+            .ok_or(ConfError::Logged)?;
+        *h = Some(log_handler);
         Ok(())
     };
     // SAFETY: nginx passes the configuration being read.
@@ -124,8 +94,33 @@ extern "C" fn zone_init(zone: *mut ngx_shm_zone_t, old: *mut c_void) -> ngx_int_
             p
         };
         zone.data = slots;
-        TABLE_LEN.store(SLOTS, Ordering::Release);
-        TABLE.store(slots.cast(), Ordering::Release);
+        OK
+    })
+}
+
+/// Each worker (or the single process) takes the table of its own cycle's
+/// zone: a zone of a reload that failed is never used.
+pub(crate) extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
+    // SAFETY: nginx passes the cycle the process runs; its log is set up.
+    let cycle = unsafe { &*cycle };
+    // SAFETY: as above.
+    let log = unsafe { Log::from_raw(cycle.log) };
+    guard(log, "status init_process", OK, || {
+        let tag: *const ngx_module_t = std::ptr::addr_of!(crate::ngx_http_gateway_status_module);
+        let mut part: *const ngx_list_part_t = &cycle.shared_memory.part;
+        // SAFETY: nginx's list of the cycle's zones: parts of nelts zones.
+        while let Some(p) = unsafe { part.as_ref() } {
+            // SAFETY: as above.
+            let zones = unsafe { std::slice::from_raw_parts(p.elts as *const ngx_shm_zone_t, p.nelts) };
+            if let Some(z) = zones
+                .iter()
+                .find(|z| z.tag as *const ngx_module_t == tag && !z.data.is_null())
+            {
+                crate::metrics::set_table(z.data.cast(), SLOTS);
+                break;
+            }
+            part = p.next;
+        }
         OK
     })
 }
@@ -154,4 +149,69 @@ extern "C" fn content_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
         r.set_content_type(ctype);
         r.send_body(200, body)
     })
+}
+
+/// Counts each request of the two gateways once it is done (nginx's log
+/// phase: main requests, and subrequests with `log_subrequest on`), by
+/// its final status, with `$upstream_response_time` as its duration.
+extern "C" fn log_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
+    // SAFETY: nginx calls the log phase's handlers with a live request.
+    let r = unsafe { Req::from_raw(r) };
+    guard(r.log(), "status log handler", OK, || {
+        count(r);
+        OK
+    })
+}
+
+fn count(r: &mut Req) {
+    let Some(t) = table() else { return };
+    let sqldb = std::ptr::addr_of!(crate::ngx_http_gateway_module);
+    let cache = std::ptr::addr_of!(crate::ngx_http_gateway_cache_module);
+    // The upstream tells which gateway served the request, also after an
+    // error_page sent it to another location; a request that ended before
+    // it had one (400, 405, ...) is told by its location's handler.
+    let (module, upstream) = match r.upstream_ref() {
+        Some(u) if u.tag() == sqldb || u.tag() == cache => (u.tag(), u.name()),
+        Some(_) => return,
+        None => {
+            let h = r.core_loc_conf().handler.map_or(0, |f| f as usize);
+            if h == crate::sqldb::request::content_handler as *const () as usize {
+                (sqldb, String::new())
+            } else if h == crate::cache::content_handler as *const () as usize {
+                (cache, String::new())
+            } else {
+                return;
+            }
+        }
+    };
+    let status = r.status().to_string();
+    let us = r.upstream_response_ms().map(|ms| ms as i64 * 1000);
+    if module == sqldb {
+        t.add(Id::SqldbRequests, &[&upstream, &status], 1);
+        if let Some(us) = us {
+            t.observe(Id::SqldbQueryDuration, &[&upstream], us);
+        }
+        return;
+    }
+    let m = r.method();
+    let command = if m & (NGX_HTTP_GET | NGX_HTTP_HEAD) != 0 {
+        "GET"
+    } else if m & (NGX_HTTP_PUT | NGX_HTTP_POST) != 0 {
+        "SET"
+    } else if m & NGX_HTTP_DELETE != 0 {
+        "DEL"
+    } else {
+        "-"
+    };
+    t.add(Id::CacheRequests, &[&upstream, command, &status], 1);
+    if command == "GET" {
+        match r.status() {
+            200 => t.add(Id::CacheHits, &[&upstream], 1),
+            404 => t.add(Id::CacheMisses, &[&upstream], 1),
+            _ => {}
+        }
+    }
+    if let Some(us) = us {
+        t.observe(Id::CacheDuration, &[&upstream, command], us);
+    }
 }

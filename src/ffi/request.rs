@@ -95,6 +95,37 @@ impl Req {
         self.0.method_name.as_bytes()
     }
 
+    /// The response status (0 before one is set).
+    pub fn status(&self) -> ngx_uint_t {
+        self.0.headers_out.status
+    }
+
+    /// The request's upstream, read only (also once it is finished: nginx
+    /// keeps it until the request is freed).
+    pub fn upstream_ref(&self) -> Option<&Upstream> {
+        // SAFETY: r->upstream is null or an upstream in the request's pool.
+        unsafe { self.0.upstream.cast::<Upstream>().as_ref() }
+    }
+
+    /// The sum of `$upstream_response_time` over the tries, in ms (None
+    /// when no try finished).
+    pub fn upstream_response_ms(&self) -> Option<ngx_msec_t> {
+        // SAFETY: upstream_states is null or an array of states in the
+        // request's pool.
+        let a = unsafe { self.0.upstream_states.as_ref() }?;
+        if a.elts.is_null() {
+            return None;
+        }
+        // SAFETY: nelts states of this type (nginx's array).
+        let states = unsafe { std::slice::from_raw_parts(a.elts as *const ngx_http_upstream_state_t, a.nelts) };
+        let times: Vec<ngx_msec_t> = states
+            .iter()
+            .map(|s| s.response_time)
+            .filter(|t| *t != ngx_msec_t::MAX)
+            .collect();
+        (!times.is_empty()).then(|| times.iter().sum())
+    }
+
     /// The query string (after `?`).
     pub fn args(&self) -> &[u8] {
         self.0.args.as_bytes()

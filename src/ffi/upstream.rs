@@ -47,6 +47,29 @@ impl Upstream {
         u.finalize_request = Some(cb.finalize_request);
     }
 
+    /// The module that installed it (its buffers' tag).
+    pub fn tag(&self) -> *const ngx_module_t {
+        self.0.output.tag as *const ngx_module_t
+    }
+
+    /// The upstream block's name (`host:port` for one made of a literal
+    /// address), or the host named at run time.
+    pub fn name(&self) -> String {
+        // SAFETY: u->upstream is null or an upstream block of the
+        // configuration; u->resolved is null or in the request's pool.
+        if let Some(us) = unsafe { self.0.upstream.as_ref() } {
+            let host = String::from_utf8_lossy(us.host.as_bytes()).into_owned();
+            return if us.port != 0 {
+                format!("{host}:{}", us.port)
+            } else {
+                host
+            };
+        }
+        self.resolved_host()
+            .map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned())
+            .unwrap_or_default()
+    }
+
     /// TLS to the server, with the context of the configuration installed;
     /// `name` is the server's name to verify and to send (SNI), unless the
     /// configuration's `ssl_name` says otherwise.

@@ -44,7 +44,9 @@ fn server(cf: Conf, srv: &mut SrvConf) -> Result<(), ConfError> {
         down: false,
     };
     let mut keywords = Keywords::default();
-    let flags = cf.upstream_block().flags;
+    let block = cf.upstream_block();
+    let flags = block.flags;
+    srv.pool.name = std::rc::Rc::from(String::from_utf8_lossy(block.host.as_bytes()).as_ref());
     for &a in &args[2..] {
         let text = String::from_utf8_lossy(a);
         let (needed, ok) = if let Some(v) = a.strip_prefix(b"weight=") {

@@ -5,12 +5,14 @@ use std::ffi::CString;
 use std::ptr::NonNull;
 use std::rc::Rc;
 
+use gateway_core::metrics::Id;
 use gateway_core::pipeline::{Mode, Pipeline, Wire};
 
 use super::cancel::Canceller;
 use super::pq::{CancelKey, PgConn, PqError};
 use super::{ConnId, Pool, Query, ReqToken, Statement};
 use crate::ffi::*;
+use crate::metrics;
 
 pub(super) struct Conn {
     pub pg: PgConn,
@@ -49,6 +51,18 @@ pub(super) struct Conn {
     /// The session's cancel key (None: its queries cannot be cancelled).
     pub cancel_key: Option<CancelKey>,
     pub canceller: Option<Canceller>,
+    /// The upstream's name, for the metrics.
+    pub upstream: Rc<str>,
+    /// What the shared gauges count of it now.
+    shown: Shown,
+}
+
+/// A connection's share of the gauges (`gateway_status`): its state and
+/// the requests queued on it, as last added.
+#[derive(Debug, Default)]
+struct Shown {
+    state: Option<&'static str>,
+    depth: i64,
 }
 
 impl Conn {
@@ -81,6 +95,31 @@ impl Conn {
             unnamed: false,
             cancel_key: None,
             canceller: None,
+            upstream: Rc::from(""),
+            shown: Shown::default(),
+        }
+    }
+
+    /// Brings the gauges up to date with the connection (None: it closes).
+    pub fn show(&mut self, open: bool) {
+        let (state, depth) = match open {
+            false => (None, 0),
+            true if self.pipeline.is_connecting() => (Some("connecting"), self.pipeline.depth() as i64),
+            true if self.pipeline.is_idle() => (Some("idle"), 0),
+            true => (Some("busy"), self.pipeline.depth() as i64),
+        };
+        let labels = [&*self.upstream, self.name.as_str()];
+        if state != self.shown.state {
+            for (s, delta) in [(self.shown.state, -1), (state, 1)] {
+                if let Some(s) = s {
+                    metrics::add(Id::SqldbConnections, &[labels[0], labels[1], s], delta);
+                }
+            }
+            self.shown.state = state;
+        }
+        if depth != self.shown.depth {
+            metrics::add(Id::SqldbPipelineDepth, &labels, depth - self.shown.depth);
+            self.shown.depth = depth;
         }
     }
 
@@ -220,6 +259,7 @@ impl Conn {
             self.enter_pipeline()?;
             match (wire, statement) {
                 (Wire::PrepareAndExecute, Some(s)) => {
+                    metrics::add(Id::SqldbPrepares, &[&self.upstream], 1);
                     self.pg.send_prepare(&s.name, &q.sql)?;
                     self.pg.send_prepared(&s.name, &q.params, q.binary)?;
                 }

@@ -2,6 +2,9 @@
 //! the results and route them (core::pipeline), cancel the queries of
 //! requests that are gone, and carry out what the routing asks.
 
+use std::rc::Rc;
+
+use gateway_core::metrics::Id;
 use gateway_core::pipeline::{Route, Step};
 
 use super::cancel::{Canceller, Progress};
@@ -10,7 +13,7 @@ use super::pool::LONG_FACTOR;
 use super::pq::Poll;
 use super::{ConnId, Delivery, Pool, RowVerdict};
 use crate::ffi::*;
-use crate::{debug, log};
+use crate::{debug, log, metrics};
 
 /// How long the queries of requests that are gone may take to end once
 /// cancelled; then the connection is closed.
@@ -55,6 +58,7 @@ pub(super) extern "C" fn conn_event(ev: *mut ngx_event_t) {
             // The connection's state is unknown after a panic: give up on it.
             pool.broken(id, "internal error", &mut out);
         }
+        pool.show(id);
         let sink = pool.sink;
         deliver(sink, out);
     })
@@ -78,6 +82,7 @@ pub(super) extern "C" fn cancel_event(ev: *mut ngx_event_t) {
         let timed_out = ev.take_timedout();
         let mut out = Vec::new();
         pool.on_cancel_event(id, timed_out, &mut out);
+        pool.show(id);
         let sink = pool.sink;
         deliver(sink, out);
     })
@@ -134,7 +139,11 @@ impl Pool {
                 c.pg.error_message()
             );
         }
-        if timed_out || close || gone || c.pg.is_busy() {
+        let busy = c.pg.is_busy();
+        if gone {
+            self.lost(id);
+        }
+        if timed_out || close || gone || busy {
             self.close(id);
         }
     }
@@ -158,6 +167,13 @@ impl Pool {
                     return self.connect_failed(id, &format!("connecting failed: {e}"), out);
                 }
                 c.cancel_key = c.pg.cancel_key();
+                let (addr, labels) = (c.addr, [c.upstream.clone(), Rc::from(c.name.as_str())]);
+                metrics::add(Id::SqldbConnects, &[&labels[0], &labels[1]], 1);
+                if let Some(i) = self.lost.iter().position(|a| *a == addr) {
+                    self.lost.swap_remove(i);
+                    metrics::add(Id::SqldbReconnects, &[&labels[0], &labels[1]], 1);
+                }
+                let Some(c) = self.conn(id) else { return };
                 debug!(
                     Log::cycle(),
                     "sqldb: connection #{} to {} is up (backend {})",
@@ -174,12 +190,23 @@ impl Pool {
         }
     }
 
+    /// A connection that was up is lost: the next one to its server that
+    /// opens counts as a reconnect.
+    fn lost(&mut self, id: ConnId) {
+        let Some(c) = self.conn(id) else { return };
+        let addr = c.addr;
+        if !c.pipeline.is_connecting() && !self.lost.contains(&addr) {
+            self.lost.push(addr);
+        }
+    }
+
     fn connect_failed(&mut self, id: ConnId, msg: &str, out: &mut Vec<Delivery>) {
         self.broken(id, msg, out);
     }
 
     /// The connection is gone: every request on it gets its outcome, and it closes.
     pub(super) fn broken(&mut self, id: ConnId, msg: &str, out: &mut Vec<Delivery>) {
+        self.lost(id);
         let Some(c) = self.conn(id) else { return };
         debug!(
             Log::cycle(),
@@ -420,6 +447,7 @@ impl Pool {
         let data: *mut Conn = c;
         match Canceller::start(&key, Some(cancel_event), data.cast()) {
             Ok(canceller) => {
+                metrics::add(Id::SqldbCancels, &[&c.upstream], 1);
                 log!(
                     NGX_LOG_INFO,
                     Log::cycle(),

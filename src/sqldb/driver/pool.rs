@@ -103,6 +103,11 @@ pub struct Pool {
     /// The server's sessions turned out shared (a pooler in transaction
     /// mode): no named statements on this upstream in this worker.
     pub(super) statements_off: bool,
+    /// The upstream's name (for the metrics).
+    pub name: Rc<str>,
+    /// Servers (address indexes) whose connection was lost: the next one
+    /// that opens counts as a reconnect.
+    pub(super) lost: Vec<usize>,
 }
 
 impl Pool {
@@ -113,6 +118,8 @@ impl Pool {
             idle: Vec::new(),
             sink: None,
             statements_off: false,
+            name: Rc::from(""),
+            lost: Vec::new(),
         }
     }
 
@@ -289,8 +296,11 @@ impl Pool {
         let key = self.conns.insert(conn);
         debug_assert_eq!(key, id.0);
         let statements_off = self.statements_off;
+        let upstream = self.name.clone();
         let c = self.conn(id).expect("just inserted");
         c.unnamed = statements_off;
+        c.upstream = upstream;
+        c.show(true);
         // libpq starts as if it had asked for writability; the read side is
         // watched for the connection's whole life.
         if !c.socket.watch_read(true) || !c.want_write(true) {
@@ -314,7 +324,7 @@ impl Pool {
         };
         c.remember(req, query.clone());
         let alone = query.alone();
-        match c.pipeline.join(req, alone) {
+        let submitted = match c.pipeline.join(req, alone) {
             Join::Wait => Ok(Submitted::Waiting {
                 connecting: c.pipeline.is_connecting(),
             }),
@@ -326,6 +336,15 @@ impl Pool {
                     Err(out)
                 }
             },
+        };
+        self.show(id);
+        submitted
+    }
+
+    /// Brings the gauges up to date with a connection, if it is still open.
+    pub(super) fn show(&mut self, id: ConnId) {
+        if let Some(c) = self.conn(id) {
+            c.show(true);
         }
     }
 
@@ -337,6 +356,7 @@ impl Pool {
         c.forget(req);
         let steps = c.pipeline.abandon(req);
         self.apply(id, steps, &mut out);
+        self.show(id);
         out
     }
 
@@ -351,6 +371,7 @@ impl Pool {
             return out;
         }
         self.read_results(id, &mut out);
+        self.show(id);
         out
     }
 
@@ -387,7 +408,8 @@ impl Pool {
     pub(super) fn close(&mut self, id: ConnId) {
         self.idle.retain(|&i| i != id);
         let Some(c) = self.conns.remove(id.0) else { return };
-        let c = *c;
+        let mut c = *c;
+        c.show(false);
         debug!(
             Log::cycle(),
             "sqldb: connection #{} to {} closed",
