@@ -6,7 +6,7 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_get start_redis redis_cli);
+use GatewayTest qw(http_request nginx_start stop_nginx nginx_error_log http_get start_redis redis_cli);
 use File::Temp qw(tempdir);
 use IO::Socket::INET;
 use Test::More;
@@ -74,18 +74,7 @@ server {
 }
 HTTP
 
-sub request {
-    my ($method, $path, $body) = @_;
-    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port) or die $!;
-    $body //= '';
-    print $s "$method $path HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: "
-        . length($body) . "\r\n\r\n$body";
-    local $/;
-    my $resp = <$s> // '';
-    my ($head, $rest) = split /\r\n\r\n/, $resp, 2;
-    my ($status) = ($head // '') =~ m{^HTTP/\S+ (\d+)};
-    return ($status // 0, $rest // '', $head // '');
-}
+sub request { http_request($port, @_) }
 
 my @got = map { [request('GET', '/verified')] } 1 .. 5;
 is_deeply([map { "$_->[0] $_->[1]" } @got], [('200 hello over tls') x 5],

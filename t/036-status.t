@@ -5,7 +5,7 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(nginx_start stop_nginx nginx_signal nginx_error_log start_redis redis_cli psql);
+use GatewayTest qw(http_request nginx_start stop_nginx nginx_signal nginx_error_log start_redis redis_cli psql);
 use IO::Socket::INET;
 use File::Temp;
 use Test::More;
@@ -28,22 +28,12 @@ server {
     location = /bad { sqldb_pass database; sqldb_query "select * from no_such_table"; }
     location = /sleep { sqldb_pass database; sqldb_result_timeout 300ms; sqldb_query "select pg_sleep(5)"; }
     location /kv/ { set \$cache_key \$uri; cache_pass redis; }
+    location /var/ { set \$cache_key \$uri; cache_pass \$arg_b; }
 }
 HTTP
 
 # One request on a connection of its own (so that both workers serve some).
-sub request {
-    my ($method, $path, $body) = @_;
-    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port) or die $!;
-    $body //= '';
-    print $s "$method $path HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: "
-        . length($body) . "\r\n\r\n$body";
-    local $/;
-    my $resp = <$s> // '';
-    my ($head, $rest) = split /\r\n\r\n/, $resp, 2;
-    my ($status) = ($head // '') =~ m{^HTTP/\S+ (\d+)};
-    return ($status // 0, $rest // '', $head // '');
-}
+sub request { http_request($port, @_) }
 
 # The metrics, parsed by prometheus_client: { "name{label=value,...}" => value }.
 sub metrics {
@@ -103,6 +93,14 @@ is($m->{"ngx_gateway_cache_requests_total{command=DEL,status=204,$up}"}, 1, 'cac
 is($m->{"ngx_gateway_cache_hits_total{$up}"}, 4, 'hits');
 is($m->{"ngx_gateway_cache_misses_total{$up}"}, 2, 'misses');
 is($m->{"ngx_gateway_cache_request_duration_seconds_count{command=GET,$up}"}, 6, 'cache durations');
+
+# An address from a variable (here from the client) is no label of its own:
+# a client cannot make series without end.
+is(join(' ', map { (request('GET', "/var/x?b=127.0.0.1:$redis->{port}&n=$_"))[0] } 1 .. 3), '404 404 404',
+    'cache_pass $arg_b');
+($m) = metrics();
+is($m->{'ngx_gateway_cache_requests_total{command=GET,status=404,upstream=}'}, 3, 'counted under upstream=""');
+is(scalar(grep { /upstream=127\.0\.0\.1/ } keys %$m), 0, 'no series names the address');
 cmp_ok(sum_of($m, qr/^ngx_gateway_sqldb_prepared_statements_total\{upstream=database\}/), '>=', 1, 'statements prepared');
 cmp_ok(sum_of($m, qr/^ngx_gateway_sqldb_connects_total\{server=\S+,upstream=database\}/), '>=', 1, 'connections opened');
 
@@ -141,8 +139,13 @@ is(sum_of($m, qr/^ngx_gateway_sqldb_connections\{.*state=busy/), 0, 'no connecti
 # Reconnects: the server ends the pooled sessions; new ones open.
 psql("select pg_terminate_backend(pid) from pg_stat_activity where application_name = 'ngx_gateway'");
 sleep 0.3;
-request('GET', '/one') for 1 .. 4;
-($m) = metrics();
+# (Each request goes to whichever worker accepts it: a few, until one
+# reaches a worker whose connections were ended.)
+for (1 .. 20) {
+    request('GET', '/one');
+    ($m) = metrics();
+    last if sum_of($m, qr/^ngx_gateway_sqldb_reconnects_total\{/) >= 1;
+}
 cmp_ok(sum_of($m, qr/^ngx_gateway_sqldb_reconnects_total\{/), '>=', 1, 'reconnects after pg_terminate_backend');
 $server = psql("select count(*) from pg_stat_activity where application_name = 'ngx_gateway'");
 is(sum_of($m, qr/^ngx_gateway_sqldb_connections\{.*state=idle/), $server,

@@ -53,21 +53,24 @@ impl Upstream {
     }
 
     /// The upstream block's name (`host:port` for one made of a literal
-    /// address), or the host named at run time.
+    /// address); empty for an address named at run time (a variable's
+    /// value, which may come from a client: never a label of its own).
     pub fn name(&self) -> String {
+        // SAFETY: u->resolved is null or in the request's pool.
+        let address = unsafe { self.0.resolved.as_ref() }.is_some_and(|r| !r.sockaddr.is_null());
         // SAFETY: u->upstream is null or an upstream block of the
-        // configuration; u->resolved is null or in the request's pool.
-        if let Some(us) = unsafe { self.0.upstream.as_ref() } {
-            let host = String::from_utf8_lossy(us.host.as_bytes()).into_owned();
-            return if us.port != 0 {
-                format!("{host}:{}", us.port)
-            } else {
-                host
-            };
+        // configuration (found by name when a variable named one).
+        match unsafe { self.0.upstream.as_ref() } {
+            Some(us) if !address => {
+                let host = String::from_utf8_lossy(us.host.as_bytes()).into_owned();
+                if us.port != 0 {
+                    format!("{host}:{}", us.port)
+                } else {
+                    host
+                }
+            }
+            _ => String::new(),
         }
-        self.resolved_host()
-            .map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned())
-            .unwrap_or_default()
     }
 
     /// TLS to the server, with the context of the configuration installed;

@@ -36,7 +36,7 @@ use Test::Builder ();
 # instead of killing the test process (and leaving its servers behind).
 $SIG{PIPE} = 'IGNORE';
 
-our @EXPORT_OK = qw(pg_server_line start_servers stop_servers psql rds rds_rows rds_command free_port pg_bin pg_stop pg_start
+our @EXPORT_OK = qw(http_request pg_server_line start_servers stop_servers psql rds rds_rows rds_command free_port pg_bin pg_stop pg_start
     pg_restart start_extra_pg nginx_signal nginx_exited start_redis redis_cli garbage_port
     nginx_start stop_nginx nginx_error_log http_send http_read http_get stretch under_valgrind);
 
@@ -538,6 +538,21 @@ sub http_read {
     my ($head, $body) = split /\r\n\r\n/, $buf, 2;
     my ($status) = ($head || '') =~ m{^HTTP/\S+ (\d+)};
     return ($status, $body);
+}
+
+# One request on a connection of its own: (status, body, head).
+sub http_request {
+    my ($port, $method, $path, $body) = @_;
+    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port) or die "connect: $!";
+    binmode $s;
+    $body //= '';
+    print $s "$method $path HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: "
+        . length($body) . "\r\n\r\n$body";
+    local $/;
+    my $resp = <$s> // '';
+    my ($head, $rest) = split /\r\n\r\n/, $resp, 2;
+    my ($status) = ($head // '') =~ m{^HTTP/\S+ (\d+)};
+    return ($status // 0, $rest // '', $head // '');
 }
 
 sub http_get {

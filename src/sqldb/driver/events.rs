@@ -192,7 +192,7 @@ impl Pool {
 
     /// A connection that was up is lost: the next one to its server that
     /// opens counts as a reconnect.
-    fn lost(&mut self, id: ConnId) {
+    pub(super) fn lost(&mut self, id: ConnId) {
         let Some(c) = self.conn(id) else { return };
         let addr = c.addr;
         if !c.pipeline.is_connecting() && !self.lost.contains(&addr) {

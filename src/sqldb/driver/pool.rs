@@ -163,6 +163,7 @@ impl Pool {
                     "sqldb: idle connection to {} closed by the server",
                     c.name
                 );
+                self.lost(id);
                 self.close(id);
                 continue;
             }
