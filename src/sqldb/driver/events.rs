@@ -393,6 +393,13 @@ impl Pool {
                         c.check_encoding().err().map(|e| e.0)
                     };
                     if let Some(why) = unfit {
+                        log!(
+                            NGX_LOG_INFO,
+                            Log::cycle(),
+                            "sqldb: connection to {} closes: {why}; {} request(s) that waited on it move to another connection",
+                            c.name,
+                            reqs.len()
+                        );
                         for &req in &reqs {
                             c.forget(req);
                             out.push(Delivery::Failed(

@@ -141,6 +141,8 @@ fn run(r: &mut Req) -> Result<(), StartError> {
         srv: None,
         conn: None,
         fresh: false,
+        unsent_moves: 0,
+        rejected: None,
         last: None,
         error: None,
         done: false,

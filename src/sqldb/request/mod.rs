@@ -41,6 +41,11 @@ pub struct Ctx {
     conn: Option<ConnId>,
     /// The connection was opened for this request (not pooled nor shared).
     fresh: bool,
+    /// Times its query, not sent, moved to another connection of the pool.
+    unsent_moves: u8,
+    /// The pool had no connection to spare (`overflow=reject`) for the
+    /// server the balancer picked: 503 once nginx's connect returns.
+    rejected: Option<String>,
     last: Option<PgResult>,
     error: Option<PgResult>,
     /// The response is decided (nginx's upstream is finished).

@@ -175,8 +175,20 @@ fn get(pc: &mut ngx_peer_connection_t, pd: &mut PeerData, log: Log) -> ngx_int_t
     match srv.pool.pick(Some(addr), alone) {
         Pick::Idle(id) | Pick::Share(id) | Pick::Behind(id) => use_conn(pc, pd, ctx, id, false),
         Pick::Reject => {
-            log_failure(log, &ConnError::NoConnection(name));
-            BUSY
+            // A full pool is no failure of the server: the balancer takes
+            // its pick back as unused, and the request gets 503 (attach),
+            // not nginx's "no live upstreams".
+            if let Some(free) = std::mem::take(&mut pd.balancer_used)
+                .then_some(pd.balancer_free)
+                .flatten()
+            {
+                // SAFETY: the balancer's own function, with its data.
+                unsafe { free(pc, pd.balancer_data, 0) };
+            }
+            ctx.rejected = Some(name);
+            pd.standin.clear();
+            pc.connection = &mut pd.standin.c;
+            AGAIN
         }
         Pick::New => {
             let exclusive = ctx.query.alone();
@@ -237,7 +249,18 @@ pub(super) extern "C" fn finalize_request(r: *mut ngx_http_request_t, _rc: ngx_i
 /// Takes the request over from nginx's upstream code once a connection is
 /// picked: its own timer on the stand-in, and its query on the connection.
 pub fn attach(r: &mut Req) {
+    attach_with(r, true)
+}
+
+/// `attach`; `fresh_timer`: the request's timer starts now (else a timer
+/// already running goes on: a request that moves keeps its deadline).
+fn attach_with(r: &mut Req, fresh_timer: bool) {
     let Some(ctx) = ctx_of(r) else { return };
+    if let Some(name) = ctx.rejected.take() {
+        let e = ConnError::NoConnection(name);
+        log_failure(r.log(), &e);
+        return fail(r, e.status(), false);
+    }
     let (Some(conn), false) = (ctx.conn, ctx.done) else {
         return;
     };
@@ -245,8 +268,11 @@ pub fn attach(r: &mut Req) {
     // SAFETY: the peer data lives in the request's pool; nothing else uses it now.
     let pd = unsafe { pd.as_mut() };
     let lcf: &LocConf = r.loc_conf::<Sqldb>();
-    pd.standin.clear(); // nginx's connect timer
     let timer = pd.standin.timer();
+    let keep = !fresh_timer && timer.timer_set();
+    if !keep {
+        pd.standin.clear(); // nginx's connect timer
+    }
     timer.set_handler(Some(request_timer));
     timer.set_log(r.log());
     pd.standin.c.data = r.as_ptr().cast();
@@ -257,15 +283,18 @@ pub fn attach(r: &mut Req) {
                 st.connect_time = 0;
             }
             r.set_log_action(c"reading result from PostgreSQL");
-            timer.add_timer(lcf.result_timeout);
+            if !keep {
+                timer.add_timer(lcf.result_timeout);
+            }
         }
-        Ok(Submitted::Waiting { connecting }) => {
+        Ok(Submitted::Waiting { connecting }) if !keep => {
             timer.add_timer(if connecting {
                 lcf.connect_timeout
             } else {
                 lcf.result_timeout
             });
         }
+        Ok(Submitted::Waiting { .. }) => {}
         Err(out) => SINK.deliver(out),
     }
 }
@@ -386,6 +415,75 @@ pub fn next(r: &mut Req, status: ngx_int_t, ft: u32) {
     next_peer(r, status, ft, false)
 }
 
+/// How often a request's query, never sent, may move to another
+/// connection of the same server before it goes to the balancer's next
+/// server. Each move waits for requests that were ahead of it, which end:
+/// a request moves again only when another left its connection unfit, and
+/// its own timer (not restarted by a move) bounds its wait.
+const UNSENT_MOVES: u8 = 64;
+
+/// The request's query was never sent: the connection it waited on turned
+/// out unfit (left inside a transaction by the request before it, an
+/// unsafe client encoding) or closed. Not the server's failure, nor a try
+/// of the balancer's: it takes another connection to the same server from
+/// the pool, as if it had just come (a few times; then the next server).
+pub fn move_unsent(r: &mut Req) {
+    let Some(ctx) = ctx_of(r) else { return };
+    if ctx.done {
+        return;
+    }
+    let (Some(pd), Some(srv)) = (ctx.peer, ctx.srv) else {
+        return;
+    };
+    ctx.unsent_moves += 1;
+    if ctx.unsent_moves > UNSENT_MOVES {
+        return next_after_stale(r);
+    }
+    // SAFETY: the peer data lives in the request's pool, the upstream's
+    // configuration outlives its requests; nothing else uses them now.
+    let (_pd, srv) = unsafe { (&mut *pd.as_ptr(), &mut *srv.as_ptr()) };
+    let Some(u) = r.upstream() else { return };
+    let pc = u.peer();
+    if pc.sockaddr.is_null() {
+        return next_after_stale(r);
+    }
+    // SAFETY: the balancer set the peer's address and its name.
+    let (sockaddr, name) = unsafe {
+        (
+            std::slice::from_raw_parts(pc.sockaddr as *const u8, pc.socklen as usize),
+            String::from_utf8_lossy((*pc.name).as_bytes()).into_owned(),
+        )
+    };
+    let Some(addr) = srv.addr_index(pc.sockaddr as usize, sockaddr) else {
+        return next_after_stale(r);
+    };
+    let alone = ctx.query.alone();
+    let (id, fresh) = match srv.pool.pick(Some(addr), alone) {
+        Pick::Idle(id) | Pick::Share(id) | Pick::Behind(id) => (id, false),
+        Pick::Reject => {
+            let e = ConnError::NoConnection(name);
+            log_failure(r.log(), &e);
+            return fail(r, e.status(), false);
+        }
+        Pick::New => match srv.pool.open(addr, &srv.addrs[addr].conninfo, name, ctx.token, alone) {
+            Ok(id) => (id, true),
+            Err(OpenError::Connect(msg)) => {
+                log!(NGX_LOG_ERR, r.log(), "sqldb: {msg}");
+                return next(r, HTTP_BAD_GATEWAY, NGX_HTTP_UPSTREAM_FT_ERROR);
+            }
+            Err(OpenError::Nginx(_)) => return fail(r, HTTP_INTERNAL_SERVER_ERROR, false),
+        },
+    };
+    debug!(
+        r.log(),
+        "sqldb: request {} moves to another connection (not sent)",
+        ctx.token.0.as_u64()
+    );
+    ctx.conn = Some(id);
+    ctx.fresh = fresh;
+    attach_with(r, false);
+}
+
 /// The request waited on a connection that closed before its query was
 /// sent: not the server's failure (the balancer is not told so), and one
 /// more try, as nginx gives its cached keepalive connections.
@@ -437,7 +535,7 @@ fn reconnect(r: &mut Req, status: ngx_int_t) {
     // SAFETY: as above.
     unsafe { (*st).peer = name };
     match rc {
-        AGAIN if ctx_of(r).is_some_and(|c| c.conn.is_some()) => attach(r),
+        AGAIN if ctx_of(r).is_some_and(|c| c.conn.is_some() || c.rejected.is_some()) => attach(r),
         BUSY => {
             log_failure(r.log(), &ConnError::NoLiveUpstreams);
             fail(r, status, false);

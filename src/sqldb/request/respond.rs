@@ -4,8 +4,9 @@
 use gateway_core::pipeline::Lost;
 
 use super::error::{log_failure, ConnError, Failure, ResultError, BAD_PARAMETER};
-use super::peer::{fail, finish_upstream, guard_request, next, next_after_stale, started};
+use super::peer::{fail, finish_upstream, guard_request, move_unsent, next, started};
 use super::{ctx_of, output, registry, vars};
+use crate::debug;
 use crate::ffi::*;
 use crate::sqldb::config::{LocConf, Sqldb, Var};
 use crate::sqldb::driver::{Delivery, PgResult, ReqToken, ResultKind};
@@ -59,10 +60,12 @@ fn apply(r: &mut Req, d: Delivery) {
             let e = ConnError::Lost(lost, why);
             match ctx.streaming.as_ref().filter(|s| s.started()) {
                 Some(s) => super::stream::log_cut_short(r.log(), NGX_LOG_ERR, s.sent, &e),
+                // Not sent: it moves on (the connection said why, once).
+                None if lost == Lost::NotSent => debug!(r.log(), "sqldb: {e}: the query moves on"),
                 None => log_failure(r.log(), &e),
             }
             match lost {
-                Lost::NotSent => next_after_stale(r),
+                Lost::NotSent => move_unsent(r),
                 Lost::Connect => next(r, HTTP_BAD_GATEWAY, NGX_HTTP_UPSTREAM_FT_ERROR),
                 Lost::Sent => fail(r, e.status(), true),
             }
