@@ -137,6 +137,7 @@ for my $case (
     ["cache_ssl_trusted_certificate $d/missing.crt;", qr/missing\.crt/],
     ["cache_ssl_certificate $d/client.crt; cache_ssl_certificate_key $d/ca.key;", qr/SSL_CTX_check_private_key|key values mismatch|failed/],
     ['cache_ssl_verify_depth deep;', qr/"cache_ssl_verify_depth" directive invalid number in .*nginx\.conf:\d+/],
+    ['cache_ssl_verify on; cache_ssl_trusted_certificate "";', qr/empty file name in "cache_ssl_trusted_certificate"/],
   )
 {
     my ($lines, $want) = @$case;
@@ -150,5 +151,42 @@ HTTP
     } // $@;
     like($err, $want, "nginx refuses: $lines");
 }
+
+# Locations that reach one upstream (a literal host:port written twice is
+# one) share its kept connections and TLS sessions: their cache_ssl
+# settings must agree, or a session one location verified would serve
+# another location unchecked (found by outside testing).
+for my $case (
+    ["location /a { cache_ssl_verify off; cache_pass 127.0.0.1:$tls; } location /b { cache_pass 127.0.0.1:$tls; }",
+        qr/"cache_pass" to "127\.0\.0\.1" in \S+nginx\.conf:\d+ and in \S+nginx\.conf:\d+ with different "cache_ssl\*" settings/],
+    ["location /a { cache_pass r; } location /b { cache_ssl_name other.example; cache_pass r; }",
+        qr/"cache_pass" to "r" in .* with different "cache_ssl\*" settings/],
+    ["location /a { cache_pass r; } location /b { cache_ssl off; cache_pass r; }",
+        qr/with different "cache_ssl\*" settings/],
+  )
+{
+    my ($locs, $want) = @$case;
+    my $err = eval {
+        nginx_start(<<"HTTP");
+upstream r { server 127.0.0.1:$tls; }
+server { listen 127.0.0.1:\$PORT; set \$cache_key k; cache_ssl on; cache_ssl_verify on;
+    cache_ssl_trusted_certificate $d/ca.crt; cache_ssl_name localhost; $locs }
+HTTP
+        stop_nginx();
+        'started';
+    } // $@;
+    like($err, $want, "nginx refuses: $locs");
+}
+my $ok = eval {
+    nginx_start(<<"HTTP");
+upstream r { server 127.0.0.1:$tls; }
+server { listen 127.0.0.1:\$PORT; set \$cache_key k; cache_ssl on; cache_ssl_verify on;
+    cache_ssl_trusted_certificate $d/ca.crt; cache_ssl_name localhost;
+    location /a { cache_pass r; } location /b { cache_pass r; } location /c { cache_pass 127.0.0.1:$tls; } }
+HTTP
+    stop_nginx();
+    'started';
+} // $@;
+is($ok, 'started', 'locations with the same settings share an upstream');
 
 done_testing();

@@ -62,11 +62,16 @@ pub struct CacheLocConf {
     pub ssl_trusted_certificate: ngx_str_t,
     pub ssl_certificate: ngx_str_t,
     pub ssl_certificate_key: ngx_str_t,
+    /// What the TLS settings of this location are, as one text ("" for
+    /// none): locations passing to the same upstream must agree on it.
+    tls: String,
 }
 
 /// Locations with `cache_pass`, checked once every variable is known.
 struct PendingPass {
     claim: Claim,
+    /// The location's configuration (merged by the time it is checked).
+    lcf: *const CacheLocConf,
     /// The upstream a literal `cache_pass` names.
     upstream: *mut ngx_http_upstream_srv_conf_t,
 }
@@ -114,6 +119,7 @@ pub(crate) extern "C" fn create_loc_conf(cf: *mut ngx_conf_t) -> *mut c_void {
             ssl_trusted_certificate: ngx_str_t::default(),
             ssl_certificate: ngx_str_t::default(),
             ssl_certificate_key: ngx_str_t::default(),
+            tls: String::new(),
         }
     };
     // SAFETY: nginx passes the configuration being read.
@@ -158,6 +164,13 @@ impl CacheLocConf {
                 .to_owned()
                 .into());
         }
+        // SAFETY: a complex value compiled into configuration memory.
+        let name = unsafe { self.upstream.ssl_name.as_ref() }
+            .map(|cv| String::from_utf8_lossy(cv.value.as_bytes()).into_owned());
+        self.tls = format!(
+            "{files:?} verify={} server_name={} name={name:?}",
+            self.upstream.ssl_verify, self.upstream.ssl_server_name
+        );
         self.upstream.ssl = match (NonNull::new(prev.upstream.ssl), prev.ssl_files()) {
             (Some(ctx), Ok(pf)) if pf == files => ctx.as_ptr(),
             _ => conf.ssl_context(&files)?.as_ptr(),
@@ -166,6 +179,15 @@ impl CacheLocConf {
     }
 
     fn ssl_files(&self) -> Result<SslFiles, ConfError> {
+        for (s, d) in [
+            (&self.ssl_trusted_certificate, "cache_ssl_trusted_certificate"),
+            (&self.ssl_certificate, "cache_ssl_certificate"),
+            (&self.ssl_certificate_key, "cache_ssl_certificate_key"),
+        ] {
+            if !s.data.is_null() && s.len == 0 {
+                return Err(format!("empty file name in \"{d}\"").into());
+            }
+        }
         let some = |s: &ngx_str_t| (!s.data.is_null()).then(|| s.as_bytes().to_vec());
         let certificate = match (some(&self.ssl_certificate), some(&self.ssl_certificate_key)) {
             (Some(c), Some(k)) => Some((c, k)),
@@ -260,8 +282,10 @@ pub(crate) extern "C" fn cmd_cache_pass<E: Entries>(
         } else {
             lcf.upstream.upstream = cf.upstream_add(value).ok_or(ConfError::Logged)?.as_ptr();
         }
+        let lcf_ptr: *const CacheLocConf = lcf;
         cf.main_conf::<Cache>().pending.push(PendingPass {
             claim,
+            lcf: lcf_ptr,
             upstream: lcf.upstream.upstream,
         });
         Ok(())
@@ -353,6 +377,43 @@ pub(crate) extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
     unsafe { conf_step(cf, "cache postconfiguration", postconfigure) }
 }
 
+/// nginx keeps connections (`keepalive`) and TLS sessions per upstream
+/// block, whatever the location that made them: locations passing to one
+/// upstream (a literal `host:port` written twice is one too) must agree on
+/// their TLS settings, or a connection or session that one location's
+/// settings let in would serve another's requests unchecked.
+fn same_tls_per_upstream(cf: &Conf, pending: &[PendingPass]) -> Result<(), ConfError> {
+    let mut seen: std::collections::HashMap<usize, &PendingPass> = Default::default();
+    for p in pending {
+        if p.upstream.is_null() {
+            continue;
+        }
+        let Some(first) = seen.get(&(p.upstream as usize)) else {
+            seen.insert(p.upstream as usize, p);
+            continue;
+        };
+        // SAFETY: locations' configurations live as long as the
+        // configuration; merging is over.
+        let (a, b) = unsafe { (&*first.lcf, &*p.lcf) };
+        if a.tls != b.tls {
+            // SAFETY: as above.
+            let name = String::from_utf8_lossy(unsafe { (*p.upstream).host.as_bytes() }).into_owned();
+            log!(
+                NGX_LOG_EMERG,
+                cf.log(),
+                "\"cache_pass\" to \"{name}\" in {}:{} and in {}:{} with different \"cache_ssl*\" settings: \
+                 nginx keeps connections and TLS sessions per upstream, so give each setting an upstream block of its own",
+                first.claim.file(),
+                first.claim.line(),
+                p.claim.file(),
+                p.claim.line()
+            );
+            return Err(ConfError::Logged);
+        }
+    }
+    Ok(())
+}
+
 fn postconfigure(cf: Conf) -> Result<(), ConfError> {
     let mcf = cf.main_conf::<Cache>();
     let Some(first) = mcf.pending.first() else {
@@ -385,6 +446,7 @@ fn postconfigure(cf: Conf) -> Result<(), ConfError> {
             return Err(ConfError::Logged);
         }
     }
+    same_tls_per_upstream(&cf, &mcf.pending)?;
     let index = |name: &str| {
         if !cf.variable_declared(name.as_bytes()) {
             return Ok(-1);
