@@ -6,6 +6,7 @@ use std::ptr::NonNull;
 use std::rc::Rc;
 
 use gateway_core::pipeline::{Mode, Pipeline, Wire};
+use gateway_core::target::Role;
 
 use super::cancel::Canceller;
 use super::pq::{CancelKey, PgConn, PqError};
@@ -49,6 +50,9 @@ pub(super) struct Conn {
     /// The session's cancel key (None: its queries cannot be cancelled).
     pub cancel_key: Option<CancelKey>,
     pub canceller: Option<Canceller>,
+    /// The server's role this session last reported (followed only once
+    /// requests with a `sqldb_target` come).
+    pub role: Option<Role>,
 }
 
 impl Conn {
@@ -81,6 +85,7 @@ impl Conn {
             unnamed: false,
             cancel_key: None,
             canceller: None,
+            role: None,
         }
     }
 

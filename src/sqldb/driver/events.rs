@@ -133,7 +133,10 @@ impl Pool {
                 c.name,
                 c.pg.error_message()
             );
+            let addr = c.addr;
+            self.forget_role(addr);
         }
+        let Some(c) = self.conn(id) else { return };
         if timed_out || close || gone || c.pg.is_busy() {
             self.close(id);
         }
@@ -166,6 +169,8 @@ impl Pool {
                     c.pg.backend_pid()
                 );
                 let steps = c.pipeline.connected();
+                // What the server is, before the requests that waited go out.
+                self.observe_role(id, true);
                 return self.apply_steps(id, steps, true, out);
             }
         };
@@ -191,6 +196,8 @@ impl Pool {
             c.forget(req);
             out.push(Delivery::Failed(req, lost, msg.to_owned()));
         }
+        let addr = c.addr;
+        self.forget_role(addr);
         self.close(id);
     }
 
@@ -274,6 +281,8 @@ impl Pool {
             let name = c.name.clone();
             self.statements_shared(&name);
         }
+        // A change of role comes just before the end of a query's results.
+        self.observe_role(id, false);
         let Some(c) = self.conn(id) else { return };
         // The end of the session may be announced (a FATAL message) before
         // it is here: then the next read event finds it.
@@ -333,6 +342,10 @@ impl Pool {
     /// `connected`: the connection has just come up (the requests that
     /// waited on it report their connect time).
     fn apply_steps(&mut self, id: ConnId, steps: Vec<Step<super::ReqToken>>, connected: bool, out: &mut Vec<Delivery>) {
+        let standby_known = self.standby_known();
+        // Requests that waited and went elsewhere (their server does not
+        // meet their target): those behind them go out, or it settles.
+        let mut withdrawn = false;
         for step in steps {
             let Some(c) = self.conn(id) else { return };
             match step {
@@ -379,6 +392,16 @@ impl Pool {
                     c.set_timer(None);
                     for req in reqs {
                         let Some(q) = c.query_of(req) else { continue };
+                        if !q.target.is_any() {
+                            let role = c.pg.role();
+                            if !q.target.meets(role, standby_known) {
+                                c.forget(req);
+                                c.pipeline.withdraw(req);
+                                withdrawn = true;
+                                out.push(Delivery::Unfit(req, format!("{} is {}", c.name, role.describe())));
+                                continue;
+                            }
+                        }
                         let sent = c.send(req, &q);
                         out.push(Delivery::Started(req, connected));
                         if let Err(e) = sent {
@@ -399,6 +422,11 @@ impl Pool {
                 }
                 Step::Close => self.close(id),
             }
+        }
+        if withdrawn {
+            let Some(c) = self.conn(id) else { return };
+            let more = c.pipeline.resume_waiting();
+            self.apply_steps(id, more, connected, out);
         }
     }
 

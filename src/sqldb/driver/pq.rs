@@ -7,6 +7,7 @@ use std::ptr::NonNull;
 
 use gateway_core::pipeline;
 use gateway_core::rds::ResultSet;
+use gateway_core::target::Role;
 use libpq_sys as pq;
 
 /// What PQconnectPoll asks for next.
@@ -336,6 +337,30 @@ impl PgConn {
         // SAFETY: pg_encoding_to_char returns a static name ("" for an
         // unknown number).
         cstr_lossy(unsafe { pq::pg_encoding_to_char(id) })
+    }
+
+    /// The server's role as this session last heard it: the values of
+    /// `in_hot_standby` and `default_transaction_read_only` that the server
+    /// reports (ParameterStatus) at the start and whenever they change;
+    /// libpq keeps the last of each as it reads. No query is sent.
+    pub fn role(&self) -> Role {
+        Role::from_status(
+            self.parameter_status(c"in_hot_standby").as_deref(),
+            self.parameter_status(c"default_transaction_read_only").as_deref(),
+        )
+    }
+
+    /// The last value of a parameter the server reported (None: never).
+    fn parameter_status(&self, name: &CStr) -> Option<Vec<u8>> {
+        // SAFETY: live connection and a NUL-terminated name; the value
+        // (NUL-terminated, owned by libpq until the parameter changes) is
+        // copied before any other libpq call.
+        let p = unsafe { pq::PQparameterStatus(self.raw(), name.as_ptr()) };
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: non-null, NUL-terminated, see above.
+        Some(unsafe { CStr::from_ptr(p) }.to_bytes().to_vec())
     }
 
     /// The backend's process ID.

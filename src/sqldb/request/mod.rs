@@ -41,6 +41,8 @@ pub struct Ctx {
     conn: Option<ConnId>,
     /// The connection was opened for this request (not pooled nor shared).
     fresh: bool,
+    /// No server meets the request's `sqldb_target`: why (for the log).
+    unmet: Option<String>,
     last: Option<PgResult>,
     error: Option<PgResult>,
     /// The response is decided (nginx's upstream is finished).

@@ -4,7 +4,7 @@
 use gateway_core::pipeline::Lost;
 
 use super::error::{log_failure, ConnError, Failure, ResultError, BAD_PARAMETER};
-use super::peer::{fail, finish_upstream, guard_request, next, next_after_stale, started};
+use super::peer::{fail, finish_upstream, guard_request, next, next_after_stale, next_unfit, started};
 use super::{ctx_of, output, registry, vars};
 use crate::ffi::*;
 use crate::sqldb::config::{LocConf, Sqldb, Var};
@@ -17,7 +17,8 @@ fn token_of(d: &Delivery) -> ReqToken {
         | Delivery::Error(t, _)
         | Delivery::Complete(t)
         | Delivery::Failed(t, ..)
-        | Delivery::Refused(t, _) => *t,
+        | Delivery::Refused(t, _)
+        | Delivery::Unfit(t, _) => *t,
     }
 }
 
@@ -53,6 +54,16 @@ fn apply(r: &mut Req, d: Delivery) {
             let e = ResultError::Refused(why);
             log_failure(r.log(), &e);
             fail(r, e.status(), false);
+        }
+        Delivery::Unfit(_, why) => {
+            ctx.conn = None;
+            crate::log!(
+                NGX_LOG_INFO,
+                r.log(),
+                "sqldb: {why}, not what \"sqldb_target {}\" asks: trying another server",
+                ctx.query.target
+            );
+            next_unfit(r);
         }
         Delivery::Failed(_, lost, why) => {
             ctx.conn = None;
