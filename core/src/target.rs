@@ -46,10 +46,7 @@ impl Target {
     }
 
     pub fn name(self) -> &'static str {
-        Target::ALL
-            .iter()
-            .find(|&&(_, t)| t == self)
-            .map_or("any", |&(n, _)| n)
+        Target::ALL.iter().find(|&&(_, t)| t == self).map_or("any", |&(n, _)| n)
     }
 
     /// The role of servers does not matter.
@@ -241,9 +238,15 @@ mod tests {
     fn verdicts() {
         assert_eq!(Target::Any.judge(None, false), Verdict::Meets);
         assert_eq!(Target::Primary.judge(None, true), Verdict::Unknown);
-        assert_eq!(Target::Primary.judge(Some(STANDBY), true), Verdict::Fails { fallback: false });
+        assert_eq!(
+            Target::Primary.judge(Some(STANDBY), true),
+            Verdict::Fails { fallback: false }
+        );
         assert_eq!(Target::Standby.judge(Some(STANDBY), true), Verdict::Meets);
-        assert_eq!(Target::ReadOnly.judge(Some(PRIMARY), false), Verdict::Fails { fallback: false });
+        assert_eq!(
+            Target::ReadOnly.judge(Some(PRIMARY), false),
+            Verdict::Fails { fallback: false }
+        );
     }
 
     #[test]
