@@ -44,6 +44,59 @@ my $keywords = qq{dbname=gateway_test user=gateway "password=it's a secret" appl
 # Each answer says whether its server is in recovery, and which it is (its port).
 my $who = q{pg_is_in_recovery()::text || ' ' || current_setting('port')};
 
+# A GET that also returns $upstream_addr (the X-Addr header).
+sub get_addr {
+    my ($port, $path) = @_;
+    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port) or die "connect: $!";
+    print $s "GET $path HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    local $/;
+    my $r = <$s> // '';
+    my ($head, $body) = split /\r\n\r\n/, $r, 2;
+    my ($st) = $head =~ m{^HTTP/\S+ (\d+)};
+    my ($addr) = $head =~ m{^X-Addr: ([^\r]*)}mi;
+    return ($st, $body, $addr // '');
+}
+
+sub gateway_conns {
+    my ($pg, $app) = @_;
+    return sql_on($pg, "select count(*) from pg_stat_activity where application_name = '$app'") + 0;
+}
+
+# A fresh worker knows no role: a server the balancer offers is tried, its
+# session says what it is before the query goes out; one that does not fit
+# keeps its connection (idle, for other targets) and the next server serves.
+{
+    my $k0 = qq{dbname=gateway_test user=gateway "password=it's a secret" application_name=fresh};
+    my $port0 = nginx_start(<<"HTTP");
+upstream db {
+    sqldb_server 127.0.0.1:$P $k0;
+    sqldb_server 127.0.0.1:$S $k0;
+}
+server {
+    listen 127.0.0.1:\$PORT;
+    sqldb_output value;
+    add_header X-Addr \$upstream_addr always;
+    location /standby { sqldb_pass db; sqldb_target standby; sqldb_query "select $who"; }
+    location /primary { sqldb_pass db; sqldb_target primary; sqldb_query "select $who"; }
+    location /prefer { sqldb_pass db; sqldb_target prefer-standby; sqldb_query "select $who"; }
+}
+HTTP
+    my ($st, $body, $addr) = get_addr($port0, '/standby');
+    is("$st $body", "200 true $S", 'first request, standby: served by the standby');
+    like($addr, qr/^(127\.0\.0\.1:$P, )?127\.0\.0\.1:$S$/, "\$upstream_addr shows the servers tried ($addr)");
+    if ($addr =~ /,/) {
+        is(gateway_conns($primary, 'fresh'), 1, 'the primary, tried and skipped, keeps its connection');
+    }
+    ($st, $body) = get_addr($port0, '/primary');
+    is("$st $body", "200 false $P", 'then primary: served by the primary');
+    is(gateway_conns($primary, 'fresh'), 1, 'on that connection (no other opened)');
+    my @prefer = map { my (undef, $b) = get_addr($port0, '/prefer'); $b } 1 .. 4;
+    is_deeply(\@prefer, [("true $S") x 4], 'prefer-standby: the known standby');
+    ($st, $body, $addr) = get_addr($port0, '/primary');
+    is($addr, "127.0.0.1:$P", 'a known role: straight to the right server');
+    stop_nginx();
+}
+
 my $port = nginx_start(<<"HTTP");
 upstream db {
     sqldb_server 127.0.0.1:$P $keywords;
