@@ -103,6 +103,11 @@ upstream db {
     sqldb_server 127.0.0.1:$S $keywords;
     sqldb_keepalive max=4;
 }
+upstream single {
+    sqldb_server 127.0.0.1:$P $keywords;
+    sqldb_server 127.0.0.1:$S $keywords;
+    sqldb_keepalive max=4 mode=single;
+}
 upstream standbys { sqldb_server 127.0.0.1:$S $keywords; }
 upstream primaries { sqldb_server 127.0.0.1:$P $keywords; }
 server {
@@ -136,6 +141,9 @@ server {
         sqldb_target read-write;
         location /outer/inner { sqldb_pass db; sqldb_query "select $who"; }
     }
+    location /single/primary { sqldb_pass single; sqldb_target primary; sqldb_query "select $who"; }
+    location /single/standby { sqldb_pass single; sqldb_target standby; sqldb_query "select $who"; }
+    location /single/any { sqldb_pass single; sqldb_query "select $who"; }
     location /no-primary { sqldb_pass standbys; sqldb_target primary; sqldb_query "select $who"; }
     location /no-standby { sqldb_pass primaries; sqldb_target standby; sqldb_query "select $who"; }
     location /no-rw { sqldb_pass standbys; sqldb_target read-write; sqldb_query "select $who"; }
@@ -167,6 +175,15 @@ is_deeply([map { [post('/split')] } 1 .. 3], [([200, "false $P"]) x 3], 'by meth
 is_deeply(bodies('/if', 2), [("true $S") x 2], 'an if block without a target: the location\'s');
 is_deeply(bodies('/if?w=1', 2), [("false $P") x 2], 'an if block with its own target');
 is_deeply(bodies('/outer/inner', 2), [("false $P") x 2], 'a location without a target inherits the outer one');
+
+# mode=single takes any idle connection of the upstream: only one to a
+# server that meets the target.
+for (1 .. 2) {
+    is_deeply(bodies('/single/standby', 3), [("true $S") x 3], 'mode=single: standby');
+    is_deeply(bodies('/single/primary', 3), [("false $P") x 3], 'mode=single: primary');
+}
+my %single = map { $_ => 1 } @{ bodies('/single/any', 6) };
+ok(scalar(keys %single) >= 1, 'mode=single: any still takes any idle connection');
 
 for my $case (['/no-primary', 'standbys', 'a primary', 'primary'],
     ['/no-standby', 'primaries', 'a standby', 'standby'],
