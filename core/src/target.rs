@@ -148,11 +148,13 @@ impl Role {
 
 /// A boolean setting as PostgreSQL shows it ("on"/"off"), or as it reads one.
 fn parse_bool(v: &[u8]) -> Option<bool> {
-    let v = v.to_ascii_lowercase();
-    match v.as_slice() {
-        b"on" | b"true" | b"yes" | b"1" => Some(true),
-        b"off" | b"false" | b"no" | b"0" => Some(false),
-        _ => None,
+    let is = |words: &[&str]| words.iter().any(|w| w.as_bytes().eq_ignore_ascii_case(v));
+    if is(&["on", "true", "yes", "1"]) {
+        Some(true)
+    } else if is(&["off", "false", "no", "0"]) {
+        Some(false)
+    } else {
+        None
     }
 }
 
@@ -197,6 +199,7 @@ mod tests {
         assert_eq!(Role::from_status(Some(b"off"), Some(b"on")), READ_ONLY_PRIMARY);
         assert_eq!(Role::from_status(None, None), UNREPORTED);
         assert_eq!(Role::from_status(Some(b"maybe"), Some(b"")), UNREPORTED);
+        assert_eq!(Role::from_status(Some(b"ON"), Some(b"False")), STANDBY);
         assert_eq!(STANDBY.describe(), "a standby");
         assert_eq!(PRIMARY.describe(), "a primary");
         assert_eq!(READ_ONLY_PRIMARY.describe(), "a read-only primary");

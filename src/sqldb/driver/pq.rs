@@ -344,23 +344,27 @@ impl PgConn {
     /// reports (ParameterStatus) at the start and whenever they change;
     /// libpq keeps the last of each as it reads. No query is sent.
     pub fn role(&self) -> Role {
+        // Both values are read before anything else calls libpq (which
+        // may replace them as it reads).
         Role::from_status(
-            self.parameter_status(c"in_hot_standby").as_deref(),
-            self.parameter_status(c"default_transaction_read_only").as_deref(),
+            self.parameter_status(c"in_hot_standby"),
+            self.parameter_status(c"default_transaction_read_only"),
         )
     }
 
-    /// The last value of a parameter the server reported (None: never).
-    fn parameter_status(&self, name: &CStr) -> Option<Vec<u8>> {
-        // SAFETY: live connection and a NUL-terminated name; the value
-        // (NUL-terminated, owned by libpq until the parameter changes) is
-        // copied before any other libpq call.
+    /// The last value of a parameter the server reported (None: never);
+    /// valid until libpq reads from the connection again.
+    fn parameter_status(&self, name: &CStr) -> Option<&[u8]> {
+        // SAFETY: live connection and a NUL-terminated name. The value is
+        // NUL-terminated and owned by libpq until it reads a new one, which
+        // takes another call on this connection: its only caller, role(),
+        // makes none while it holds the value.
         let p = unsafe { pq::PQparameterStatus(self.raw(), name.as_ptr()) };
         if p.is_null() {
             return None;
         }
         // SAFETY: non-null, NUL-terminated, see above.
-        Some(unsafe { CStr::from_ptr(p) }.to_bytes().to_vec())
+        Some(unsafe { CStr::from_ptr(p) }.to_bytes())
     }
 
     /// The backend's process ID.
