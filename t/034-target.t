@@ -99,8 +99,8 @@ HTTP
 
 my $port = nginx_start(<<"HTTP");
 upstream db {
-    sqldb_server 127.0.0.1:$P $keywords;
-    sqldb_server 127.0.0.1:$S $keywords;
+    sqldb_server 127.0.0.1:$P fail_timeout=1s $keywords;
+    sqldb_server 127.0.0.1:$S fail_timeout=1s $keywords;
     sqldb_keepalive max=4;
 }
 upstream single {
@@ -233,5 +233,14 @@ cmp_ok(sql_on($standby, "select count(*) from pg_stat_activity where application
     'the promoted server holds a bounded number of the gateway\'s connections');
 is(sql_on($standby, "select count(*) from target_log where at = 'write'") + 0, 2 + 1 + 5, 'every write that answered 200 is there once')
     or diag(sql_on($standby, "select count(*) from target_log"));
+
+# The old primary comes back (on its own, a second primary): once nginx's
+# fail_timeout has passed it is tried again and its role learned anew; no
+# role remembered from before its failure keeps it out.
+GatewayTest::pg_start($primary);
+my %back;
+ok(wait_until(sub { my (undef, $b) = http_get($port, '/primary'); $back{ $b // '' }++; $back{"false $P"} }, 5),
+    'a server that failed is tried again after fail_timeout, and serves its target');
+is_deeply([sort grep { length } keys %back], [sort grep { $back{$_} } "false $P", "false $S"], 'only primaries served meanwhile');
 
 done_testing();
