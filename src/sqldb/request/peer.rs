@@ -70,8 +70,8 @@ pub struct PeerData {
     standin: StandIn,
     /// The upstream's name (for the log).
     host: ngx_str_t,
-    /// `sqldb_target`: the servers the balancer offered this request.
-    tried: Vec<usize>,
+    /// `sqldb_target`: the servers found not to meet this request's target.
+    unfit: Vec<usize>,
     /// Those whose old role was checked again for it.
     rechecked: Vec<usize>,
 }
@@ -119,7 +119,7 @@ fn init(r: &mut Req, us: &mut ngx_http_upstream_srv_conf_t) -> ngx_int_t {
         // SAFETY: all-zero is the initial state of nginx's connection and events.
         standin: unsafe { mem::zeroed() },
         host: us.host,
-        tried: Vec::new(),
+        unfit: Vec::new(),
         rechecked: Vec::new(),
     };
     let Some(mut pd) = pool.alloc(pd) else { return ERROR };
@@ -282,15 +282,15 @@ fn choose(
             // No server left to offer.
             Err(_) => break,
         };
-        if pd.tried.contains(&addr) {
-            // A balancer of one server offers it again.
+        if pd.unfit.contains(&addr) {
+            // The balancer offers again what did not fit (it has one server).
             release(pc, pd);
             break;
         }
-        pd.tried.push(addr);
         match srv.pool.verdict(addr, target) {
             (Verdict::Meets | Verdict::Unknown, _) => return Ok(Some((addr, false))),
             (Verdict::Fails { fallback: usable }, learned) => {
+                pd.unfit.push(addr);
                 if usable && fallback.is_none() {
                     fallback = Some(addr);
                 }
