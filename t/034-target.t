@@ -97,6 +97,46 @@ HTTP
     stop_nginx();
 }
 
+# Requests that need their connection alone (a stream, several statements),
+# and a crowd arriving at once, on a fresh worker: those that waited on a
+# connection to a server that does not fit all go on to the next one; a
+# client that leaves while its server's role is being learned leaves
+# nothing behind.
+for my $case (['/stream', 'a stream'], ['/several', 'several statements'], ['/crowd', 'twenty at once']) {
+    my ($path, $what) = @$case;
+    my $k1 = qq{dbname=gateway_test user=gateway "password=it's a secret" application_name=fresh1};
+    my $port1 = nginx_start(<<"HTTP");
+upstream db {
+    sqldb_server 127.0.0.1:$P $k1;
+    sqldb_server 127.0.0.1:$S $k1;
+    sqldb_keepalive max=2;
+}
+server {
+    listen 127.0.0.1:\$PORT;
+    sqldb_target standby;
+    location /stream { sqldb_pass db; sqldb_stream on; sqldb_output csv; sqldb_query "select $who as w"; }
+    location /several { sqldb_pass db; sqldb_output value; sqldb_query "select 1; select $who"; }
+    location /crowd { sqldb_pass db; sqldb_output value; sqldb_query "select $who"; }
+    location /leave { sqldb_pass db; sqldb_output value; sqldb_query "select $who"; }
+}
+HTTP
+    my @socks = map { GatewayTest::http_send($port1, $path) } 1 .. ($path eq '/crowd' ? 20 : 1);
+    # (A stream is chunked, in CSV with a header line: the value is found in it.)
+    my @got = map { my ($st, $b) = GatewayTest::http_read($_); ($b // '') =~ /\b(true|false) (\d+)/ ? "$st $1 $2" : "$st ?" } @socks;
+    is_deeply(\@got, [("200 true $S") x @socks], "$what, fresh worker: on the standby");
+    if ($path eq '/crowd') {
+        like(nginx_error_log(), qr/\[info\].*sqldb: 127\.0\.0\.1:$P is a primary, not what "sqldb_target standby" asks: trying another server/,
+            'those offered the primary first were told why they moved on (info)');
+        unlike(nginx_error_log(), qr/\[error\]/, 'and no error');
+    }
+    my $c = GatewayTest::http_send($port1, '/leave');
+    close $c;
+    my ($st, $b) = http_get($port1, '/leave');
+    is("$st $b", "200 true $S", "$what: after a client that left, the next request");
+    cmp_ok(gateway_conns($primary, 'fresh1') + gateway_conns($standby, 'fresh1'), '<=', 4, 'within max per server');
+    stop_nginx();
+}
+
 my $port = nginx_start(<<"HTTP");
 upstream db {
     sqldb_server 127.0.0.1:$P fail_timeout=1s $keywords;
