@@ -210,6 +210,9 @@ impl Pool {
         let mut again = Vec::new();
         // Why the connection is going away, when the server said so.
         let mut lost: Option<String> = None;
+        // A request's sync point was read: the session is up to date
+        // (a change of role comes before it).
+        let mut synced = false;
         while !c.pipeline.is_paused() {
             if c.pipeline.wants_single_row() {
                 c.pg.set_single_row_mode();
@@ -226,6 +229,7 @@ impl Pool {
                 None => gateway_core::pipeline::ResultKind::End,
                 Some(r) => r.route_kind(),
             };
+            synced |= kind == gateway_core::pipeline::ResultKind::Sync;
             let (route, steps) = c.pipeline.on_result(kind);
             if kind != gateway_core::pipeline::ResultKind::Row {
                 debug!(
@@ -282,7 +286,7 @@ impl Pool {
             self.statements_shared(&name);
         }
         // A change of role comes just before the end of a query's results.
-        self.observe_role(id, false);
+        self.observe_role(id, synced);
         let Some(c) = self.conn(id) else { return };
         // The end of the session may be announced (a FATAL message) before
         // it is here: then the next read event finds it.

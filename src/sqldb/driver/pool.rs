@@ -112,7 +112,8 @@ pub struct Pool {
 }
 
 /// A server's role as last reported to this worker, and when it was
-/// learned (a new session's first report, or a change reported).
+/// learned (a new session's first report, a change reported, or a session
+/// that read a sync point and so is up to date).
 #[derive(Debug, Clone, Copy, Default)]
 struct Known {
     role: Option<Role>,
@@ -199,16 +200,18 @@ impl Pool {
     }
 
     /// A connection read from its server (it came up, or results came):
-    /// the role it reports. A session's first report and a change it
-    /// reports are news of the server; the same report again is not (an
-    /// idle session hears of a promotion only after its next query).
-    pub(super) fn observe_role(&mut self, id: ConnId, fresh: bool) {
+    /// the role it reports. `current`: the session has just started, or
+    /// has just read a sync point (the server reports a change before it):
+    /// what it says is the server's role now. A change it reports is news
+    /// too; otherwise the same report again is not (an idle session hears
+    /// of a promotion only after its next query).
+    pub(super) fn observe_role(&mut self, id: ConnId, current: bool) {
         if !self.track_roles {
             return;
         }
         let Some(c) = self.conn(id) else { return };
         let role = c.pg.role();
-        if !fresh && c.role == Some(role) {
+        if !current && c.role == Some(role) {
             return;
         }
         c.role = Some(role);
