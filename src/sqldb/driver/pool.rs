@@ -279,18 +279,15 @@ impl Pool {
                 return Pick::Share(id);
             }
         }
-        let standby_known = self.standby_known();
-        let fits = |pool: &Pool, id: &ConnId| {
-            let Some(a) = pool.addr_of(*id) else { return false };
-            match addr {
-                Some(want) => a == want,
-                None if target.is_any() => true,
-                None => pool
-                    .roles
-                    .get(a)
-                    .and_then(|k| k.role)
-                    .is_some_and(|r| target.meets(r, standby_known)),
-            }
+        let standby_known = !target.is_any() && self.standby_known();
+        let fits = |pool: &Pool, id: &ConnId| match addr {
+            Some(want) => pool.addr_of(*id) == Some(want),
+            None if target.is_any() => true,
+            None => pool
+                .addr_of(*id)
+                .and_then(|a| pool.roles.get(a))
+                .and_then(|k| k.role)
+                .is_some_and(|r| target.meets(r, standby_known)),
         };
         while let Some(i) = self.idle.iter().rposition(|id| fits(self, id)) {
             let id = self.idle.remove(i);
