@@ -72,7 +72,7 @@ impl cache::config::Entries for CacheEntries {
         &[(Some(sqldb::request::content_handler), "\"sqldb_pass\"")];
 }
 
-static mut SQLDB_COMMANDS: [ngx_command_t; 15] = [
+static mut SQLDB_COMMANDS: [ngx_command_t; 16] = [
     command(
         "sqldb_server\0",
         NGX_HTTP_UPS_CONF | NGX_CONF_1MORE,
@@ -91,6 +91,13 @@ static mut SQLDB_COMMANDS: [ngx_command_t; 15] = [
         "sqldb_query\0",
         LOC_ANY | NGX_HTTP_LIF_CONF | NGX_CONF_1MORE,
         sc::directives::cmd_sqldb_query,
+        LOC,
+        0,
+    ),
+    command(
+        "sqldb_target\0",
+        LOC_ANY | NGX_HTTP_LIF_CONF | NGX_CONF_1MORE,
+        sc::directives::cmd_sqldb_target,
         LOC,
         0,
     ),

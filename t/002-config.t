@@ -615,3 +615,97 @@ location /a { sqldb_pass database; sqldb_output value; sqldb_query "select 'pipe
 GET /a
 --- response_body chomp
 piped
+
+
+
+=== TEST 51: nginx -t refuses two sqldb_target without methods at one level
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; }
+--- config
+location /a {
+    sqldb_pass database;
+    sqldb_query "select 1";
+    sqldb_target primary;
+    sqldb_target standby;
+}
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"sqldb_target" directive is duplicate: a target for every method is already set in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 52: nginx -t refuses one method in two sqldb_target lists
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; }
+--- config
+location /a {
+    sqldb_pass database;
+    sqldb_query "select 1";
+    sqldb_target GET HEAD prefer-standby;
+    sqldb_target POST head primary;
+}
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"sqldb_target" directive is duplicate: a target for method "HEAD" is already set in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 53: nginx -t refuses a method twice in one sqldb_target list
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; }
+--- config
+location /a { sqldb_pass database; sqldb_query "select 1"; sqldb_target GET get standby; }
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"sqldb_target" directive: method "GET" is listed twice in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 54: nginx -t refuses an unknown sqldb_target value
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; }
+--- config
+location /a { sqldb_pass database; sqldb_query "select 1"; sqldb_target GET replica; }
+--- must_die
+--- error_log eval
+qr/\[emerg\].*invalid value "replica" in "sqldb_target" directive, it must be any, primary, standby, prefer-standby, read-write or read-only in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 55: nginx -t refuses an unknown method in a sqldb_target list
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; }
+--- config
+location /a { sqldb_pass database; sqldb_query "select 1"; sqldb_target FETCH primary; }
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"sqldb_target" directive: unknown HTTP method "FETCH" in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 56: nginx -t refuses sqldb_target with a method and no value
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; }
+--- config
+location /a { sqldb_pass database; sqldb_query "select 1"; sqldb_target POST; }
+--- must_die
+--- error_log eval
+qr/\[emerg\].*invalid value "POST" in "sqldb_target" directive, .* \(a method needs a value after it\) in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 57: sqldb_target any at the server level, by method below: a single server serves
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; }
+--- config
+sqldb_target any;
+location /a {
+    sqldb_pass database;
+    sqldb_target GET primary;
+    sqldb_output value;
+    sqldb_query "select pg_is_in_recovery()::text";
+}
+--- request
+GET /a
+--- response_body chomp
+false

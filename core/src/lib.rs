@@ -15,4 +15,5 @@ pub mod resp;
 pub mod rewrite;
 pub mod slab;
 pub mod sql;
+pub mod target;
 pub mod template;

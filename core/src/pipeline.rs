@@ -489,6 +489,25 @@ impl<T: Copy + Eq> Pipeline<T> {
         self.send_waiting()
     }
 
+    /// A request told to go out (`Step::Send`) was not sent after all: the
+    /// connection's server does not meet what it asks (`sqldb_target`). It
+    /// leaves without a trace; `resume_waiting` says what comes next.
+    pub fn withdraw(&mut self, req: T) {
+        self.waiting.retain(|&r| r != req);
+        self.alone.retain(|&r| r != req);
+        self.alone_going.retain(|&r| r != req);
+        self.resending.retain(|&r| r != req);
+    }
+
+    /// After requests were withdrawn: with nothing in flight, those still
+    /// waiting go out (or the connection settles).
+    pub fn resume_waiting(&mut self) -> Vec<Step<T>> {
+        if self.phase != Phase::Ready || self.draining || !self.queue.is_empty() {
+            return Vec::new();
+        }
+        self.send_waiting()
+    }
+
     /// The requests that waited go out, in order: up to the first that
     /// needs the connection alone (which goes only when nothing is in
     /// flight, and then alone). Settle when none waited.

@@ -37,7 +37,7 @@ use Test::Builder ();
 $SIG{PIPE} = 'IGNORE';
 
 our @EXPORT_OK = qw(http_request pg_server_line start_servers stop_servers psql rds rds_rows rds_command free_port pg_bin pg_stop pg_start
-    pg_restart start_extra_pg nginx_signal nginx_exited start_redis redis_cli garbage_port
+    pg_restart start_extra_pg start_standby_pg nginx_signal nginx_exited start_redis redis_cli garbage_port
     nginx_start stop_nginx nginx_error_log http_send http_read http_get stretch under_valgrind);
 
 sub stretch ($) { ValgrindCheck::stretch($_[0]) }
@@ -178,6 +178,30 @@ sub start_pg {
 # tests); stopped when the test file ends.
 sub start_extra_pg { new_pg_instance(@_) }
 
+# A streaming standby of an instance (pg_basebackup -R as the superuser,
+# which has REPLICATION; initdb's pg_hba lets it in from 127.0.0.1), on its
+# own port and folder; hot standby. Returns { dir, data, port, super }.
+sub start_standby_pg {
+    my ($primary) = @_;
+    my $dir = tempdir('ngx-gateway-pg-XXXXXX', TMPDIR => 1, CLEANUP => 0);
+    if ($> == 0) {
+        my (undef, undef, $uid, $gid) = getpwnam('postgres') or die "no postgres user\n";
+        chown $uid, $gid, $dir;
+    }
+    chmod 0755, $dir;
+    local $PgDir = $dir;
+    my %pg = (dir => $dir, data => "$dir/data", port => free_port(), super => $primary->{super});
+    push @Instances, \%pg;
+    run_as_owner("$PgBin/pg_basebackup", '-d',
+        "host=127.0.0.1 port=$primary->{port} user=postgres password=$primary->{super}",
+        '-D', $pg{data}, '-R', '-X', 'stream', '-c', 'fast', '--no-sync');
+    open my $conf, '>>', "$pg{data}/postgresql.conf" or die $!;
+    print $conf "port = $pg{port}\nunix_socket_directories = '$dir'\nhot_standby = on\n";
+    close $conf;
+    run_as_owner("$PgBin/pg_ctl", '-D', $pg{data}, '-l', "$dir/server.log", '-w', '-s', 'start');
+    return \%pg;
+}
+
 # A sqldb_server line's arguments for the test server, with an
 # application_name by which pg_stat_activity tells the gateway's connections.
 sub pg_server_line {
@@ -244,7 +268,9 @@ sub stop_servers {
     for my $pg (@Instances) {
         next unless -d $pg->{data};
         local $PgDir = $pg->{dir};
-        eval { run_as_owner("$PgBin/pg_ctl", '-D', $pg->{data}, '-m', 'immediate', '-s', 'stop') };
+        # (One a test stopped already has no pid file: nothing to stop.)
+        eval { run_as_owner("$PgBin/pg_ctl", '-D', $pg->{data}, '-m', 'immediate', '-s', 'stop') }
+            if -e "$pg->{data}/postmaster.pid";
         system('rm', '-rf', $pg->{dir});
     }
     @Instances = ();

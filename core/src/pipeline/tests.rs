@@ -970,3 +970,25 @@ fn random_event_sequences_keep_the_invariants() {
         assert!(n > runs / 30, "only {n} {what}: {seen:?}");
     }
 }
+
+#[test]
+fn requests_withdrawn_at_connect_leave_the_others_to_go_out() {
+    // 1 needs the connection alone; 2 waits behind it. 1's server turns out
+    // not to be what 1 asks for: 1 leaves unsent, 2 goes out.
+    let mut p = Pipeline::connecting(1, true);
+    assert_eq!(p.join(2, false), Join::Wait);
+    assert_eq!(p.connected(), vec![Step::Send(vec![1])]);
+    p.withdraw(1);
+    assert_eq!(p.resume_waiting(), vec![Step::Send(vec![2])]);
+    p.sent(2, P, false);
+    assert_eq!(feed(&mut p, &[Final, End, Sync]), ["Result(2)", "Complete(2)"]);
+    assert_eq!(p.after_results(), vec![Step::Settle]);
+    assert!(p.is_idle());
+    // The only request withdrawn: the connection settles, idle.
+    let mut p = Pipeline::connecting(3, false);
+    assert_eq!(p.connected(), vec![Step::Send(vec![3])]);
+    p.withdraw(3);
+    assert_eq!(p.resume_waiting(), vec![Step::Settle]);
+    assert!(p.is_idle());
+    assert_eq!(p.served(), 0);
+}

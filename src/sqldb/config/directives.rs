@@ -1,14 +1,15 @@
 //! The location-level directives: `sqldb_pass`, `sqldb_query`,
 //! `sqldb_output`, `sqldb_next_upstream`, `sqldb_set`, `sqldb_rewrite`,
-//! `sqldb_escape`.
+//! `sqldb_escape`, `sqldb_target`.
 
 use std::ffi::{c_char, c_void, CString};
 use std::rc::Rc;
 
-use gateway_core::method::parse_methods;
+use gateway_core::method::{parse_methods, QueryError};
 use gateway_core::rewrite;
 use gateway_core::sql::has_several_statements;
 use gateway_core::sql::Region;
+use gateway_core::target::Target;
 use gateway_core::template::{self, Piece};
 
 use super::{Column, Entries, EscapeRule, LocConf, Output, PendingPass, SetRule, Sqldb, Template, TemplatePiece};
@@ -156,6 +157,43 @@ pub(crate) extern "C" fn cmd_sqldb_query(
     };
     // SAFETY: nginx passes the configuration being read and this module's LocConf.
     unsafe { directive(cf, conf, "cmd_sqldb_query", body) }
+}
+
+/// `sqldb_target [METHOD ...] any | primary | standby | prefer-standby | read-write | read-only`
+pub(crate) extern "C" fn cmd_sqldb_target(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    let body = |cf: Conf, lcf: &mut LocConf| {
+        let args = cf.args();
+        let value = args[args.len() - 1];
+        let target = Target::parse(value).ok_or_else(|| {
+            let hint = if args.len() == 2 && parse_methods([value]).is_ok() {
+                " (a method needs a value after it)"
+            } else {
+                ""
+            };
+            format!(
+                "invalid value \"{}\" in \"sqldb_target\" directive, it must be any, primary, standby, prefer-standby, read-write or read-only{hint}",
+                String::from_utf8_lossy(value)
+            )
+        })?;
+        let methods = parse_methods(args[1..args.len() - 1].iter().copied())
+            .map_err(|e| format!("\"sqldb_target\" directive: {e}"))?;
+        lcf.targets.add(methods, target).map_err(|e| match e {
+            QueryError::DuplicateDefault => {
+                "\"sqldb_target\" directive is duplicate: a target for every method is already set".to_owned()
+            }
+            QueryError::DuplicateMethod(m) => {
+                format!("\"sqldb_target\" directive is duplicate: a target for method \"{m}\" is already set")
+            }
+            other => format!("\"sqldb_target\" directive: {other}"),
+        })?;
+        Ok(())
+    };
+    // SAFETY: nginx passes the configuration being read and this module's LocConf.
+    unsafe { directive(cf, conf, "cmd_sqldb_target", body) }
 }
 
 /// `sqldb_output rds | text | value | binary_value | json | csv | none`

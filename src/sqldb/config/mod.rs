@@ -10,6 +10,7 @@ use std::rc::Rc;
 
 use gateway_core::method::QuerySet;
 use gateway_core::rewrite::Rule as RewriteRule;
+use gateway_core::target::Target;
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, HttpModuleServerConf, NgxHttpCoreModule};
 
 use super::driver::{Pool, Settings, Statement};
@@ -197,6 +198,8 @@ pub struct LocConf {
     /// `sqldb_pass NAME`: resolved once every upstream block is read.
     pub pass_name: Vec<u8>,
     pub queries: QuerySet<Rc<Template>>,
+    /// `sqldb_target`: the role of the server, by request method.
+    pub targets: QuerySet<Target>,
     pub connect_timeout: ngx_msec_t,
     pub result_timeout: ngx_msec_t,
     /// `sqldb_prepare`: prepare constant templates once per connection.
@@ -214,6 +217,11 @@ pub struct LocConf {
 impl LocConf {
     pub fn output(&self) -> Output {
         self.output.unwrap_or(Output::Rds)
+    }
+
+    /// The `sqldb_target` of a request method (`any` when none is set).
+    pub fn target(&self, method: u32) -> Target {
+        self.targets.select(method).copied().unwrap_or_default()
     }
 }
 
@@ -286,6 +294,7 @@ pub(crate) extern "C" fn create_loc_conf(cf: *mut ngx_conf_t) -> *mut c_void {
         pass_var: None,
         pass_name: Vec::new(),
         queries: QuerySet::default(),
+        targets: QuerySet::default(),
         connect_timeout: CONF_UNSET_MSEC,
         result_timeout: CONF_UNSET_MSEC,
         prepare: CONF_UNSET,
@@ -324,6 +333,10 @@ impl LocConf {
         // A level with any sqldb_query of its own ignores every outer one.
         if self.queries.is_empty() {
             self.queries = prev.queries.clone();
+        }
+        // The same for sqldb_target.
+        if self.targets.is_empty() {
+            self.targets = prev.targets.clone();
         }
         merge_msec(&mut self.connect_timeout, prev.connect_timeout, DEFAULT_CONNECT_TIMEOUT);
         merge_msec(&mut self.result_timeout, prev.result_timeout, DEFAULT_RESULT_TIMEOUT);

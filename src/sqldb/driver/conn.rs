@@ -7,6 +7,7 @@ use std::rc::Rc;
 
 use gateway_core::metrics::Id;
 use gateway_core::pipeline::{Mode, Pipeline, Wire};
+use gateway_core::target::Role;
 
 use super::cancel::Canceller;
 use super::pq::{CancelKey, PgConn, PqError};
@@ -51,6 +52,9 @@ pub(super) struct Conn {
     /// The session's cancel key (None: its queries cannot be cancelled).
     pub cancel_key: Option<CancelKey>,
     pub canceller: Option<Canceller>,
+    /// The server's role this session last reported (followed only once
+    /// requests with a `sqldb_target` come).
+    pub role: Option<Role>,
     /// The upstream's name, for the metrics.
     pub upstream: Rc<str>,
     /// What the shared gauges count of it now.
@@ -97,6 +101,7 @@ impl Conn {
             canceller: None,
             upstream: Rc::from(""),
             shown: Shown::default(),
+            role: None,
         }
     }
 

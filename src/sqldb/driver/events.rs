@@ -138,7 +138,10 @@ impl Pool {
                 c.name,
                 c.pg.error_message()
             );
+            let addr = c.addr;
+            self.forget_role(addr);
         }
+        let Some(c) = self.conn(id) else { return };
         let busy = c.pg.is_busy();
         if gone {
             self.lost(id);
@@ -182,6 +185,8 @@ impl Pool {
                     c.pg.backend_pid()
                 );
                 let steps = c.pipeline.connected();
+                // What the server is, before the requests that waited go out.
+                self.observe_role(id, true);
                 return self.apply_steps(id, steps, true, out);
             }
         };
@@ -218,6 +223,8 @@ impl Pool {
             c.forget(req);
             out.push(Delivery::Failed(req, lost, msg.to_owned()));
         }
+        let addr = c.addr;
+        self.forget_role(addr);
         self.close(id);
     }
 
@@ -230,6 +237,9 @@ impl Pool {
         let mut again = Vec::new();
         // Why the connection is going away, when the server said so.
         let mut lost: Option<String> = None;
+        // A request's sync point was read: the session is up to date
+        // (a change of role comes before it).
+        let mut synced = false;
         while !c.pipeline.is_paused() {
             if c.pipeline.wants_single_row() {
                 c.pg.set_single_row_mode();
@@ -246,6 +256,7 @@ impl Pool {
                 None => gateway_core::pipeline::ResultKind::End,
                 Some(r) => r.route_kind(),
             };
+            synced |= kind == gateway_core::pipeline::ResultKind::Sync;
             let (route, steps) = c.pipeline.on_result(kind);
             if kind != gateway_core::pipeline::ResultKind::Row {
                 debug!(
@@ -301,6 +312,8 @@ impl Pool {
             let name = c.name.clone();
             self.statements_shared(&name);
         }
+        // A change of role comes just before the end of a query's results.
+        self.observe_role(id, synced);
         let Some(c) = self.conn(id) else { return };
         // The end of the session may be announced (a FATAL message) before
         // it is here: then the next read event finds it.
@@ -360,6 +373,10 @@ impl Pool {
     /// `connected`: the connection has just come up (the requests that
     /// waited on it report their connect time).
     fn apply_steps(&mut self, id: ConnId, steps: Vec<Step<super::ReqToken>>, connected: bool, out: &mut Vec<Delivery>) {
+        let standby_known = self.standby_known();
+        // Requests that waited and went elsewhere (their server does not
+        // meet their target): those behind them go out, or it settles.
+        let mut withdrawn = false;
         for step in steps {
             let Some(c) = self.conn(id) else { return };
             match step {
@@ -413,6 +430,16 @@ impl Pool {
                     c.set_timer(None);
                     for req in reqs {
                         let Some(q) = c.query_of(req) else { continue };
+                        if !q.target.is_any() {
+                            let role = c.pg.role();
+                            if !q.target.meets(role, standby_known) {
+                                c.forget(req);
+                                c.pipeline.withdraw(req);
+                                withdrawn = true;
+                                out.push(Delivery::Unfit(req, format!("{} is {}", c.name, role.describe())));
+                                continue;
+                            }
+                        }
                         let sent = c.send(req, &q);
                         out.push(Delivery::Started(req, connected));
                         if let Err(e) = sent {
@@ -433,6 +460,11 @@ impl Pool {
                 }
                 Step::Close => self.close(id),
             }
+        }
+        if withdrawn {
+            let Some(c) = self.conn(id) else { return };
+            let more = c.pipeline.resume_waiting();
+            self.apply_steps(id, more, connected, out);
         }
     }
 

@@ -17,10 +17,11 @@ use std::rc::Rc;
 
 use gateway_core::pipeline::Lost;
 use gateway_core::slab::Key;
+use gateway_core::target::Target;
 
 use crate::ffi::ngx_msec_t;
 
-pub use pool::{OpenError, Pick, Pool, Settings, Submitted};
+pub use pool::{OpenError, Pick, Pool, Settings, Submitted, RECHECK};
 pub use pq::{check_conninfo, PgResult, PqError, ResultKind};
 
 /// A request, as the driver knows it (a key of the request side's registry).
@@ -94,6 +95,8 @@ pub struct Query {
     pub template: Rc<Statement>,
     /// The template was slow when the request came: it runs alone.
     pub slow: bool,
+    /// `sqldb_target`: the role its server must have.
+    pub target: Target,
 }
 
 /// What the driver tells the request side.
@@ -112,6 +115,10 @@ pub enum Delivery {
     Failed(ReqToken, Lost, String),
     /// The query cannot be served (it started a COPY).
     Refused(ReqToken, String),
+    /// The connection came up to a server that does not meet the request's
+    /// `sqldb_target` (what the server is said): the query was not sent,
+    /// the request tries another server.
+    Unfit(ReqToken, String),
 }
 
 /// Whether reading the connection goes on after a streamed row.

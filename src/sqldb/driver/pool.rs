@@ -8,6 +8,7 @@ use std::rc::Rc;
 
 use gateway_core::pipeline::{Join, Pipeline};
 use gateway_core::slab::Slab;
+use gateway_core::target::{Role, Target, Verdict};
 
 use super::conn::Conn;
 use super::pq::PgConn;
@@ -108,7 +109,27 @@ pub struct Pool {
     /// Servers (address indexes) whose connection was lost: the next one
     /// that opens counts as a reconnect.
     pub(super) lost: Vec<usize>,
+    /// A request with a `sqldb_target` came: the roles that connections
+    /// report are followed (until then nothing is looked at).
+    pub(super) track_roles: bool,
+    /// What this worker knows of each server's role, by address index.
+    roles: Vec<Known>,
 }
+
+/// A server's role as last reported to this worker, and when it was
+/// learned (a new session's first report, a change reported, or a session
+/// that read a sync point and so is up to date).
+#[derive(Debug, Clone, Copy, Default)]
+struct Known {
+    role: Option<Role>,
+    at: ngx_msec_t,
+}
+
+/// A role learned longer ago than this (ms) may be out of date (a standby
+/// promoted reports it only to sessions that run a query afterwards): when
+/// no server meets a request's target, the server whose role is the oldest
+/// is asked again, with a new connection.
+pub const RECHECK: ngx_msec_t = 500;
 
 impl Pool {
     pub fn new(settings: Settings) -> Pool {
@@ -120,6 +141,118 @@ impl Pool {
             statements_off: false,
             name: Rc::from(""),
             lost: Vec::new(),
+            track_roles: false,
+            roles: Vec::new(),
+        }
+    }
+
+    /// Requests with a target come: follow the roles servers report.
+    pub fn track_roles(&mut self) {
+        self.track_roles = true;
+    }
+
+    /// The role last learned of a server, and when. With nothing learned
+    /// yet, a session to it that is up says it (connections opened before
+    /// roles were followed).
+    fn server_role(&mut self, addr: usize) -> Option<(Role, ngx_msec_t)> {
+        if let Some(k) = self.roles.get(addr) {
+            if let Some(role) = k.role {
+                return Some((role, k.at));
+            }
+        }
+        let role = self
+            .conns
+            .iter()
+            .find(|(_, c)| c.addr == addr && !c.pipeline.is_connecting() && !c.pipeline.is_closed() && !c.pg.is_bad())
+            .map(|(_, c)| c.pg.role())?;
+        let now = current_msec();
+        self.learn(addr, role, now);
+        Some((role, now))
+    }
+
+    fn learn(&mut self, addr: usize, role: Role, at: ngx_msec_t) {
+        if self.roles.len() <= addr {
+            self.roles.resize(addr + 1, Known::default());
+        }
+        self.roles[addr] = Known { role: Some(role), at };
+    }
+
+    /// A connection to the server failed or was lost: what was known of its
+    /// role is not trusted any more (it is learned again from the next
+    /// session, so a server that comes back is tried, never shunned).
+    pub(super) fn forget_role(&mut self, addr: usize) {
+        if let Some(k) = self.roles.get_mut(addr) {
+            k.role = None;
+        }
+    }
+
+    /// Some server is known to be a standby (what `prefer-standby` prefers).
+    pub fn standby_known(&self) -> bool {
+        self.roles
+            .iter()
+            .any(|k| k.role.is_some_and(|r| r.hot_standby == Some(true)))
+    }
+
+    /// What to do with the server at `addr` for a request's target, and
+    /// when its role was learned (now, when not known).
+    pub fn verdict(&mut self, addr: usize, target: Target) -> (Verdict, ngx_msec_t) {
+        if target.is_any() {
+            return (Verdict::Meets, 0);
+        }
+        let standby_known = self.standby_known();
+        match self.server_role(addr) {
+            Some((role, at)) => (target.judge(Some(role), standby_known), at),
+            None => (Verdict::Unknown, current_msec()),
+        }
+    }
+
+    /// A connection read from its server (it came up, or results came):
+    /// the role it reports. `current`: the session has just started, or
+    /// has just read a sync point (the server reports a change before it):
+    /// what it says is the server's role now. A change it reports is news
+    /// too; otherwise the same report again is not (an idle session hears
+    /// of a promotion only after its next query).
+    pub(super) fn observe_role(&mut self, id: ConnId, current: bool) {
+        if !self.track_roles {
+            return;
+        }
+        let Some(c) = self.conn(id) else { return };
+        let role = c.pg.role();
+        if !current && c.role == Some(role) {
+            return;
+        }
+        c.role = Some(role);
+        let addr = c.addr;
+        let before = self.roles.get(addr).and_then(|k| k.role);
+        self.learn(addr, role, current_msec());
+        if before.is_some_and(|b| b.hot_standby != role.hot_standby || b.read_only != role.read_only) {
+            if let Some(c) = self.conns.get(id.0) {
+                log!(
+                    NGX_LOG_NOTICE,
+                    Log::cycle(),
+                    "sqldb: {} now reports being {}",
+                    c.name,
+                    role.describe()
+                );
+            }
+        }
+    }
+
+    /// Room for a connection that learns a server's role: at `max`, an
+    /// idle connection goes (one to `addr` first, whose role is in doubt).
+    pub fn make_room(&mut self, addr: usize) {
+        let max = self.settings.max;
+        if max == 0 || self.conns.len() < max {
+            return;
+        }
+        let victim = self
+            .idle
+            .iter()
+            .position(|&id| self.addr_of(id) == Some(addr))
+            .or((!self.idle.is_empty()).then_some(0));
+        if let Some(i) = victim {
+            let id = self.idle[i];
+            self.close(id);
         }
     }
 
@@ -145,13 +278,24 @@ impl Pool {
     /// Where a request goes. `addr` is the balancer's choice (None: any,
     /// single mode); `alone`: it needs the connection to itself (several
     /// statements, a stream).
-    pub fn pick(&mut self, addr: Option<usize>, alone: bool) -> Pick {
+    /// `target`: with `addr` None, only a connection to a server known to
+    /// meet it (with an address, the caller chose the server for it).
+    pub fn pick(&mut self, addr: Option<usize>, alone: bool, target: Target) -> Pick {
         if !alone && self.settings.pipelining && self.settings.max != 0 {
             if let Some(id) = self.shallow(addr) {
                 return Pick::Share(id);
             }
         }
-        let fits = |pool: &Pool, id: &ConnId| addr.is_none_or(|a| pool.addr_of(*id) == Some(a));
+        let standby_known = !target.is_any() && self.standby_known();
+        let fits = |pool: &Pool, id: &ConnId| match addr {
+            Some(want) => pool.addr_of(*id) == Some(want),
+            None if target.is_any() => true,
+            None => pool
+                .addr_of(*id)
+                .and_then(|a| pool.roles.get(a))
+                .and_then(|k| k.role)
+                .is_some_and(|r| target.meets(r, standby_known)),
+        };
         while let Some(i) = self.idle.iter().rposition(|id| fits(self, id)) {
             let id = self.idle.remove(i);
             let Some(c) = self.conn(id) else { continue };
@@ -163,7 +307,9 @@ impl Pool {
                     "sqldb: idle connection to {} closed by the server",
                     c.name
                 );
+                let addr = c.addr;
                 self.lost(id);
+                self.forget_role(addr);
                 self.close(id);
                 continue;
             }

@@ -7,6 +7,7 @@ use std::ptr::NonNull;
 
 use gateway_core::pipeline;
 use gateway_core::rds::ResultSet;
+use gateway_core::target::Role;
 use libpq_sys as pq;
 
 /// What PQconnectPoll asks for next.
@@ -336,6 +337,34 @@ impl PgConn {
         // SAFETY: pg_encoding_to_char returns a static name ("" for an
         // unknown number).
         cstr_lossy(unsafe { pq::pg_encoding_to_char(id) })
+    }
+
+    /// The server's role as this session last heard it: the values of
+    /// `in_hot_standby` and `default_transaction_read_only` that the server
+    /// reports (ParameterStatus) at the start and whenever they change;
+    /// libpq keeps the last of each as it reads. No query is sent.
+    pub fn role(&self) -> Role {
+        // Both values are read before anything else calls libpq (which
+        // may replace them as it reads).
+        Role::from_status(
+            self.parameter_status(c"in_hot_standby"),
+            self.parameter_status(c"default_transaction_read_only"),
+        )
+    }
+
+    /// The last value of a parameter the server reported (None: never);
+    /// valid until libpq reads from the connection again.
+    fn parameter_status(&self, name: &CStr) -> Option<&[u8]> {
+        // SAFETY: live connection and a NUL-terminated name. The value is
+        // NUL-terminated and owned by libpq until it reads a new one, which
+        // takes another call on this connection: its only caller, role(),
+        // makes none while it holds the value.
+        let p = unsafe { pq::PQparameterStatus(self.raw(), name.as_ptr()) };
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: non-null, NUL-terminated, see above.
+        Some(unsafe { CStr::from_ptr(p) }.to_bytes())
     }
 
     /// The backend's process ID.

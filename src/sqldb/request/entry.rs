@@ -130,6 +130,7 @@ fn run(r: &mut Req) -> Result<(), StartError> {
         changes_session: tmpl.changes_session,
         template: tmpl.statement.clone(),
         slow: tmpl.statement.slow.get() > 0,
+        target: lcf.target(r.method()),
     };
     let token = registry::register(r);
     let ctx = Ctx {
@@ -143,6 +144,7 @@ fn run(r: &mut Req) -> Result<(), StartError> {
         fresh: false,
         unsent_moves: 0,
         rejected: None,
+        unmet: None,
         last: None,
         error: None,
         done: false,

@@ -46,6 +46,8 @@ pub struct Ctx {
     /// The pool had no connection to spare (`overflow=reject`) for the
     /// server the balancer picked: 503 once nginx's connect returns.
     rejected: Option<String>,
+    /// No server meets the request's `sqldb_target`: why (for the log).
+    unmet: Option<String>,
     last: Option<PgResult>,
     error: Option<PgResult>,
     /// The response is decided (nginx's upstream is finished).

@@ -14,8 +14,9 @@ use super::{ctx_of, deliver_later, pool_of, Ctx, SINK};
 use crate::ffi::*;
 use crate::sqldb::config::upstream::sqldb_srv_conf;
 use crate::sqldb::config::{LocConf, Sqldb, SrvConf};
-use crate::sqldb::driver::{ConnId, OpenError, Pick, Sink, Submitted};
+use crate::sqldb::driver::{ConnId, OpenError, Pick, Sink, Submitted, RECHECK};
 use crate::{debug, log};
+use gateway_core::target::{Target, Verdict};
 
 /// The connection nginx's upstream code sees for one request: it sets its
 /// handlers, log and a connect timer on it, none of which may touch a
@@ -67,6 +68,12 @@ pub struct PeerData {
     balancer_used: bool,
     ctx: NonNull<Ctx>,
     standin: StandIn,
+    /// The upstream's name (for the log).
+    host: ngx_str_t,
+    /// `sqldb_target`: the servers found not to meet this request's target.
+    unfit: Vec<usize>,
+    /// Those whose old role was checked again for it.
+    rechecked: Vec<usize>,
 }
 
 impl Drop for PeerData {
@@ -111,6 +118,9 @@ fn init(r: &mut Req, us: &mut ngx_http_upstream_srv_conf_t) -> ngx_int_t {
         ctx: NonNull::from(&mut *ctx),
         // SAFETY: all-zero is the initial state of nginx's connection and events.
         standin: unsafe { mem::zeroed() },
+        host: us.host,
+        unfit: Vec::new(),
+        rechecked: Vec::new(),
     };
     let Some(mut pd) = pool.alloc(pd) else { return ERROR };
     // SAFETY: just allocated in the request's pool; nothing else refers to it yet.
@@ -142,37 +152,47 @@ fn get(pc: &mut ngx_peer_connection_t, pd: &mut PeerData, log: Log) -> ngx_int_t
     // its request's peer; no other reference to them is used meanwhile.
     let (srv, ctx) = unsafe { (&mut *pd.srv.as_ptr(), &mut *pd.ctx.as_ptr()) };
     let alone = ctx.query.alone();
+    let target = ctx.query.target;
     pd.balancer_used = false;
+    if !target.is_any() {
+        srv.pool.track_roles();
+    }
     if srv.pool.settings.single {
-        if let Pick::Idle(id) = srv.pool.pick(None, alone) {
-            let a = &srv.addrs[srv.pool.addr_of(id).unwrap_or(0)];
-            pc.sockaddr = a.sockaddr.as_ptr() as *mut sockaddr;
-            pc.socklen = a.sockaddr.len() as socklen_t;
-            pc.name = std::ptr::addr_of!(a.name).cast_mut();
+        if let Pick::Idle(id) = srv.pool.pick(None, alone, target) {
+            set_peer(pc, srv, srv.pool.addr_of(id).unwrap_or(0));
             return use_conn(pc, pd, ctx, id, false);
         }
     }
-    let Some(balancer_get) = pd.balancer_get else {
-        return ERROR;
+    let (addr, recheck) = if target.is_any() {
+        match balance(pc, pd, srv, log) {
+            Ok(addr) => (addr, false),
+            Err(rc) => return rc,
+        }
+    } else {
+        match choose(pc, pd, srv, target, log) {
+            Ok(Some(chosen)) => chosen,
+            Ok(None) => {
+                ctx.unmet = Some(format!(
+                    "no server of upstream \"{}\" is {} (target \"{target}\")",
+                    String::from_utf8_lossy(pd.host.as_bytes()),
+                    target.wanted()
+                ));
+                return use_standin(pc, pd, ctx);
+            }
+            Err(rc) => return rc,
+        }
     };
-    // SAFETY: the balancer's own function, with the data it set up.
-    let rc = unsafe { balancer_get(pc, pd.balancer_data) };
-    if rc != OK {
-        return rc;
-    }
-    pd.balancer_used = true;
-    // SAFETY: the balancer set the peer's address and its name.
-    let (sockaddr, name) = unsafe {
-        (
-            std::slice::from_raw_parts(pc.sockaddr as *const u8, pc.socklen as usize),
-            String::from_utf8_lossy((*pc.name).as_bytes()).into_owned(),
-        )
+    // SAFETY: the balancer (or set_peer) set the peer's name.
+    let name = String::from_utf8_lossy(unsafe { (*pc.name).as_bytes() }).into_owned();
+    let pick = if recheck {
+        // Its role may have changed since it was learned: a new session
+        // says what it is now.
+        srv.pool.make_room(addr);
+        Pick::New
+    } else {
+        srv.pool.pick(Some(addr), alone, target)
     };
-    let Some(addr) = srv.addr_index(pc.sockaddr as usize, sockaddr) else {
-        log!(NGX_LOG_ALERT, log, "sqldb: no sqldb_server for peer {name}");
-        return ERROR;
-    };
-    match srv.pool.pick(Some(addr), alone) {
+    match pick {
         Pick::Idle(id) | Pick::Share(id) | Pick::Behind(id) => use_conn(pc, pd, ctx, id, false),
         Pick::Reject => {
             // A full pool is no failure of the server: the balancer takes
@@ -186,9 +206,7 @@ fn get(pc: &mut ngx_peer_connection_t, pd: &mut PeerData, log: Log) -> ngx_int_t
                 unsafe { free(pc, pd.balancer_data, 0) };
             }
             ctx.rejected = Some(name);
-            pd.standin.clear();
-            pc.connection = &mut pd.standin.c;
-            AGAIN
+            use_standin(pc, pd, ctx)
         }
         Pick::New => {
             let exclusive = ctx.query.alone();
@@ -206,6 +224,114 @@ fn get(pc: &mut ngx_peer_connection_t, pd: &mut PeerData, log: Log) -> ngx_int_t
             }
         }
     }
+}
+
+/// The balancer's next server, as the index of its address.
+fn balance(pc: &mut ngx_peer_connection_t, pd: &mut PeerData, srv: &SrvConf, log: Log) -> Result<usize, ngx_int_t> {
+    let Some(balancer_get) = pd.balancer_get else {
+        return Err(ERROR);
+    };
+    // SAFETY: the balancer's own function, with the data it set up.
+    let rc = unsafe { balancer_get(pc, pd.balancer_data) };
+    if rc != OK {
+        return Err(rc);
+    }
+    pd.balancer_used = true;
+    // SAFETY: the balancer set the peer's address and its name.
+    let (sockaddr, name) = unsafe {
+        (
+            std::slice::from_raw_parts(pc.sockaddr as *const u8, pc.socklen as usize),
+            String::from_utf8_lossy((*pc.name).as_bytes()).into_owned(),
+        )
+    };
+    srv.addr_index(pc.sockaddr as usize, sockaddr).ok_or_else(|| {
+        log!(NGX_LOG_ALERT, log, "sqldb: no sqldb_server for peer {name}");
+        ERROR
+    })
+}
+
+/// Gives the balancer its server back, not failed (it was not used).
+fn release(pc: &mut ngx_peer_connection_t, pd: &mut PeerData) {
+    if std::mem::take(&mut pd.balancer_used) {
+        if let Some(free) = pd.balancer_free {
+            // SAFETY: the balancer's own function, with its data.
+            unsafe { free(pc, pd.balancer_data, 0) };
+        }
+    }
+}
+
+/// Points the peer at a server chosen without the balancer.
+fn set_peer(pc: &mut ngx_peer_connection_t, srv: &SrvConf, addr: usize) {
+    let Some(a) = srv.addrs.get(addr) else { return };
+    pc.sockaddr = a.sockaddr.as_ptr() as *mut sockaddr;
+    pc.socklen = a.sockaddr.len() as socklen_t;
+    pc.name = std::ptr::addr_of!(a.name).cast_mut();
+}
+
+/// A server for a request with a `sqldb_target`: the balancer's servers in
+/// its order, past those known not to meet the target; one whose role is
+/// not known is tried (its connection learns the role before the query
+/// goes out). With none left: for `prefer-standby`, a server skipped only
+/// because a standby was known; else the server whose role was learned
+/// longest ago (at least RECHECK), asked again with a new connection
+/// (`true`). Ok(None): no server meets the target.
+fn choose(
+    pc: &mut ngx_peer_connection_t,
+    pd: &mut PeerData,
+    srv: &mut SrvConf,
+    target: Target,
+    log: Log,
+) -> Result<Option<(usize, bool)>, ngx_int_t> {
+    let now = current_msec();
+    let mut fallback = None;
+    let mut oldest: Option<(usize, ngx_msec_t)> = None;
+    for _ in 0..=srv.addrs.len() {
+        let addr = match balance(pc, pd, srv, log) {
+            Ok(addr) => addr,
+            Err(rc) if rc == ERROR => return Err(rc),
+            // No server left to offer.
+            Err(_) => break,
+        };
+        if pd.unfit.contains(&addr) {
+            // The balancer offers again what did not fit (it has one server).
+            release(pc, pd);
+            break;
+        }
+        match srv.pool.verdict(addr, target) {
+            (Verdict::Meets | Verdict::Unknown, _) => return Ok(Some((addr, false))),
+            (Verdict::Fails { fallback: usable }, learned) => {
+                pd.unfit.push(addr);
+                if usable && fallback.is_none() {
+                    fallback = Some(addr);
+                }
+                let age = now.wrapping_sub(learned);
+                if age >= RECHECK && !pd.rechecked.contains(&addr) && oldest.is_none_or(|(_, a)| age > a) {
+                    oldest = Some((addr, age));
+                }
+                release(pc, pd);
+            }
+        }
+    }
+    if let Some(addr) = fallback {
+        set_peer(pc, srv, addr);
+        return Ok(Some((addr, false)));
+    }
+    if let Some((addr, _)) = oldest {
+        pd.rechecked.push(addr);
+        set_peer(pc, srv, addr);
+        return Ok(Some((addr, true)));
+    }
+    Ok(None)
+}
+
+/// No server for the request: nginx's upstream gets the stand-in, and
+/// `attach` answers 502 with the reason.
+fn use_standin(pc: &mut ngx_peer_connection_t, pd: &mut PeerData, ctx: &mut Ctx) -> ngx_int_t {
+    ctx.conn = None;
+    pd.standin.clear();
+    pc.set_cached(0);
+    pc.connection = &mut pd.standin.c;
+    AGAIN
 }
 
 /// Gives the request a database connection; `attach` queues its query.
@@ -256,6 +382,14 @@ pub fn attach(r: &mut Req) {
 /// already running goes on: a request that moves keeps its deadline).
 fn attach_with(r: &mut Req, fresh_timer: bool) {
     let Some(ctx) = ctx_of(r) else { return };
+    if ctx.done {
+        return;
+    }
+    if let Some(why) = ctx.unmet.take() {
+        log!(NGX_LOG_ERR, r.log(), "sqldb: {why}");
+        fail(r, HTTP_BAD_GATEWAY, false);
+        return;
+    }
     if let Some(name) = ctx.rejected.take() {
         let e = ConnError::NoConnection(name);
         log_failure(r.log(), &e);
@@ -458,7 +592,7 @@ pub fn move_unsent(r: &mut Req) {
         return next_after_stale(r);
     };
     let alone = ctx.query.alone();
-    let (id, fresh) = match srv.pool.pick(Some(addr), alone) {
+    let (id, fresh) = match srv.pool.pick(Some(addr), alone, ctx.query.target) {
         Pick::Idle(id) | Pick::Share(id) | Pick::Behind(id) => (id, false),
         Pick::Reject => {
             let e = ConnError::NoConnection(name);
@@ -516,6 +650,22 @@ fn next_peer(r: &mut Req, status: ngx_int_t, ft: u32, stale: bool) {
     reconnect(r, status);
 }
 
+/// The request's connection came up to a server that does not meet its
+/// `sqldb_target` (its query was not sent): another server. Not the
+/// server's failure: the balancer is told it went well.
+pub fn next_unfit(r: &mut Req) {
+    if ctx_of(r).is_none_or(|c| c.done) {
+        return;
+    }
+    let Some(u) = r.upstream() else { return };
+    let elapsed = u.elapsed();
+    if let Some(st) = u.state() {
+        st.response_time = elapsed;
+    }
+    u.free_peer(NGX_PEER_NEXT as ngx_uint_t);
+    reconnect(r, HTTP_BAD_GATEWAY);
+}
+
 /// Asks the balancer for another server and a connection to it.
 fn reconnect(r: &mut Req, status: ngx_int_t) {
     let Some(st) = r.push_upstream_state() else {
@@ -535,7 +685,7 @@ fn reconnect(r: &mut Req, status: ngx_int_t) {
     // SAFETY: as above.
     unsafe { (*st).peer = name };
     match rc {
-        AGAIN if ctx_of(r).is_some_and(|c| c.conn.is_some() || c.rejected.is_some()) => attach(r),
+        AGAIN if ctx_of(r).is_some_and(|c| c.conn.is_some() || c.unmet.is_some() || c.rejected.is_some()) => attach(r),
         BUSY => {
             log_failure(r.log(), &ConnError::NoLiveUpstreams);
             fail(r, status, false);

@@ -4,7 +4,7 @@
 use gateway_core::pipeline::Lost;
 
 use super::error::{log_failure, ConnError, Failure, ResultError, BAD_PARAMETER};
-use super::peer::{fail, finish_upstream, guard_request, move_unsent, next, started};
+use super::peer::{fail, finish_upstream, guard_request, move_unsent, next, next_unfit, started};
 use super::{ctx_of, output, registry, vars};
 use crate::debug;
 use crate::ffi::*;
@@ -18,7 +18,8 @@ fn token_of(d: &Delivery) -> ReqToken {
         | Delivery::Error(t, _)
         | Delivery::Complete(t)
         | Delivery::Failed(t, ..)
-        | Delivery::Refused(t, _) => *t,
+        | Delivery::Refused(t, _)
+        | Delivery::Unfit(t, _) => *t,
     }
 }
 
@@ -54,6 +55,16 @@ fn apply(r: &mut Req, d: Delivery) {
             let e = ResultError::Refused(why);
             log_failure(r.log(), &e);
             fail(r, e.status(), false);
+        }
+        Delivery::Unfit(_, why) => {
+            ctx.conn = None;
+            crate::log!(
+                NGX_LOG_INFO,
+                r.log(),
+                "sqldb: {why}, not what \"sqldb_target {}\" asks: trying another server",
+                ctx.query.target
+            );
+            next_unfit(r);
         }
         Delivery::Failed(_, lost, why) => {
             ctx.conn = None;
