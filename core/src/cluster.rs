@@ -272,7 +272,10 @@ impl Topology {
                     nodes.len() - 1
                 }
             };
-            for slot in &mut owner[usize::from(r.start)..=usize::from(r.end)] {
+            let Some(slots) = owner.get_mut(usize::from(r.start)..=usize::from(r.end)) else {
+                return Err(SlotsError::Shape("a slot is not a number from 0 to 16383"));
+            };
+            for slot in slots {
                 *slot = i as u16;
             }
         }
@@ -463,6 +466,13 @@ mod tests {
         }
         let mut t = Topology::new();
         assert_eq!(t.rebuild(&[], None), Err(SlotsError::Empty));
+        let outside = Range {
+            start: 16000,
+            end: 16384,
+            host: "127.0.0.1".into(),
+            port: 1,
+        };
+        assert!(matches!(t.rebuild(&[outside], None), Err(SlotsError::Shape(_))));
         let named = parse_slots(&Value::Array(vec![range(0, 1, vec![node("redis-1", 7000, "a")])])).unwrap();
         assert_eq!(t.rebuild(&named, None), Err(SlotsError::Hostname("redis-1".into())));
         // An empty host with nobody to take it from.
