@@ -309,6 +309,65 @@ EOF
     stop_nginx();
 }
 
+# A second cluster, of three masters with a password and TLS (tls-cluster:
+# nodes announce their TLS ports to TLS clients): cache_auth and cache_ssl
+# reach every master.
+{
+    my $d = tempdir('ngx-gateway-cluster-tls-XXXXXX', TMPDIR => 1, CLEANUP => 1);
+    chmod 0755, $d;
+    my $openssl = sub { system("openssl @_ >>$d/openssl.log 2>&1") == 0 or die "openssl @_ failed\n" };
+    $openssl->("req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=cluster-ca -keyout $d/ca.key -out $d/ca.crt");
+    open my $ext, '>', "$d/server.ext" or die $!;
+    print $ext "subjectAltName = DNS:localhost\n";
+    close $ext;
+    $openssl->("req -newkey rsa:2048 -nodes -subj /CN=localhost -keyout $d/server.key -out $d/server.csr");
+    $openssl->("x509 -req -in $d/server.csr -CA $d/ca.crt -CAkey $d/ca.key -CAcreateserial -days 2 -out $d/server.crt -extfile $d/server.ext");
+    chmod 0644, glob("$d/*");
+    my @tls = map {
+        start_redis(password => 'cluster-secret', tls => { cert => "$d/server.crt", key => "$d/server.key", ca => "$d/ca.crt" },
+            args => ['--cluster-enabled', 'yes', '--cluster-config-file', '$dir/nodes.conf', '--cluster-node-timeout', $node_timeout,
+                '--cluster-port', free_port(), '--tls-cluster', 'yes', '--masterauth', 'cluster-secret'])
+    } 1 .. 3;
+    my $made = `redis-cli -a cluster-secret --no-auth-warning --cluster create @{[ map { "127.0.0.1:$_->{port}" } @tls ]} --cluster-replicas 0 --cluster-yes 2>&1`;
+    like($made, qr/All 16384 slots covered/, 'TLS cluster: made') or diag($made);
+    ok(wait_ok(@tls), 'TLS cluster: cluster_state:ok');
+    my %tls_port = map { ($_->{port} => $_->{tls_port}) } @tls;
+    my $p = nginx_start(<<"EOF");
+    upstream tls_cluster {
+        cache_cluster on;
+        server 127.0.0.1:$tls[0]{tls_port};
+        keepalive 4;
+    }
+    server {
+        listen 127.0.0.1:\$PORT;
+        location /kv/ {
+            set \$cache_key \$arg_key;
+            add_header X-Node \$upstream_addr always;
+            cache_auth cluster-secret;
+            cache_ssl on;
+            cache_ssl_verify on;
+            cache_ssl_trusted_certificate $d/ca.crt;
+            cache_ssl_name localhost;
+            cache_pass tls_cluster;
+        }
+    }
+EOF
+    my @put = keepalive_requests($p, 10, map { ['PUT', "/kv/?key=tkey$_", "tls $_"] } 0 .. 11);
+    is(scalar(grep { ($_->{status} // 0) == 201 } @put), 12, 'TLS cluster: 12 keys stored');
+    my @get = keepalive_requests($p, 10, map { ['GET', "/kv/?key=tkey$_"] } 0 .. 11);
+    my ($right, %seen) = (0);
+    for my $i (0 .. 11) {
+        my $owner = owner_port("tkey$i", @tls);
+        $right++ if ($get[$i]{status} // 0) == 200 && $get[$i]{body} eq "tls $i"
+            && last_node($get[$i]) eq "127.0.0.1:$tls_port{$owner}";
+        $seen{$owner}++;
+    }
+    is($right, 12, 'TLS cluster: each key read from its master, over TLS, by its TLS port');
+    is(scalar(keys %seen), 3, 'TLS cluster: on all three masters');
+    unlike(nginx_error_log(), qr/\[(error|alert|crit)\]/, 'TLS cluster: no error logged');
+    stop_nginx();
+}
+
 # nginx -t: keepalive (which wraps the balancer set before it) must come
 # after cache_cluster; a balancing method after it would replace it.
 {
