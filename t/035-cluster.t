@@ -10,6 +10,7 @@ use warnings;
 use lib 't/lib';
 use GatewayTest qw(nginx_start stop_nginx nginx_error_log start_redis kill_redis redis_cli free_port);
 use HttpClient qw(keepalive_requests);
+use FakeRedis;
 use Test::More;
 use Time::HiRes qw(sleep time);
 use File::Temp qw(tempdir);
@@ -365,6 +366,63 @@ EOF
     is($right, 12, 'TLS cluster: each key read from its master, over TLS, by its TLS port');
     is(scalar(keys %seen), 3, 'TLS cluster: on all three masters');
     unlike(nginx_error_log(), qr/\[(error|alert|crit)\]/, 'TLS cluster: no error logged');
+    stop_nginx();
+}
+
+# Cluster nodes that misbehave (scripted): redirections in a loop, a map
+# that is no map, a redirection to a host name. Each gets 502 and one
+# error-log line; the next request on the same client connection gets its
+# own answer.
+{
+    my $tmp = tempdir('ngx-gateway-cluster-fake-XXXXXX', TMPDIR => 1, CLEANUP => 1);
+    my %fake;
+    for my $mode (qw(moved-loop ask-loop badslots hostname)) {
+        $fake{$mode} = FakeRedis->start(sub {
+            my ($conn, $n, $cmd, @args) = @_;
+            open my $f, '<', "$tmp/$mode" or return (['close']);
+            my $me = <$f>;
+            $cmd = uc $cmd;
+            return (['send', '$' . length($args[0]) . "\r\n$args[0]\r\n"]) if $cmd eq 'PING' && @args;
+            return (['send', "+OK\r\n"]) if $cmd eq 'ASKING';
+            if ($cmd eq 'CLUSTER') {
+                return (['send', "*1\r\n*3\r\n:0\r\n:99999\r\n*2\r\n\$9\r\n127.0.0.1\r\n:1\r\n"]) if $mode eq 'badslots';
+                return (['send', "*1\r\n*3\r\n:0\r\n:16383\r\n*3\r\n\$9\r\n127.0.0.1\r\n:$me\r\n\$2\r\nid\r\n"]);
+            }
+            my $slot = key_slot($args[0] // '');
+            return (['send', "-MOVED $slot 127.0.0.1:$me\r\n"]) if $mode eq 'moved-loop';
+            return (['send', "-ASK $slot 127.0.0.1:$me\r\n"]) if $mode eq 'ask-loop';
+            return (['send', "-MOVED $slot redis-7.internal:6379\r\n"]);
+        });
+        open my $f, '>', "$tmp/$mode" or die $!;
+        print $f $fake{$mode}->port;
+        close $f;
+    }
+    my $plain = start_redis();
+    redis_cli($plain, 'set', 'mine', 'my own answer');
+    my $p = nginx_start(<<"EOF");
+    upstream plain { server 127.0.0.1:$plain->{port}; keepalive 2; }
+@{[ map { "    upstream $_ { cache_cluster on; server 127.0.0.1:" . $fake{$_}->port . "; keepalive 2; }\n" } sort keys %fake ]}
+    server {
+        listen 127.0.0.1:\$PORT;
+        location /plain/ { set \$cache_key \$arg_key; cache_pass plain; }
+        location /fake/ { set \$cache_key \$arg_key; cache_pass \$arg_to; }
+    }
+EOF
+    for ([ 'moved-loop', qr/cache: redis cluster redirected the request more than 5 times, the last time "MOVED \d+ 127\.0\.0\.1:\d+" from 127\.0\.0\.1:\d+/ ],
+        [ 'ask-loop', qr/cache: redis cluster redirected the request more than 5 times, the last time "ASK / ],
+        [ 'badslots', qr/cache: invalid CLUSTER SLOTS reply: a slot is not a number from 0 to 16383, from redis cluster node 127\.0\.0\.1:\d+/ ],
+        [ 'hostname', qr/cache: redis cluster node 127\.0\.0\.1:\d+ answered "MOVED \d+ redis-7\.internal:6379", which names no IP address/ ])
+    {
+        my ($mode, $line) = @$_;
+        my $mark = length nginx_error_log();
+        my @r = keepalive_requests($p, 10, ['GET', "/fake/?to=$mode&key=k"], ['GET', '/plain/?key=mine']);
+        is($r[0]{status}, 502, "$mode: 502");
+        my $log = substr(nginx_error_log(), $mark);
+        like($log, $line, "$mode: the error log says why");
+        is(scalar(() = $log =~ /\[error\]/g), 1, "$mode: one error line");
+        is($r[1]{body}, 'my own answer', "$mode: the next request gets its own answer");
+    }
+    is(scalar(grep { /: GET k$/ } $fake{'moved-loop'}->log_lines), 6, 'a redirection loop ends after 5 redirections');
     stop_nginx();
 }
 
