@@ -291,6 +291,7 @@ extern "C" fn peer_get(pc: *mut ngx_peer_connection_t, data: *mut c_void) -> ngx
         // SAFETY: the balancer set the address; socklen is its length.
         cr.current = socket_addr(unsafe { std::slice::from_raw_parts(pc.sockaddr as *const u8, pc.socklen as usize) });
         cr.steps = steps;
+        cr.spoke = false;
         // SAFETY: as above.
         let r = unsafe { Req::from_raw(ctx.r) };
         if !build_request(r, ctx) {
@@ -311,6 +312,8 @@ extern "C" fn peer_free(pc: *mut ngx_peer_connection_t, data: *mut c_void, state
         let Some(cr) = ctx.cluster.as_mut() else { return };
         let redirected = cr.redirect.is_some();
         let failed = state & NGX_PEER_FAILED as ngx_uint_t != 0 && !redirected;
+        // A node that does not connect or answer: the map may be out of date.
+        let silent = failed && !cr.spoke;
         if std::mem::take(&mut pd.rr_used) {
             if let Some(free) = pd.rr_free {
                 // Round robin counts tries its own way (0 with one seed):
@@ -322,7 +325,7 @@ extern "C" fn peer_free(pc: *mut ngx_peer_connection_t, data: *mut c_void, state
                 pc.tries = tries;
             }
         }
-        if failed {
+        if silent {
             if let Some(a) = cr.current {
                 if !cr.failed.contains(&a) {
                     cr.failed.push(a);
@@ -382,6 +385,9 @@ pub struct ClusterReq {
     pub failed: Vec<SocketAddr>,
     /// The node of the current try.
     pub current: Option<SocketAddr>,
+    /// The node of the current try sent bytes: a failure of this try
+    /// (an error reply, a broken one) says nothing of the map.
+    pub spoke: bool,
     /// `cache_next_upstream invalid_response`: the user's own choice for
     /// broken replies (redirections are always followed).
     pub retry_invalid: bool,

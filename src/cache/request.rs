@@ -404,6 +404,9 @@ extern "C" fn process_header(r: *mut ngx_http_request_t) -> ngx_int_t {
         let log = r.log();
         let Some(ctx) = ctx_of(r) else { return ERROR };
         let Some(u) = r.upstream() else { return ERROR };
+        if let Some(cr) = ctx.cluster.as_mut() {
+            cr.spoke = true;
+        }
         loop {
             // (A copy: the header and the first bytes of a value, one buffer at most.)
             let buf = u.unread().to_vec();
