@@ -8,7 +8,7 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(nginx_start stop_nginx nginx_error_log start_redis kill_redis redis_cli free_port);
+use GatewayTest qw(nginx_start stop_nginx nginx_error_log start_redis kill_redis redis_cli free_port stretch);
 use HttpClient qw(keepalive_requests);
 use FakeRedis;
 use Test::More;
@@ -270,7 +270,7 @@ sub follow_failover {
         sleep 0.05;
     }
     ok($promoted, "$name: the replica was promoted");
-    ok($served && $served - $promoted <= 2, sprintf("$name: requests succeed again within 2 s of the promotion (%.2f s)",
+    ok($served && $served - $promoted <= stretch(2), sprintf("$name: requests succeed again within 2 s of the promotion (%.2f s)",
         ($served // 99) - ($promoted // 0)));
     is($served_by, "127.0.0.1:$replica->{port}", "$name: served by the promoted replica");
 }

@@ -131,7 +131,7 @@ extern "C" fn init_upstream(cf: *mut ngx_conf_t, us: *mut ngx_http_upstream_srv_
 
 /// Every `cache_cluster on` kept its balancer, and names a block of
 /// `server` lines.
-pub fn check(cf: &Conf, mcf: &CacheMainConf) -> Result<(), ConfError> {
+pub fn check(mcf: &CacheMainConf) -> Result<(), ConfError> {
     for c in mcf.clusters.iter().filter(|c| c.on) {
         // SAFETY: the upstream block lives as long as the configuration.
         let Some(u) = (unsafe { c.uscf.as_ref() }) else {
@@ -159,7 +159,6 @@ pub fn check(cf: &Conf, mcf: &CacheMainConf) -> Result<(), ConfError> {
             .into());
         }
     }
-    let _ = cf;
     Ok(())
 }
 

@@ -418,7 +418,7 @@ fn same_tls_per_upstream(cf: &Conf, pending: &[PendingPass]) -> Result<(), ConfE
 
 fn postconfigure(cf: Conf) -> Result<(), ConfError> {
     let mcf = cf.main_conf::<Cache>();
-    super::cluster::check(&cf, mcf)?;
+    super::cluster::check(mcf)?;
     let Some(first) = mcf.pending.first() else {
         return Ok(());
     };
