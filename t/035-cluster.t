@@ -374,6 +374,7 @@ EOF
     like($made, qr/All 16384 slots covered/, 'TLS cluster: made') or diag($made);
     ok(wait_ok(@tls), 'TLS cluster: cluster_state:ok');
     my %tls_port = map { ($_->{port} => $_->{tls_port}) } @tls;
+    my %by_tls = map { ($_->{tls_port} => $_) } @tls;
     my $p = nginx_start(<<"EOF");
     upstream tls_cluster {
         cache_cluster on;
@@ -394,6 +395,17 @@ EOF
         }
     }
 EOF
+    # The first request learns the map from the seed; a key the seed does
+    # not serve is then redirected (MOVED), its body (300 KB, in a
+    # temporary file) sent again, whole.
+    my ($far) = grep { owner_port($_, @tls) != $tls[0]{port} } map { "far$_" } 0 .. 20;
+    my $body = join '', map { chr(($_ * 7) % 256) } 0 .. 300_000;
+    my $first = (keepalive_requests($p, 10, ['PUT', "/kv/?key=$far", $body]))[0];
+    is($first->{status}, 201, 'TLS cluster: the first request, redirected, stores');
+    my $far_port = $tls_port{ owner_port($far, @tls) };
+    is($first->{headers}{'x-node'}, "127.0.0.1:$tls[0]{tls_port}, 127.0.0.1:$far_port", 'TLS cluster: from the seed to the owner');
+    ok(redis_cli($by_tls{$far_port}, 'strlen', $far) == length $body
+        && redis_cli($by_tls{$far_port}, 'get', $far) eq $body, 'TLS cluster: the whole body, once');
     my @put = keepalive_requests($p, 10, map { ['PUT', "/kv/?key=tkey$_", "tls $_"] } 0 .. 11);
     is(scalar(grep { ($_->{status} // 0) == 201 } @put), 12, 'TLS cluster: 12 keys stored');
     my @get = keepalive_requests($p, 10, map { ['GET', "/kv/?key=tkey$_"] } 0 .. 11);
