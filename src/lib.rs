@@ -222,7 +222,7 @@ extern "C" fn init_module(cycle: *mut ngx_cycle_t) -> ngx_int_t {
 
 use cache::config as cc;
 
-static mut CACHE_COMMANDS: [ngx_command_t; 18] = [
+static mut CACHE_COMMANDS: [ngx_command_t; 19] = [
     command(
         "cache_pass\0",
         NGX_HTTP_LOC_CONF | NGX_HTTP_LIF_CONF | NGX_CONF_TAKE1,
@@ -264,6 +264,13 @@ static mut CACHE_COMMANDS: [ngx_command_t; 18] = [
         LOC_ANY | NGX_CONF_1MORE,
         cc::cmd_cache_next_upstream,
         LOC,
+        0,
+    ),
+    command(
+        "cache_cluster\0",
+        NGX_HTTP_UPS_CONF | NGX_CONF_TAKE1,
+        cache::cluster::cmd_cache_cluster,
+        NGX_HTTP_MAIN_CONF_OFFSET,
         0,
     ),
     command(

@@ -17,7 +17,8 @@
 
 use std::fmt;
 
-use crate::resp::{self, Reply};
+use crate::cluster::{self, Redirect};
+use crate::resp::{self, Reply, Value};
 
 /// What the request asks of Redis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +50,10 @@ pub enum Setup {
     SelectZero,
     /// `RESET` after `AUTH`: back to the default user and database 0.
     Reset,
+    /// `CLUSTER SLOTS`: the map of a Redis Cluster, in the same round trip.
+    Slots,
+    /// `ASKING` right before the command, after `-ASK`.
+    Asking,
 }
 
 impl Setup {
@@ -58,6 +63,8 @@ impl Setup {
             Setup::Ping => "PING",
             Setup::Select | Setup::SelectZero => "SELECT",
             Setup::Reset => "RESET",
+            Setup::Slots => "CLUSTER SLOTS",
+            Setup::Asking => "ASKING",
         }
     }
 }
@@ -101,7 +108,22 @@ pub struct Request<'a> {
     pub exptime: Option<u64>,
     /// A number no earlier request on the connection used: the PING token.
     pub ping: u64,
+    /// To a node of a Redis Cluster: what goes before the command.
+    pub cluster: Option<ClusterSteps>,
 }
+
+/// The commands a request to a Redis Cluster node may need before its own.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClusterSteps {
+    /// `CLUSTER SLOTS`: the worker's map is missing or out of date.
+    pub slots: bool,
+    /// `ASKING`: the node was named by `-ASK`.
+    pub asking: bool,
+}
+
+/// The longest `CLUSTER SLOTS` reply read (a cluster of hundreds of
+/// masters with fragmented slot ranges stays far below it).
+pub const MAX_SLOTS_REPLY: usize = 4 * 1024 * 1024;
 
 /// The length of a PING token (a u64 in hex).
 pub const PING_TOKEN_LEN: usize = 16;
@@ -137,9 +159,19 @@ pub fn plan(req: &Request<'_>, body_len: usize) -> Plan {
     let token = ping_token(req.ping);
     resp::command(&mut head, &[b"PING", &token]);
     before.push(Setup::Ping);
+    let steps = req.cluster.unwrap_or_default();
+    if steps.slots {
+        resp::command(&mut head, &[b"CLUSTER", b"SLOTS"]);
+        before.push(Setup::Slots);
+    }
     if let Some(db) = req.db {
         resp::command(&mut head, &[b"SELECT", db.to_string().as_bytes()]);
         before.push(Setup::Select);
+    }
+    // Right before the command: ASKING holds for the next command only.
+    if steps.asking {
+        resp::command(&mut head, &[b"ASKING"]);
+        before.push(Setup::Asking);
     }
     let mut tail = Vec::new();
     match req.command {
@@ -177,7 +209,9 @@ pub fn plan(req: &Request<'_>, body_len: usize) -> Plan {
     Plan {
         head,
         tail,
-        exchange: Exchange::new(before, req.command, after).with_ping(token),
+        exchange: Exchange::new(before, req.command, after)
+            .with_ping(token)
+            .in_cluster(req.cluster.is_some()),
     }
 }
 
@@ -250,6 +284,12 @@ pub enum Event<'a> {
     Answer { status: u16, value: Option<u64> },
     /// Bytes of the value (they are within the input).
     Value(&'a [u8]),
+    /// The reply to `CLUSTER SLOTS` (an array), read whole.
+    Slots(Value),
+    /// The command's reply is `-MOVED` or `-ASK` (to a cluster node): the
+    /// command must go to another node. Nothing of the reply goes to the
+    /// client; the replies after it are still read.
+    Redirect(Redirect),
     /// Every reply is read, to its exact end: the connection can be reused.
     Done,
     /// The exchange is broken: the connection must not be reused.
@@ -281,6 +321,10 @@ pub struct Exchange {
     phase: Phase,
     /// The token of its PING.
     ping: [u8; PING_TOKEN_LEN],
+    /// To a cluster node: `-MOVED` and `-ASK` are redirections.
+    cluster: bool,
+    /// The part of the `CLUSTER SLOTS` reply read so far.
+    slots: Vec<u8>,
 }
 
 impl Exchange {
@@ -296,7 +340,15 @@ impl Exchange {
             after,
             phase,
             ping: ping_token(0),
+            cluster: false,
+            slots: Vec::new(),
         }
+    }
+
+    /// The command goes to a Redis Cluster node.
+    pub fn in_cluster(mut self, on: bool) -> Exchange {
+        self.cluster = on;
+        self
     }
 
     /// The token its PING carries (the reply to PING must echo it).
@@ -307,6 +359,7 @@ impl Exchange {
 
     /// Back to the first reply (the request is sent again, to another server).
     pub fn restart(&mut self) {
+        self.slots.clear();
         self.phase = if self.before.is_empty() {
             Phase::Command
         } else {
@@ -448,6 +501,9 @@ impl Exchange {
         if setup == Setup::Ping {
             return self.ping_reply(buf, next);
         }
+        if setup == Setup::Slots {
+            return self.slots_reply(buf, next);
+        }
         match resp::reply_header(buf) {
             (Reply::Incomplete, _) => (Event::More, 0),
             (Reply::Status(_), used) => {
@@ -468,6 +524,38 @@ impl Exchange {
         }
     }
 
+    /// The reply to `CLUSTER SLOTS`, which can be longer than any buffer:
+    /// its bytes are kept here as they come (all input is used) until it
+    /// is whole.
+    fn slots_reply<'a>(&mut self, buf: &'a [u8], next: impl FnOnce(&mut Self)) -> (Event<'a>, usize) {
+        let what = Setup::Slots.name();
+        let before = self.slots.len();
+        let take = buf.len().min(MAX_SLOTS_REPLY + 1 - before.min(MAX_SLOTS_REPLY));
+        self.slots.extend_from_slice(&buf[..take]);
+        match resp::value(&self.slots, MAX_SLOTS_REPLY) {
+            Ok(None) => (Event::More, take),
+            Ok(Some((v, len))) => {
+                self.slots.clear();
+                let used = len - before;
+                match v {
+                    Value::Array(_) => {
+                        next(self);
+                        (Event::Slots(v), used)
+                    }
+                    Value::Error(message) => self.fail(ReplyError::Refused {
+                        setup: Setup::Slots,
+                        message,
+                    }),
+                    _ => self.fail(ReplyError::Unexpected { what }),
+                }
+            }
+            Err(resp::NotResp) => {
+                self.slots.clear();
+                self.fail(ReplyError::NotResp { what })
+            }
+        }
+    }
+
     /// A reply where the echo of PING's token was due, its header line at
     /// the start of `buf`.
     fn stale<'a>(&mut self, buf: &[u8]) -> (Event<'a>, usize) {
@@ -485,6 +573,14 @@ impl Exchange {
             (Command::Get, Reply::Nil) => (404, None),
             (Command::Set, Reply::Status(s)) if s == b"OK" => (201, None),
             (Command::Del, Reply::Integer(n)) => (if n > 0 { 204 } else { 404 }, None),
+            (_, Reply::Error(msg)) if self.cluster && cluster::parse_redirect(msg).is_some() => {
+                let redirect = cluster::parse_redirect(msg);
+                self.after_command();
+                return match redirect {
+                    Some(r) => (Event::Redirect(r), used),
+                    None => self.fail(ReplyError::Unexpected { what }),
+                };
+            }
             (_, Reply::Error(msg)) => {
                 return self.fail(ReplyError::Failed {
                     command,
@@ -548,6 +644,7 @@ mod tests {
             db: None,
             exptime: None,
             ping: 7,
+            cluster: None,
         }
     }
 
@@ -582,6 +679,14 @@ mod tests {
                     Event::Failed(e) => {
                         events.push(format!("failed {e}"));
                         true
+                    }
+                    Event::Slots(_) => {
+                        events.push("slots".into());
+                        false
+                    }
+                    Event::Redirect(r) => {
+                        events.push(format!("redirect {r}"));
+                        false
                     }
                 };
                 pending.drain(..used);
@@ -898,5 +1003,103 @@ mod tests {
         assert_eq!(ex.step(b"\n"), (Event::Done, 1));
         assert_eq!(ex.step(b""), (Event::Done, 0));
         assert!(matches!(ex.step(b"x").0, Event::Failed(ReplyError::Unsolicited)));
+    }
+
+    #[test]
+    fn cluster_steps_in_one_round_trip() {
+        let p = plan(
+            &Request {
+                cluster: Some(ClusterSteps {
+                    slots: true,
+                    asking: true,
+                }),
+                ..req(Command::Get)
+            },
+            0,
+        );
+        let mut want = Vec::new();
+        resp::command(&mut want, &[b"PING", b"0000000000000007"]);
+        resp::command(&mut want, &[b"CLUSTER", b"SLOTS"]);
+        resp::command(&mut want, &[b"ASKING"]);
+        resp::command(&mut want, &[b"GET", b"k"]);
+        assert_eq!(p.head, want);
+        let slots = b"*1\r\n*3\r\n:0\r\n:16383\r\n*3\r\n$9\r\n127.0.0.1\r\n:7000\r\n$2\r\nid\r\n";
+        let input = [ECHO, &slots[..], b"+OK\r\n$2\r\nok\r\n"].concat();
+        for piece in 1..input.len() + 1 {
+            let mut ex = p.exchange.clone();
+            let mut pending: Vec<u8> = Vec::new();
+            let mut seen = Vec::new();
+            for chunk in input.chunks(piece) {
+                pending.extend_from_slice(chunk);
+                loop {
+                    let (ev, used) = ex.step(&pending);
+                    let stop = matches!(ev, Event::More | Event::Done | Event::Failed(_));
+                    match ev {
+                        Event::Slots(v) => {
+                            seen.push(format!("slots {}", crate::cluster::parse_slots(&v).unwrap().len()))
+                        }
+                        Event::Answer { status, .. } => seen.push(format!("answer {status}")),
+                        Event::Done => seen.push("done".into()),
+                        Event::Failed(e) => seen.push(format!("failed {e}")),
+                        _ => {}
+                    }
+                    pending.drain(..used);
+                    if stop {
+                        break;
+                    }
+                }
+            }
+            assert_eq!(seen, ["slots 1", "answer 200", "done"], "piece {piece}");
+        }
+    }
+
+    #[test]
+    fn redirects_only_from_cluster_nodes() {
+        let cluster = Request {
+            cluster: Some(ClusterSteps::default()),
+            ..req(Command::Get)
+        };
+        let mut ex = plan(&cluster, 0).exchange;
+        let input = [ECHO, b"-MOVED 3999 127.0.0.1:7002\r\n"].concat();
+        let (ev, _) = ex.step(&input);
+        assert_eq!(
+            ev,
+            Event::Redirect(Redirect {
+                kind: cluster::RedirectKind::Moved,
+                slot: 3999,
+                host: "127.0.0.1".into(),
+                port: 7002
+            })
+        );
+        assert!(ex.is_done());
+        let mut ex = plan(&req(Command::Get), 0).exchange;
+        assert!(matches!(ex.step(&input).0, Event::Failed(ReplyError::Failed { .. })));
+        // A refused CLUSTER SLOTS (a node without cluster support).
+        let mut ex = plan(
+            &Request {
+                cluster: Some(ClusterSteps {
+                    slots: true,
+                    asking: false,
+                }),
+                ..req(Command::Get)
+            },
+            0,
+        )
+        .exchange;
+        let input = [ECHO, b"-ERR This instance has cluster support disabled\r\n"].concat();
+        let (ev, _) = ex.step(&input);
+        assert_eq!(
+            ev.clone(),
+            Event::Failed(ReplyError::Refused {
+                setup: Setup::Slots,
+                message: b"ERR This instance has cluster support disabled".to_vec()
+            })
+        );
+        if let Event::Failed(e) = ev {
+            assert_eq!(
+                e.to_string(),
+                "CLUSTER SLOTS was refused: ERR This instance has cluster support disabled"
+            );
+        }
     }
 }

@@ -144,6 +144,91 @@ fn parse_int(s: &[u8]) -> Option<i64> {
     Some(n)
 }
 
+/// A whole reply of any kind, arrays included (`CLUSTER SLOTS`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Value {
+    Status(Vec<u8>),
+    Error(Vec<u8>),
+    Integer(i64),
+    Bulk(Vec<u8>),
+    Nil,
+    Array(Vec<Value>),
+}
+
+/// How deep arrays may nest in a `Value` (`CLUSTER SLOTS` needs 4).
+pub const MAX_DEPTH: usize = 8;
+
+/// Bytes that are not one RESP reply, or one over the limits given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NotResp;
+
+/// Parses one whole reply at the start of `buf`: `Ok(None)` while it is
+/// incomplete, else the value and the bytes it took. A reply longer than
+/// `max` bytes is refused, as soon as that is known.
+pub fn value(buf: &[u8], max: usize) -> Result<Option<(Value, usize)>, NotResp> {
+    let limit = &buf[..buf.len().min(max)];
+    match value_at(limit, 0)? {
+        Some(v) => Ok(Some(v)),
+        None if buf.len() >= max => Err(NotResp),
+        None => Ok(None),
+    }
+}
+
+fn value_at(buf: &[u8], depth: usize) -> Result<Option<(Value, usize)>, NotResp> {
+    let end = match line_end(buf) {
+        LineEnd::Crlf(end) => end,
+        LineEnd::Bare => return Err(NotResp),
+        LineEnd::NotYet if buf.len() >= MAX_LINE => return Err(NotResp),
+        LineEnd::NotYet => return Ok(None),
+    };
+    if end == 0 {
+        return Err(NotResp);
+    }
+    let line = &buf[1..end];
+    let mut used = end + 2;
+    let v = match buf[0] {
+        b'+' => Value::Status(line.to_vec()),
+        b'-' => Value::Error(line.to_vec()),
+        b':' => Value::Integer(parse_int(line).ok_or(NotResp)?),
+        b'$' | b'*' if line == b"-1" => Value::Nil,
+        b'$' => {
+            let n = usize::try_from(parse_int(line).ok_or(NotResp)?).map_err(|_| NotResp)?;
+            let Some(total) = used.checked_add(n).and_then(|t| t.checked_add(2)) else {
+                return Err(NotResp);
+            };
+            if buf.len() < total {
+                return Ok(None);
+            }
+            if &buf[used + n..total] != b"\r\n" {
+                return Err(NotResp);
+            }
+            let v = Value::Bulk(buf[used..used + n].to_vec());
+            used = total;
+            v
+        }
+        b'*' => {
+            let n = usize::try_from(parse_int(line).ok_or(NotResp)?).map_err(|_| NotResp)?;
+            if depth >= MAX_DEPTH {
+                return Err(NotResp);
+            }
+            // Each element takes 3 bytes at least: a count that cannot fit is refused now.
+            let mut items = Vec::with_capacity(n.min(buf.len() / 3));
+            for _ in 0..n {
+                match value_at(&buf[used..], depth + 1)? {
+                    Some((v, len)) => {
+                        items.push(v);
+                        used += len;
+                    }
+                    None => return Ok(None),
+                }
+            }
+            Value::Array(items)
+        }
+        _ => return Err(NotResp),
+    };
+    Ok(Some((v, used)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -283,5 +368,62 @@ mod tests {
         let mut far = vec![b'+'; MAX_LINE + 10];
         far.extend_from_slice(b"\r\n");
         assert_eq!(reply_header(&far), (Reply::Invalid, 0));
+    }
+
+    #[test]
+    fn whole_values() {
+        let slots = b"*1\r\n*3\r\n:0\r\n:16383\r\n*4\r\n$9\r\n127.0.0.1\r\n:7000\r\n$2\r\nid\r\n*0\r\n";
+        let want = Value::Array(vec![Value::Array(vec![
+            Value::Integer(0),
+            Value::Integer(16383),
+            Value::Array(vec![
+                Value::Bulk(b"127.0.0.1".to_vec()),
+                Value::Integer(7000),
+                Value::Bulk(b"id".to_vec()),
+                Value::Array(vec![]),
+            ]),
+        ])]);
+        assert_eq!(value(slots, 1 << 20), Ok(Some((want, slots.len()))));
+        // Every cut short is incomplete, never an error.
+        for cut in 0..slots.len() {
+            assert_eq!(value(&slots[..cut], 1 << 20), Ok(None), "{cut}");
+        }
+        let mut more = slots.to_vec();
+        more.extend_from_slice(b"+OK\r\n");
+        assert_eq!(value(&more, 1 << 20).unwrap().unwrap().1, slots.len());
+        assert_eq!(
+            value(b"-ERR no\r\n", 64),
+            Ok(Some((Value::Error(b"ERR no".to_vec()), 9)))
+        );
+        assert_eq!(value(b"$-1\r\n", 64), Ok(Some((Value::Nil, 5))));
+        assert_eq!(
+            value(b"$3\r\na\nb\r\n", 64),
+            Ok(Some((Value::Bulk(b"a\nb".to_vec()), 9)))
+        );
+    }
+
+    #[test]
+    fn values_over_the_limits() {
+        // Longer than allowed, whole or not yet.
+        assert_eq!(value(b"$10\r\n0123456789\r\n", 10), Err(NotResp));
+        assert_eq!(value(b"$10\r\n0123", 10), Ok(None));
+        assert_eq!(value(b"$10\r\n01234", 10), Err(NotResp));
+        // Nested deeper than MAX_DEPTH.
+        let deep = b"*1\r\n".repeat(MAX_DEPTH + 1);
+        assert_eq!(value(&deep, 1 << 20), Err(NotResp));
+        for bad in [
+            &b"$2\r\nabc\r\n"[..],
+            b"*-2\r\n",
+            b"$-2\r\n",
+            b"*x\r\n",
+            b"?\r\n",
+            b"+OK\n",
+            b"$9223372036854775807\r\n",
+            b"*9223372036854775807\r\n:1\r\n",
+        ] {
+            assert!(matches!(value(bad, 1 << 20), Err(NotResp) | Ok(None)), "{bad:?}");
+        }
+        assert_eq!(value(b"$2\r\nabc\r\n", 64), Err(NotResp));
+        assert_eq!(value(b"*-2\r\n", 64), Err(NotResp));
     }
 }

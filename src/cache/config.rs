@@ -83,6 +83,8 @@ pub struct CacheMainConf {
     pub key: ngx_int_t,
     pub db: ngx_int_t,
     pub exptime: ngx_int_t,
+    /// Upstream blocks with `cache_cluster` (boxed: requests keep pointers).
+    pub clusters: Vec<Box<super::cluster::Cluster>>,
 }
 
 pub(crate) extern "C" fn create_main_conf(cf: *mut ngx_conf_t) -> *mut c_void {
@@ -416,6 +418,7 @@ fn same_tls_per_upstream(cf: &Conf, pending: &[PendingPass]) -> Result<(), ConfE
 
 fn postconfigure(cf: Conf) -> Result<(), ConfError> {
     let mcf = cf.main_conf::<Cache>();
+    super::cluster::check(mcf)?;
     let Some(first) = mcf.pending.first() else {
         return Ok(());
     };

@@ -7,9 +7,11 @@
 
 use std::ffi::c_void;
 
+use gateway_core::cluster::{self as kslot, RedirectKind};
 use gateway_core::redis::{self, Command, Event, Exchange, ReplyError, Setup};
 use gateway_core::resp;
 
+use super::cluster::{cluster_of, log_stop, ClusterReq, MAX_REDIRECTS};
 use super::config::{Cache, CacheLocConf, CacheMainConf};
 use crate::ffi::request::RequestCtx;
 use crate::ffi::upstream::Callbacks;
@@ -19,7 +21,7 @@ use crate::sqldb::config::upstream::sqldb_srv_conf;
 
 /// Per-request state.
 pub struct Ctx {
-    r: *mut ngx_http_request_t,
+    pub(super) r: *mut ngx_http_request_t,
     command: Command,
     key: Vec<u8>,
     db: Option<u32>,
@@ -31,6 +33,11 @@ pub struct Ctx {
     answered: bool,
     /// Bytes of a reply line that arrived in pieces after the value.
     carry: Vec<u8>,
+    /// To a Redis Cluster (`cache_cluster on`).
+    pub(super) cluster: Option<ClusterReq>,
+    /// The request body's length, as it was before any of it was sent
+    /// (the commands are built again for each node of a cluster).
+    body_len: Option<usize>,
 }
 
 // SAFETY: the module's context slot is written by Req::set_ctx::<Cache>
@@ -43,7 +50,7 @@ unsafe impl RequestCtx for Cache {
 }
 
 /// The request's context (taken once per entry point).
-fn ctx_of<'a>(r: &Req) -> Option<&'a mut Ctx> {
+pub(super) fn ctx_of<'a>(r: &Req) -> Option<&'a mut Ctx> {
     // SAFETY: the slot holds a Ctx (RequestCtx); each entry point takes it once.
     unsafe { r.ctx::<Cache>() }
 }
@@ -55,6 +62,7 @@ enum StartError {
     EmptyKey,
     BadDb(String),
     BadExptime(String),
+    ClusterDb(u32),
     NoBackend(String),
     SqldbUpstream(String),
     Nginx,
@@ -64,7 +72,9 @@ impl StartError {
     fn status(&self) -> ngx_int_t {
         match self {
             StartError::NotAllowed => HTTP_NOT_ALLOWED,
-            StartError::EmptyKey | StartError::BadDb(_) | StartError::BadExptime(_) => HTTP_BAD_REQUEST,
+            StartError::EmptyKey | StartError::BadDb(_) | StartError::BadExptime(_) | StartError::ClusterDb(_) => {
+                HTTP_BAD_REQUEST
+            }
             _ => HTTP_INTERNAL_SERVER_ERROR,
         }
     }
@@ -79,6 +89,11 @@ impl StartError {
                 log,
                 "cache: \"$cache_db\" is not a database number (0 to {}): \"{v}\"",
                 redis::MAX_DB
+            ),
+            StartError::ClusterDb(n) => log!(
+                NGX_LOG_INFO,
+                log,
+                "cache: \"$cache_db\" is {n}, but a Redis Cluster has database 0 only"
             ),
             StartError::BadExptime(v) => {
                 log!(
@@ -158,12 +173,31 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
     let umcf = r.main_conf::<ngx::http::NgxHttpUpstreamModule>();
     let pool = r.pool();
     let u = r.create_upstream().ok_or(StartError::Nginx)?;
-    if let Some(name) = backend {
-        resolve(u, pool, umcf, &name)?;
+    let block = match backend {
+        Some(name) => resolve(u, pool, umcf, &name)?,
+        None => lcf.upstream.upstream.cast_const(),
+    };
+    let mut conf: *const ngx_http_upstream_conf_t = &lcf.upstream;
+    let mut cluster = None;
+    if cluster_of(mcf, block).is_some() {
+        if let Some(n) = db {
+            return Err(StartError::ClusterDb(n));
+        }
+        // A request-private copy of the settings: redirections go on
+        // through nginx's next-upstream step, whatever cache_next_upstream
+        // says (a SET or DEL that was redirected has not run).
+        let mut copy = lcf.upstream;
+        copy.next_upstream |= (NGX_HTTP_UPSTREAM_FT_INVALID_HEADER | NGX_HTTP_UPSTREAM_FT_NON_IDEMPOTENT) as ngx_uint_t;
+        conf = pool.alloc(copy).ok_or(StartError::Nginx)?.as_ptr();
+        cluster = Some(ClusterReq {
+            slot: kslot::key_slot(&key),
+            retry_invalid: lcf.upstream.next_upstream & NGX_HTTP_UPSTREAM_FT_INVALID_HEADER as ngx_uint_t != 0,
+            ..ClusterReq::default()
+        });
     }
     let tls = !lcf.upstream.ssl.is_null();
     u.install(
-        &lcf.upstream,
+        conf,
         if tls { "rediss://" } else { "redis://" },
         <Cache as ngx::http::HttpModule>::module(),
         CALLBACKS,
@@ -189,6 +223,8 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
         exchange: Exchange::new(Vec::new(), command, Vec::new()),
         answered: false,
         carry: Vec::new(),
+        cluster,
+        body_len: None,
     };
     let mut ctx = r.set_ctx::<Cache>(ctx).ok_or(StartError::Nginx)?;
     let rp = r.as_ptr();
@@ -227,8 +263,13 @@ const CALLBACKS: Callbacks = Callbacks {
 
 /// `cache_pass $variable`: the value names an upstream block (of `server`
 /// lines), or is a numeric `host:port` / `unix:/path`; anything else is no
-/// known backend.
-fn resolve(u: &mut Upstream, pool: Pool, umcf: &ngx_http_upstream_main_conf_t, name: &[u8]) -> Result<(), StartError> {
+/// known backend. The upstream block, when it is one.
+fn resolve(
+    u: &mut Upstream,
+    pool: Pool,
+    umcf: &ngx_http_upstream_main_conf_t,
+    name: &[u8],
+) -> Result<*const ngx_http_upstream_srv_conf_t, StartError> {
     let text = || String::from_utf8_lossy(name).into_owned();
     // SAFETY: the upstream module's array of upstream configurations.
     let ups = unsafe { umcf.upstreams.as_slice::<*mut ngx_http_upstream_srv_conf_t>() };
@@ -239,13 +280,13 @@ fn resolve(u: &mut Upstream, pool: Pool, umcf: &ngx_http_upstream_main_conf_t, n
         .find(|u| u.port == 0 && u.host.as_bytes().eq_ignore_ascii_case(name));
     match block {
         Some(b) if sqldb_srv_conf(b).is_some() => Err(StartError::SqldbUpstream(text())),
-        Some(_) => {
+        Some(b) => {
             let host = pool.str(name).ok_or(StartError::Nginx)?;
             u.set_resolved(pool, host, None, 0)
-                .then_some(())
+                .then_some(b as *const ngx_http_upstream_srv_conf_t)
                 .ok_or(StartError::Nginx)
         }
-        None if u.set_resolved_address(pool, name) => Ok(()),
+        None if u.set_resolved_address(pool, name) => Ok(std::ptr::null()),
         None => Err(StartError::NoBackend(text())),
     }
 }
@@ -291,11 +332,24 @@ extern "C" fn create_request(r: *mut ngx_http_request_t) -> ngx_int_t {
     let r = unsafe { Req::from_raw(r) };
     guard(r.log(), "cache create_request", ERROR, || {
         let Some(ctx) = ctx_of(r) else { return ERROR };
+        if build_request(r, ctx) {
+            OK
+        } else {
+            ERROR
+        }
+    })
+}
+
+/// The request's commands and the reader of their replies (again for each
+/// node of a cluster: what goes before the command depends on the node).
+pub(super) fn build_request(r: &mut Req, ctx: &mut Ctx) -> bool {
+    {
         let (body, len) = if ctx.command == Command::Set {
             r.body_bufs()
         } else {
             (Vec::new(), 0)
         };
+        let len = *ctx.body_len.get_or_insert(len);
         let plan = redis::plan(
             &redis::Request {
                 command: ctx.command,
@@ -304,6 +358,7 @@ extern "C" fn create_request(r: *mut ngx_http_request_t) -> ngx_int_t {
                 db: ctx.db,
                 exptime: ctx.exptime,
                 ping: next_ping(),
+                cluster: ctx.cluster.as_ref().map(|c| c.steps),
             },
             len,
         );
@@ -313,13 +368,13 @@ extern "C" fn create_request(r: *mut ngx_http_request_t) -> ngx_int_t {
             && body.into_iter().all(|b| chain.push(b).is_some())
             && (plan.tail.is_empty() || chain.push_bytes(plan.tail).is_some());
         if !built {
-            return ERROR;
+            return false;
         }
         chain.mark_flush();
-        let Some(u) = r.upstream() else { return ERROR };
+        let Some(u) = r.upstream() else { return false };
         u.set_request_bufs(chain.into_raw());
-        OK
-    })
+        true
+    }
 }
 
 extern "C" fn reinit_request(r: *mut ngx_http_request_t) -> ngx_int_t {
@@ -349,13 +404,70 @@ extern "C" fn process_header(r: *mut ngx_http_request_t) -> ngx_int_t {
         let log = r.log();
         let Some(ctx) = ctx_of(r) else { return ERROR };
         let Some(u) = r.upstream() else { return ERROR };
+        if let Some(cr) = ctx.cluster.as_mut() {
+            cr.spoke = true;
+        }
         loop {
             // (A copy: the header and the first bytes of a value, one buffer at most.)
             let buf = u.unread().to_vec();
             let (event, used) = ctx.exchange.step(&buf);
             u.consume(used);
+            if ctx.cluster.is_some() {
+                // (A CLUSTER SLOTS reply is kept by the exchange as it comes.)
+                u.rewind_if_used();
+            }
             match event {
                 Event::More => return AGAIN,
+                Event::Slots(reply) => {
+                    let Some(cr) = ctx.cluster.as_mut() else { return ERROR };
+                    let rebuilt = kslot::parse_slots(&reply).and_then(|ranges| match cr.topology() {
+                        Some(t) => t.borrow_mut().rebuild(&ranges, cr.current),
+                        None => Ok(()),
+                    });
+                    if let Err(e) = rebuilt {
+                        log_stop(log, format_args!("{e}, from redis cluster node {}", cr.node()));
+                        cr.stop = true;
+                        drop_unread(u);
+                        return NGX_HTTP_UPSTREAM_INVALID_HEADER as ngx_int_t;
+                    }
+                }
+                Event::Redirect(rd) => {
+                    let Some(cr) = ctx.cluster.as_mut() else { return ERROR };
+                    cr.redirects += 1;
+                    match rd.addr(cr.current) {
+                        None => {
+                            log_stop(
+                                log,
+                                format_args!(
+                                    "redis cluster node {} answered \"{rd}\", which names no IP address",
+                                    cr.node()
+                                ),
+                            );
+                            cr.stop = true;
+                        }
+                        Some(_) if cr.redirects > MAX_REDIRECTS => {
+                            log_stop(
+                                log,
+                                format_args!(
+                                    "redis cluster redirected the request more than {MAX_REDIRECTS} times, the last time \"{rd}\" from {}",
+                                    cr.node()
+                                ),
+                            );
+                            cr.stop = true;
+                        }
+                        Some(addr) => {
+                            if rd.kind == RedirectKind::Moved {
+                                if let Some(t) = cr.topology() {
+                                    t.borrow_mut().moved(rd.slot, addr);
+                                }
+                            }
+                            cr.redirect = Some((addr, rd.kind));
+                        }
+                    }
+                    // The connection goes (nginx's next step closes it).
+                    drop_unread(u);
+                    return NGX_HTTP_UPSTREAM_INVALID_HEADER as ngx_int_t;
+                }
                 Event::Answer { status, value } => {
                     // A value that came whole with its header is checked to
                     // its end before the status goes out: one that does not
@@ -364,6 +476,9 @@ extern "C" fn process_header(r: *mut ngx_http_request_t) -> ngx_int_t {
                     if value.is_some() {
                         if let Err(e) = ctx.exchange.check_value_end(u.unread()) {
                             log!(NGX_LOG_ERR, log, "cache: {e}");
+                            if let Some(cr) = ctx.cluster.as_mut() {
+                                cr.stop |= !cr.retry_invalid;
+                            }
                             drop_unread(u);
                             return NGX_HTTP_UPSTREAM_INVALID_HEADER as ngx_int_t;
                         }
@@ -410,6 +525,9 @@ extern "C" fn process_header(r: *mut ngx_http_request_t) -> ngx_int_t {
                 }
                 Event::Failed(e) => {
                     log!(NGX_LOG_ERR, log, "cache: {e}");
+                    if let Some(cr) = ctx.cluster.as_mut() {
+                        cr.stop |= !cr.retry_invalid;
+                    }
                     // The connection goes, and what it sent with it
                     // (said once, here, not again by the input filter).
                     drop_unread(u);
@@ -518,7 +636,7 @@ extern "C" fn filter(data: *mut c_void, bytes: isize) -> ngx_int_t {
                     // A value that does not end as announced is cut short.
                     return if e == ReplyError::BadValueEnd { ERROR } else { OK };
                 }
-                Event::Value(_) | Event::Answer { .. } => {
+                Event::Value(_) | Event::Answer { .. } | Event::Slots(_) | Event::Redirect(_) => {
                     log!(NGX_LOG_ALERT, log, "cache: unexpected reply state");
                     u.set_length(0);
                     return ERROR;

@@ -40,6 +40,10 @@ impl Conf {
         Conf(NonNull::new(cf).expect("nginx passes a configuration"))
     }
 
+    pub fn raw_ptr(&self) -> *mut ngx_conf_t {
+        self.0.as_ptr()
+    }
+
     pub fn raw(&self) -> &ngx_conf_t {
         // SAFETY: live during the call nginx made (from_raw).
         unsafe { self.0.as_ref() }

@@ -55,6 +55,37 @@ impl Pool {
         Some(p)
     }
 
+    /// An address as nginx's peers hold it: the sockaddr, its length and
+    /// its text (`127.0.0.1:7000`, `[::1]:7000`), all in the pool. The same
+    /// address always gives the same bytes (nginx's keepalive cache
+    /// compares them).
+    pub fn peer_addr(self, addr: std::net::SocketAddr) -> Option<(*mut sockaddr, socklen_t, *mut ngx_str_t)> {
+        use std::net::SocketAddr;
+        let (sa, len) = match addr {
+            SocketAddr::V4(a) => {
+                // SAFETY: all-zero is a valid sockaddr_in (padding included).
+                let mut sin: libc::sockaddr_in = unsafe { mem::zeroed() };
+                sin.sin_family = libc::AF_INET as libc::sa_family_t;
+                sin.sin_port = a.port().to_be();
+                sin.sin_addr.s_addr = u32::from_ne_bytes(a.ip().octets());
+                let p = self.alloc(sin)?;
+                (p.as_ptr().cast::<sockaddr>(), mem::size_of::<libc::sockaddr_in>())
+            }
+            SocketAddr::V6(a) => {
+                // SAFETY: all-zero is a valid sockaddr_in6.
+                let mut sin6: libc::sockaddr_in6 = unsafe { mem::zeroed() };
+                sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+                sin6.sin6_port = a.port().to_be();
+                sin6.sin6_addr.s6_addr = a.ip().octets();
+                let p = self.alloc(sin6)?;
+                (p.as_ptr().cast::<sockaddr>(), mem::size_of::<libc::sockaddr_in6>())
+            }
+        };
+        let name = self.str(addr.to_string().as_bytes())?;
+        let name = self.alloc(name)?;
+        Some((sa, len as socklen_t, name.as_ptr()))
+    }
+
     /// Copies bytes into the pool, as an ngx_str_t that lives as long as it.
     pub fn str(self, b: &[u8]) -> Option<ngx_str_t> {
         // SAFETY: the pool is live; a non-null result has room for b.len() bytes.

@@ -182,6 +182,17 @@ impl Upstream {
         unsafe { std::slice::from_raw_parts(b.pos, b.last as usize - b.pos as usize) }
     }
 
+    /// Once every byte read is used, the buffer starts over at its
+    /// beginning, so that a reply longer than the buffer can be read
+    /// through it in pieces (what was used is not needed again).
+    pub fn rewind_if_used(&mut self) {
+        let b = &mut self.0.buffer;
+        if !b.start.is_null() && b.pos == b.last {
+            b.pos = b.start;
+            b.last = b.start;
+        }
+    }
+
     /// The first `n` bytes of `unread` are used.
     pub fn consume(&mut self, n: usize) {
         let b = &mut self.0.buffer;

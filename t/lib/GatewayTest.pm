@@ -37,7 +37,7 @@ use Test::Builder ();
 $SIG{PIPE} = 'IGNORE';
 
 our @EXPORT_OK = qw(http_request pg_server_line start_servers stop_servers psql rds rds_rows rds_command free_port pg_bin pg_stop pg_start
-    pg_restart start_extra_pg start_standby_pg nginx_signal nginx_exited start_redis redis_cli garbage_port
+    pg_restart start_extra_pg start_standby_pg nginx_signal nginx_exited start_redis kill_redis redis_cli garbage_port
     nginx_start stop_nginx nginx_error_log http_send http_read http_get stretch under_valgrind);
 
 sub stretch ($) { ValgrindCheck::stretch($_[0]) }
@@ -354,6 +354,8 @@ sub start_redis {
         '--dir', $dir, '--logfile', "$dir/redis.log", '--daemonize', 'no');
     push @args, '--requirepass', $opt{password} if defined $opt{password};
     push @args, '--unixsocket', "$dir/redis.sock", '--unixsocketperm', '777' if $opt{unix};
+    # More options (args => [...]; "$dir" in one is the instance's folder).
+    push @args, map { (my $a = $_) =~ s/\$dir\b/$dir/g; $a } @{ $opt{args} || [] };
     # TLS (options: tls => { cert, key, ca, clients => 'no' | 'yes' }): on a
     # second port, beside the plain one (which redis_cli uses).
     my $tls_port;
@@ -390,6 +392,14 @@ sub redis_cli {
     close $fh;
     $out =~ s/\n+\z//;
     return $out;
+}
+
+# Kills an instance at once (SIGKILL: no goodbye to its clients or peers).
+sub kill_redis {
+    my ($r) = @_;
+    kill 'KILL', $r->{pid};
+    waitpid($r->{pid}, 0);
+    @Redis = grep { $_ != $r } @Redis;
 }
 
 sub stop_redis {

@@ -1,5 +1,6 @@
 //! One check per fuzz target. Each takes the raw fuzz input.
 
+mod cluster;
 mod conninfo;
 mod formats;
 mod methods;
@@ -10,6 +11,7 @@ mod sql;
 mod table;
 mod template;
 
+pub use cluster::cluster_slots;
 pub use conninfo::conninfo;
 pub use formats::formats;
 pub use methods::methods;
@@ -32,4 +34,5 @@ pub const TARGETS: &[(&str, Check)] = &[
     ("formats", formats),
     ("methods", methods),
     ("redis_exchange", redis_exchange),
+    ("cluster_slots", cluster_slots),
 ];

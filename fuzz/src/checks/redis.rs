@@ -65,6 +65,7 @@ fn feed(mut ex: Exchange, input: &[u8], cuts: &[usize]) -> Outcome {
                     out.end = Some(Err(e));
                     return out;
                 }
+                Event::Slots(_) | Event::Redirect(_) => panic!("a cluster event outside a cluster"),
             };
             pending.drain(..used);
             if stop {
