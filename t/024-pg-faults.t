@@ -6,7 +6,7 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_send http_read http_get psql pg_start stretch under_valgrind);
+use GatewayTest qw(wait_until nginx_start stop_nginx nginx_error_log http_send http_read http_get psql pg_start stretch under_valgrind);
 use HttpClient qw(keepalive_requests);
 use IO::Socket::INET;
 use Test::More;
@@ -51,16 +51,6 @@ sub running {
 }
 sub gateway_connections { psql("select count(*) from pg_stat_activity where application_name = 'faults'") }
 
-# (The deadline is stretched under valgrind.)
-sub wait_until {
-    my ($what, $seconds) = @_;
-    my $deadline = time + stretch($seconds);
-    while (time < $deadline) {
-        return 1 if $what->();
-        sleep 0.05;
-    }
-    return 0;
-}
 
 # 1. A backend killed while its (prepared) query runs: 502, run once.
 my $port = start('max=2');

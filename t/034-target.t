@@ -7,7 +7,7 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_get psql start_extra_pg start_standby_pg pg_stop stretch);
+use GatewayTest qw(wait_until nginx_start stop_nginx nginx_error_log http_get psql start_extra_pg start_standby_pg pg_stop stretch);
 use IO::Socket::INET;
 use Test::More;
 use Time::HiRes qw(sleep time);
@@ -23,15 +23,6 @@ sub sql_on {
     return psql($sql, 'gateway_test');
 }
 
-sub wait_until {
-    my ($what, $seconds) = @_;
-    my $deadline = time + stretch($seconds);
-    while (time < $deadline) {
-        return 1 if $what->();
-        sleep 0.05;
-    }
-    return 0;
-}
 
 is(sql_on($standby, 'select pg_is_in_recovery()'), 't', 'the standby is in recovery');
 sql_on($primary, 'create table target_log (id serial primary key, at text)');

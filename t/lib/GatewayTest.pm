@@ -36,7 +36,7 @@ use Test::Builder ();
 # instead of killing the test process (and leaving its servers behind).
 $SIG{PIPE} = 'IGNORE';
 
-our @EXPORT_OK = qw(http_request pg_server_line start_servers stop_servers psql rds rds_rows rds_command free_port pg_bin pg_stop pg_start
+our @EXPORT_OK = qw(http_request wait_until pg_server_line start_servers stop_servers psql rds rds_rows rds_command free_port pg_bin pg_stop pg_start
     pg_restart start_extra_pg start_standby_pg nginx_signal nginx_exited start_redis kill_redis redis_cli garbage_port
     nginx_start stop_nginx nginx_error_log http_send http_read http_get stretch under_valgrind);
 
@@ -110,15 +110,33 @@ my @Instances;
 # database. Options: ssl => 1 (a self-signed certificate, cert.pem in the
 # instance's folder), ipv6 => 1 (listen on ::1 too).
 # Returns { dir, data, port, super }.
-sub new_pg_instance {
-    my %opt = @_;
-    die "PostgreSQL server binaries not found (set PG_BIN)\n" unless $PgBin && -x "$PgBin/initdb";
+# A folder for a PostgreSQL instance, owned by the postgres user when root.
+sub pg_dir {
     my $dir = tempdir('ngx-gateway-pg-XXXXXX', TMPDIR => 1, CLEANUP => 0);
     if ($> == 0) {
         my (undef, undef, $uid, $gid) = getpwnam('postgres') or die "no postgres user\n";
         chown $uid, $gid, $dir;
     }
     chmod 0755, $dir;
+    return $dir;
+}
+
+# Polls $what every 50 ms until it is true (1) or $seconds pass (0); the
+# deadline is stretched under valgrind.
+sub wait_until {
+    my ($what, $seconds) = @_;
+    my $deadline = time + stretch($seconds);
+    while (time < $deadline) {
+        return 1 if $what->();
+        sleep 0.05;
+    }
+    return 0;
+}
+
+sub new_pg_instance {
+    my %opt = @_;
+    die "PostgreSQL server binaries not found (set PG_BIN)\n" unless $PgBin && -x "$PgBin/initdb";
+    my $dir = pg_dir();
     local $PgDir = $dir;
     my %pg = (dir => $dir, data => "$dir/data", port => free_port(), super => 'super-' . int(rand(1e9)));
     push @Instances, \%pg;
@@ -183,12 +201,7 @@ sub start_extra_pg { new_pg_instance(@_) }
 # own port and folder; hot standby. Returns { dir, data, port, super }.
 sub start_standby_pg {
     my ($primary) = @_;
-    my $dir = tempdir('ngx-gateway-pg-XXXXXX', TMPDIR => 1, CLEANUP => 0);
-    if ($> == 0) {
-        my (undef, undef, $uid, $gid) = getpwnam('postgres') or die "no postgres user\n";
-        chown $uid, $gid, $dir;
-    }
-    chmod 0755, $dir;
+    my $dir = pg_dir();
     local $PgDir = $dir;
     my %pg = (dir => $dir, data => "$dir/data", port => free_port(), super => $primary->{super});
     push @Instances, \%pg;
