@@ -72,7 +72,7 @@ impl cache::config::Entries for CacheEntries {
         &[(Some(sqldb::request::content_handler), "\"sqldb_pass\"")];
 }
 
-static mut SQLDB_COMMANDS: [ngx_command_t; 16] = [
+static mut SQLDB_COMMANDS: [ngx_command_t; 18] = [
     command(
         "sqldb_server\0",
         NGX_HTTP_UPS_CONF | NGX_CONF_1MORE,
@@ -114,6 +114,20 @@ static mut SQLDB_COMMANDS: [ngx_command_t; 16] = [
         ffi::conf::set_timeout_slot,
         LOC,
         offset_of!(sc::LocConf, result_timeout),
+    ),
+    command(
+        "sqldb_listen\0",
+        NGX_HTTP_LOC_CONF | NGX_HTTP_LIF_CONF | NGX_CONF_TAKE1,
+        sc::directives::cmd_sqldb_listen,
+        LOC,
+        0,
+    ),
+    command(
+        "sqldb_listen_heartbeat\0",
+        LOC_ANY | NGX_CONF_TAKE1,
+        ffi::conf::set_timeout_slot,
+        LOC,
+        offset_of!(sc::LocConf, listen_heartbeat),
     ),
     command(
         "sqldb_keepalive\0",

@@ -16,5 +16,6 @@ pub mod resp;
 pub mod rewrite;
 pub mod slab;
 pub mod sql;
+pub mod sse;
 pub mod target;
 pub mod template;

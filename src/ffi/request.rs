@@ -126,6 +126,47 @@ impl Req {
         (!times.is_empty()).then(|| times.iter().sum())
     }
 
+    /// Adds a response header (before the header is sent); false when
+    /// nginx has no memory for it.
+    pub fn add_header(&mut self, name: &'static str, value: &'static str) -> bool {
+        // SAFETY: the response's header list, of ngx_table_elt_t, in the
+        // request's pool.
+        let Some(h) = (unsafe { (ngx_list_push(&mut self.0.headers_out.headers) as *mut ngx_table_elt_t).as_mut() })
+        else {
+            return false;
+        };
+        h.hash = 1;
+        h.key = static_str(name);
+        h.value = static_str(value);
+        h.lowcase_key = std::ptr::null_mut();
+        true
+    }
+
+    /// Bytes of the response that nginx holds because the client has not
+    /// taken them yet.
+    pub fn pending_output(&self) -> usize {
+        let mut n = 0;
+        let mut cl = self.0.out;
+        // SAFETY: r->out is nginx's chain of buffers waiting to be written,
+        // in the request's pool.
+        while let Some(link) = unsafe { cl.as_ref() } {
+            // SAFETY: as above.
+            if let Some(b) = unsafe { link.buf.as_ref() } {
+                if b.temporary() != 0 || b.memory() != 0 {
+                    n += (b.last as usize).saturating_sub(b.pos as usize);
+                }
+            }
+            cl = link.next;
+        }
+        n
+    }
+
+    /// The client's connection is watched for its close (nginx then
+    /// finalizes the request), as for a request that waits for an upstream.
+    pub fn set_read_handler_test_reading(&mut self) {
+        self.0.read_event_handler = Some(ngx_http_test_reading);
+    }
+
     /// The query string (after `?`).
     pub fn args(&self) -> &[u8] {
         self.0.args.as_bytes()

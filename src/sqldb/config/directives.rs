@@ -159,6 +159,31 @@ pub(crate) extern "C" fn cmd_sqldb_query(
     unsafe { directive(cf, conf, "cmd_sqldb_query", body) }
 }
 
+/// `sqldb_listen CHANNEL` (the channel may hold variables).
+pub(crate) extern "C" fn cmd_sqldb_listen(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    let body = |cf: Conf, lcf: &mut LocConf| {
+        if lcf.listen.is_some() {
+            return Err("\"sqldb_listen\" directive is duplicate".to_owned().into());
+        }
+        let value = cf.args()[1];
+        if !cf.has_variables(value) && !gateway_core::sse::valid_channel(value) {
+            return Err(format!(
+                "invalid channel \"{}\" in \"sqldb_listen\" directive (letters, digits, _ and $, at most 63 bytes)",
+                String::from_utf8_lossy(value)
+            )
+            .into());
+        }
+        lcf.listen = Some(cf.compile(value).ok_or(ConfError::Logged)?);
+        Ok(())
+    };
+    // SAFETY: nginx passes the configuration being read and this module's LocConf.
+    unsafe { directive(cf, conf, "cmd_sqldb_listen", body) }
+}
+
 /// `sqldb_target [METHOD ...] any | primary | standby | prefer-standby | read-write | read-only`
 pub(crate) extern "C" fn cmd_sqldb_target(
     cf: *mut ngx_conf_t,

@@ -6,6 +6,7 @@ pub mod directives;
 pub mod upstream;
 
 use std::ffi::{c_char, c_void, CString};
+use std::ptr::NonNull;
 use std::rc::Rc;
 
 use gateway_core::method::QuerySet;
@@ -13,13 +14,14 @@ use gateway_core::rewrite::Rule as RewriteRule;
 use gateway_core::target::Target;
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, HttpModuleServerConf, NgxHttpCoreModule};
 
-use super::driver::{Pool, Settings, Statement};
+use super::driver::{ListenSink, Listener, Pool, Settings, Statement};
 use crate::ffi::conf::{create_conf, merge_conf, ComplexValue, ConfError};
 use crate::ffi::*;
 
 pub const RDS_CONTENT_TYPE: &str = "application/x-gateway-dbd-stream";
 pub const DEFAULT_CONNECT_TIMEOUT: ngx_msec_t = 10_000;
 pub const DEFAULT_RESULT_TIMEOUT: ngx_msec_t = 30_000;
+pub const DEFAULT_LISTEN_HEARTBEAT: ngx_msec_t = 15_000;
 
 extern "C" {
     // The module's static, defined (#[no_mangle]) in lib.rs with its
@@ -125,11 +127,23 @@ pub struct SrvConf {
     pub balancer_init: ngx_http_upstream_init_peer_pt,
     /// `sqldb_keepalive` / `sqldb_pipeline` and, in each worker, its connections.
     pub pool: Pool,
+    /// `sqldb_listen`'s connection in this worker (made on first use).
+    pub listener: Option<Box<Listener>>,
     keepalive_set: bool,
     pipeline_set: bool,
 }
 
 impl SrvConf {
+    /// The listening connection of this worker (to the upstream's first
+    /// server: notifications are a server's own), made on first use.
+    pub fn listener(&mut self, sink: &'static dyn ListenSink) -> Option<NonNull<Listener>> {
+        if self.listener.is_none() {
+            let first = self.addrs.first()?;
+            self.listener = Some(Listener::new(first.conninfo.clone(), first.name_text(), sink));
+        }
+        self.listener.as_deref_mut().map(NonNull::from)
+    }
+
     /// The server line of a peer the balancer picked: by nginx's pointer
     /// to the address (two lines may have the same address and different
     /// parameters), else by the address itself (a balancer that copies it).
@@ -212,6 +226,10 @@ pub struct LocConf {
     pub sets: Vec<SetRule>,
     pub rewrites: Vec<RewriteRule>,
     pub escapes: Vec<EscapeRule>,
+    /// `sqldb_listen CHANNEL`: requests subscribe to the channel.
+    pub listen: Option<ComplexValue>,
+    /// `sqldb_listen_heartbeat`: a comment line this often.
+    pub listen_heartbeat: ngx_msec_t,
 }
 
 impl LocConf {
@@ -280,6 +298,7 @@ pub(crate) extern "C" fn create_srv_conf(cf: *mut ngx_conf_t) -> *mut c_void {
         servers: 0,
         balancer_init: None,
         pool: Pool::new(Settings::default()),
+        listener: None,
         keepalive_set: false,
         pipeline_set: false,
     };
@@ -304,6 +323,8 @@ pub(crate) extern "C" fn create_loc_conf(cf: *mut ngx_conf_t) -> *mut c_void {
         sets: Vec::new(),
         rewrites: Vec::new(),
         escapes: Vec::new(),
+        listen: None,
+        listen_heartbeat: CONF_UNSET_MSEC,
     };
     // SAFETY: nginx passes the configuration being read.
     unsafe { create_conf(cf, "create_loc_conf", value) }
@@ -330,8 +351,13 @@ fn merge_list<T: Clone>(conf: &mut Vec<T>, prev: &[T]) {
 
 impl LocConf {
     fn merge(&mut self, prev: &LocConf, conf: Conf) -> Result<(), ConfError> {
+        if self.listen.is_some() && !self.queries.is_empty() {
+            return Err("\"sqldb_listen\" and \"sqldb_query\" cannot be in the same location"
+                .to_owned()
+                .into());
+        }
         // A level with any sqldb_query of its own ignores every outer one.
-        if self.queries.is_empty() {
+        if self.queries.is_empty() && self.listen.is_none() {
             self.queries = prev.queries.clone();
         }
         // The same for sqldb_target.
@@ -340,12 +366,22 @@ impl LocConf {
         }
         merge_msec(&mut self.connect_timeout, prev.connect_timeout, DEFAULT_CONNECT_TIMEOUT);
         merge_msec(&mut self.result_timeout, prev.result_timeout, DEFAULT_RESULT_TIMEOUT);
+        merge_msec(
+            &mut self.listen_heartbeat,
+            prev.listen_heartbeat,
+            DEFAULT_LISTEN_HEARTBEAT,
+        );
         merge_flag(&mut self.stream, prev.stream, 0);
         merge_flag(&mut self.prepare, prev.prepare, 1);
         merge_list(&mut self.sets, &prev.sets);
         merge_list(&mut self.rewrites, &prev.rewrites);
         merge_list(&mut self.escapes, &prev.escapes);
         self.output = self.output.or(prev.output);
+        if self.listen.is_some() && !self.pass_set {
+            return Err("\"sqldb_listen\" needs \"sqldb_pass\" in the same location"
+                .to_owned()
+                .into());
+        }
         let default_next = (NGX_HTTP_UPSTREAM_FT_ERROR | NGX_HTTP_UPSTREAM_FT_TIMEOUT) as ngx_uint_t;
         self.next_upstream = Some(self.next_upstream.or(prev.next_upstream).unwrap_or(default_next));
         // An `if` block (or limit_except) without sqldb_pass of its own

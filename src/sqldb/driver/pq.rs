@@ -244,6 +244,37 @@ impl PgConn {
         NonNull::new(unsafe { pq::PQgetResult(self.raw()) }).map(PgResult)
     }
 
+    /// The notifications libpq has read (LISTEN): channel and payload.
+    pub fn notifies(&mut self) -> Vec<(String, Vec<u8>)> {
+        let mut out = Vec::new();
+        loop {
+            // SAFETY: live connection; PQnotifies returns null or a
+            // notification that we own and free with PQfreemem below.
+            let n = unsafe { pq::PQnotifies(self.raw()) };
+            let Some(n) = NonNull::new(n) else { break };
+            // SAFETY: libpq fills relname and extra with NUL-terminated
+            // strings inside the same allocation; copied before it is freed.
+            let (channel, payload) = unsafe {
+                let n = n.as_ref();
+                let channel = if n.relname.is_null() {
+                    String::new()
+                } else {
+                    CStr::from_ptr(n.relname).to_string_lossy().into_owned()
+                };
+                let payload = if n.extra.is_null() {
+                    Vec::new()
+                } else {
+                    CStr::from_ptr(n.extra).to_bytes().to_vec()
+                };
+                (channel, payload)
+            };
+            // SAFETY: the notification came from PQnotifies and is freed once.
+            unsafe { pq::PQfreemem(n.as_ptr().cast()) };
+            out.push((channel, payload));
+        }
+        out
+    }
+
     /// libpq's message for the connection: its first line (the lines after
     /// it are libpq's advice, or errors of later calls on a dead connection).
     pub fn error_message(&self) -> String {

@@ -10,6 +10,7 @@ use super::error::{log_failure, Failure, StartError};
 use super::{peer, registry, vars, Ctx};
 use crate::ffi::upstream::Callbacks;
 use crate::ffi::*;
+use crate::log;
 use crate::sqldb::config::upstream::{find_upstream, sqldb_srv_conf};
 use crate::sqldb::config::{LocConf, Output, Sqldb, Template, TemplatePiece, Var};
 use crate::sqldb::driver::Query;
@@ -23,6 +24,9 @@ pub(crate) extern "C" fn content_handler(r: *mut ngx_http_request_t) -> ngx_int_
 
 fn start(r: &mut Req) -> ngx_int_t {
     let lcf = r.loc_conf::<Sqldb>();
+    if lcf.listen.is_some() {
+        return start_listening(r, lcf);
+    }
     let err = if lcf.queries.is_empty() {
         StartError::NoQuery
     } else if lcf.queries.select(r.method()).is_none() {
@@ -39,6 +43,49 @@ fn start(r: &mut Req) -> ngx_int_t {
     };
     log_failure(r.log(), &err);
     err.status()
+}
+
+/// `sqldb_listen`: the request subscribes (server-sent events).
+fn start_listening(r: &mut Req, lcf: &'static LocConf) -> ngx_int_t {
+    let srv = match upstream_of(r, lcf) {
+        Ok(uscf) => {
+            // SAFETY: the upstream configuration lives as long as the configuration.
+            match unsafe { uscf.as_ref() }.and_then(sqldb_srv_conf) {
+                Some(srv) => srv,
+                None => return HTTP_INTERNAL_SERVER_ERROR,
+            }
+        }
+        Err(e) => {
+            log_failure(r.log(), &e);
+            return e.status();
+        }
+    };
+    match super::listen::subscribe(r, lcf, srv) {
+        Ok(rc) => rc,
+        Err(super::listen::ListenError::BadChannel(v)) => {
+            log!(
+                NGX_LOG_INFO,
+                r.log(),
+                "sqldb: \"sqldb_listen\" channel \"{v}\" is not an identifier (letters, digits, _ and $, at most 63 bytes)"
+            );
+            HTTP_BAD_REQUEST
+        }
+        Err(super::listen::ListenError::NotAllowed) => HTTP_NOT_ALLOWED,
+        Err(super::listen::ListenError::Nginx) => HTTP_INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// The upstream block of the request: named in the configuration, or by a
+/// variable now.
+fn upstream_of(r: &mut Req, lcf: &LocConf) -> Result<*mut ngx_http_upstream_srv_conf_t, StartError> {
+    let Some(cv) = lcf.pass_var else {
+        return Ok(lcf.upstream.upstream);
+    };
+    let name = r.complex_value(cv).ok_or(StartError::Nginx)?.to_vec();
+    let umcf = r.main_conf::<ngx::http::NgxHttpUpstreamModule>();
+    // SAFETY: the upstream module's array of upstream configurations.
+    let upstreams = unsafe { umcf.upstreams.as_slice::<*mut ngx_http_upstream_srv_conf_t>() };
+    find_upstream(upstreams, &name).ok_or_else(|| StartError::NoUpstream(String::from_utf8_lossy(&name).into_owned()))
 }
 
 /// The request body is in: run the query (or answer with an error).
@@ -82,17 +129,16 @@ fn run(r: &mut Req) -> Result<(), StartError> {
     let stream_format = streamable.then(|| super::output::stream_format(output)).flatten();
 
     // The upstream: named in the configuration, or by a variable now.
-    let mut uscf = lcf.upstream.upstream;
-    let mut by_variable = None;
-    if let Some(cv) = lcf.pass_var {
-        let name = r.complex_value(cv).ok_or(StartError::Nginx)?.to_vec();
-        let umcf = r.main_conf::<ngx::http::NgxHttpUpstreamModule>();
-        // SAFETY: the upstream module's array of upstream configurations.
-        let upstreams = unsafe { umcf.upstreams.as_slice::<*mut ngx_http_upstream_srv_conf_t>() };
-        uscf = find_upstream(upstreams, &name)
-            .ok_or_else(|| StartError::NoUpstream(String::from_utf8_lossy(&name).into_owned()))?;
-        by_variable = Some(r.pool().str(&name).ok_or(StartError::Nginx)?);
-    }
+    let uscf = upstream_of(r, lcf)?;
+    let by_variable = match lcf.pass_var {
+        // SAFETY: the upstream configuration lives as long as the configuration.
+        Some(_) => Some(
+            r.pool()
+                .str(unsafe { (*uscf).host.as_bytes() })
+                .ok_or(StartError::Nginx)?,
+        ),
+        None => None,
+    };
     // SAFETY: the upstream configuration lives as long as the configuration.
     if let Some(srv) = unsafe { uscf.as_ref() }.and_then(sqldb_srv_conf) {
         if srv.pool.full() {

@@ -5,6 +5,7 @@
 
 mod entry;
 mod error;
+mod listen;
 mod output;
 mod peer;
 mod registry;

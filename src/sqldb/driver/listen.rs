@@ -1,0 +1,353 @@
+//! The listening connection (`sqldb_listen`): one per worker and upstream,
+//! shared by every subscriber of every channel. LISTEN when a channel's
+//! first subscriber comes, UNLISTEN after its last one leaves; each
+//! notification goes to its channel's subscribers through a `ListenSink`.
+//! A connection that is lost is made again (after `RETRY` ms, while anyone
+//! is subscribed), listens to every channel again, and the subscribers are
+//! told (notifications sent in between are lost).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::ffi::CString;
+
+use super::pq::{PgConn, Poll};
+use super::ReqToken;
+use crate::ffi::*;
+use crate::log;
+
+/// How long after a lost connection another is tried (ms).
+pub const RETRY: ngx_msec_t = 1000;
+
+/// Where notifications go (the request side).
+pub trait ListenSink {
+    fn notify(&self, to: &[ReqToken], channel: &str, payload: &[u8]);
+    /// The connection was lost and is back: what was sent in between is lost.
+    fn reconnected(&self, to: &[ReqToken]);
+    /// nginx is exiting: the subscriptions end.
+    fn closing(&self, to: &[ReqToken]);
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Down,
+    Connecting,
+    Up,
+}
+
+pub struct Listener {
+    conninfo: CString,
+    /// The server, for the log.
+    name: String,
+    sink: &'static dyn ListenSink,
+    /// Subscribers by channel (a channel is listened to while it has any).
+    channels: BTreeMap<String, Vec<ReqToken>>,
+    pg: Option<PgConn>,
+    socket: Option<Socket>,
+    state: State,
+    /// LISTEN / UNLISTEN statements to send, one at a time.
+    queue: VecDeque<CString>,
+    /// A statement's results are being read.
+    busy: bool,
+    /// The connection had been up before: subscribers hear of the gap.
+    was_up: bool,
+    /// The timer that makes the connection again.
+    retry: Box<ngx_event_t>,
+}
+
+fn quoted(channel: &str) -> String {
+    // Channel names are identifiers of [A-Za-z0-9_$] (core::sse): quoted
+    // as they are, so that their letter case is kept.
+    format!("\"{channel}\"")
+}
+
+impl Listener {
+    pub fn new(conninfo: CString, name: String, sink: &'static dyn ListenSink) -> Box<Listener> {
+        let mut l = Box::new(Listener {
+            conninfo,
+            name,
+            sink,
+            channels: BTreeMap::new(),
+            pg: None,
+            socket: None,
+            state: State::Down,
+            queue: VecDeque::new(),
+            busy: false,
+            was_up: false,
+            // SAFETY: all-zero is the initial state of an event.
+            retry: Box::new(unsafe { std::mem::zeroed() }),
+        });
+        let data: *mut Listener = &mut *l;
+        l.retry.data = data.cast();
+        l.retry.handler = Some(retry_event);
+        l.retry.log = Log::cycle().as_ptr();
+        // A worker that exits does not wait for it.
+        l.retry.set_cancelable(1);
+        l
+    }
+
+    /// A subscriber of `channel` comes: LISTEN if it is the first.
+    pub fn subscribe(&mut self, channel: &str, who: ReqToken) {
+        let subs = self.channels.entry(channel.to_owned()).or_default();
+        subs.push(who);
+        if subs.len() == 1 {
+            self.command(&format!("LISTEN {}", quoted(channel)));
+        }
+        if self.state == State::Down && !self.retry_pending() {
+            self.connect();
+        }
+    }
+
+    /// A subscriber leaves: UNLISTEN after the channel's last one.
+    pub fn unsubscribe(&mut self, channel: &str, who: ReqToken) {
+        let Some(subs) = self.channels.get_mut(channel) else {
+            return;
+        };
+        subs.retain(|t| *t != who);
+        if subs.is_empty() {
+            self.channels.remove(channel);
+            if self.channels.is_empty() {
+                // Nobody listens any more: the connection goes too.
+                self.close();
+            } else {
+                self.command(&format!("UNLISTEN {}", quoted(channel)));
+            }
+        }
+    }
+
+    /// Closes the connection (no retry).
+    fn close(&mut self) {
+        // SAFETY: the listener's own timer event.
+        if let Some(ev) = unsafe { Event::from_raw(&mut *self.retry) } {
+            ev.clear();
+        }
+        if let Some(s) = self.socket.take() {
+            s.release();
+        }
+        self.pg = None;
+        self.state = State::Down;
+        self.busy = false;
+        self.queue.clear();
+        // A connection made later for new subscribers is no reconnect.
+        self.was_up = false;
+    }
+
+    pub fn subscribers(&self) -> usize {
+        self.channels.values().map(Vec::len).sum()
+    }
+
+    fn retry_pending(&self) -> bool {
+        self.retry.timer_set() != 0
+    }
+
+    fn command(&mut self, sql: &str) {
+        if self.state != State::Up {
+            // Sent (as one LISTEN per channel) once the connection is up.
+            return;
+        }
+        if let Ok(c) = CString::new(sql) {
+            self.queue.push_back(c);
+        }
+        self.send_next();
+    }
+
+    fn connect(&mut self) {
+        let pg = match PgConn::start(&self.conninfo) {
+            Ok(pg) => pg,
+            Err(e) => return self.lost(&format!("connecting failed: {e}")),
+        };
+        let Some(socket) = Socket::get(pg.socket(), Log::cycle()) else {
+            return self.lost("no free connection");
+        };
+        let data: *mut Listener = self;
+        socket.set_data(data.cast());
+        socket.set_handler(Some(listen_event));
+        // nginx tells an idle connection when it exits (a reload, a quit).
+        socket.set_idle(true);
+        self.pg = Some(pg);
+        self.socket = Some(socket);
+        self.state = State::Connecting;
+        self.busy = false;
+        self.queue.clear();
+        let watched = self
+            .socket
+            .as_ref()
+            .is_some_and(|s| s.watch_read(true) && s.watch_write(true));
+        if !watched {
+            self.lost("cannot watch the connection");
+        }
+    }
+
+    /// The connection is gone: try again later while anyone listens.
+    fn lost(&mut self, why: &str) {
+        if let Some(s) = self.socket.take() {
+            s.release();
+        }
+        self.pg = None;
+        let was = std::mem::replace(&mut self.state, State::Down);
+        self.busy = false;
+        self.queue.clear();
+        if self.channels.is_empty() {
+            return;
+        }
+        log!(
+            NGX_LOG_ERR,
+            Log::cycle(),
+            "sqldb: the listening connection to {} {}: {why}; trying again in {} ms",
+            self.name,
+            if was == State::Up { "was lost" } else { "failed" },
+            RETRY
+        );
+        if !self.retry_pending() {
+            // SAFETY: the listener's own timer event, which lives as long as it.
+            if let Some(ev) = unsafe { Event::from_raw(&mut *self.retry) } {
+                ev.add_timer(RETRY);
+            }
+        }
+    }
+
+    fn on_event(&mut self) {
+        if self.socket.as_ref().is_some_and(Socket::close_requested) {
+            // nginx is exiting: the subscriptions end, the connection closes.
+            let all: Vec<ReqToken> = self.channels.values().flatten().copied().collect();
+            self.close();
+            self.sink.closing(&all);
+            return;
+        }
+        match self.state {
+            State::Down => {}
+            State::Connecting => self.connecting(),
+            State::Up => self.read(),
+        }
+    }
+
+    fn connecting(&mut self) {
+        let Some(pg) = self.pg.as_mut() else { return };
+        let watch_write = match pg.poll_connect() {
+            Poll::Reading => false,
+            Poll::Writing => true,
+            Poll::Failed => {
+                let msg = pg.error_message();
+                return self.lost(&msg);
+            }
+            Poll::Ready => {
+                if self.socket.as_ref().map(Socket::fd) != Some(pg.socket()) {
+                    return self.lost("libpq replaced its socket while connecting");
+                }
+                if let Err(e) = pg.set_nonblocking() {
+                    return self.lost(&e.0);
+                }
+                self.state = State::Up;
+                let channels: Vec<String> = self.channels.keys().cloned().collect();
+                for c in channels {
+                    self.command(&format!("LISTEN {}", quoted(&c)));
+                }
+                if std::mem::replace(&mut self.was_up, true) {
+                    let all: Vec<ReqToken> = self.channels.values().flatten().copied().collect();
+                    self.sink.reconnected(&all);
+                }
+                return;
+            }
+        };
+        if !self.socket.as_ref().is_some_and(|s| s.watch_write(watch_write)) {
+            self.lost("cannot watch the connection");
+        }
+    }
+
+    fn send_next(&mut self) {
+        if self.busy || self.state != State::Up {
+            return;
+        }
+        let Some(sql) = self.queue.pop_front() else { return };
+        let Some(pg) = self.pg.as_mut() else { return };
+        if let Err(e) = pg.send_query(&sql) {
+            return self.lost(&e.0);
+        }
+        self.busy = true;
+        self.flush();
+    }
+
+    fn flush(&mut self) {
+        let Some(pg) = self.pg.as_mut() else { return };
+        match pg.flush() {
+            Ok(done) => {
+                if !self.socket.as_ref().is_some_and(|s| s.watch_write(!done)) {
+                    self.lost("cannot watch the connection");
+                }
+            }
+            Err(e) => self.lost(&e.0),
+        }
+    }
+
+    fn read(&mut self) {
+        self.flush();
+        let Some(pg) = self.pg.as_mut() else { return };
+        if let Err(e) = pg.consume_input() {
+            return self.lost(&e.0);
+        }
+        if pg.is_bad() {
+            let msg = pg.error_message();
+            return self.lost(&msg);
+        }
+        // The results of LISTEN / UNLISTEN: read to their end.
+        while self.busy && !pg.is_busy() {
+            match pg.get_result() {
+                Some(res) => {
+                    let status = res.status_name();
+                    if !status.contains("COMMAND_OK") {
+                        log!(
+                            NGX_LOG_ERR,
+                            Log::cycle(),
+                            "sqldb: LISTEN on {} failed: {}",
+                            self.name,
+                            res.error_message()
+                        );
+                    }
+                }
+                None => self.busy = false,
+            }
+        }
+        let notes = pg.notifies();
+        for (channel, payload) in notes {
+            if let Some(to) = self.channels.get(&channel) {
+                let to = to.clone();
+                self.sink.notify(&to, &channel, &payload);
+            }
+        }
+        self.send_next();
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// Read/write readiness of the listening connection.
+extern "C" fn listen_event(ev: *mut ngx_event_t) {
+    guard(Log::cycle(), "sqldb listen event", (), || {
+        // SAFETY: the connection's data is the Listener that owns it (boxed,
+        // it does not move; it releases the connection before it goes).
+        let l = unsafe {
+            let Some(ev) = Event::from_raw(ev) else { return };
+            ev.take_timedout();
+            let c = ev.data() as *mut ngx_connection_t;
+            &mut *((*c).data as *mut Listener)
+        };
+        l.on_event();
+    })
+}
+
+/// The connection is made again.
+extern "C" fn retry_event(ev: *mut ngx_event_t) {
+    guard(Log::cycle(), "sqldb listen retry", (), || {
+        // SAFETY: the timer's data is the Listener that owns it.
+        let l = unsafe {
+            let Some(ev) = Event::from_raw(ev) else { return };
+            ev.take_timedout();
+            &mut *(ev.data() as *mut Listener)
+        };
+        if l.state == State::Down && !l.channels.is_empty() && !exiting() {
+            l.connect();
+        }
+    })
+}

@@ -1,0 +1,225 @@
+# sqldb_listen: NOTIFY on a channel reaches every subscriber of every
+# worker as server-sent events, exactly and in order; heartbeats; a client
+# that leaves is removed at once (UNLISTEN after the last); the shared
+# listening connection survives pg_terminate_backend and tells the
+# subscribers (event: reconnect); streams end on a reload; nginx -t.
+use strict;
+use warnings;
+use lib 't/lib';
+use GatewayTest qw(http_request wait_until nginx_start stop_nginx nginx_signal nginx_error_log psql);
+use IO::Select;
+use IO::Socket::INET;
+use Socket ();
+use IO::Handle;
+use Test::More;
+use Time::HiRes qw(sleep time);
+
+my $server = GatewayTest::pg_server_line('listen');
+my $port = nginx_start(<<"HTTP", workers => 2);
+upstream db { sqldb_server $server; }
+server {
+    listen 127.0.0.1:\$PORT;
+    sqldb_listen_heartbeat 1s;
+    location /events { sqldb_pass db; sqldb_listen \$arg_channel; }
+    location /fixed { sqldb_pass db; sqldb_listen Orders; }
+    location = /metrics { gateway_status; }
+}
+HTTP
+
+# A subscriber: the socket, with what it has read so far.
+sub open_sse {
+    my ($path) = @_;
+    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port) or die $!;
+    print $s "GET $path HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    return { s => $s, buf => '' };
+}
+
+# Reads what has arrived on each subscriber for $secs (or until $until
+# says it has enough).
+sub pump {
+    my ($subs, $secs, $until) = @_;
+    my $sel = IO::Select->new(map { $_->{s} } @$subs);
+    my %of = map { (fileno($_->{s}) => $_) } @$subs;
+    my $deadline = time + $secs;
+    my $next_check = 0;
+    while (time < $deadline) {
+        # (The check reads whole buffers: at most every 0.1 s.)
+        if ($until && time >= $next_check) {
+            last if $until->();
+            $next_check = time + 0.1;
+        }
+        for my $fh ($sel->can_read(0.05)) {
+            my $n = sysread($fh, my $chunk, 65536);
+            if (!$n) { $sel->remove($fh); $of{ fileno($fh) }{eof} = 1; next }
+            $of{ fileno($fh) }{buf} .= $chunk;
+        }
+    }
+}
+
+# The events of a subscriber's stream (chunked encoding undone roughly:
+# chunk-size lines are dropped).
+sub events {
+    my ($sub) = @_;
+    my (undef, $body) = split /\r\n\r\n/, $sub->{buf}, 2;
+    $body //= '';
+    $body =~ s/^[0-9a-f]+\r\n//mg;
+    $body =~ s/\r\n//g;
+    my @ev;
+    for my $block (split /\n\n/, $body) {
+        next if $block =~ /^:/;
+        my ($name) = $block =~ /^event: (.*)$/m;
+        my @data = $block =~ /^data: (.*)$/mg;
+        push @ev, ($name // '?') . '=' . join('|', @data) if defined $name;
+    }
+    return @ev;
+}
+
+# 1. Six subscribers (over both workers), twenty notifications: each gets
+# all twenty, in order, and nothing of another channel.
+my @subs = map { open_sse('/events?channel=orders') } 1 .. 6;
+pump(\@subs, 5, sub { !grep { $_->{buf} !~ /: subscribed/ } @subs });
+like($subs[0]{buf}, qr{^HTTP/1\.1 200 }, 'status 200');
+like($subs[0]{buf}, qr{Content-Type: text/event-stream}i, 'text/event-stream');
+like($subs[0]{buf}, qr{Cache-Control: no-cache}i, 'not cached');
+is(scalar(grep { $_->{buf} =~ /: subscribed/ } @subs), 6, 'six subscribers are on');
+for my $i (1 .. 20) {
+    psql($i == 7 ? "select pg_notify('orders', E'line one\\nline two')" : "notify orders, 'n$i'");
+    psql("notify other, 'not for them'") if $i == 3;
+}
+my @want = map { $_ == 7 ? 'orders=line one|line two' : "orders=n$_" } 1 .. 20;
+pump(\@subs, 10, sub { !grep { scalar(events($_)) < 20 } @subs });
+is_deeply([events($_)], \@want, "subscriber $_->{n}: every notification, in order") for map { $subs[$_]{n} = $_; $subs[$_] } 0 .. 5;
+
+# 2. Heartbeats (every second here).
+pump(\@subs, 1.5);
+like($subs[0]{buf}, qr/: heartbeat\n\n/, 'comment lines keep the stream alive');
+
+# 3. The listening connection is shared: one per worker (two workers).
+my $listeners = psql("select count(*) from pg_stat_activity where application_name = 'listen' and query like 'LISTEN%'");
+cmp_ok($listeners, '<=', 2, "one listening connection per worker ($listeners)");
+
+# 4. The server ends the listening connections: subscribers hear of it
+# (event: reconnect), and the notifications after it arrive.
+psql("select pg_terminate_backend(pid) from pg_stat_activity where application_name = 'listen'");
+pump(\@subs, 6, sub { !grep { !grep { $_ eq 'reconnect=' } events($_) } @subs });
+is(scalar(grep { my @e = events($_); grep { $_ eq 'reconnect=' } @e } @subs), 6, 'every subscriber is told of the reconnect');
+like(nginx_error_log(), qr/\[error\].*sqldb: the listening connection to \S+ was lost: .*; trying again in 1000 ms/,
+    'one error line says the connection was lost');
+ok(wait_until(sub {
+    psql("select count(*) from pg_stat_activity where application_name = 'listen' and query like 'LISTEN%'") > 0
+}, 5), 'it listens again');
+psql("notify orders, 'after'");
+pump(\@subs, 5, sub { !grep { (events($_))[-1] ne 'orders=after' } @subs });
+is(scalar(grep { (events($_))[-1] eq 'orders=after' } @subs), 6, 'notifications after the reconnect arrive');
+
+# 5. Subscribers that leave are removed at once (the gauge).
+close $_->{s} for @subs;
+ok(wait_until(sub {
+    my (undef, $m) = http_request($port, 'GET', '/metrics');
+    my $n = 0;
+    $n += $1 while $m =~ /^ngx_gateway_subscribers\{source="sqldb_listen"\} (-?\d+)$/mg;
+    $n == 0;
+}, 3), 'the subscribers gauge is back to 0');
+my (undef, $m) = http_request($port, 'GET', '/metrics');
+my $sent = 0;
+$sent += $1 while $m =~ /^ngx_gateway_events_sent_total\{source="sqldb_listen"\} (\d+)$/mg;
+cmp_ok($sent, '>=', 6 * 21, "events counted ($sent)");
+
+# 6. A literal channel keeps its letter case (it is quoted): NOTIFY "Orders".
+my @fixed = (open_sse('/fixed'));
+pump(\@fixed, 3, sub { $fixed[0]{buf} =~ /: subscribed/ });
+psql('notify "Orders", \'cased\'');
+psql("notify orders, 'not this one'");
+pump(\@fixed, 3, sub { scalar(events($fixed[0])) >= 1 });
+is_deeply([events($fixed[0])], ['Orders=cased'], 'the channel as written (quoted)');
+
+# 7. A reload ends the streams of the old workers at once (nginx tells the
+# listening connection): the client's EventSource comes back to a new one.
+my $t0 = time;
+nginx_signal('HUP');
+pump(\@fixed, 5, sub { $fixed[0]{eof} });
+ok($fixed[0]{eof}, 'a reload ends the stream');
+cmp_ok(time - $t0, '<', 1, 'at once');
+like($fixed[0]{buf}, qr/0\r\n\r\n$/, 'with the end of the chunked body (not cut)');
+
+# 8. Client mistakes.
+my ($st) = http_request($port, 'GET', '/events?channel=bad-name');
+is($st, 400, 'a channel that is not an identifier: 400');
+like(nginx_error_log(), qr/\[info\].*sqldb: "sqldb_listen" channel "bad-name" is not an identifier/, 'logged at info');
+($st) = http_request($port, 'GET', '/events?channel=' . ('x' x 64));
+is($st, 400, 'a channel of 64 bytes: 400');
+($st) = http_request($port, 'GET', '/events');
+is($st, 400, 'no channel: 400');
+($st) = http_request($port, 'POST', '/events?channel=a', 'x');
+is($st, 405, 'POST: 405');
+unlike(nginx_error_log(), qr/\[(alert|emerg)\]|exited on signal/, 'no alert, no worker died');
+stop_nginx();
+
+# 9. With one worker (so that every subscriber shares its connection):
+# after the last subscriber of a channel, UNLISTEN; after the last of all,
+# the connection closes.
+$port = nginx_start(<<"HTTP", workers => 1);
+upstream db { sqldb_server $server; }
+server { listen 127.0.0.1:\$PORT; location /events { sqldb_pass db; sqldb_listen \$arg_channel; } }
+HTTP
+@subs = map { open_sse('/events?channel=orders') } 1 .. 3;
+my @other = map { open_sse('/events?channel=other') } 1 .. 3;
+pump([@subs, @other], 5, sub { !grep { $_->{buf} !~ /: subscribed/ } @subs, @other });
+# (Once the connection listens to both: the channels go out in order.)
+ok(wait_until(sub {
+    psql("select count(*) from pg_stat_activity where application_name = 'listen' and state = 'idle' and query = 'LISTEN \"other\"'") > 0
+}, 5), 'one connection listens to both channels');
+close $_->{s} for @subs;
+ok(wait_until(sub {
+    psql("select count(*) from pg_stat_activity where application_name = 'listen' and query = 'UNLISTEN \"orders\"'") > 0
+}, 3), 'UNLISTEN once the last subscriber of a channel left') or diag(psql("select state, query from pg_stat_activity where application_name = 'listen'"));
+psql("notify other, 'still here'");
+pump(\@other, 5, sub { !grep { (events($_))[-1] // '' ne 'other=still here' } @other });
+is(scalar(grep { (events($_))[-1] // '' eq 'other=still here' } @other), 3, 'the other channel goes on');
+close $_->{s} for @other;
+ok(wait_until(sub { psql("select count(*) from pg_stat_activity where application_name = 'listen'") == 0 }, 3),
+    'no listening connection once nobody listens');
+stop_nginx();
+
+# 10. A subscriber that does not read is dropped once more than 1 MB waits
+# for it; the others get everything.
+$port = nginx_start(<<"HTTP", workers => 1);
+upstream db { sqldb_server $server; }
+server { listen 127.0.0.1:\$PORT; location /events { sqldb_pass db; sqldb_listen \$arg_channel; } }
+HTTP
+socket(my $stuck, Socket::PF_INET(), Socket::SOCK_STREAM(), 0) or die $!;
+setsockopt($stuck, Socket::SOL_SOCKET(), Socket::SO_RCVBUF(), 4096) or die $!;
+connect($stuck, Socket::pack_sockaddr_in($port, Socket::inet_aton('127.0.0.1'))) or die $!;
+$stuck->autoflush(1);
+print $stuck "GET /events?channel=flood HTTP/1.1\r\nHost: localhost\r\n\r\n";
+my @reader = (open_sse('/events?channel=flood'));
+pump(\@reader, 5, sub { $reader[0]{buf} =~ /: subscribed/ });
+sleep 0.3;
+psql("select pg_notify('flood', repeat('x', 7990) || g) from generate_series(1, 1500) g");
+pump(\@reader, 30, sub { scalar(events($reader[0])) >= 1500 });
+is(scalar(events($reader[0])), 1500, 'a subscriber that reads gets all 1,500 events of 8 kB');
+like(nginx_error_log(), qr/\[info\].*sqldb: a subscriber that cannot take events \(gone, or more than 1048576 bytes behind\) is dropped/,
+    'the one that does not read is dropped, with an info line');
+close $stuck;
+close $reader[0]{s};
+stop_nginx();
+
+# 11. nginx -t
+for my $case (
+    ['location /a { sqldb_listen c; }', qr/"sqldb_listen" needs "sqldb_pass" in the same location/],
+    ['location /a { sqldb_pass db; sqldb_listen c; sqldb_query "select 1"; }', qr/"sqldb_listen" and "sqldb_query" cannot be in the same location/],
+    ['location /a { sqldb_pass db; sqldb_listen c; sqldb_listen d; }', qr/"sqldb_listen" directive is duplicate in .*nginx\.conf:\d+/],
+    ['location /a { sqldb_pass db; sqldb_listen "a-b"; }', qr/invalid channel "a-b" in "sqldb_listen" directive .* in .*nginx\.conf:\d+/],
+    ['location /a { sqldb_pass db; sqldb_listen c; sqldb_listen_heartbeat 0; }', qr/sqldb_listen_heartbeat/],
+  )
+{
+    my ($loc, $want) = @$case;
+    my $err = eval {
+        nginx_start("upstream db { sqldb_server $server; } server { listen 127.0.0.1:\$PORT; $loc }");
+        stop_nginx();
+        'started';
+    } // $@;
+    like($err, $want, "nginx refuses: $loc");
+}
+
+done_testing();
