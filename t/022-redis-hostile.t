@@ -276,8 +276,11 @@ is($r[2]{body}, 'in five', 'the value is in database 5');
 like(nginx_error_log(), qr/cache: PING was refused: NOAUTH/, 'the unauthenticated request got NOAUTH');
 my $clients = redis_cli($redis, 'INFO', 'stats');
 my ($conns) = $clients =~ /total_connections_received:(\d+)/;
-# The start-up probe, nginx's one connection, and this redis-cli.
-cmp_ok($conns, '<=', 3, "the pooled connection was reused ($conns connections, the probe's and redis-cli's included)");
+# The start-up probe and this redis-cli; the PUT's connection, kept (reset)
+# and reused by the first GET; authenticated GETs close their connection
+# instead of resetting it (see t/039), so the second GET and the request
+# without cache_auth open one each.
+cmp_ok($conns, '<=', 5, "connections kept where they may be ($conns connections, the probe's and redis-cli's included)");
 
 # $cache_exptime 0 is no expiry; a number is seconds; anything else 400 at info.
 # (nginx closes the client connection after a 400.)

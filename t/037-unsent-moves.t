@@ -40,6 +40,7 @@ server {
     location ~ ^/(\\w+)/insnn\$ { sqldb_pass \$1; sqldb_next_upstream off; sqldb_output value; sqldb_query "insert into unsent_log (v) values (\$arg_v::text) returning v"; }
     location ~ ^/(\\w+)/begin\$ { sqldb_pass \$1; sqldb_output none; sqldb_query "begin"; }
     location ~ ^/(\\w+)/txfail\$ { sqldb_pass \$1; sqldb_output none; sqldb_query "begin; insert into unsent_log (v) values ('taken'); commit"; }
+    location = /metrics { gateway_status; }
     location ~ ^/(\\w+)/pid\$ { sqldb_pass \$1; sqldb_output value; sqldb_query "select pg_backend_pid()::text"; }
 }
 HTTP
@@ -95,6 +96,11 @@ for my $case (['two', 'ins'], ['one', 'insnn'], ['reject', 'ins']) {
 
 like(nginx_error_log(), qr/\[info\].*sqldb: connection to \S+ closes: the connection was left inside a transaction block; \d+ request\(s\) that waited on it move to another connection/,
     'the connection says once why its waiting requests moved');
+# Connections the gateway closed itself (left inside a transaction) are no
+# lost connections: no reconnect is counted.
+my (undef, $metrics) = http_get($port, '/metrics');
+unlike($metrics, qr/^ngx_gateway_sqldb_reconnects_total\{.*\} [1-9]/m, 'no reconnects counted');
+like($metrics, qr/^ngx_gateway_sqldb_connects_total\{.*\} [1-9]/m, 'while connections were opened');
 unlike(nginx_error_log(), qr/\[(alert|emerg)\]/, 'no alert');
 stop_nginx();
 

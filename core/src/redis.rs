@@ -189,8 +189,14 @@ pub fn plan(req: &Request<'_>, body_len: usize) -> Plan {
             }
         }
     }
-    // RESET also selects database 0.
-    let restore = if req.auth.is_some() {
+    // RESET also selects database 0. Not after a GET: Redis closes a
+    // connection whose RESET left it unauthenticated with a large reply
+    // (megabytes) still queued, cutting the value short. An authenticated
+    // GET's connection is closed instead of kept.
+    let authed_get = req.auth.is_some() && req.command == Command::Get;
+    let restore = if authed_get {
+        None
+    } else if req.auth.is_some() {
         Some((&[&b"RESET"[..]][..], Setup::Reset))
     } else if req.db.is_some() {
         Some((&[&b"SELECT"[..], b"0"][..], Setup::SelectZero))
@@ -209,9 +215,16 @@ pub fn plan(req: &Request<'_>, body_len: usize) -> Plan {
     Plan {
         head,
         tail,
-        exchange: Exchange::new(before, req.command, after)
-            .with_ping(token)
-            .in_cluster(req.cluster.is_some()),
+        exchange: {
+            let ex = Exchange::new(before, req.command, after)
+                .with_ping(token)
+                .in_cluster(req.cluster.is_some());
+            if authed_get {
+                ex.closing()
+            } else {
+                ex
+            }
+        },
     }
 }
 
@@ -325,6 +338,9 @@ pub struct Exchange {
     cluster: bool,
     /// The part of the `CLUSTER SLOTS` reply read so far.
     slots: Vec<u8>,
+    /// The connection may be kept once the exchange is done (false: it
+    /// is left authenticated, and closes).
+    keep: bool,
 }
 
 impl Exchange {
@@ -342,7 +358,19 @@ impl Exchange {
             ping: ping_token(0),
             cluster: false,
             slots: Vec::new(),
+            keep: true,
         }
+    }
+
+    /// The connection closes after the exchange (it is not reset).
+    pub fn closing(mut self) -> Exchange {
+        self.keep = false;
+        self
+    }
+
+    /// The connection may go back to the pool once the exchange is done.
+    pub fn keeps(&self) -> bool {
+        self.keep
     }
 
     /// The command goes to a Redis Cluster node.
@@ -764,12 +792,10 @@ mod tests {
         for (auth, db, input) in [
             (false, None, [ECHO, b"$2\r\nok\r\n"].concat()),
             (false, Some(3), [ECHO, b"+OK\r\n$2\r\nok\r\n+OK\r\n"].concat()),
-            (true, None, [&b"+OK\r\n"[..], ECHO, b"$2\r\nok\r\n+RESET\r\n"].concat()),
-            (
-                true,
-                Some(3),
-                [&b"+OK\r\n"[..], ECHO, b"+OK\r\n$2\r\nok\r\n+RESET\r\n"].concat(),
-            ),
+            // An authenticated GET ends with its value (no RESET after it:
+            // its connection closes instead of being kept).
+            (true, None, [&b"+OK\r\n"[..], ECHO, b"$2\r\nok\r\n"].concat()),
+            (true, Some(3), [&b"+OK\r\n"[..], ECHO, b"+OK\r\n$2\r\nok\r\n"].concat()),
         ] {
             let input = &input[..];
             for piece in 1..input.len() + 1 {
@@ -777,7 +803,25 @@ mod tests {
                 let (events, rest) = run(&mut ex, input, piece);
                 assert_eq!(events, ["answer 200 Some(2)", "done", "value ok"], "{input:?} {piece}");
                 assert!(rest.is_empty() && ex.is_done());
+                assert_eq!(ex.keeps(), !auth, "an authenticated GET's connection is not kept");
             }
+        }
+    }
+
+    #[test]
+    fn reset_follows_authenticated_stores_and_deletes_not_gets() {
+        for (command, reset) in [(Command::Get, false), (Command::Set, true), (Command::Del, true)] {
+            let p = plan(
+                &Request {
+                    auth: Some(&b"pw"[..]),
+                    ..req(command)
+                },
+                0,
+            );
+            let bytes = [p.head, p.tail].concat();
+            let has = bytes.windows(5).any(|w| w == b"RESET");
+            assert_eq!(has, reset, "{command:?}");
+            assert_eq!(p.exchange.keeps(), reset, "{command:?}");
         }
     }
 

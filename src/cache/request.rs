@@ -496,7 +496,7 @@ extern "C" fn process_header(r: *mut ngx_http_request_t) -> ngx_int_t {
                 Event::Done => {
                     // Only after an answer without a value: the exact end.
                     if u.unread().is_empty() {
-                        u.set_keepalive(true);
+                        u.set_keepalive(ctx.exchange.keeps());
                     } else {
                         log!(NGX_LOG_ERR, log, "cache: {}", ReplyError::Unsolicited);
                         drop_unread(u);
@@ -624,7 +624,7 @@ extern "C" fn filter(data: *mut c_void, bytes: isize) -> ngx_int_t {
                 Event::Done => {
                     u.set_length(0);
                     if used == input.len() {
-                        u.set_keepalive(true);
+                        u.set_keepalive(ctx.exchange.keeps());
                     } else {
                         log!(NGX_LOG_ERR, log, "cache: {}", ReplyError::Unsolicited);
                     }

@@ -212,6 +212,12 @@ impl Pool {
     /// The connection is gone: every request on it gets its outcome, and it closes.
     pub(super) fn broken(&mut self, id: ConnId, msg: &str, out: &mut Vec<Delivery>) {
         self.lost(id);
+        self.give_up(id, msg, out);
+    }
+
+    /// The gateway closes a connection it will not use (left inside a
+    /// transaction, an unsafe encoding): its requests get their outcome.
+    fn give_up(&mut self, id: ConnId, msg: &str, out: &mut Vec<Delivery>) {
         let Some(c) = self.conn(id) else { return };
         debug!(
             Log::cycle(),
@@ -425,7 +431,8 @@ impl Pool {
                                 why.clone(),
                             ));
                         }
-                        return self.broken(id, &why, out);
+                        // Closed by choice, not lost: no reconnect to count.
+                        return self.give_up(id, &why, out);
                     }
                     c.set_timer(None);
                     for req in reqs {
