@@ -429,11 +429,12 @@ EOF
 {
     my $tmp = tempdir('ngx-gateway-cluster-fake-XXXXXX', TMPDIR => 1, CLEANUP => 1);
     my %fake;
-    for my $mode (qw(moved-loop ask-loop badslots hostname)) {
+    for my $mode (qw(moved-loop ask-loop badslots hostname silent)) {
         $fake{$mode} = FakeRedis->start(sub {
             my ($conn, $n, $cmd, @args) = @_;
             open my $f, '<', "$tmp/$mode" or return (['close']);
             my $me = <$f>;
+            return () if $mode eq 'silent';
             $cmd = uc $cmd;
             return (['send', '$' . length($args[0]) . "\r\n$args[0]\r\n"]) if $cmd eq 'PING' && @args;
             return (['send', "+OK\r\n"]) if $cmd eq 'ASKING';
@@ -459,6 +460,7 @@ EOF
         listen 127.0.0.1:\$PORT;
         location /plain/ { set \$cache_key \$arg_key; cache_pass plain; }
         location /fake/ { set \$cache_key \$arg_key; cache_pass \$arg_to; }
+        location /silent/ { set \$cache_key \$arg_key; cache_read_timeout 1s; cache_pass silent; }
     }
 EOF
     for ([ 'moved-loop', qr/cache: redis cluster redirected the request more than 5 times, the last time "MOVED \d+ 127\.0\.0\.1:\d+" from 127\.0\.0\.1:\d+/ ],
@@ -476,6 +478,15 @@ EOF
         is($r[1]{body}, 'my own answer', "$mode: the next request gets its own answer");
     }
     is(scalar(grep { /: GET k$/ } $fake{'moved-loop'}->log_lines), 6, 'a redirection loop ends after 5 redirections');
+    # A node that takes the commands and never answers: two timeouts at
+    # most (it is tried again once, as the map may have moved), not one
+    # per try (found by outside testing: eight).
+    my $t0 = time;
+    my @r = keepalive_requests($p, 10, ['GET', '/silent/?key=k'], ['GET', '/plain/?key=mine']);
+    is($r[0]{status}, 504, 'a silent node: 504');
+    cmp_ok(time - $t0, '<', 3.5, 'after two read timeouts at most (1 s each)');
+    cmp_ok($fake{silent}->connections, '<=', 2, 'the silent node was tried at most twice');
+    is($r[1]{body}, 'my own answer', 'silent: the next request gets its own answer');
     stop_nginx();
 }
 

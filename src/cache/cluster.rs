@@ -326,7 +326,13 @@ extern "C" fn peer_free(pc: *mut ngx_peer_connection_t, data: *mut c_void, state
         }
         if silent {
             if let Some(a) = cr.current {
-                if !cr.failed.contains(&a) {
+                if cr.failed.contains(&a) {
+                    // The same node failed twice for this request (it is
+                    // the only one the request can go to): no more tries,
+                    // so that a node that does not answer costs at most two
+                    // timeouts, not one per try.
+                    cr.stop = true;
+                } else {
                     cr.failed.push(a);
                 }
             }
