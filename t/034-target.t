@@ -274,4 +274,21 @@ ok(wait_until(sub { my (undef, $b) = http_get($port, '/primary'); $back{ $b // '
     'a server that failed is tried again after fail_timeout, and serves its target');
 is_deeply([sort grep { length } keys %back], [sort grep { $back{$_} } "false $P", "false $S"], 'only primaries served meanwhile');
 
+# A server that failed (max_fails) is not offered by the balancer until its
+# fail_timeout passes: when the one wanted may be it, the log says so
+# (found by outside testing: "no server is a primary" while the primary
+# was only taken out for a lost connection).
+{
+    my $closed = GatewayTest::free_port();
+    my $p2 = nginx_start(<<"HTTP");
+upstream mix { sqldb_server 127.0.0.1:$S $keywords; sqldb_server 127.0.0.1:$closed $keywords; }
+server { listen 127.0.0.1:\$PORT; location / { sqldb_pass mix; sqldb_target standby; sqldb_query "select 1"; } }
+HTTP
+    my @st = map { (http_get($p2, '/'))[0] } 1 .. 3;
+    is_deeply(\@st, [502, 502, 502], 'no standby: 502');
+    like(nginx_error_log(), qr/\[error\].*sqldb: no server of upstream "mix" is a standby \(target "standby"\); 1 of its 2 servers not tried \(down, or failed within fail_timeout\)/,
+        'the log says a server was not tried');
+    stop_nginx();
+}
+
 done_testing();

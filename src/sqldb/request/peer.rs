@@ -172,8 +172,21 @@ fn get(pc: &mut ngx_peer_connection_t, pd: &mut PeerData, log: Log) -> ngx_int_t
         match choose(pc, pd, srv, target, log) {
             Ok(Some(chosen)) => chosen,
             Ok(None) => {
+                // Servers the balancer did not offer are down, or failed
+                // within their fail_timeout (max_fails): say so, since the
+                // server wanted may be one of them.
+                let offered = pd.unfit.len();
+                let missing = srv.addrs.len().saturating_sub(offered);
+                let why = if missing > 0 {
+                    format!(
+                        "; {missing} of its {} servers not tried (down, or failed within fail_timeout)",
+                        srv.addrs.len()
+                    )
+                } else {
+                    String::new()
+                };
                 ctx.unmet = Some(format!(
-                    "no server of upstream \"{}\" is {} (target \"{target}\")",
+                    "no server of upstream \"{}\" is {} (target \"{target}\"){why}",
                     String::from_utf8_lossy(pd.host.as_bytes()),
                     target.wanted()
                 ));
