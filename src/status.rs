@@ -172,8 +172,8 @@ fn count(r: &mut Req) {
     // it had one (400, 405, ...) is told by its location's handler.
     let (module, upstream) = match r.upstream_ref() {
         Some(u) if u.tag() == sqldb || u.tag() == cache => (u.tag(), u.name()),
-        Some(_) => return,
-        None => {
+        // (An upstream made but not set up yet: a request refused before.)
+        _ => {
             let h = r.core_loc_conf().handler.map_or(0, |f| f as usize);
             if h == crate::sqldb::request::content_handler as *const () as usize {
                 (sqldb, String::new())

@@ -112,6 +112,7 @@ my $port = nginx_start(<<"EOF");
             set \$cache_db \$arg_db;
             cache_pass redis_cluster;
         }
+        location = /metrics { gateway_status; }
     }
 EOF
 
@@ -176,6 +177,8 @@ my $db = req(['GET', '/db/?key=key3&db=1']);
 is($db->{status}, 400, '$cache_db 1 on a cluster: 400');
 like(nginx_error_log(), qr/\[info\].*"\$cache_db" is 1, but a Redis Cluster has database 0 only/, 'logged at info');
 is(req(['GET', '/db/?key=key3&db=0'])->{status}, 200, '$cache_db 0 is fine');
+like(req(['GET', '/metrics'])->{body}, qr/^ngx_gateway_cache_requests_total\{upstream="",command="GET",status="400"\} 1$/m,
+    'the 400 is counted (found by outside testing: it was not)');
 
 # cache_pass $variable naming a cluster block whose keepalive-free seeds work alike.
 my $v = req(['GET', '/var/?key=key4']);
