@@ -9,7 +9,6 @@ use gateway_core::pipeline::{Route, Step};
 
 use super::cancel::{Canceller, Progress};
 use super::conn::Conn;
-use super::pool::LONG_FACTOR;
 use super::pq::Poll;
 use super::{ConnId, Delivery, Pool, RowVerdict};
 use crate::ffi::*;
@@ -237,7 +236,7 @@ impl Pool {
     /// Reads every result that has arrived and hands each its request.
     pub(super) fn read_results(&mut self, id: ConnId, out: &mut Vec<Delivery>) {
         let sink = self.sink;
-        let long = self.settings.slow.saturating_mul(LONG_FACTOR);
+        let long = self.settings.long();
         let Some(c) = self.conn(id) else { return };
         let front = c.front_template();
         let mut again = Vec::new();

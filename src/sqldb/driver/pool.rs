@@ -46,6 +46,13 @@ pub const DEFAULT_SLOW: ngx_msec_t = 5;
 /// marks its template: its next requests run alone (see Statement::slow).
 pub const LONG_FACTOR: ngx_msec_t = 4;
 
+impl Settings {
+    /// How long a query at the front of its queue marks its template slow.
+    pub fn long(&self) -> ngx_msec_t {
+        self.slow.saturating_mul(LONG_FACTOR)
+    }
+}
+
 impl Default for Settings {
     fn default() -> Self {
         Settings {
