@@ -10,6 +10,7 @@
 #   make stop     stop what make run started
 #   make bench    wrk through the gateway next to pgbench in the same run
 #   make bench-scale  the figures behind the README's Scaling out (pool sizes, PgBouncer, a cluster's slot map, a partition)
+#   make bench-fanout one NOTIFY to 10,000 sqldb_listen subscribers: worker RSS and delivery times
 #   make check    cargo fmt --check and clippy -D warnings
 #   make miri     core's unit and random-sequence tests under Miri (nightly)
 #   make fuzztest the fuzz checks on stable Rust over the seeds and pseudo-random inputs (part of make test)
@@ -42,7 +43,7 @@ FUZZ_RUNS    ?= 10000000
 FUZZ_SECONDS ?= 20
 FUZZ_TARGET  := $(CURDIR)/fuzz/target
 
-.PHONY: all build fault vendored deps valgrind-deps unittest miri deb install test-package fuzztest fuzz fuzz-short cargo-fuzz test test-debian test-vendored test-valgrind run stop bench bench-scale check clean
+.PHONY: all build fault vendored deps valgrind-deps unittest miri deb install test-package fuzztest fuzz fuzz-short cargo-fuzz test test-debian test-vendored test-valgrind run stop bench bench-scale bench-fanout check clean
 
 all: build
 
@@ -205,6 +206,9 @@ bench: deps build
 
 bench-scale: deps build
 	python3 bench/scale.py
+
+bench-fanout: deps build
+	python3 bench/fanout.py
 
 check: $(DEB_BUILD)/objs/ngx_auto_config.h
 	$(CARGO) fmt --all -- --check
