@@ -13,25 +13,14 @@ import asyncio
 import os
 import resource
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-NGINX = os.environ.get("NGINX", "/usr/sbin/nginx")
-MODULE = os.environ.get("MODULE", os.path.join(REPO, "objs", "ngx_http_gateway_module.so"))
-PGPW = "demo pass"
+from common import MODULE, NGINX, PGPW, REPO, free_port
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def worker_rss_kb(master_pid):

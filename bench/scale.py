@@ -29,20 +29,10 @@ import threading
 import time
 import urllib.request
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-NGINX = os.environ.get("NGINX", "/usr/sbin/nginx")
-MODULE = os.environ.get("MODULE", os.path.join(REPO, "objs", "ngx_http_gateway_module.so"))
+from common import HERE, MODULE, NGINX, PGPW, REPO, free_port
+
 SECS = int(os.environ.get("BENCH_SECONDS", "5"))
-PGPW = "demo pass"
 
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def run(*args, **kw):
