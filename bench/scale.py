@@ -269,6 +269,8 @@ def cluster_slots(tmp, report):
             procs.append(subprocess.Popen(
                 ["redis-server", "--port", str(p), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
                  "--cluster-config-file", f"{d}/nodes-{p}.conf", "--cluster-node-timeout", "1000",
+                 # The bus port is the port + 10000 unless given: past 65535 for a high one.
+                 "--cluster-port", str(free_port()),
                  "--save", "", "--appendonly", "no", "--dir", d, "--logfile", f"{d}/{p}.log"]))
         for p in ports:
             for _ in range(100):
