@@ -192,25 +192,33 @@ struct Fanout;
 static SINK: Fanout = Fanout;
 
 impl Fanout {
-    fn send(&self, to: &[ReqToken], bytes: &[u8]) {
+    /// Runs `f` on each subscriber of `to` that is still there.
+    fn each(&self, to: &[ReqToken], entry: &str, mut f: impl FnMut(&mut Req)) {
         for &t in to {
             let Some(r) = registry::lookup(t) else { continue };
             // SAFETY: a registered request is live (it leaves the registry
             // when its pool is destroyed).
             let r = unsafe { Req::from_raw(r.as_ptr()) };
-            guard(r.log(), "sqldb listen notify", (), || {
-                if write(r, bytes) {
-                    metrics::add(Id::EventsSent, &["sqldb_listen"], 1);
-                } else {
-                    log!(
-                        NGX_LOG_INFO,
-                        r.log(),
-                        "sqldb: a subscriber that cannot take events (gone, or more than {BEHIND_MAX} bytes behind) is dropped"
-                    );
-                    end(r, ERROR);
-                }
-            });
+            guard(r.log(), entry, (), || f(r));
         }
+    }
+
+    fn send(&self, to: &[ReqToken], bytes: &[u8]) {
+        let mut sent = 0;
+        self.each(to, "sqldb listen notify", |r| {
+            if write(r, bytes) {
+                sent += 1;
+            } else {
+                log!(
+                    NGX_LOG_INFO,
+                    r.log(),
+                    "sqldb: a subscriber that cannot take events (gone, or more than {BEHIND_MAX} bytes behind) is dropped"
+                );
+                end(r, ERROR);
+            }
+        });
+        // Once per fan-out, not once per subscriber.
+        metrics::add(Id::EventsSent, &["sqldb_listen"], sent);
     }
 }
 
@@ -224,11 +232,6 @@ impl ListenSink for Fanout {
     }
 
     fn closing(&self, to: &[ReqToken]) {
-        for &t in to {
-            let Some(r) = registry::lookup(t) else { continue };
-            // SAFETY: a registered request is live.
-            let r = unsafe { Req::from_raw(r.as_ptr()) };
-            guard(r.log(), "sqldb listen closing", (), || end(r, OK));
-        }
+        self.each(to, "sqldb listen closing", |r| end(r, OK));
     }
 }
