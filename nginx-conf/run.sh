@@ -21,7 +21,8 @@ stop
 if [ "${1:-}" = stop ]; then exit 0; fi
 
 "$here/pg-sandbox.sh" start "$dir/pg" 55432 "$here/sample.sql"
-mkdir -p "$dir/nginx/logs" "$dir/nginx/tmp"
+mkdir -p "$dir/nginx/logs" "$dir/nginx/tmp" "$dir/nginx/html"
+cp "$here/events.html" "$dir/nginx/html/"
 "$nginx" -p "$dir/nginx/" -c "$here/demo.conf" -g "load_module $module;"
 
 cat <<TXT
@@ -44,6 +45,13 @@ ngx_gateway demo is running: nginx on 127.0.0.1:8080, PostgreSQL on 127.0.0.1:55
   curl -s -X PUT -d '{"age": 4, "indoor": true}' http://127.0.0.1:8080/api/cats/1
   curl -si -X DELETE http://127.0.0.1:8080/api/cats/3
   curl -si http://127.0.0.1:8080/api/cats/3                # 404 now
+
+  Live events (nginx-conf/events.conf): open this page in a browser,
+    http://127.0.0.1:8080/events.html?channel=demo
+  then send events to it:
+  curl --data-binary 'hello' 'http://127.0.0.1:8080/notify?channel=demo'
+  curl --data-binary \$'two\nlines' 'http://127.0.0.1:8080/notify?channel=demo'
+  curl -N 'http://127.0.0.1:8080/listen?channel=demo'      # the stream itself
 
 Logs: $dir/nginx/logs/error.log   Stop: make stop
 TXT
