@@ -7,6 +7,9 @@
 # reads fd 3 and writes fd 4). Skipped only when chromium cannot start.
 use strict;
 use warnings;
+# (Interrupted, even while PostgreSQL starts, the END blocks still run:
+# chromium, nginx and PostgreSQL go.)
+BEGIN { $SIG{INT} = $SIG{TERM} = sub { die "interrupted by SIG$_[0]\n" } }
 use lib 't/lib';
 use GatewayTest qw(http_request wait_until nginx_start stop_nginx nginx_error_log psql);
 use Cwd qw(getcwd);
