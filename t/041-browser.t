@@ -142,7 +142,10 @@ my $read_page = q{JSON.stringify({
 })};
 my $page;
 sub page {
-    my $r = cdp('Runtime.evaluate', { expression => $read_page, returnByValue => JSON::PP::true }, $session);
+    # (While the page is still loading there may be no document to ask
+    # yet: that reads as an empty page, and the callers ask again.)
+    my $r = eval { cdp('Runtime.evaluate', { expression => $read_page, returnByValue => JSON::PP::true }, $session) }
+        or return $page = { error => $@ };
     # (A string of characters already: decoded without utf8.)
     return $page = JSON::PP->new->decode($r->{result}{value} // 'null') // {};
 }
