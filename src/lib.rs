@@ -21,6 +21,7 @@ pub mod ffi;
 pub mod metrics;
 pub mod sqldb;
 pub mod status;
+pub mod subscribe;
 
 use std::mem::offset_of;
 use std::ptr;
@@ -236,7 +237,7 @@ extern "C" fn init_module(cycle: *mut ngx_cycle_t) -> ngx_int_t {
 
 use cache::config as cc;
 
-static mut CACHE_COMMANDS: [ngx_command_t; 19] = [
+static mut CACHE_COMMANDS: [ngx_command_t; 22] = [
     command(
         "cache_pass\0",
         NGX_HTTP_LOC_CONF | NGX_HTTP_LIF_CONF | NGX_CONF_TAKE1,
@@ -245,6 +246,27 @@ static mut CACHE_COMMANDS: [ngx_command_t; 19] = [
         0,
     ),
     command("cache_auth\0", LOC_ANY | NGX_CONF_TAKE1, cc::cmd_cache_auth, LOC, 0),
+    command(
+        "cache_subscribe\0",
+        NGX_HTTP_LOC_CONF | NGX_CONF_TAKE1,
+        cc::cmd_cache_subscribe,
+        LOC,
+        0,
+    ),
+    command(
+        "cache_subscribe_heartbeat\0",
+        LOC_ANY | NGX_CONF_TAKE1,
+        ffi::conf::set_timeout_slot,
+        LOC,
+        offset_of!(cc::CacheLocConf, subscribe_heartbeat),
+    ),
+    command(
+        "cache_publish\0",
+        NGX_HTTP_LOC_CONF | NGX_CONF_TAKE1,
+        cc::cmd_cache_publish,
+        LOC,
+        0,
+    ),
     command(
         "cache_connect_timeout\0",
         LOC_ANY | NGX_CONF_TAKE1,

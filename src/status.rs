@@ -194,7 +194,12 @@ fn count(r: &mut Req) {
         return;
     }
     let m = r.method();
-    let command = if m & (NGX_HTTP_GET | NGX_HTTP_HEAD) != 0 {
+    let lcf = r.loc_conf::<crate::cache::config::Cache>();
+    let command = if lcf.publish.is_some() {
+        "PUBLISH"
+    } else if lcf.subscribe.is_some() {
+        "SUBSCRIBE"
+    } else if m & (NGX_HTTP_GET | NGX_HTTP_HEAD) != 0 {
         "GET"
     } else if m & (NGX_HTTP_PUT | NGX_HTTP_POST) != 0 {
         "SET"

@@ -6,6 +6,7 @@
 use strict;
 use warnings;
 use lib 't/lib';
+use SseClient;
 use GatewayTest qw(http_request wait_until nginx_start stop_nginx nginx_signal nginx_error_log psql);
 use IO::Select;
 use IO::Socket::INET;
@@ -26,53 +27,9 @@ server {
 }
 HTTP
 
-# A subscriber: the socket, with what it has read so far.
-sub open_sse {
-    my ($path) = @_;
-    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port) or die $!;
-    print $s "GET $path HTTP/1.1\r\nHost: localhost\r\n\r\n";
-    return { s => $s, buf => '' };
-}
-
-# Reads what has arrived on each subscriber for $secs (or until $until
-# says it has enough).
-sub pump {
-    my ($subs, $secs, $until) = @_;
-    my $sel = IO::Select->new(map { $_->{s} } @$subs);
-    my %of = map { (fileno($_->{s}) => $_) } @$subs;
-    my $deadline = time + $secs;
-    my $next_check = 0;
-    while (time < $deadline) {
-        # (The check reads whole buffers: at most every 0.1 s.)
-        if ($until && time >= $next_check) {
-            last if $until->();
-            $next_check = time + 0.1;
-        }
-        for my $fh ($sel->can_read(0.05)) {
-            my $n = sysread($fh, my $chunk, 65536);
-            if (!$n) { $sel->remove($fh); $of{ fileno($fh) }{eof} = 1; next }
-            $of{ fileno($fh) }{buf} .= $chunk;
-        }
-    }
-}
-
-# The events of a subscriber's stream (chunked encoding undone roughly:
-# chunk-size lines are dropped).
-sub events {
-    my ($sub) = @_;
-    my (undef, $body) = split /\r\n\r\n/, $sub->{buf}, 2;
-    $body //= '';
-    $body =~ s/^[0-9a-f]+\r\n//mg;
-    $body =~ s/\r\n//g;
-    my @ev;
-    for my $block (split /\n\n/, $body) {
-        next if $block =~ /^:/;
-        my ($name) = $block =~ /^event: (.*)$/m;
-        my @data = $block =~ /^data: (.*)$/mg;
-        push @ev, ($name // '?') . '=' . join('|', @data) if defined $name;
-    }
-    return @ev;
-}
+sub open_sse { SseClient::open_sse($port, @_) }
+sub pump { SseClient::pump(@_) }
+sub events { SseClient::events(@_) }
 
 # 1. Six subscribers (over both workers), twenty notifications: each gets
 # all twenty, in order, and nothing of another channel.

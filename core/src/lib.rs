@@ -10,6 +10,7 @@ pub mod method;
 pub mod metrics;
 pub mod pgwire;
 pub mod pipeline;
+pub mod pubsub;
 pub mod rds;
 pub mod redis;
 pub mod resp;

@@ -26,14 +26,22 @@ pub enum Command {
     Get,
     Set,
     Del,
+    /// `PUBLISH channel body` (`cache_publish`; the key is the channel).
+    Publish,
 }
 
 impl Command {
+    /// The request body goes out as the command's last argument.
+    pub fn sends_body(self) -> bool {
+        matches!(self, Command::Set | Command::Publish)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Command::Get => "GET",
             Command::Set => "SET",
             Command::Del => "DEL",
+            Command::Publish => "PUBLISH",
         }
     }
 }
@@ -177,6 +185,13 @@ pub fn plan(req: &Request<'_>, body_len: usize) -> Plan {
     match req.command {
         Command::Get => resp::command(&mut head, &[b"GET", req.key]),
         Command::Del => resp::command(&mut head, &[b"DEL", req.key]),
+        Command::Publish => {
+            resp::array_header(&mut head, 3);
+            resp::bulk(&mut head, b"PUBLISH");
+            resp::bulk(&mut head, req.key);
+            resp::bulk_header(&mut head, body_len);
+            tail.extend_from_slice(b"\r\n");
+        }
         Command::Set => {
             resp::array_header(&mut head, if req.exptime.is_some() { 5 } else { 3 });
             resp::bulk(&mut head, b"SET");
@@ -204,11 +219,7 @@ pub fn plan(req: &Request<'_>, body_len: usize) -> Plan {
         None
     };
     if let Some((args, setup)) = restore {
-        let out = if req.command == Command::Set {
-            &mut tail
-        } else {
-            &mut head
-        };
+        let out = if req.command.sends_body() { &mut tail } else { &mut head };
         resp::command(out, args);
         after.push(setup);
     }
@@ -341,6 +352,8 @@ pub struct Exchange {
     /// The connection may be kept once the exchange is done (false: it
     /// is left authenticated, and closes).
     keep: bool,
+    /// The integer that answered the command (`PUBLISH`: its receivers).
+    count: Option<i64>,
 }
 
 impl Exchange {
@@ -359,6 +372,7 @@ impl Exchange {
             cluster: false,
             slots: Vec::new(),
             keep: true,
+            count: None,
         }
     }
 
@@ -388,11 +402,17 @@ impl Exchange {
     /// Back to the first reply (the request is sent again, to another server).
     pub fn restart(&mut self) {
         self.slots.clear();
+        self.count = None;
         self.phase = if self.before.is_empty() {
             Phase::Command
         } else {
             Phase::Before(0)
         };
+    }
+
+    /// The integer reply to the command, once it is read (`PUBLISH`).
+    pub fn count(&self) -> Option<i64> {
+        self.count
     }
 
     /// Every reply has been read to its end.
@@ -601,6 +621,10 @@ impl Exchange {
             (Command::Get, Reply::Nil) => (404, None),
             (Command::Set, Reply::Status(s)) if s == b"OK" => (201, None),
             (Command::Del, Reply::Integer(n)) => (if n > 0 { 204 } else { 404 }, None),
+            (Command::Publish, Reply::Integer(n)) => {
+                self.count = Some(n);
+                (200, None)
+            }
             (_, Reply::Error(msg)) if self.cluster && cluster::parse_redirect(msg).is_some() => {
                 let redirect = cluster::parse_redirect(msg);
                 self.after_command();
@@ -806,6 +830,41 @@ mod tests {
                 assert_eq!(ex.keeps(), !auth, "an authenticated GET's connection is not kept");
             }
         }
+    }
+
+    #[test]
+    fn publish_sends_the_body_and_counts_its_receivers() {
+        let p = plan(
+            &Request {
+                auth: Some(&b"pw"[..]),
+                key: b"news",
+                ..req(Command::Publish)
+            },
+            3,
+        );
+        let mut whole = p.head.clone();
+        whole.extend_from_slice(b"a\nb");
+        whole.extend_from_slice(&p.tail);
+        let mut want = Vec::new();
+        resp::command(&mut want, &[b"AUTH", b"pw"]);
+        resp::command(&mut want, &[b"PING", b"0000000000000007"]);
+        resp::command(&mut want, &[b"PUBLISH", b"news", b"a\nb"]);
+        resp::command(&mut want, &[b"RESET"]);
+        assert_eq!(whole, want);
+        let input = [&b"+OK\r\n"[..], ECHO, b":2\r\n+RESET\r\n"].concat();
+        for piece in 1..input.len() + 1 {
+            let mut ex = p.exchange.clone();
+            let (events, rest) = run(&mut ex, &input, piece);
+            assert_eq!(events, ["answer 200 None", "done"], "{piece}");
+            assert!(rest.is_empty() && ex.keeps());
+            assert_eq!(ex.count(), Some(2));
+            ex.restart();
+            assert_eq!(ex.count(), None);
+        }
+        // Anything but an integer is no answer to PUBLISH.
+        let mut ex = plan(&req(Command::Publish), 0).exchange;
+        let (events, _) = run(&mut ex, &[ECHO, b"+OK\r\n"].concat(), 64);
+        assert_eq!(events, ["failed redis sent an invalid reply to PUBLISH"]);
     }
 
     #[test]

@@ -54,6 +54,12 @@ pub struct CacheLocConf {
     pub pass_var: Option<ComplexValue>,
     /// `cache_auth`.
     pub auth: Option<ComplexValue>,
+    /// `cache_subscribe CHANNEL`: GET subscribes (server-sent events).
+    pub subscribe: Option<ComplexValue>,
+    /// `cache_subscribe_heartbeat`.
+    pub subscribe_heartbeat: ngx_msec_t,
+    /// `cache_publish CHANNEL`: POST publishes its body.
+    pub publish: Option<ComplexValue>,
     next_upstream_set: bool,
     /// `cache_ssl` (the TLS settings live in `upstream`, as nginx's
     /// upstream code reads them, and in the files below).
@@ -115,6 +121,9 @@ pub(crate) extern "C" fn create_loc_conf(cf: *mut ngx_conf_t) -> *mut c_void {
             pass_set: false,
             pass_var: None,
             auth: None,
+            subscribe: None,
+            subscribe_heartbeat: CONF_UNSET_MSEC,
+            publish: None,
             next_upstream_set: false,
             ssl: CONF_UNSET,
             ssl_verify_depth: CONF_UNSET,
@@ -180,6 +189,40 @@ impl CacheLocConf {
         Ok(())
     }
 
+    /// `cache_subscribe` and `cache_publish` need `cache_pass` beside them.
+    fn check_channel(&self) -> Result<(), ConfError> {
+        let name = match (&self.subscribe, &self.publish) {
+            (Some(_), _) => "cache_subscribe",
+            (_, Some(_)) => "cache_publish",
+            _ => return Ok(()),
+        };
+        if self.upstream.upstream.is_null() && self.pass_var.is_none() {
+            return Err(format!("\"{name}\" needs \"cache_pass\" in the same location").into());
+        }
+        if self.subscribe.is_some() {
+            if self.pass_var.is_some() {
+                return Err(
+                    "\"cache_subscribe\" needs \"cache_pass\" to name an upstream or an address, not a variable"
+                        .to_owned()
+                        .into(),
+                );
+            }
+            // SAFETY: the upstream block lives in configuration memory.
+            let servers = unsafe { self.upstream.upstream.as_ref() }.map_or(std::ptr::null_mut(), |u| u.servers);
+            if servers.is_null() {
+                return Err("\"cache_subscribe\" needs \"cache_pass\" to name an upstream block or one address (a host name of several addresses is neither)"
+                    .to_owned()
+                    .into());
+            }
+            if self.ssl == 1 {
+                return Err("\"cache_subscribe\" with \"cache_ssl\" is not supported"
+                    .to_owned()
+                    .into());
+            }
+        }
+        Ok(())
+    }
+
     fn ssl_files(&self) -> Result<SslFiles, ConfError> {
         for (s, d) in [
             (&self.ssl_trusted_certificate, "cache_ssl_trusted_certificate"),
@@ -229,6 +272,12 @@ impl CacheLocConf {
             };
         }
         self.auth = self.auth.or(prev.auth);
+        merge_or(
+            &mut self.subscribe_heartbeat,
+            prev.subscribe_heartbeat,
+            CONF_UNSET_MSEC,
+            15_000,
+        );
         // An `if` block (or limit_except) without cache_pass of its own
         // passes its location's requests to the same backend.
         let noname = conf.loc_conf::<NgxHttpCoreModule>().noname() != 0;
@@ -258,7 +307,8 @@ pub(crate) extern "C" fn merge_loc_conf(cf: *mut ngx_conf_t, parent: *mut c_void
             "cache merge_loc_conf",
             |conf, prev: &CacheLocConf, this: &mut CacheLocConf| {
                 this.merge(prev, conf);
-                this.merge_ssl(prev, conf)
+                this.merge_ssl(prev, conf)?;
+                this.check_channel()
             },
         )
     }
@@ -311,6 +361,69 @@ pub(crate) extern "C" fn cmd_cache_auth(
     };
     // SAFETY: nginx passes the configuration being read and this module's CacheLocConf.
     unsafe { directive(cf, conf, "cmd_cache_auth", body) }
+}
+
+/// `cache_subscribe CHANNEL` and `cache_publish CHANNEL` (with variables):
+/// the channel of a location, one of the two.
+fn channel_directive(cf: Conf, lcf: &mut CacheLocConf, publish: bool) -> Result<(), ConfError> {
+    let name = if publish { "cache_publish" } else { "cache_subscribe" };
+    if lcf.subscribe.is_some() || lcf.publish.is_some() {
+        let other = if lcf.publish.is_some() {
+            "cache_publish"
+        } else {
+            "cache_subscribe"
+        };
+        return Err(if other == name {
+            format!("\"{name}\" directive is duplicate")
+        } else {
+            format!("\"{name}\" and \"{other}\" in one location")
+        }
+        .into());
+    }
+    let value = cf.args()[1];
+    if !cf.has_variables(value) && !gateway_core::pubsub::valid_channel(value) {
+        return Err(format!(
+            "invalid channel \"{}\" in \"{name}\" directive (1 to {} visible ASCII characters)",
+            String::from_utf8_lossy(value),
+            gateway_core::pubsub::CHANNEL_MAX
+        )
+        .into());
+    }
+    let cv = Some(cf.compile(value).ok_or(ConfError::Logged)?);
+    if publish {
+        lcf.publish = cv;
+    } else {
+        lcf.subscribe = cv;
+    }
+    Ok(())
+}
+
+/// `cache_subscribe CHANNEL`
+pub(crate) extern "C" fn cmd_cache_subscribe(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    // SAFETY: nginx passes the configuration being read and this module's CacheLocConf.
+    unsafe {
+        directive(cf, conf, "cmd_cache_subscribe", |cf, lcf| {
+            channel_directive(cf, lcf, false)
+        })
+    }
+}
+
+/// `cache_publish CHANNEL`
+pub(crate) extern "C" fn cmd_cache_publish(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    // SAFETY: nginx passes the configuration being read and this module's CacheLocConf.
+    unsafe {
+        directive(cf, conf, "cmd_cache_publish", |cf, lcf| {
+            channel_directive(cf, lcf, true)
+        })
+    }
 }
 
 /// The smallest `cache_buffer_size`. nginx reads a reply's header into the
@@ -419,10 +532,14 @@ fn same_tls_per_upstream(cf: &Conf, pending: &[PendingPass]) -> Result<(), ConfE
 fn postconfigure(cf: Conf) -> Result<(), ConfError> {
     let mcf = cf.main_conf::<Cache>();
     super::cluster::check(mcf)?;
-    let Some(first) = mcf.pending.first() else {
-        return Ok(());
-    };
-    if !cf.variable_declared(b"cache_key") {
+    // SAFETY: locations' configurations live as long as the configuration.
+    let keyed = |p: &&PendingPass| unsafe { (*p.lcf).subscribe.is_none() && (*p.lcf).publish.is_none() };
+    if let Some(first) = mcf
+        .pending
+        .iter()
+        .find(keyed)
+        .filter(|_| !cf.variable_declared(b"cache_key"))
+    {
         return Err(format!(
             "\"cache_pass\" needs the $cache_key variable, which no \"set $cache_key ...\" defines, in {}:{}",
             first.claim.file(),

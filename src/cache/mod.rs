@@ -9,5 +9,6 @@
 pub mod cluster;
 pub mod config;
 pub mod request;
+pub mod subscriber;
 
 pub(crate) use request::content_handler;

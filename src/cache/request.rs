@@ -8,6 +8,7 @@
 use std::ffi::c_void;
 
 use gateway_core::cluster::{self as kslot, RedirectKind};
+use gateway_core::pubsub;
 use gateway_core::redis::{self, Command, Event, Exchange, ReplyError, Setup};
 use gateway_core::resp;
 
@@ -18,6 +19,7 @@ use crate::ffi::upstream::Callbacks;
 use crate::ffi::*;
 use crate::log;
 use crate::sqldb::config::upstream::sqldb_srv_conf;
+use crate::subscribe::Refused;
 
 /// Per-request state.
 pub struct Ctx {
@@ -60,6 +62,7 @@ pub(super) fn ctx_of<'a>(r: &Req) -> Option<&'a mut Ctx> {
 enum StartError {
     NotAllowed,
     EmptyKey,
+    BadChannel(String),
     BadDb(String),
     BadExptime(String),
     ClusterDb(u32),
@@ -72,9 +75,11 @@ impl StartError {
     fn status(&self) -> ngx_int_t {
         match self {
             StartError::NotAllowed => HTTP_NOT_ALLOWED,
-            StartError::EmptyKey | StartError::BadDb(_) | StartError::BadExptime(_) | StartError::ClusterDb(_) => {
-                HTTP_BAD_REQUEST
-            }
+            StartError::EmptyKey
+            | StartError::BadChannel(_)
+            | StartError::BadDb(_)
+            | StartError::BadExptime(_)
+            | StartError::ClusterDb(_) => HTTP_BAD_REQUEST,
             _ => HTTP_INTERNAL_SERVER_ERROR,
         }
     }
@@ -84,6 +89,13 @@ impl StartError {
         match self {
             StartError::NotAllowed | StartError::Nginx => {}
             StartError::EmptyKey => log!(NGX_LOG_INFO, log, "cache: the \"$cache_key\" variable is empty"),
+            StartError::BadChannel(v) => log!(
+                NGX_LOG_INFO,
+                log,
+                "cache: channel \"{}\" is not 1 to {} visible ASCII characters",
+                v.escape_default(),
+                gateway_core::pubsub::CHANNEL_MAX
+            ),
             StartError::BadDb(v) => log!(
                 NGX_LOG_INFO,
                 log,
@@ -141,8 +153,24 @@ fn variable(r: &mut Req, index: ngx_int_t) -> Option<Vec<u8>> {
 fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
     let lcf: &CacheLocConf = r.loc_conf::<Cache>();
     let mcf: &CacheMainConf = r.main_conf::<Cache>();
+    if lcf.subscribe.is_some() {
+        return super::subscriber::start(r, lcf).map_err(|e| match e {
+            Refused::BadChannel(v) => StartError::BadChannel(v),
+            Refused::NotAllowed => StartError::NotAllowed,
+            Refused::Nginx => StartError::Nginx,
+        });
+    }
     let method = r.method();
-    let command = if method & (NGX_HTTP_GET | NGX_HTTP_HEAD) != 0 {
+    let command = if let Some(cv) = lcf.publish {
+        if method & NGX_HTTP_POST == 0 {
+            return Err(StartError::NotAllowed);
+        }
+        let channel = r.complex_value(cv).ok_or(StartError::Nginx)?.to_vec();
+        if !pubsub::valid_channel(&channel) {
+            return Err(StartError::BadChannel(String::from_utf8_lossy(&channel).into_owned()));
+        }
+        Command::Publish
+    } else if method & (NGX_HTTP_GET | NGX_HTTP_HEAD) != 0 {
         Command::Get
     } else if method & (NGX_HTTP_PUT | NGX_HTTP_POST) != 0 {
         Command::Set
@@ -152,9 +180,14 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
         return Err(StartError::NotAllowed);
     };
     // Values that come from the client are the client's mistakes.
-    let key = variable(r, mcf.key).ok_or(StartError::EmptyKey)?;
+    let key = match lcf.publish {
+        // (Checked above.)
+        Some(cv) => r.complex_value(cv).ok_or(StartError::Nginx)?.to_vec(),
+        None => variable(r, mcf.key).ok_or(StartError::EmptyKey)?,
+    };
     let text = |v: &[u8]| String::from_utf8_lossy(v).into_owned();
-    let db = match variable(r, mcf.db) {
+    // Channels are the server's, whatever its database.
+    let db = match variable(r, mcf.db).filter(|_| command != Command::Publish) {
         None => None,
         Some(v) => redis::parse_db(&v).map_err(|_| StartError::BadDb(text(&v)))?,
     };
@@ -233,7 +266,10 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
     let u = r.upstream().ok_or(StartError::Nginx)?;
     u.set_input_filter(filter_init, filter, ctx.as_ptr().cast());
 
-    if command == Command::Set {
+    if command == Command::Publish {
+        r.set_content_type("application/json");
+    }
+    if command.sends_body() {
         let rc = r.read_body(Some(ngx_http_upstream_init));
         return Ok(if rc >= NGX_HTTP_SPECIAL_RESPONSE as ngx_int_t {
             rc
@@ -344,7 +380,7 @@ extern "C" fn create_request(r: *mut ngx_http_request_t) -> ngx_int_t {
 /// node of a cluster: what goes before the command depends on the node).
 pub(super) fn build_request(r: &mut Req, ctx: &mut Ctx) -> bool {
     {
-        let (body, len) = if ctx.command == Command::Set {
+        let (body, len) = if ctx.command.sends_body() {
             r.body_bufs()
         } else {
             (Vec::new(), 0)
@@ -485,12 +521,14 @@ extern "C" fn process_header(r: *mut ngx_http_request_t) -> ngx_int_t {
                     }
                     ctx.answered = true;
                     u.set_status(ngx_uint_t::from(status));
-                    match value {
-                        Some(n) => {
+                    match (value, ctx.exchange.count()) {
+                        (Some(n), _) => {
                             u.set_content_length(n as off_t);
                             return OK;
                         }
-                        None => u.set_content_length(0),
+                        // PUBLISH: the receivers, as JSON (filter_init).
+                        (None, Some(n)) => u.set_content_length(pubsub::receivers_json(n).len() as off_t),
+                        (None, None) => u.set_content_length(0),
                     }
                 }
                 Event::Done => {
@@ -571,10 +609,16 @@ extern "C" fn filter_init(data: *mut c_void) -> ngx_int_t {
         let Some((ctx, r)) = (unsafe { filter_request(data) }) else {
             return ERROR;
         };
+        let pool = r.pool();
+        let Some(u) = r.upstream() else { return ERROR };
         // nginx reads on while the length is not 0: any other value until
         // the exchange ends.
-        if let Some(u) = r.upstream() {
-            u.set_length(ctx.exchange.expects_more() as off_t);
+        u.set_length(ctx.exchange.expects_more() as off_t);
+        if let (Some(n), true) = (ctx.exchange.count(), ctx.answered) {
+            // (Before any bytes after the header: they are replies, not body.)
+            if !u.emit_copy(pool, &pubsub::receivers_json(n)) {
+                return ERROR;
+            }
         }
         OK
     })

@@ -278,3 +278,54 @@ pub fn defer_on(slot: &'static DeferSlot, handler: ngx_event_handler_pt) {
         ngx_post_event(ev, std::ptr::addr_of_mut!(ngx_posted_events));
     }
 }
+
+/// A timer of the module's own that lives as long as its owner (boxed:
+/// the event does not move), for a connection made again later. A worker
+/// that exits does not wait for it.
+pub struct RetryTimer(Box<ngx_event_t>);
+
+impl RetryTimer {
+    /// `handler` runs with the event's data set to `data`.
+    pub fn new(data: *mut c_void, handler: ngx_event_handler_pt) -> RetryTimer {
+        // SAFETY: all-zero is the initial state of an event.
+        let mut ev: Box<ngx_event_t> = Box::new(unsafe { std::mem::zeroed() });
+        ev.data = data;
+        ev.handler = handler;
+        ev.log = Log::cycle().as_ptr();
+        ev.set_cancelable(1);
+        RetryTimer(ev)
+    }
+
+    /// Set after `new`, once the owner is where it stays.
+    pub fn set_data(&mut self, data: *mut c_void) {
+        self.0.data = data;
+    }
+
+    pub fn pending(&self) -> bool {
+        self.0.timer_set() != 0
+    }
+
+    /// Starts the timer unless it runs already.
+    pub fn start(&mut self, ms: ngx_msec_t) {
+        if self.pending() {
+            return;
+        }
+        // SAFETY: the timer's own event, which lives as long as it.
+        if let Some(ev) = unsafe { Event::from_raw(&mut *self.0) } {
+            ev.add_timer(ms);
+        }
+    }
+
+    pub fn stop(&mut self) {
+        // SAFETY: as above.
+        if let Some(ev) = unsafe { Event::from_raw(&mut *self.0) } {
+            ev.clear();
+        }
+    }
+}
+
+impl Drop for RetryTimer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

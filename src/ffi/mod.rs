@@ -20,7 +20,7 @@ use std::ptr;
 
 pub use buf::{memory_chain, Chain};
 pub use conf::{Claim, Conf};
-pub use event::{Event, Socket, Timer};
+pub use event::{Event, RetryTimer, Socket, Timer};
 pub use log::Log;
 pub use pool::Pool;
 pub use request::Req;

@@ -228,6 +228,22 @@ impl Upstream {
         if start < b.start as usize || end > b.end as usize {
             return false;
         }
+        self.append_out(pool, data)
+    }
+
+    /// Passes bytes of the module's own on to the client, copied into the
+    /// request's pool.
+    pub fn emit_copy(&mut self, pool: Pool, data: &[u8]) -> bool {
+        match pool.str(data) {
+            // SAFETY: a copy in the request's pool, which outlives the output.
+            Some(s) => self.append_out(pool, unsafe { std::slice::from_raw_parts(s.data, s.len) }),
+            None => false,
+        }
+    }
+
+    /// Appends a buffer of `data` (memory that lives as long as the
+    /// request) to the output chain.
+    fn append_out(&mut self, pool: Pool, data: &[u8]) -> bool {
         // SAFETY: the upstream's free buffers are of the request's pool.
         let cl = unsafe { ngx_chain_get_free_buf(pool.as_ptr(), &mut self.0.free_bufs) };
         // SAFETY: a fresh link with a buffer, from nginx.

@@ -4,6 +4,7 @@ mod cluster;
 mod conninfo;
 mod formats;
 mod methods;
+mod pubsub;
 mod rds;
 mod redis;
 mod resp;
@@ -15,6 +16,7 @@ pub use cluster::cluster_slots;
 pub use conninfo::conninfo;
 pub use formats::formats;
 pub use methods::methods;
+pub use pubsub::pubsub_stream;
 pub use rds::rds_decode;
 pub use redis::redis_exchange;
 pub use resp::resp_reply;
@@ -35,4 +37,5 @@ pub const TARGETS: &[(&str, Check)] = &[
     ("methods", methods),
     ("redis_exchange", redis_exchange),
     ("cluster_slots", cluster_slots),
+    ("pubsub_stream", pubsub_stream),
 ];

@@ -102,7 +102,7 @@ impl Shape {
         };
         Shape {
             before,
-            command: src.pick(&[Command::Get, Command::Set, Command::Del]),
+            command: src.pick(&[Command::Get, Command::Set, Command::Del, Command::Publish]),
             after: (0..src.below(2))
                 .map(|_| src.pick(&[Setup::Reset, Setup::SelectZero]))
                 .collect(),
@@ -166,6 +166,11 @@ fn replies(src: &mut Source, shape: &Shape) -> (Vec<u8>, Outcome) {
         Command::Set => {
             out.extend_from_slice(b"+OK\r\n");
             ((201, None), Vec::new())
+        }
+        Command::Publish => {
+            let n = src.below(3);
+            out.extend_from_slice(format!(":{n}\r\n").as_bytes());
+            ((200, None), Vec::new())
         }
         Command::Del => {
             let n = src.below(3);

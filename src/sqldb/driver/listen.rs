@@ -17,6 +17,58 @@ use crate::log;
 /// How long after a lost connection another is tried (ms).
 pub const RETRY: ngx_msec_t = 1000;
 
+/// A shared connection that subscribers come to and leave, by channel
+/// (this listener, and the cache gateway's subscribing connection).
+pub trait Hub {
+    fn subscribe(&mut self, channel: &str, who: ReqToken);
+    fn unsubscribe(&mut self, channel: &str, who: ReqToken);
+}
+
+/// The subscribers of a hub, by channel (a channel is subscribed to while
+/// it has any).
+#[derive(Default)]
+pub struct Channels(BTreeMap<String, Vec<ReqToken>>);
+
+impl Channels {
+    /// Adds a subscriber; true when it is the channel's first.
+    pub fn add(&mut self, channel: &str, who: ReqToken) -> bool {
+        let subs = self.0.entry(channel.to_owned()).or_default();
+        subs.push(who);
+        subs.len() == 1
+    }
+
+    /// Removes a subscriber; true when it was the channel's last.
+    pub fn remove(&mut self, channel: &str, who: ReqToken) -> bool {
+        let Some(subs) = self.0.get_mut(channel) else {
+            return false;
+        };
+        subs.retain(|t| *t != who);
+        if !subs.is_empty() {
+            return false;
+        }
+        self.0.remove(channel);
+        true
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.0.keys().map(String::as_str)
+    }
+
+    /// The channel's own name and its subscribers, if it has any.
+    pub fn get(&self, channel: &str) -> Option<(&str, &[ReqToken])> {
+        self.0.get_key_value(channel).map(|(k, v)| (k.as_str(), v.as_slice()))
+    }
+
+    /// Every subscriber of every channel.
+    pub fn everyone(&self) -> Vec<ReqToken> {
+        self.0.values().flatten().copied().collect()
+    }
+}
+
 /// Where notifications go (the request side).
 pub trait ListenSink {
     fn notify(&self, to: &[ReqToken], channel: &str, payload: &[u8]);
@@ -38,8 +90,7 @@ pub struct Listener {
     /// The server, for the log.
     name: String,
     sink: &'static dyn ListenSink,
-    /// Subscribers by channel (a channel is listened to while it has any).
-    channels: BTreeMap<String, Vec<ReqToken>>,
+    channels: Channels,
     pg: Option<PgConn>,
     socket: Option<Socket>,
     state: State,
@@ -50,7 +101,7 @@ pub struct Listener {
     /// The connection had been up before: subscribers hear of the gap.
     was_up: bool,
     /// The timer that makes the connection again.
-    retry: Box<ngx_event_t>,
+    retry: RetryTimer,
 }
 
 fn quoted(channel: &str) -> String {
@@ -65,60 +116,46 @@ impl Listener {
             conninfo,
             name,
             sink,
-            channels: BTreeMap::new(),
+            channels: Channels::default(),
             pg: None,
             socket: None,
             state: State::Down,
             queue: VecDeque::new(),
             busy: false,
             was_up: false,
-            // SAFETY: all-zero is the initial state of an event.
-            retry: Box::new(unsafe { std::mem::zeroed() }),
+            retry: RetryTimer::new(std::ptr::null_mut(), Some(retry_event)),
         });
         let data: *mut Listener = &mut *l;
-        l.retry.data = data.cast();
-        l.retry.handler = Some(retry_event);
-        l.retry.log = Log::cycle().as_ptr();
-        // A worker that exits does not wait for it.
-        l.retry.set_cancelable(1);
+        l.retry.set_data(data.cast());
         l
     }
 
     /// A subscriber of `channel` comes: LISTEN if it is the first.
-    pub fn subscribe(&mut self, channel: &str, who: ReqToken) {
-        let subs = self.channels.entry(channel.to_owned()).or_default();
-        subs.push(who);
-        if subs.len() == 1 {
+    fn add(&mut self, channel: &str, who: ReqToken) {
+        if self.channels.add(channel, who) {
             self.command(&format!("LISTEN {}", quoted(channel)));
         }
-        if self.state == State::Down && !self.retry_pending() {
+        if self.state == State::Down && !self.retry.pending() {
             self.connect();
         }
     }
 
     /// A subscriber leaves: UNLISTEN after the channel's last one.
-    pub fn unsubscribe(&mut self, channel: &str, who: ReqToken) {
-        let Some(subs) = self.channels.get_mut(channel) else {
+    fn remove(&mut self, channel: &str, who: ReqToken) {
+        if !self.channels.remove(channel, who) {
             return;
-        };
-        subs.retain(|t| *t != who);
-        if subs.is_empty() {
-            self.channels.remove(channel);
-            if self.channels.is_empty() {
-                // Nobody listens any more: the connection goes too.
-                self.close();
-            } else {
-                self.command(&format!("UNLISTEN {}", quoted(channel)));
-            }
+        }
+        if self.channels.is_empty() {
+            // Nobody listens any more: the connection goes too.
+            self.close();
+        } else {
+            self.command(&format!("UNLISTEN {}", quoted(channel)));
         }
     }
 
     /// Closes the connection (no retry).
     fn close(&mut self) {
-        // SAFETY: the listener's own timer event.
-        if let Some(ev) = unsafe { Event::from_raw(&mut *self.retry) } {
-            ev.clear();
-        }
+        self.retry.stop();
         if let Some(s) = self.socket.take() {
             s.release();
         }
@@ -128,14 +165,6 @@ impl Listener {
         self.queue.clear();
         // A connection made later for new subscribers is no reconnect.
         self.was_up = false;
-    }
-
-    pub fn subscribers(&self) -> usize {
-        self.channels.values().map(Vec::len).sum()
-    }
-
-    fn retry_pending(&self) -> bool {
-        self.retry.timer_set() != 0
     }
 
     fn command(&mut self, sql: &str) {
@@ -196,18 +225,13 @@ impl Listener {
             if was == State::Up { "was lost" } else { "failed" },
             RETRY
         );
-        if !self.retry_pending() {
-            // SAFETY: the listener's own timer event, which lives as long as it.
-            if let Some(ev) = unsafe { Event::from_raw(&mut *self.retry) } {
-                ev.add_timer(RETRY);
-            }
-        }
+        self.retry.start(RETRY);
     }
 
     fn on_event(&mut self) {
         if self.socket.as_ref().is_some_and(Socket::close_requested) {
             // nginx is exiting: the subscriptions end, the connection closes.
-            let all: Vec<ReqToken> = self.channels.values().flatten().copied().collect();
+            let all = self.channels.everyone();
             self.close();
             self.sink.closing(&all);
             return;
@@ -236,12 +260,12 @@ impl Listener {
                     return self.lost(&e.0);
                 }
                 self.state = State::Up;
-                let channels: Vec<String> = self.channels.keys().cloned().collect();
+                let channels: Vec<String> = self.channels.names().map(str::to_owned).collect();
                 for c in channels {
                     self.command(&format!("LISTEN {}", quoted(&c)));
                 }
                 if std::mem::replace(&mut self.was_up, true) {
-                    let all: Vec<ReqToken> = self.channels.values().flatten().copied().collect();
+                    let all = self.channels.everyone();
                     self.sink.reconnected(&all);
                 }
                 return;
@@ -307,12 +331,21 @@ impl Listener {
         }
         let notes = pg.notifies();
         for (channel, payload) in notes {
-            if let Some(to) = self.channels.get(&channel) {
-                let to = to.clone();
-                self.sink.notify(&to, &channel, &payload);
+            if let Some((_, to)) = self.channels.get(&channel) {
+                self.sink.notify(to, &channel, &payload);
             }
         }
         self.send_next();
+    }
+}
+
+impl Hub for Listener {
+    fn subscribe(&mut self, channel: &str, who: ReqToken) {
+        self.add(channel, who)
+    }
+
+    fn unsubscribe(&mut self, channel: &str, who: ReqToken) {
+        self.remove(channel, who)
     }
 }
 

@@ -62,7 +62,7 @@ fn start_listening(r: &mut Req, lcf: &'static LocConf) -> ngx_int_t {
     };
     match super::listen::subscribe(r, lcf, srv) {
         Ok(rc) => rc,
-        Err(super::listen::ListenError::BadChannel(v)) => {
+        Err(crate::subscribe::Refused::BadChannel(v)) => {
             log!(
                 NGX_LOG_INFO,
                 r.log(),
@@ -70,8 +70,8 @@ fn start_listening(r: &mut Req, lcf: &'static LocConf) -> ngx_int_t {
             );
             HTTP_BAD_REQUEST
         }
-        Err(super::listen::ListenError::NotAllowed) => HTTP_NOT_ALLOWED,
-        Err(super::listen::ListenError::Nginx) => HTTP_INTERNAL_SERVER_ERROR,
+        Err(crate::subscribe::Refused::NotAllowed) => HTTP_NOT_ALLOWED,
+        Err(crate::subscribe::Refused::Nginx) => HTTP_INTERNAL_SERVER_ERROR,
     }
 }
 

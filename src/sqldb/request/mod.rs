@@ -8,7 +8,7 @@ mod error;
 mod listen;
 mod output;
 mod peer;
-mod registry;
+pub(crate) mod registry;
 mod respond;
 mod stream;
 mod vars;

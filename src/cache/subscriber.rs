@@ -1,0 +1,532 @@
+//! `cache_subscribe CHANNEL`: Redis SUBSCRIBE as server-sent events.
+//!
+//! Each worker keeps one subscribing connection per upstream (and
+//! `cache_auth` password), shared by every subscriber of every channel:
+//! SUBSCRIBE when a channel's first subscriber comes, UNSUBSCRIBE after its
+//! last one leaves, the connection closed when nobody is left. A connection
+//! that is lost is made again after `RETRY` ms (to the next address of the
+//! upstream's servers, in turn), subscribes to every channel again, and the
+//! subscribers get `event: reconnect`: what was published in between is
+//! lost. The request side is crate::subscribe's, shared with `sqldb_listen`.
+
+use std::cell::RefCell;
+use std::ffi::c_int;
+use std::ptr::NonNull;
+
+use gateway_core::pubsub::{self, Push};
+
+use super::config::CacheLocConf;
+use crate::ffi::*;
+use crate::log;
+use crate::sqldb::driver::{Channels, Hub, ListenSink, ReqToken};
+use crate::subscribe::{self, Refused};
+
+/// How long after a lost connection another is tried (ms).
+const RETRY: ngx_msec_t = 1000;
+
+/// Reads per readiness event, at most (the event comes again: level-triggered).
+const READS_PER_EVENT: usize = 16;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Down,
+    Connecting,
+    Up,
+}
+
+/// One address of the upstream's servers.
+struct Addr {
+    sockaddr: Vec<u8>,
+    name: String,
+}
+
+pub struct RedisHub {
+    /// The upstream, for the log.
+    upstream: String,
+    addrs: Vec<Addr>,
+    /// The address to try next (the one in use, while connected).
+    next: usize,
+    auth: Option<Vec<u8>>,
+    connect_timeout: ngx_msec_t,
+    sink: &'static dyn ListenSink,
+    channels: Channels,
+    socket: Option<Socket>,
+    state: State,
+    /// Bytes to write.
+    out: Vec<u8>,
+    /// Bytes read and not used yet (a reply that is not whole).
+    input: Vec<u8>,
+    /// The connection had been up before: subscribers hear of the gap.
+    was_up: bool,
+    /// The next status or error is AUTH's.
+    auth_pending: bool,
+    /// The timer that makes the connection again.
+    retry: RetryTimer,
+}
+
+/// A hub of the worker's: its upstream block (the address), its password.
+type HubEntry = (usize, Option<Vec<u8>>, NonNull<RedisHub>);
+
+thread_local! {
+    /// This worker's hubs; they live as long as the worker.
+    static HUBS: RefCell<Vec<HubEntry>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Starts a subscription; what the content handler returns.
+pub fn start(r: &mut Req, lcf: &CacheLocConf) -> Result<ngx_int_t, Refused> {
+    let Some(cv) = lcf.subscribe else {
+        return Err(Refused::Nginx);
+    };
+    let channel = r.complex_value(cv).ok_or(Refused::Nginx)?.to_vec();
+    let auth = match lcf.auth {
+        None => None,
+        Some(cv) => Some(r.complex_value(cv).ok_or(Refused::Nginx)?.to_vec()),
+    };
+    subscribe::start(
+        r,
+        &channel,
+        pubsub::valid_channel,
+        lcf.subscribe_heartbeat,
+        &subscribe::CACHE,
+        |r| hub(r, lcf, auth).map(|h| h as NonNull<dyn Hub>),
+    )
+}
+
+/// The worker's hub for the location's upstream and password, made on first use.
+fn hub(r: &Req, lcf: &CacheLocConf, auth: Option<Vec<u8>>) -> Option<NonNull<RedisHub>> {
+    let us = lcf.upstream.upstream;
+    let key = us as usize;
+    if let Some(h) = HUBS.with(|h| h.borrow().iter().find(|(u, a, _)| *u == key && *a == auth).map(|e| e.2)) {
+        return Some(h);
+    }
+    // SAFETY: the upstream block lives as long as the configuration.
+    let us = unsafe { us.as_ref() }?;
+    let addrs = addresses(us);
+    if addrs.is_empty() {
+        log!(
+            NGX_LOG_ERR,
+            r.log(),
+            "cache: upstream \"{}\" has no address to subscribe to",
+            String::from_utf8_lossy(us.host.as_bytes())
+        );
+        return None;
+    }
+    // (An address written in cache_pass is an upstream of its own, its
+    // port apart.)
+    let mut name = String::from_utf8_lossy(us.host.as_bytes()).into_owned();
+    if us.port != 0 {
+        name = format!("{name}:{}", us.port);
+    }
+    let h = RedisHub::new(
+        name,
+        addrs,
+        auth.clone(),
+        lcf.upstream.connect_timeout,
+        &subscribe::CACHE,
+    );
+    let h = NonNull::from(Box::leak(h));
+    HUBS.with(|hubs| hubs.borrow_mut().push((key, auth, h)));
+    Some(h)
+}
+
+/// The addresses of an upstream block's servers, in order (backup ones too,
+/// last, as they are written last).
+fn addresses(us: &ngx_http_upstream_srv_conf_t) -> Vec<Addr> {
+    // SAFETY: the block's servers array, of ngx_http_upstream_server_t, in
+    // configuration memory.
+    let servers =
+        unsafe { us.servers.as_ref() }.map_or(&[][..], |a| unsafe { a.as_slice::<ngx_http_upstream_server_t>() });
+    let mut out = Vec::new();
+    for s in servers {
+        if s.addrs.is_null() {
+            continue;
+        }
+        // SAFETY: naddrs addresses, in configuration memory.
+        let addrs = unsafe { std::slice::from_raw_parts(s.addrs, s.naddrs) };
+        for a in addrs {
+            if a.sockaddr.is_null() {
+                continue;
+            }
+            // SAFETY: socklen bytes of the address.
+            let sa = unsafe { std::slice::from_raw_parts(a.sockaddr as *const u8, a.socklen as usize) };
+            out.push(Addr {
+                sockaddr: sa.to_vec(),
+                name: String::from_utf8_lossy(a.name.as_bytes()).into_owned(),
+            });
+        }
+    }
+    out
+}
+
+impl RedisHub {
+    fn new(
+        upstream: String,
+        addrs: Vec<Addr>,
+        auth: Option<Vec<u8>>,
+        connect_timeout: ngx_msec_t,
+        sink: &'static dyn ListenSink,
+    ) -> Box<RedisHub> {
+        let mut h = Box::new(RedisHub {
+            upstream,
+            addrs,
+            next: 0,
+            auth,
+            connect_timeout,
+            sink,
+            channels: Channels::default(),
+            socket: None,
+            state: State::Down,
+            out: Vec::new(),
+            input: Vec::new(),
+            was_up: false,
+            auth_pending: false,
+            retry: RetryTimer::new(std::ptr::null_mut(), Some(retry_event)),
+        });
+        let data: *mut RedisHub = &mut *h;
+        h.retry.set_data(data.cast());
+        h
+    }
+
+    fn server(&self) -> &str {
+        self.addrs
+            .get(self.next % self.addrs.len().max(1))
+            .map_or("", |a| &a.name)
+    }
+
+    /// Closes the connection (no retry).
+    fn close(&mut self) {
+        self.retry.stop();
+        if let Some(s) = self.socket.take() {
+            s.close();
+        }
+        self.state = State::Down;
+        self.out.clear();
+        self.input.clear();
+        // A connection made later for new subscribers is no reconnect.
+        self.was_up = false;
+    }
+
+    /// The connection is gone: try again later (the next address) while
+    /// anyone is subscribed.
+    fn lost(&mut self, why: &str) {
+        if let Some(s) = self.socket.take() {
+            s.close();
+        }
+        let was = std::mem::replace(&mut self.state, State::Down);
+        self.out.clear();
+        self.input.clear();
+        if self.channels.is_empty() {
+            return;
+        }
+        log!(
+            NGX_LOG_ERR,
+            Log::cycle(),
+            "cache: the subscribing connection to {} of upstream \"{}\" {}: {why}; trying again in {} ms",
+            self.server(),
+            self.upstream,
+            if was == State::Up { "was lost" } else { "failed" },
+            RETRY
+        );
+        self.next = (self.next + 1) % self.addrs.len().max(1);
+        self.retry.start(RETRY);
+    }
+
+    fn connect(&mut self) {
+        let Some(addr) = self.addrs.get(self.next % self.addrs.len().max(1)) else {
+            return;
+        };
+        let (fd, rc) = match nonblocking_connect(&addr.sockaddr) {
+            Ok(v) => v,
+            Err(e) => return self.lost(&format!("connecting failed: {e}")),
+        };
+        let Some(socket) = Socket::get(fd, Log::cycle()) else {
+            // SAFETY: the socket is ours and nothing else holds it.
+            unsafe { libc::close(fd) };
+            return self.lost("no free connection");
+        };
+        let data: *mut RedisHub = self;
+        socket.set_data(data.cast());
+        socket.set_handler(Some(hub_event));
+        // nginx tells an idle connection when it exits (a reload, a quit).
+        socket.set_idle(true);
+        self.socket = Some(socket);
+        self.state = State::Connecting;
+        self.out.clear();
+        self.input.clear();
+        if rc == Connect::Done {
+            return self.connected();
+        }
+        let watched = self.socket.as_ref().is_some_and(|s| {
+            s.write().add_timer(self.connect_timeout);
+            s.watch_write(true)
+        });
+        if !watched {
+            self.lost("cannot watch the connection");
+        }
+    }
+
+    /// The connection is made: AUTH, then SUBSCRIBE to every channel.
+    fn connected(&mut self) {
+        if let Some(s) = self.socket.as_ref() {
+            s.write().del_timer();
+        }
+        self.state = State::Up;
+        if let Some(pw) = &self.auth {
+            pubsub::auth(&mut self.out, pw);
+        }
+        self.auth_pending = self.auth.is_some();
+        pubsub::subscribe(&mut self.out, self.channels.names().map(str::as_bytes));
+        if !self.socket.as_ref().is_some_and(|s| s.watch_read(true)) {
+            return self.lost("cannot watch the connection");
+        }
+        if std::mem::replace(&mut self.was_up, true) {
+            let all = self.channels.everyone();
+            self.sink.reconnected(&all);
+        }
+        self.flush();
+    }
+
+    /// Sends what is queued, as far as the socket takes it.
+    fn flush(&mut self) {
+        if self.state != State::Up {
+            return;
+        }
+        let Some(fd) = self.socket.as_ref().map(Socket::fd) else {
+            return;
+        };
+        while !self.out.is_empty() {
+            // SAFETY: a send of the queued bytes on the hub's own socket.
+            let n = unsafe { libc::send(fd, self.out.as_ptr().cast(), self.out.len(), libc::MSG_NOSIGNAL) };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::WouldBlock {
+                    break;
+                }
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return self.lost(&format!("sending failed: {e}"));
+            }
+            self.out.drain(..n as usize);
+        }
+        let more = !self.out.is_empty();
+        if !self.socket.as_ref().is_some_and(|s| s.watch_write(more)) {
+            self.lost("cannot watch the connection");
+        }
+    }
+
+    fn on_event(&mut self, timedout: bool) {
+        if self.socket.as_ref().is_some_and(Socket::close_requested) {
+            // nginx is exiting: the subscriptions end, the connection closes.
+            let all = self.channels.everyone();
+            self.close();
+            self.sink.closing(&all);
+            return;
+        }
+        match self.state {
+            State::Down => {}
+            State::Connecting if timedout => self.lost("timed out connecting"),
+            State::Connecting => match self.socket.as_ref().map(|s| socket_error(s.fd())) {
+                Some(Ok(())) => self.connected(),
+                Some(Err(e)) => self.lost(&format!("connecting failed: {e}")),
+                None => {}
+            },
+            State::Up => {
+                self.flush();
+                self.read();
+            }
+        }
+    }
+
+    fn read(&mut self) {
+        let mut buf = [0u8; 64 * 1024];
+        for _ in 0..READS_PER_EVENT {
+            if self.state != State::Up {
+                return;
+            }
+            let Some(fd) = self.socket.as_ref().map(Socket::fd) else {
+                return;
+            };
+            // SAFETY: a read into a local buffer of its size, on the hub's own socket.
+            let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
+            if n == 0 {
+                return self.lost("redis closed the connection");
+            }
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                match e.kind() {
+                    std::io::ErrorKind::WouldBlock => return,
+                    std::io::ErrorKind::Interrupted => continue,
+                    _ => return self.lost(&format!("reading failed: {e}")),
+                }
+            }
+            self.input.extend_from_slice(&buf[..n as usize]);
+            if let Err(e) = self.take_pushes() {
+                return self.lost(&e);
+            }
+        }
+    }
+
+    /// Everything whole in the input: publications go to their subscribers.
+    fn take_pushes(&mut self) -> Result<(), String> {
+        let mut at = 0;
+        let result = loop {
+            match pubsub::next(&self.input[at..]) {
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(e.to_string()),
+                Ok(Some((push, used))) => {
+                    at += used;
+                    match push {
+                        Push::Message { channel, payload } => {
+                            let to = std::str::from_utf8(&channel).ok().and_then(|c| self.channels.get(c));
+                            if let Some((name, to)) = to {
+                                self.sink.notify(to, name, &payload);
+                            }
+                        }
+                        Push::Subscribed(_) | Push::Unsubscribed(_) => {}
+                        Push::Status => self.auth_pending = false,
+                        Push::Error(msg) if std::mem::take(&mut self.auth_pending) => {
+                            // A wrong password: nothing works on this connection.
+                            break Err(format!("AUTH was refused: {}", String::from_utf8_lossy(&msg)));
+                        }
+                        Push::Error(msg) => log!(
+                            NGX_LOG_ERR,
+                            Log::cycle(),
+                            "cache: redis refused a subscription on upstream \"{}\": {}",
+                            self.upstream,
+                            String::from_utf8_lossy(&msg)
+                        ),
+                    }
+                }
+            }
+        };
+        self.input.drain(..at.min(self.input.len()));
+        result
+    }
+}
+
+impl Hub for RedisHub {
+    fn subscribe(&mut self, channel: &str, who: ReqToken) {
+        if self.channels.add(channel, who) && self.state == State::Up {
+            pubsub::subscribe(&mut self.out, [channel.as_bytes()]);
+            self.flush();
+        }
+        if self.state == State::Down && !self.retry.pending() {
+            self.connect();
+        }
+    }
+
+    fn unsubscribe(&mut self, channel: &str, who: ReqToken) {
+        if !self.channels.remove(channel, who) {
+            return;
+        }
+        if self.channels.is_empty() {
+            // Nobody listens any more: the connection goes too.
+            self.close();
+        } else if self.state == State::Up {
+            pubsub::unsubscribe(&mut self.out, channel.as_bytes());
+            self.flush();
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Connect {
+    Done,
+    InProgress,
+}
+
+/// A nonblocking socket for the address, and its connect started.
+fn nonblocking_connect(sockaddr: &[u8]) -> Result<(c_int, Connect), std::io::Error> {
+    if sockaddr.len() < std::mem::size_of::<libc::sa_family_t>() {
+        return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
+    }
+    // SAFETY: the address starts with its family (any sockaddr does);
+    // read unaligned from the bytes.
+    let family = unsafe { std::ptr::read_unaligned(sockaddr.as_ptr() as *const libc::sa_family_t) };
+    // SAFETY: plain socket calls on a socket of our own, with an address
+    // of its stated length.
+    unsafe {
+        let fd = libc::socket(
+            c_int::from(family),
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        );
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if c_int::from(family) != libc::AF_UNIX {
+            let one: c_int = 1;
+            libc::setsockopt(
+                fd,
+                libc::IPPROTO_TCP,
+                libc::TCP_NODELAY,
+                (&one as *const c_int).cast(),
+                std::mem::size_of::<c_int>() as libc::socklen_t,
+            );
+        }
+        let rc = libc::connect(fd, sockaddr.as_ptr().cast(), sockaddr.len() as libc::socklen_t);
+        if rc == 0 {
+            return Ok((fd, Connect::Done));
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EINPROGRESS) {
+            return Ok((fd, Connect::InProgress));
+        }
+        libc::close(fd);
+        Err(e)
+    }
+}
+
+/// The outcome of a nonblocking connect, once the socket is writable.
+fn socket_error(fd: c_int) -> Result<(), std::io::Error> {
+    let mut err: c_int = 0;
+    let mut len = std::mem::size_of::<c_int>() as libc::socklen_t;
+    // SAFETY: a getsockopt into a local int of its size.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ERROR,
+            (&mut err as *mut c_int).cast(),
+            &mut len,
+        )
+    };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if err != 0 {
+        return Err(std::io::Error::from_raw_os_error(err));
+    }
+    Ok(())
+}
+
+/// Read/write readiness (or the connect timeout) of the subscribing connection.
+extern "C" fn hub_event(ev: *mut ngx_event_t) {
+    guard(Log::cycle(), "cache subscribe event", (), || {
+        // SAFETY: the connection's data is the RedisHub that owns it (leaked
+        // for the worker's life; it closes the connection before it lets it go).
+        let (h, timedout) = unsafe {
+            let Some(ev) = Event::from_raw(ev) else { return };
+            let timedout = ev.take_timedout();
+            let c = ev.data() as *mut ngx_connection_t;
+            (&mut *((*c).data as *mut RedisHub), timedout)
+        };
+        h.on_event(timedout);
+    })
+}
+
+/// The connection is made again.
+extern "C" fn retry_event(ev: *mut ngx_event_t) {
+    guard(Log::cycle(), "cache subscribe retry", (), || {
+        // SAFETY: the timer's data is the RedisHub that owns it.
+        let h = unsafe {
+            let Some(ev) = Event::from_raw(ev) else { return };
+            ev.take_timedout();
+            &mut *(ev.data() as *mut RedisHub)
+        };
+        if h.state == State::Down && !h.channels.is_empty() && !exiting() {
+            h.connect();
+        }
+    })
+}

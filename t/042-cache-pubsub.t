@@ -1,0 +1,303 @@
+# cache_subscribe and cache_publish: Redis pub/sub as server-sent events.
+# A POST to a cache_publish location publishes its body and answers with
+# PUBLISH's count; every subscriber of every worker gets every message, in
+# order; one subscribing connection per worker, SUBSCRIBE / UNSUBSCRIBE as
+# channels gain and lose subscribers, closed when nobody is left; a killed
+# connection comes back (event: reconnect), to the next server when one is
+# down; cache_auth; a hostile server; metrics; a reload; nginx -t.
+use strict;
+use warnings;
+use lib 't/lib';
+use SseClient;
+use FakeRedis;
+use GatewayTest qw(http_request wait_until nginx_start stop_nginx nginx_signal nginx_error_log start_redis redis_cli
+    free_port);
+use IO::Socket::INET;
+use Test::More;
+use Time::HiRes qw(sleep time);
+
+my $redis = start_redis();
+my $rport = $redis->{port};
+my $port;
+
+sub open_sse { SseClient::open_sse($port, @_) }
+sub pump { SseClient::pump(@_) }
+sub events { SseClient::events(@_) }
+sub subscribed { my @s = @_; return sub { !grep { $_->{buf} !~ /: subscribed/ } @s } }
+
+# The subscribing connections Redis has (of nginx: those of no name).
+sub pubsub_clients {
+    my ($r) = @_;
+    return scalar grep { /\bsub=[1-9]/ && /\bcmd=(subscribe|unsubscribe)\b/ } split /\n/, redis_cli($r // $redis, 'client', 'list');
+}
+
+sub numsub {
+    my ($ch, $r) = @_;
+    my (undef, $n) = split /\n/, redis_cli($r // $redis, 'pubsub', 'numsub', $ch);
+    return $n // -1;
+}
+
+sub publish {
+    my ($ch, $body) = @_;
+    return http_request($port, 'POST', "/pub?channel=$ch", $body);
+}
+
+$port = nginx_start(<<"HTTP", workers => 2);
+upstream red { server 127.0.0.1:$rport; }
+server {
+    listen 127.0.0.1:\$PORT;
+    cache_subscribe_heartbeat 1s;
+    location /sub { cache_pass red; cache_subscribe \$arg_channel; }
+    location /fixed { cache_pass 127.0.0.1:$rport; cache_subscribe news:Sports; }
+    location /pub { cache_pass red; cache_publish \$arg_channel; }
+    location /hsub { cache_pass red; cache_subscribe \$http_x_channel; }
+    location /hpub { cache_pass red; cache_publish \$http_x_channel; }
+    location = /metrics { gateway_status; }
+}
+HTTP
+
+# The status of a request with an X-Channel header.
+sub status_with_channel {
+    my ($method, $path, $channel) = @_;
+    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port) or die $!;
+    print $s "$method $path HTTP/1.1\r\nHost: x\r\nX-Channel: $channel\r\nContent-Length: 1\r\nConnection: close\r\n\r\nx";
+    local $/;
+    my $resp = <$s> // '';
+    return $resp =~ m{^HTTP/1\.1 (\d+)} ? $1 : 0;
+}
+
+# 1. Six subscribers over both workers, twenty messages published through
+# the gateway and with redis-cli: each gets all of them, in order, and
+# nothing of another channel.
+my @subs = map { open_sse('/sub?channel=news') } 1 .. 6;
+pump(\@subs, 5, subscribed(@subs));
+like($subs[0]{buf}, qr{^HTTP/1\.1 200 }, 'status 200');
+like($subs[0]{buf}, qr{Content-Type: text/event-stream}i, 'text/event-stream');
+like($subs[0]{buf}, qr{Cache-Control: no-cache}i, 'not cached');
+is(scalar(grep { $_->{buf} =~ /: subscribed/ } @subs), 6, 'six subscribers are on');
+ok(wait_until(sub { numsub('news') >= 1 && numsub('news') == pubsub_clients() }, 5), 'redis has the subscriptions');
+my $workers = numsub('news');
+cmp_ok($workers, '<=', 2, "one subscribing connection per worker ($workers)");
+my @receivers;
+for my $i (1 .. 20) {
+    if ($i == 7) {
+        my ($st, $body, $h) = publish('news', "line one\nline two\r\nline three");
+        push @receivers, $body;
+        is($st, 200, 'a publish: 200');
+        like($h, qr{Content-Type: application/json}i, 'as JSON');
+    } elsif ($i % 5 == 0) {
+        redis_cli($redis, 'publish', 'news', "m$i");
+    } else {
+        my (undef, $body) = publish('news', "m$i");
+        push @receivers, $body;
+    }
+    publish('other', 'not for them') if $i == 3;
+}
+is_deeply([sort { $a cmp $b } keys %{ { map { ($_ => 1) } @receivers } }], ["{\"receivers\": $workers}\n"],
+    'each publish answers with the subscriptions that got it (one per worker)');
+my @want = map { $_ == 7 ? 'news=line one|line two|line three' : "news=m$_" } 1 .. 20;
+pump(\@subs, 10, sub { !grep { scalar(events($_)) < 20 } @subs });
+is_deeply([events($_)], \@want, 'a subscriber gets every message, in order') for @subs;
+
+# 2. Heartbeats (every second here).
+pump(\@subs, 1.5);
+like($subs[0]{buf}, qr/: heartbeat\n\n/, 'comment lines keep the stream alive');
+
+# 3. Redis drops the subscribing connections: the subscribers hear of it
+# and the messages after it arrive.
+redis_cli($redis, 'client', 'kill', 'type', 'pubsub');
+pump(\@subs, 6, sub { !grep { !grep { $_ eq 'reconnect=' } events($_) } @subs });
+is(scalar(grep { my @e = events($_); grep { $_ eq 'reconnect=' } @e } @subs), 6, 'every subscriber is told of the reconnect');
+like(nginx_error_log(), qr/\[error\].*cache: the subscribing connection to 127\.0\.0\.1:$rport of upstream "red" was lost: redis closed the connection; trying again in 1000 ms/,
+    'one error line says the connection was lost');
+ok(wait_until(sub { numsub('news') == $workers }, 5), 'it subscribes again');
+publish('news', 'after');
+pump(\@subs, 5, sub { !grep { (events($_))[-1] ne 'news=after' } @subs });
+is(scalar(grep { (events($_))[-1] eq 'news=after' } @subs), 6, 'messages after the reconnect arrive');
+
+# 4. A literal channel of any visible characters, its letter case kept.
+my @fixed = (open_sse('/fixed'));
+pump(\@fixed, 3, subscribed(@fixed));
+ok(wait_until(sub { numsub('news:Sports') >= 1 }, 5), 'subscribed to news:Sports');
+redis_cli($redis, 'publish', 'news:Sports', 'cased');
+redis_cli($redis, 'publish', 'news:sports', 'not this one');
+pump(\@fixed, 3, sub { scalar(events($fixed[0])) >= 1 });
+is_deeply([events($fixed[0])], ['news:Sports=cased'], 'the channel as written');
+
+# 5. Subscribers that leave are removed at once: the gauge, the events
+# counted, and nobody subscribed in Redis.
+close $_->{s} for @subs;
+ok(wait_until(sub { numsub('news') == 0 }, 3), 'UNSUBSCRIBE once the last subscriber left');
+ok(wait_until(sub {
+    my (undef, $m) = http_request($port, 'GET', '/metrics');
+    my $n = 0;
+    $n += $1 while $m =~ /^ngx_gateway_subscribers\{source="cache_subscribe"\} (-?\d+)$/mg;
+    $n == 1;
+}, 3), 'the subscribers gauge counts the one left');
+my (undef, $m) = http_request($port, 'GET', '/metrics');
+my $sent = 0;
+$sent += $1 while $m =~ /^ngx_gateway_events_sent_total\{source="cache_subscribe"\} (\d+)$/mg;
+cmp_ok($sent, '>=', 6 * 22 + 1, "events counted ($sent)");
+my $published = 0;
+$published += $1 while $m =~ /^ngx_gateway_cache_requests_total\{upstream="red",command="PUBLISH",status="200"\} (\d+)$/mg;
+is($published, 18, 'publishes counted by command and status');
+
+# 6. A reload ends the streams of the old workers at once.
+my $t0 = time;
+nginx_signal('HUP');
+pump(\@fixed, 5, sub { $fixed[0]{eof} });
+ok($fixed[0]{eof}, 'a reload ends the stream');
+cmp_ok(time - $t0, '<', 1, 'at once');
+like($fixed[0]{buf}, qr/0\r\n\r\n$/, 'with the end of the chunked body (not cut)');
+ok(wait_until(sub { pubsub_clients() == 0 }, 3), 'no subscribing connection once nobody listens');
+
+# 7. Client mistakes, and what a publish location takes.
+is(status_with_channel('GET', '/hsub', 'a b'), 400, 'a channel with a space: 400');
+like(nginx_error_log(), qr/\[info\].*cache: channel "a b" is not 1 to 256 visible ASCII characters/, 'logged at info');
+my ($st) = http_request($port, 'GET', '/sub?channel=' . ('x' x 257));
+is($st, 400, 'a channel of 257 bytes: 400');
+($st) = http_request($port, 'GET', '/sub');
+is($st, 400, 'no channel: 400');
+($st) = http_request($port, 'POST', '/sub?channel=a', 'x');
+is($st, 405, 'POST to a subscribe location: 405');
+($st) = http_request($port, 'GET', '/pub?channel=a');
+is($st, 405, 'GET to a publish location: 405');
+($st) = http_request($port, 'PUT', '/pub?channel=a', 'x');
+is($st, 405, 'PUT to a publish location: 405');
+is(status_with_channel('POST', '/hpub', "a\tb"), 400, 'publish to a channel with a tab: 400');
+is(status_with_channel('POST', '/hpub', "caf\xc3\xa9"), 400, 'publish to a channel that is not ASCII: 400');
+my ($pst, $pbody) = publish('nobody', '');
+is("$pst $pbody", "200 {\"receivers\": 0}\n", 'an empty body to a channel of no subscriber');
+# A body larger than the client body buffer (in a temp file), whole.
+my @big = (open_sse('/sub?channel=big'));
+pump(\@big, 3, subscribed(@big));
+ok(wait_until(sub { numsub('big') == 1 }, 5), 'subscribed to big');
+my $payload = join '', map { chr(65 + $_ % 26) } 1 .. 300_000;
+($pst) = publish('big', $payload);
+is($pst, 200, 'a 300 kB publish');
+pump(\@big, 5, sub { scalar(events($big[0])) >= 1 });
+is_deeply([events($big[0])], ["big=$payload"], 'arrives whole');
+close $big[0]{s};
+unlike(nginx_error_log(), qr/\[(alert|emerg)\]|exited on signal/, 'no alert, no worker died');
+stop_nginx();
+
+# 8. With one worker: UNSUBSCRIBE after the last subscriber of a channel,
+# the other channel goes on; the connection closes after the last of all.
+$port = nginx_start(<<"HTTP", workers => 1);
+upstream red { server 127.0.0.1:$rport; }
+server {
+    listen 127.0.0.1:\$PORT;
+    location /sub { cache_pass red; cache_subscribe \$arg_channel; }
+    location /pub { cache_pass red; cache_publish \$arg_channel; }
+}
+HTTP
+@subs = map { open_sse('/sub?channel=one') } 1 .. 3;
+my @other = map { open_sse('/sub?channel=two') } 1 .. 3;
+pump([@subs, @other], 5, subscribed(@subs, @other));
+ok(wait_until(sub { numsub('one') == 1 && numsub('two') == 1 }, 5), 'one connection subscribes to both');
+is(pubsub_clients(), 1, 'one subscribing connection');
+(undef, $pbody) = publish('one', 'x');
+is($pbody, "{\"receivers\": 1}\n", 'three subscribers of one worker: one receiver in Redis');
+close $_->{s} for @subs;
+ok(wait_until(sub { numsub('one') == 0 }, 3), 'UNSUBSCRIBE once the last subscriber of a channel left');
+publish('two', 'still here');
+pump(\@other, 5, sub { !grep { (events($_))[-1] // '' ne 'two=still here' } @other });
+is(scalar(grep { (events($_))[-1] // '' eq 'two=still here' } @other), 3, 'the other channel goes on');
+close $_->{s} for @other;
+ok(wait_until(sub { pubsub_clients() == 0 }, 3), 'the connection closes once nobody listens');
+stop_nginx();
+
+# 9. The first server is down: the connection goes to the next one in turn.
+my $closed = free_port();
+$port = nginx_start(<<"HTTP", workers => 1);
+upstream red { server 127.0.0.1:$closed; server 127.0.0.1:$rport; }
+server { listen 127.0.0.1:\$PORT; location /sub { cache_pass red; cache_subscribe \$arg_channel; } }
+HTTP
+@subs = (open_sse('/sub?channel=turn'));
+pump(\@subs, 3, subscribed(@subs));
+ok(wait_until(sub { numsub('turn') == 1 }, 5), 'subscribed through the second server');
+like(nginx_error_log(), qr/\[error\].*cache: the subscribing connection to 127\.0\.0\.1:$closed of upstream "red" failed: connecting failed: .*refused/i,
+    'the first one refused, logged');
+redis_cli($redis, 'publish', 'turn', 'arrived');
+pump(\@subs, 3, sub { scalar(events($subs[0])) >= 1 });
+is_deeply([events($subs[0])], ['turn=arrived'], 'messages arrive');
+close $subs[0]{s};
+stop_nginx();
+
+# 10. cache_auth: the password goes once, when the connection opens; a
+# wrong one is an error line (and the next address is tried).
+my $locked = start_redis(password => 's3cret');
+$port = nginx_start(<<"HTTP", workers => 1);
+server {
+    listen 127.0.0.1:\$PORT;
+    location /sub { cache_pass 127.0.0.1:$locked->{port}; cache_auth s3cret; cache_subscribe \$arg_channel; }
+    location /bad { cache_pass 127.0.0.1:$locked->{port}; cache_auth wrong; cache_subscribe \$arg_channel; }
+    location /pub { cache_pass 127.0.0.1:$locked->{port}; cache_auth s3cret; cache_publish \$arg_channel; }
+}
+HTTP
+@subs = map { open_sse('/sub?channel=secret') } 1 .. 2;
+pump(\@subs, 3, subscribed(@subs));
+ok(wait_until(sub { numsub('secret', $locked) == 1 }, 5), 'subscribed with the password');
+(undef, $pbody) = publish('secret', 'hush');
+is($pbody, "{\"receivers\": 1}\n", 'a publish with the password');
+pump(\@subs, 3, sub { !grep { scalar(events($_)) < 1 } @subs });
+is_deeply([map { events($_) } @subs], ['secret=hush', 'secret=hush'], 'both subscribers get it');
+my @bad = (open_sse('/bad?channel=secret'));
+pump(\@bad, 3, subscribed(@bad));
+ok(wait_until(sub { nginx_error_log() =~ /cache: the subscribing connection to \S+ of upstream "127\.0\.0\.1:$locked->{port}" was lost: AUTH was refused: WRONGPASS/ }, 5),
+    'a wrong password: an error line');
+is(numsub('secret', $locked), 1, 'and no subscription with it');
+close $_->{s} for @subs, @bad;
+stop_nginx();
+
+# 11. A hostile server: bytes that are not RESP, a message of another
+# kind, a connection cut mid-reply. Each costs the connection (an error
+# line, then another try), never the worker.
+my $script = sub {
+    my ($conn, $n, @cmd) = @_;
+    return () unless uc($cmd[0]) eq 'SUBSCRIBE';
+    return (['send', "*3\r\n\$9\r\nsubscribe\r\n\$1\r\nh\r\n:1\r\n*3\r\n\$7\r\nmessage\r\n\$1\r\nh\r\n\$2\r\nok\r\n"],
+        ['send', "*3\r\n\$7\r\nmessage\r\n\$1\r\nh\r\n\$4\r\nd\r\nr\r\n"], ['send', "garbage\r\n"]) if $conn == 1;
+    return (['send', "*3\r\n\$7\r\nmessage\r\n\$1\r\nh\r\n:5\r\n"]) if $conn == 2;
+    return (['send', "*3\r\n\$7\r\nmessage\r\n\$1\r\nh\r\n\$100\r\nabc"], ['close']) if $conn == 3;
+    return (['send', "*3\r\n\$9\r\nsubscribe\r\n\$1\r\nh\r\n:1\r\n*3\r\n\$7\r\nmessage\r\n\$1\r\nh\r\n\$4\r\nlast\r\n"]);
+};
+my $fake = FakeRedis->start($script);
+$port = nginx_start(<<"HTTP", workers => 1);
+server { listen 127.0.0.1:\$PORT; location /sub { cache_pass 127.0.0.1:@{[ $fake->port ]}; cache_subscribe h; } }
+HTTP
+@subs = (open_sse('/sub'));
+pump(\@subs, 8, sub { grep { $_ eq 'h=last' } events($subs[0]) });
+is_deeply([events($subs[0])], ['h=ok', 'h=d|r', 'reconnect=', 'reconnect=', 'reconnect=', 'h=last'],
+    'the good messages, a reconnect after each broken connection');
+my $log = nginx_error_log();
+like($log, qr/was lost: redis sent bytes that are not RESP/, 'garbage: an error line');
+like($log, qr/was lost: redis sent a "message" array to a subscribing connection/, 'an integer payload: an error line');
+like($log, qr/was lost: redis closed the connection/, 'cut mid-reply: an error line');
+unlike($log, qr/\[(alert|emerg)\]|exited on signal/, 'no alert, no worker died');
+close $subs[0]{s};
+stop_nginx();
+
+# 12. nginx -t
+for my $case (
+    ['location /a { cache_subscribe c; }', qr/"cache_subscribe" needs "cache_pass" in the same location/],
+    ['location /a { cache_publish c; }', qr/"cache_publish" needs "cache_pass" in the same location/],
+    ['location /a { cache_pass red; cache_subscribe c; cache_subscribe d; }', qr/"cache_subscribe" directive is duplicate in .*nginx\.conf:\d+/],
+    ['location /a { cache_pass red; cache_subscribe c; cache_publish d; }', qr/"cache_publish" and "cache_subscribe" in one location in .*nginx\.conf:\d+/],
+    ['location /a { cache_pass red; cache_subscribe "a b"; }', qr/invalid channel "a b" in "cache_subscribe" directive .* in .*nginx\.conf:\d+/],
+    ['location /a { cache_pass $arg_u; cache_subscribe c; }', qr/"cache_subscribe" needs "cache_pass" to name an upstream or an address, not a variable/],
+    ['location /a { cache_pass red; cache_ssl on; cache_subscribe c; }', qr/"cache_subscribe" with "cache_ssl" is not supported/],
+    ['location /a { cache_pass red; cache_subscribe c; cache_subscribe_heartbeat 0; }', qr/cache_subscribe_heartbeat/],
+    ['server_name x; location /a { cache_pass red; cache_publish c; } location /b { cache_subscribe c; cache_pass red; }', qr/^started$/],
+  )
+{
+    my ($loc, $want) = @$case;
+    my $err = eval {
+        nginx_start("upstream red { server 127.0.0.1:$rport; } server { listen 127.0.0.1:\$PORT; $loc }");
+        stop_nginx();
+        'started';
+    } // $@;
+    like($err, $want, "nginx -t: $loc");
+}
+
+done_testing();

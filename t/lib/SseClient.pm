@@ -1,0 +1,76 @@
+package SseClient;
+
+# Clients of the gateway's server-sent event streams (sqldb_listen,
+# cache_subscribe), for the tests: open a stream, read what arrives on many
+# at once, and list the events each one got.
+#
+#   my @subs = map { SseClient::open_sse($port, '/events?channel=a') } 1 .. 3;
+#   SseClient::pump(\@subs, 5, sub { ... enough? });
+#   my @events = SseClient::events($subs[0]);    # "NAME=line1|line2", ...
+
+use strict;
+use warnings;
+use IO::Select;
+use IO::Socket::INET;
+use Time::HiRes qw(time);
+
+# A subscriber: the socket, with what it has read so far.
+sub open_sse {
+    my ($port, $path) = @_;
+    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port) or die $!;
+    print $s "GET $path HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    return { s => $s, buf => '' };
+}
+
+# Reads what has arrived on each subscriber for $secs (or until $until
+# says it has enough). A subscriber whose stream ended gets {eof}.
+sub pump {
+    my ($subs, $secs, $until) = @_;
+    my $sel = IO::Select->new(map { $_->{s} } grep { !$_->{eof} } @$subs);
+    my %of = map { (fileno($_->{s}) => $_) } grep { !$_->{eof} } @$subs;
+    my $deadline = time + $secs;
+    my $next_check = 0;
+    while (time < $deadline) {
+        # (The check reads whole buffers: at most every 0.1 s.)
+        if ($until && time >= $next_check) {
+            last if $until->();
+            $next_check = time + 0.1;
+        }
+        for my $fh ($sel->can_read(0.05)) {
+            my $n = sysread($fh, my $chunk, 65536);
+            if (!$n) { $sel->remove($fh); $of{ fileno($fh) }{eof} = 1; next }
+            $of{ fileno($fh) }{buf} .= $chunk;
+        }
+    }
+}
+
+# The body of a subscriber's stream, its chunked encoding undone.
+sub body {
+    my ($sub) = @_;
+    my (undef, $rest) = split /\r\n\r\n/, $sub->{buf}, 2;
+    $rest //= '';
+    my $body = '';
+    while ($rest =~ s/^([0-9a-f]+)\r\n//) {
+        my $n = hex $1;
+        last if $n == 0 || length($rest) < $n + 2;
+        $body .= substr($rest, 0, $n);
+        substr($rest, 0, $n + 2) = '';
+    }
+    return $body;
+}
+
+# The events of a subscriber's stream, as "NAME=DATA" with the data lines
+# joined by "|"; comment lines are left out.
+sub events {
+    my ($sub) = @_;
+    my @ev;
+    for my $block (split /\n\n/, body($sub)) {
+        next if $block =~ /^:/;
+        my ($name) = $block =~ /^event: (.*)$/m;
+        my @data = $block =~ /^data: (.*)$/mg;
+        push @ev, ($name // '?') . '=' . join('|', @data) if defined $name;
+    }
+    return @ev;
+}
+
+1;
