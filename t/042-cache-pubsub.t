@@ -13,6 +13,7 @@ use FakeRedis;
 use GatewayTest qw(http_request wait_until nginx_start stop_nginx nginx_signal nginx_error_log start_redis redis_cli
     free_port);
 use IO::Socket::INET;
+use File::Temp qw(tempdir);
 use Test::More;
 use Time::HiRes qw(sleep time);
 
@@ -278,7 +279,71 @@ unlike($log, qr/\[(alert|emerg)\]|exited on signal/, 'no alert, no worker died')
 close $subs[0]{s};
 stop_nginx();
 
-# 12. nginx -t
+# 12. TLS (cache_ssl): the subscribing connection verifies the server as
+# the location's requests do; a server of another authority or another
+# name is an error line, and nothing is subscribed.
+my $d = tempdir('ngx-gateway-tls-XXXXXX', TMPDIR => 1, CLEANUP => 1);
+chmod 0755, $d;
+sub openssl { system("openssl @_ >>$d/openssl.log 2>&1") == 0 or die "openssl @_ failed\n" }
+openssl("req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=test-ca -keyout $d/ca.key -out $d/ca.crt");
+openssl("req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=other-ca -keyout $d/other.key -out $d/other.crt");
+open my $ext, '>', "$d/server.ext" or die $!;
+print $ext "subjectAltName = DNS:localhost\n";
+close $ext;
+openssl("req -newkey rsa:2048 -nodes -subj /CN=localhost -keyout $d/server.key -out $d/server.csr");
+openssl("x509 -req -in $d/server.csr -CA $d/ca.crt -CAkey $d/ca.key -CAcreateserial -days 2 -out $d/server.crt -extfile $d/server.ext");
+chmod 0644, glob("$d/*");
+my $tredis = start_redis(tls => { cert => "$d/server.crt", key => "$d/server.key", ca => "$d/ca.crt" });
+my $tls = $tredis->{tls_port};
+$port = nginx_start(<<"HTTP", workers => 1);
+upstream tls_red { server 127.0.0.1:$tls; }
+upstream other_ca { server 127.0.0.1:$tls; }
+upstream wrong_name { server 127.0.0.1:$tls; }
+server {
+    listen 127.0.0.1:\$PORT;
+    cache_ssl on;
+    cache_ssl_verify on;
+    cache_ssl_trusted_certificate $d/ca.crt;
+    cache_ssl_name localhost;
+    cache_ssl_server_name on;
+    location /sub { cache_pass tls_red; cache_subscribe \$arg_channel; }
+    location /pub { cache_pass tls_red; cache_publish \$arg_channel; }
+    location /other { cache_pass other_ca; cache_ssl_trusted_certificate $d/other.crt; cache_subscribe o; }
+    location /name { cache_pass wrong_name; cache_ssl_name elsewhere; cache_subscribe n; }
+}
+HTTP
+@subs = map { open_sse('/sub?channel=sealed') } 1 .. 2;
+pump(\@subs, 3, subscribed(@subs));
+ok(wait_until(sub { numsub('sealed', $tredis) == 1 }, 5), 'subscribed over TLS');
+like(redis_cli($tredis, 'client', 'list'), qr/\bsub=1\b/, 'the subscribing connection is there');
+for my $i (1 .. 3) {
+    my ($pst, $pbody) = publish('sealed', "tls $i" . ($i == 2 ? "\nsecond line" : ''));
+    is("$pst $pbody", "200 {\"receivers\": 1}\n", "publish $i over TLS");
+}
+redis_cli($tredis, 'publish', 'sealed', 'from redis-cli');
+pump(\@subs, 5, sub { !grep { scalar(events($_)) < 4 } @subs });
+is_deeply([events($_)], ['sealed=tls 1', 'sealed=tls 2|second line', 'sealed=tls 3', 'sealed=from redis-cli'],
+    'every message, in order, over TLS') for @subs;
+redis_cli($tredis, 'client', 'kill', 'type', 'pubsub');
+pump(\@subs, 6, sub { !grep { !grep { $_ eq 'reconnect=' } events($_) } @subs });
+ok(wait_until(sub { numsub('sealed', $tredis) == 1 }, 5), 'a new TLS handshake after the connection was killed');
+redis_cli($tredis, 'publish', 'sealed', 'again');
+pump(\@subs, 5, sub { !grep { (events($_))[-1] ne 'sealed=again' } @subs });
+is(scalar(grep { (events($_))[-1] eq 'sealed=again' } @subs), 2, 'messages arrive after it');
+my @other_ca = (open_sse('/other'));
+my @wrong_name = (open_sse('/name'));
+pump([@other_ca, @wrong_name], 3, subscribed(@other_ca, @wrong_name));
+ok(wait_until(sub { nginx_error_log() =~ /subscribing connection to \S+ of upstream "other_ca" failed: certificate verify error/ }, 5),
+    'another authority: an error line');
+ok(wait_until(sub { nginx_error_log() =~ /subscribing connection to \S+ of upstream "wrong_name" failed: certificate does not match "elsewhere"/ }, 5),
+    'another name: an error line');
+is(numsub('o', $tredis) + numsub('n', $tredis), 0, 'and nothing subscribed through them');
+close $_->{s} for @subs, @other_ca, @wrong_name;
+ok(wait_until(sub { pubsub_clients($tredis) == 0 }, 3), 'the TLS connection closes once nobody listens');
+unlike(nginx_error_log(), qr/\[(alert|emerg)\]|exited on signal/, 'no alert, no worker died');
+stop_nginx();
+
+# 13. nginx -t
 for my $case (
     ['location /a { cache_subscribe c; }', qr/"cache_subscribe" needs "cache_pass" in the same location/],
     ['location /a { cache_publish c; }', qr/"cache_publish" needs "cache_pass" in the same location/],
@@ -286,7 +351,6 @@ for my $case (
     ['location /a { cache_pass red; cache_subscribe c; cache_publish d; }', qr/"cache_publish" and "cache_subscribe" in one location in .*nginx\.conf:\d+/],
     ['location /a { cache_pass red; cache_subscribe "a b"; }', qr/invalid channel "a b" in "cache_subscribe" directive .* in .*nginx\.conf:\d+/],
     ['location /a { cache_pass $arg_u; cache_subscribe c; }', qr/"cache_subscribe" needs "cache_pass" to name an upstream or an address, not a variable/],
-    ['location /a { cache_pass red; cache_ssl on; cache_subscribe c; }', qr/"cache_subscribe" with "cache_ssl" is not supported/],
     ['location /a { cache_pass red; cache_subscribe c; cache_subscribe_heartbeat 0; }', qr/cache_subscribe_heartbeat/],
     ['server_name x; location /a { cache_pass red; cache_publish c; } location /b { cache_subscribe c; cache_pass red; }', qr/^started$/],
   )

@@ -214,11 +214,6 @@ impl CacheLocConf {
                     .to_owned()
                     .into());
             }
-            if self.ssl == 1 {
-                return Err("\"cache_subscribe\" with \"cache_ssl\" is not supported"
-                    .to_owned()
-                    .into());
-            }
         }
         Ok(())
     }

@@ -16,6 +16,7 @@ use std::ptr::NonNull;
 use gateway_core::pubsub::{self, Push};
 
 use super::config::CacheLocConf;
+use crate::ffi::conf::ComplexValue;
 use crate::ffi::*;
 use crate::log;
 use crate::sqldb::driver::{Channels, Hub, ListenSink, ReqToken};
@@ -24,14 +25,23 @@ use crate::subscribe::{self, Refused};
 /// How long after a lost connection another is tried (ms).
 const RETRY: ngx_msec_t = 1000;
 
-/// Reads per readiness event, at most (the event comes again: level-triggered).
-const READS_PER_EVENT: usize = 16;
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     Down,
     Connecting,
+    /// The TLS handshake (`cache_ssl`).
+    Handshaking,
     Up,
+}
+
+/// TLS to the server (`cache_ssl`): nginx's context, as the location's
+/// requests use it, and what to check.
+struct Tls {
+    ssl: *mut ngx_ssl_t,
+    verify: bool,
+    server_name: bool,
+    /// The name to verify and send (`cache_ssl_name`, else the upstream's).
+    name: Vec<u8>,
 }
 
 /// One address of the upstream's servers.
@@ -47,6 +57,7 @@ pub struct RedisHub {
     /// The address to try next (the one in use, while connected).
     next: usize,
     auth: Option<Vec<u8>>,
+    tls: Option<Tls>,
     connect_timeout: ngx_msec_t,
     sink: &'static dyn ListenSink,
     channels: Channels,
@@ -93,7 +104,7 @@ pub fn start(r: &mut Req, lcf: &CacheLocConf) -> Result<ngx_int_t, Refused> {
 }
 
 /// The worker's hub for the location's upstream and password, made on first use.
-fn hub(r: &Req, lcf: &CacheLocConf, auth: Option<Vec<u8>>) -> Option<NonNull<RedisHub>> {
+fn hub(r: &mut Req, lcf: &CacheLocConf, auth: Option<Vec<u8>>) -> Option<NonNull<RedisHub>> {
     let us = lcf.upstream.upstream;
     let key = us as usize;
     if let Some(h) = HUBS.with(|h| h.borrow().iter().find(|(u, a, _)| *u == key && *a == auth).map(|e| e.2)) {
@@ -117,10 +128,26 @@ fn hub(r: &Req, lcf: &CacheLocConf, auth: Option<Vec<u8>>) -> Option<NonNull<Red
     if us.port != 0 {
         name = format!("{name}:{}", us.port);
     }
+    let tls = if lcf.upstream.ssl.is_null() {
+        None
+    } else {
+        // SAFETY: cache_ssl_name, compiled into configuration memory.
+        let name = match unsafe { ComplexValue::from_raw(lcf.upstream.ssl_name) } {
+            Some(cv) => r.complex_value(cv)?.to_vec(),
+            None => us.host.as_bytes().to_vec(),
+        };
+        Some(Tls {
+            ssl: lcf.upstream.ssl,
+            verify: lcf.upstream.ssl_verify == 1,
+            server_name: lcf.upstream.ssl_server_name == 1,
+            name,
+        })
+    };
     let h = RedisHub::new(
         name,
         addrs,
         auth.clone(),
+        tls,
         lcf.upstream.connect_timeout,
         &subscribe::CACHE,
     );
@@ -163,6 +190,7 @@ impl RedisHub {
         upstream: String,
         addrs: Vec<Addr>,
         auth: Option<Vec<u8>>,
+        tls: Option<Tls>,
         connect_timeout: ngx_msec_t,
         sink: &'static dyn ListenSink,
     ) -> Box<RedisHub> {
@@ -171,6 +199,7 @@ impl RedisHub {
             addrs,
             next: 0,
             auth,
+            tls,
             connect_timeout,
             sink,
             channels: Channels::default(),
@@ -193,12 +222,32 @@ impl RedisHub {
             .map_or("", |a| &a.name)
     }
 
+    /// Closes the socket, and frees its TLS state.
+    fn drop_socket(&mut self) {
+        let Some(s) = self.socket.take() else { return };
+        // SAFETY: the hub's own connection; its TLS state, if any, is
+        // nginx's, freed at once (no close_notify sent or awaited).
+        let pool = unsafe {
+            let c = s.as_ptr();
+            if let Some(ssl) = (*c).ssl.as_mut() {
+                ssl.set_no_wait_shutdown(1);
+                ssl.set_no_send_shutdown(1);
+                ngx_ssl_shutdown(c);
+            }
+            std::mem::replace(&mut (*c).pool, std::ptr::null_mut())
+        };
+        s.close();
+        if !pool.is_null() {
+            // SAFETY: the pool made for the connection's TLS state, which
+            // is freed; nothing else refers to it.
+            unsafe { ngx_destroy_pool(pool) };
+        }
+    }
+
     /// Closes the connection (no retry).
     fn close(&mut self) {
         self.retry.stop();
-        if let Some(s) = self.socket.take() {
-            s.close();
-        }
+        self.drop_socket();
         self.state = State::Down;
         self.out.clear();
         self.input.clear();
@@ -209,9 +258,7 @@ impl RedisHub {
     /// The connection is gone: try again later (the next address) while
     /// anyone is subscribed.
     fn lost(&mut self, why: &str) {
-        if let Some(s) = self.socket.take() {
-            s.close();
-        }
+        self.drop_socket();
         let was = std::mem::replace(&mut self.state, State::Down);
         self.out.clear();
         self.input.clear();
@@ -254,7 +301,7 @@ impl RedisHub {
         self.out.clear();
         self.input.clear();
         if rc == Connect::Done {
-            return self.connected();
+            return self.transport_ready();
         }
         let watched = self.socket.as_ref().is_some_and(|s| {
             s.write().add_timer(self.connect_timeout);
@@ -263,6 +310,89 @@ impl RedisHub {
         if !watched {
             self.lost("cannot watch the connection");
         }
+    }
+
+    /// TCP is connected: the TLS handshake, or straight on.
+    fn transport_ready(&mut self) {
+        let (Some(tls), Some(s)) = (self.tls.as_ref(), self.socket.as_ref()) else {
+            return self.connected();
+        };
+        let c = s.as_ptr();
+        self.state = State::Handshaking;
+        // SAFETY: the hub's own connection and nginx's TLS context, which
+        // lives as long as the configuration; OpenSSL copies the name.
+        let rc = unsafe {
+            // nginx keeps a connection's TLS state in its pool.
+            (*c).pool = ngx_create_pool(256, (*c).log);
+            if (*c).pool.is_null() || ngx_ssl_create_connection(tls.ssl, c, NGX_SSL_CLIENT as ngx_uint_t) != OK {
+                return self.lost("cannot start TLS");
+            }
+            let conn = (*(*c).ssl).connection;
+            // Writes may be retried with the queue grown (moved).
+            SSL_ctrl(
+                conn,
+                SSL_CTRL_MODE as _,
+                (SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER | SSL_MODE_ENABLE_PARTIAL_WRITE) as _,
+                std::ptr::null_mut(),
+            );
+            if tls.server_name {
+                let Ok(name) = std::ffi::CString::new(tls.name.clone()) else {
+                    return self.lost("the TLS server name holds a NUL");
+                };
+                SSL_ctrl(conn, SSL_CTRL_SET_TLSEXT_HOSTNAME as _, 0, name.as_ptr() as *mut _);
+            }
+            (*(*c).ssl).handler = Some(handshake_done);
+            ngx_ssl_handshake(c)
+        };
+        if rc == AGAIN {
+            // nginx's handshake handler takes the events until it ends,
+            // under the connect timeout.
+            s.write().add_timer(self.connect_timeout);
+            return;
+        }
+        self.handshaked();
+    }
+
+    /// The TLS handshake ended: the server's certificate is checked as
+    /// `proxy_ssl_verify` checks it.
+    fn handshaked(&mut self) {
+        let (Some(tls), Some(s)) = (self.tls.as_ref(), self.socket.as_ref()) else {
+            return;
+        };
+        let c = s.as_ptr();
+        s.write().del_timer();
+        // SAFETY: the hub's own connection, whose TLS state nginx made.
+        let verdict = unsafe {
+            match (*c).ssl.as_ref() {
+                Some(ssl) if ssl.handshaked() != 0 => {
+                    let rc = SSL_get_verify_result(ssl.connection);
+                    let mut name = ngx_str_t {
+                        len: tls.name.len(),
+                        data: tls.name.as_ptr() as *mut u8,
+                    };
+                    if !tls.verify {
+                        Ok(())
+                    } else if rc != X509_V_OK as _ {
+                        let why = std::ffi::CStr::from_ptr(X509_verify_cert_error_string(rc));
+                        Err(format!("certificate verify error: ({rc}:{})", why.to_string_lossy()))
+                    } else if ngx_ssl_check_host(c, &mut name) != OK {
+                        Err(format!(
+                            "certificate does not match \"{}\"",
+                            String::from_utf8_lossy(&tls.name)
+                        ))
+                    } else {
+                        Ok(())
+                    }
+                }
+                _ => Err("the TLS handshake failed or timed out".to_owned()),
+            }
+        };
+        if let Err(why) = verdict {
+            return self.lost(&why);
+        }
+        // The events are the hub's again.
+        s.set_handler(Some(hub_event));
+        self.connected();
     }
 
     /// The connection is made: AUTH, then SUBSCRIBE to every channel.
@@ -291,23 +421,12 @@ impl RedisHub {
         if self.state != State::Up {
             return;
         }
-        let Some(fd) = self.socket.as_ref().map(Socket::fd) else {
-            return;
-        };
         while !self.out.is_empty() {
-            // SAFETY: a send of the queued bytes on the hub's own socket.
-            let n = unsafe { libc::send(fd, self.out.as_ptr().cast(), self.out.len(), libc::MSG_NOSIGNAL) };
-            if n < 0 {
-                let e = std::io::Error::last_os_error();
-                if e.kind() == std::io::ErrorKind::WouldBlock {
-                    break;
-                }
-                if e.kind() == std::io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return self.lost(&format!("sending failed: {e}"));
+            match self.io(Io::Send) {
+                Ok(0) => break,
+                Ok(n) => drop(self.out.drain(..n)),
+                Err(e) => return self.lost(&e),
             }
-            self.out.drain(..n as usize);
         }
         let more = !self.out.is_empty();
         if !self.socket.as_ref().is_some_and(|s| s.watch_write(more)) {
@@ -326,8 +445,10 @@ impl RedisHub {
         match self.state {
             State::Down => {}
             State::Connecting if timedout => self.lost("timed out connecting"),
+            // (nginx's handshake handler has the events until it ends.)
+            State::Handshaking => {}
             State::Connecting => match self.socket.as_ref().map(|s| socket_error(s.fd())) {
-                Some(Ok(())) => self.connected(),
+                Some(Ok(())) => self.transport_ready(),
                 Some(Err(e)) => self.lost(&format!("connecting failed: {e}")),
                 None => {}
             },
@@ -338,31 +459,64 @@ impl RedisHub {
         }
     }
 
+    /// Reads until the socket (and TLS) has nothing more: with TLS, bytes
+    /// may wait in OpenSSL where no readiness event tells of them.
     fn read(&mut self) {
-        let mut buf = [0u8; 64 * 1024];
-        for _ in 0..READS_PER_EVENT {
-            if self.state != State::Up {
-                return;
+        let mut buf = vec![0u8; 64 * 1024];
+        while self.state == State::Up {
+            match self.io(Io::Recv(&mut buf)) {
+                Ok(0) => return,
+                Ok(n) => self.input.extend_from_slice(&buf[..n]),
+                Err(e) => return self.lost(&e),
             }
-            let Some(fd) = self.socket.as_ref().map(Socket::fd) else {
-                return;
-            };
-            // SAFETY: a read into a local buffer of its size, on the hub's own socket.
-            let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
-            if n == 0 {
-                return self.lost("redis closed the connection");
-            }
-            if n < 0 {
-                let e = std::io::Error::last_os_error();
-                match e.kind() {
-                    std::io::ErrorKind::WouldBlock => return,
-                    std::io::ErrorKind::Interrupted => continue,
-                    _ => return self.lost(&format!("reading failed: {e}")),
-                }
-            }
-            self.input.extend_from_slice(&buf[..n as usize]);
             if let Err(e) = self.take_pushes() {
                 return self.lost(&e);
+            }
+        }
+    }
+
+    /// One send of the queue or one read into a buffer: the bytes moved, 0
+    /// when the socket would block, or why the connection is broken.
+    fn io(&mut self, what: Io<'_>) -> Result<usize, String> {
+        let Some(s) = self.socket.as_ref() else {
+            return Ok(0);
+        };
+        let (c, fd) = (s.as_ptr(), s.fd());
+        let tls = self.tls.is_some();
+        let recv = matches!(what, Io::Recv(_));
+        loop {
+            // SAFETY: plain socket calls on the hub's own socket, or nginx's
+            // TLS calls on its own connection (made by the handshake), each
+            // with a buffer of the length given.
+            let n = unsafe {
+                match (&what, tls) {
+                    (Io::Send, false) => libc::send(fd, self.out.as_ptr().cast(), self.out.len(), libc::MSG_NOSIGNAL),
+                    (Io::Send, true) => ngx_ssl_write(c, self.out.as_mut_ptr(), self.out.len()),
+                    (Io::Recv(b), false) => libc::recv(fd, b.as_ptr() as *mut _, b.len(), 0),
+                    (Io::Recv(b), true) => ngx_ssl_recv(c, b.as_ptr() as *mut u8, b.len()),
+                }
+            };
+            if n > 0 {
+                return Ok(n as usize);
+            }
+            if n == 0 && recv {
+                return Err("redis closed the connection".to_owned());
+            }
+            if tls {
+                return match n as ngx_int_t {
+                    AGAIN => Ok(0),
+                    // (nginx has logged why, at its level.)
+                    _ => Err(format!(
+                        "a TLS error while {}",
+                        if recv { "reading" } else { "sending" }
+                    )),
+                };
+            }
+            let e = std::io::Error::last_os_error();
+            match e.kind() {
+                std::io::ErrorKind::WouldBlock => return Ok(0),
+                std::io::ErrorKind::Interrupted => continue,
+                _ => return Err(format!("{} failed: {e}", if recv { "reading" } else { "sending" })),
             }
         }
     }
@@ -428,6 +582,12 @@ impl Hub for RedisHub {
             self.flush();
         }
     }
+}
+
+/// What `io` does.
+enum Io<'a> {
+    Send,
+    Recv(&'a mut [u8]),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -513,6 +673,17 @@ extern "C" fn hub_event(ev: *mut ngx_event_t) {
             (&mut *((*c).data as *mut RedisHub), timedout)
         };
         h.on_event(timedout);
+    })
+}
+
+/// nginx's TLS handshake ended (well or not, or timed out).
+extern "C" fn handshake_done(c: *mut ngx_connection_t) {
+    guard(Log::cycle(), "cache subscribe handshake", (), || {
+        // SAFETY: the connection's data is the RedisHub that owns it.
+        let h = unsafe { &mut *((*c).data as *mut RedisHub) };
+        if h.state == State::Handshaking {
+            h.handshaked();
+        }
     })
 }
 

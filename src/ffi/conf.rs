@@ -21,6 +21,12 @@ pub struct Conf(NonNull<ngx_conf_t>);
 pub struct ComplexValue(NonNull<ngx_http_complex_value_t>);
 
 impl ComplexValue {
+    /// # Safety
+    /// `p`, when not null, must be a value compiled into configuration memory.
+    pub unsafe fn from_raw(p: *mut ngx_http_complex_value_t) -> Option<ComplexValue> {
+        NonNull::new(p).map(ComplexValue)
+    }
+
     pub fn as_ptr(self) -> *mut ngx_http_complex_value_t {
         self.0.as_ptr()
     }
