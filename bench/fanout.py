@@ -1,12 +1,14 @@
-"""`make bench-fanout`: one NOTIFY to many server-sent-event subscribers.
+"""`make bench-fanout`: one event to many server-sent-event subscribers.
 
     python3 bench/fanout.py [SUBSCRIBERS]     (default 10000)
 
-Starts a throwaway PostgreSQL and nginx (one worker) with a `sqldb_listen`
-location, opens SUBSCRIBERS event streams on the same channel, sends one
-NOTIFY, and prints the worker's RSS with everyone subscribed and the time
-from the NOTIFY to each subscriber's event (p50, p99, max: the clients run
-on the same machine, so these include their own scheduling).
+Starts a throwaway PostgreSQL, Redis and nginx (one worker) with a
+`sqldb_listen` and a `cache_subscribe` location. For each, in turn: opens
+SUBSCRIBERS event streams on one channel, sends one event (NOTIFY, or
+PUBLISH with redis-cli), and prints the worker's RSS with everyone
+subscribed and the time from the event to each subscriber's copy (p50,
+p99, max: the clients run on the same machine, so these include their own
+scheduling).
 """
 
 import asyncio
@@ -21,8 +23,6 @@ import time
 from common import MODULE, NGINX, PGPW, REPO, free_port
 
 
-
-
 def worker_rss_kb(master_pid):
     pids = subprocess.run(["pgrep", "-P", str(master_pid)], capture_output=True, text=True).stdout.split()
     total = 0
@@ -33,9 +33,9 @@ def worker_rss_kb(master_pid):
     return total
 
 
-async def subscriber(port, ready, got):
+async def subscriber(port, path, ready, got):
     r, w = await asyncio.open_connection("127.0.0.1", port)
-    w.write(b"GET /events?channel=fan HTTP/1.1\r\nHost: bench\r\n\r\n")
+    w.write(f"GET {path} HTTP/1.1\r\nHost: bench\r\n\r\n".encode())
     await w.drain()
     buf = b""
     while b": subscribed" not in buf:
@@ -54,21 +54,19 @@ async def subscriber(port, ready, got):
     w.close()
 
 
-async def run(n, port, pgport, master_pid):
+async def run(n, port, path, send, master_pid):
     ready, got = [], []
     tasks = []
     for _ in range(n):
-        tasks.append(asyncio.create_task(subscriber(port, ready, got)))
+        tasks.append(asyncio.create_task(subscriber(port, path, ready, got)))
         if len(tasks) % 500 == 0:
             await asyncio.sleep(0.05)
     deadline = time.monotonic() + 120
     while len(ready) < n and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
     rss = worker_rss_kb(master_pid)
-    env = dict(os.environ, PGPASSWORD=PGPW)
     t0 = time.monotonic()
-    subprocess.run(["psql", "-X", "-q", "-h", "127.0.0.1", "-p", str(pgport), "-U", "demo", "demo",
-                    "-c", "notify fan, 'go'"], env=env, check=True)
+    subprocess.run(send, env=dict(os.environ, PGPASSWORD=PGPW), check=True, stdout=subprocess.DEVNULL)
     results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
     errors = {}
     for r in results:
@@ -82,7 +80,7 @@ async def run(n, port, pgport, master_pid):
         return
     print(f"{len(ready)} of {n} subscribed, one nginx worker: RSS {rss} kB ({rss * 1024 // max(len(ready), 1)} bytes "
           f"per subscriber with the worker's own)")
-    print(f"NOTIFY to subscriber: p50 {lat[len(lat) // 2]:.1f} ms, p99 {lat[int(len(lat) * 0.99)]:.1f} ms, "
+    print(f"event to subscriber: p50 {lat[len(lat) // 2]:.1f} ms, p99 {lat[int(len(lat) * 0.99)]:.1f} ms, "
           f"max {lat[-1]:.1f} ms; {len(lat)} of {len(ready)} received it")
 
 
@@ -97,9 +95,11 @@ def main():
         sys.exit(f"the open files limit ({hard}) is too low for {n} subscribers")
     tmp = tempfile.mkdtemp(prefix="ngx-gateway-fanout-")
     os.chmod(tmp, 0o755)
-    pgport, port = free_port(), free_port()
+    pgport, port, rport = free_port(), free_port(), free_port()
     sandbox = os.path.join(REPO, "nginx-conf", "pg-sandbox.sh")
     subprocess.run([sandbox, "start", f"{tmp}/pg", str(pgport)], check=True, stdout=subprocess.DEVNULL)
+    redis = subprocess.Popen(["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "",
+                              "--appendonly", "no", "--dir", tmp], stdout=subprocess.DEVNULL)
     os.makedirs(f"{tmp}/nginx/logs")
     with open(f"{tmp}/nginx/nginx.conf", "w") as f:
         f.write(f"""load_module {MODULE};
@@ -114,6 +114,7 @@ http {{
     server {{
         listen 127.0.0.1:{port} backlog=4096;
         location /events {{ sqldb_pass db; sqldb_listen $arg_channel; }}
+        location /cache-events {{ cache_pass 127.0.0.1:{rport}; cache_subscribe $arg_channel; }}
     }}
 }}
 """)
@@ -121,7 +122,15 @@ http {{
         subprocess.run([NGINX, "-p", f"{tmp}/nginx/", "-c", f"{tmp}/nginx/nginx.conf"], check=True)
         time.sleep(0.3)
         master = int(open(f"{tmp}/nginx/logs/nginx.pid").read())
-        asyncio.run(run(n, port, pgport, master))
+        for name, path, send in [
+            ("sqldb_listen, one NOTIFY", "/events?channel=fan",
+             ["psql", "-X", "-q", "-h", "127.0.0.1", "-p", str(pgport), "-U", "demo", "demo", "-c", "notify fan, 'go'"]),
+            ("cache_subscribe, one PUBLISH", "/cache-events?channel=fan",
+             ["redis-cli", "-p", str(rport), "publish", "fan", "go"]),
+        ]:
+            print(f"== {name}")
+            asyncio.run(run(n, port, path, send, master))
+            time.sleep(1)
     finally:
         lines = [l for l in open(f"{tmp}/nginx/logs/error.log") if "[notice]" not in l]
         if lines:
@@ -133,6 +142,8 @@ http {{
         except (OSError, ValueError):
             pass
         subprocess.run([sandbox, "stop", f"{tmp}/pg"], stdout=subprocess.DEVNULL)
+        redis.terminate()
+        redis.wait()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
