@@ -91,6 +91,9 @@ pub struct CacheMainConf {
     pub exptime: ngx_int_t,
     /// Upstream blocks with `cache_cluster` (boxed: requests keep pointers).
     pub clusters: Vec<Box<super::cluster::Cluster>>,
+    /// This worker's subscribing connections (`cache_subscribe`; boxed:
+    /// subscriptions keep pointers).
+    pub hubs: std::cell::RefCell<Vec<super::subscriber::HubEntry>>,
 }
 
 pub(crate) extern "C" fn create_main_conf(cf: *mut ngx_conf_t) -> *mut c_void {

@@ -9,13 +9,12 @@
 //! subscribers get `event: reconnect`: what was published in between is
 //! lost. The request side is crate::subscribe's, shared with `sqldb_listen`.
 
-use std::cell::RefCell;
 use std::ffi::c_int;
 use std::ptr::NonNull;
 
 use gateway_core::pubsub::{self, Push};
 
-use super::config::CacheLocConf;
+use super::config::{Cache, CacheLocConf};
 use crate::ffi::conf::ComplexValue;
 use crate::ffi::*;
 use crate::log;
@@ -76,12 +75,8 @@ pub struct RedisHub {
 }
 
 /// A hub of the worker's: its upstream block (the address), its password.
-type HubEntry = (usize, Option<Vec<u8>>, NonNull<RedisHub>);
-
-thread_local! {
-    /// This worker's hubs; they live as long as the worker.
-    static HUBS: RefCell<Vec<HubEntry>> = const { RefCell::new(Vec::new()) };
-}
+/// Kept in the main configuration, which lives as long as the worker.
+pub type HubEntry = (usize, Option<Vec<u8>>, Box<RedisHub>);
 
 /// Starts a subscription; what the content handler returns.
 pub fn start(r: &mut Req, lcf: &CacheLocConf) -> Result<ngx_int_t, Refused> {
@@ -107,8 +102,9 @@ pub fn start(r: &mut Req, lcf: &CacheLocConf) -> Result<ngx_int_t, Refused> {
 fn hub(r: &mut Req, lcf: &CacheLocConf, auth: Option<Vec<u8>>) -> Option<NonNull<RedisHub>> {
     let us = lcf.upstream.upstream;
     let key = us as usize;
-    if let Some(h) = HUBS.with(|h| h.borrow().iter().find(|(u, a, _)| *u == key && *a == auth).map(|e| e.2)) {
-        return Some(h);
+    let hubs = &r.main_conf::<Cache>().hubs;
+    if let Some(e) = hubs.borrow_mut().iter_mut().find(|(u, a, _)| *u == key && *a == auth) {
+        return Some(NonNull::from(&mut *e.2));
     }
     // SAFETY: the upstream block lives as long as the configuration.
     let us = unsafe { us.as_ref() }?;
@@ -151,9 +147,10 @@ fn hub(r: &mut Req, lcf: &CacheLocConf, auth: Option<Vec<u8>>) -> Option<NonNull
         lcf.upstream.connect_timeout,
         &subscribe::CACHE,
     );
-    let h = NonNull::from(Box::leak(h));
-    HUBS.with(|hubs| hubs.borrow_mut().push((key, auth, h)));
-    Some(h)
+    let mut h = h;
+    let ptr = NonNull::from(&mut *h);
+    hubs.borrow_mut().push((key, auth, h));
+    Some(ptr)
 }
 
 /// The addresses of an upstream block's servers, in order (backup ones too,
