@@ -18,6 +18,9 @@ use crate::sqldb::driver::{Hub, ListenSink, ReqToken};
 use crate::sqldb::request::registry;
 use crate::{log, metrics};
 
+/// The comment line that tells a client its subscription is in effect.
+const SUBSCRIBED: &[u8] = b": subscribed\n\n";
+
 /// Bytes that may wait for a slow subscriber before it is dropped.
 const BEHIND_MAX: usize = 1 << 20;
 
@@ -134,10 +137,16 @@ pub fn start(
     s.heartbeat.data = sub.as_ptr().cast();
     s.heartbeat.log = r.log().as_ptr();
     // SAFETY: a hub lives for the worker's life; nothing else uses it now.
-    unsafe { &mut *hub.as_ptr() }.subscribe(&channel, token);
+    let now = unsafe { &mut *hub.as_ptr() }.subscribe(&channel, token);
     metrics::add(Id::Subscribers, &[fan.source], 1);
-    // A first line, so that the client sees the stream is open.
-    if !write(r, b": subscribed\n\n") {
+    // The header now; a first line once the server has the subscription
+    // (events reach the client from then on).
+    let rc = if now {
+        write(r, SUBSCRIBED)
+    } else {
+        r.send_flush() != ERROR
+    };
+    if !rc {
         return Ok(ERROR);
     }
     // SAFETY: the event is the Sub's own, in the request's pool.
@@ -226,7 +235,9 @@ impl Fanout {
         }
     }
 
-    fn send(&self, to: &[ReqToken], bytes: &[u8]) {
+    /// Writes `bytes` to each subscriber of `to`: how many took them (one
+    /// that cannot is dropped).
+    fn write_all(&self, to: &[ReqToken], bytes: &[u8]) -> i64 {
         let mut sent = 0;
         self.each(to, |r| {
             if write(r, bytes) {
@@ -241,6 +252,11 @@ impl Fanout {
                 end(r, ERROR);
             }
         });
+        sent
+    }
+
+    fn send(&self, to: &[ReqToken], bytes: &[u8]) {
+        let sent = self.write_all(to, bytes);
         // Once per fan-out, not once per subscriber.
         metrics::add(Id::EventsSent, &[self.source], sent);
     }
@@ -253,6 +269,10 @@ impl ListenSink for Fanout {
 
     fn reconnected(&self, to: &[ReqToken]) {
         self.send(to, &sse::reconnect());
+    }
+
+    fn subscribed(&self, to: &[ReqToken]) {
+        self.write_all(to, SUBSCRIBED);
     }
 
     fn closing(&self, to: &[ReqToken]) {

@@ -18,7 +18,7 @@ use super::config::{Cache, CacheLocConf};
 use crate::ffi::conf::ComplexValue;
 use crate::ffi::*;
 use crate::log;
-use crate::sqldb::driver::{Channels, Hub, ListenSink, ReqToken};
+use crate::sqldb::driver::{Added, Channels, Hub, ListenSink, ReqToken};
 use crate::subscribe::{self, Refused};
 
 /// How long after a lost connection another is tried (ms).
@@ -248,6 +248,7 @@ impl RedisHub {
         self.state = State::Down;
         self.out.clear();
         self.input.clear();
+        self.channels.deactivate();
         // A connection made later for new subscribers is no reconnect.
         self.was_up = false;
     }
@@ -259,6 +260,7 @@ impl RedisHub {
         let was = std::mem::replace(&mut self.state, State::Down);
         self.out.clear();
         self.input.clear();
+        self.channels.deactivate();
         if self.channels.is_empty() {
             return;
         }
@@ -534,7 +536,13 @@ impl RedisHub {
                                 self.sink.notify(to, name, &payload);
                             }
                         }
-                        Push::Subscribed(_) | Push::Unsubscribed(_) => {}
+                        Push::Subscribed(channel) => {
+                            if let Ok(c) = std::str::from_utf8(&channel) {
+                                let to = self.channels.confirm(c);
+                                self.sink.subscribed(&to);
+                            }
+                        }
+                        Push::Unsubscribed(_) => {}
                         Push::Status => self.auth_pending = false,
                         Push::Error(msg) if std::mem::take(&mut self.auth_pending) => {
                             // A wrong password: nothing works on this connection.
@@ -557,14 +565,16 @@ impl RedisHub {
 }
 
 impl Hub for RedisHub {
-    fn subscribe(&mut self, channel: &str, who: ReqToken) {
-        if self.channels.add(channel, who) && self.state == State::Up {
+    fn subscribe(&mut self, channel: &str, who: ReqToken) -> bool {
+        let added = self.channels.add(channel, who);
+        if added == Added::First && self.state == State::Up {
             pubsub::subscribe(&mut self.out, [channel.as_bytes()]);
             self.flush();
         }
         if self.state == State::Down && !self.retry.pending() {
             self.connect();
         }
+        added == Added::Active
     }
 
     fn unsubscribe(&mut self, channel: &str, who: ReqToken) {

@@ -408,6 +408,12 @@ impl Req {
     }
 
     /// The response ends with no more body (an empty one included).
+    /// Sends what is buffered (the header, say) now.
+    pub fn send_flush(&mut self) -> ngx_int_t {
+        // SAFETY: a live request.
+        unsafe { ngx_http_send_special(self.as_ptr(), NGX_HTTP_FLUSH as ngx_uint_t) }
+    }
+
     pub fn send_last(&mut self) -> ngx_int_t {
         // SAFETY: a live request.
         unsafe { ngx_http_send_special(self.as_ptr(), NGX_HTTP_LAST as ngx_uint_t) }

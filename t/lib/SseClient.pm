@@ -44,17 +44,22 @@ sub pump {
     }
 }
 
-# The body of a subscriber's stream, its chunked encoding undone.
+# The body of a subscriber's stream, its chunked encoding undone (as far
+# as whole chunks have arrived).
 sub body {
     my ($sub) = @_;
-    my (undef, $rest) = split /\r\n\r\n/, $sub->{buf}, 2;
-    $rest //= '';
+    my $buf = $sub->{buf};
+    my $at = index($buf, "\r\n\r\n");
+    return '' if $at < 0;
+    $at += 4;
     my $body = '';
-    while ($rest =~ s/^([0-9a-f]+)\r\n//) {
-        my $n = hex $1;
-        last if $n == 0 || length($rest) < $n + 2;
-        $body .= substr($rest, 0, $n);
-        substr($rest, 0, $n + 2) = '';
+    while (1) {
+        my $eol = index($buf, "\r\n", $at);
+        last if $eol < 0;
+        my $n = hex substr($buf, $at, $eol - $at);
+        last if $n == 0 || length($buf) < $eol + 2 + $n + 2;
+        $body .= substr($buf, $eol + 2, $n);
+        $at = $eol + 2 + $n + 2;
     }
     return $body;
 }

@@ -20,34 +20,82 @@ pub const RETRY: ngx_msec_t = 1000;
 /// A shared connection that subscribers come to and leave, by channel
 /// (this listener, and the cache gateway's subscribing connection).
 pub trait Hub {
-    fn subscribe(&mut self, channel: &str, who: ReqToken);
+    /// True when the subscription is in effect now; else the sink's
+    /// `subscribed` tells when it is.
+    fn subscribe(&mut self, channel: &str, who: ReqToken) -> bool;
     fn unsubscribe(&mut self, channel: &str, who: ReqToken);
 }
 
 /// The subscribers of a hub, by channel (a channel is subscribed to while
-/// it has any).
+/// it has any). A channel is active once the server confirmed its
+/// subscription on the current connection; subscribers that came before
+/// wait for that.
 #[derive(Default)]
-pub struct Channels(BTreeMap<String, Vec<ReqToken>>);
+pub struct Channels(BTreeMap<String, Channel>);
+
+#[derive(Default)]
+struct Channel {
+    subs: Vec<ReqToken>,
+    waiting: Vec<ReqToken>,
+    active: bool,
+}
+
+/// What adding a subscriber gives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Added {
+    /// The channel's first: it must be subscribed to.
+    First,
+    /// The channel is subscribed to already, on a connection that is up.
+    Active,
+    /// Its subscription is on the way.
+    Waiting,
+}
 
 impl Channels {
-    /// Adds a subscriber; true when it is the channel's first.
-    pub fn add(&mut self, channel: &str, who: ReqToken) -> bool {
-        let subs = self.0.entry(channel.to_owned()).or_default();
-        subs.push(who);
-        subs.len() == 1
+    pub fn add(&mut self, channel: &str, who: ReqToken) -> Added {
+        let c = self.0.entry(channel.to_owned()).or_default();
+        c.subs.push(who);
+        if c.active {
+            return Added::Active;
+        }
+        c.waiting.push(who);
+        if c.subs.len() == 1 {
+            Added::First
+        } else {
+            Added::Waiting
+        }
     }
 
     /// Removes a subscriber; true when it was the channel's last.
     pub fn remove(&mut self, channel: &str, who: ReqToken) -> bool {
-        let Some(subs) = self.0.get_mut(channel) else {
+        let Some(c) = self.0.get_mut(channel) else {
             return false;
         };
-        subs.retain(|t| *t != who);
-        if !subs.is_empty() {
+        c.subs.retain(|t| *t != who);
+        c.waiting.retain(|t| *t != who);
+        if !c.subs.is_empty() {
             return false;
         }
         self.0.remove(channel);
         true
+    }
+
+    /// The server confirmed the channel: the subscribers that waited.
+    pub fn confirm(&mut self, channel: &str) -> Vec<ReqToken> {
+        match self.0.get_mut(channel) {
+            Some(c) => {
+                c.active = true;
+                std::mem::take(&mut c.waiting)
+            }
+            None => Vec::new(),
+        }
+    }
+
+    /// The connection is gone: no channel is active until confirmed again.
+    pub fn deactivate(&mut self) {
+        for c in self.0.values_mut() {
+            c.active = false;
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -60,12 +108,14 @@ impl Channels {
 
     /// The channel's own name and its subscribers, if it has any.
     pub fn get(&self, channel: &str) -> Option<(&str, &[ReqToken])> {
-        self.0.get_key_value(channel).map(|(k, v)| (k.as_str(), v.as_slice()))
+        self.0
+            .get_key_value(channel)
+            .map(|(k, c)| (k.as_str(), c.subs.as_slice()))
     }
 
     /// Every subscriber of every channel.
     pub fn everyone(&self) -> Vec<ReqToken> {
-        self.0.values().flatten().copied().collect()
+        self.0.values().flat_map(|c| c.subs.iter()).copied().collect()
     }
 }
 
@@ -74,6 +124,8 @@ pub trait ListenSink {
     fn notify(&self, to: &[ReqToken], channel: &str, payload: &[u8]);
     /// The connection was lost and is back: what was sent in between is lost.
     fn reconnected(&self, to: &[ReqToken]);
+    /// The server confirmed these subscriptions: events reach them from now on.
+    fn subscribed(&self, to: &[ReqToken]);
     /// nginx is exiting: the subscriptions end.
     fn closing(&self, to: &[ReqToken]);
 }
@@ -94,8 +146,11 @@ pub struct Listener {
     pg: Option<PgConn>,
     socket: Option<Socket>,
     state: State,
-    /// LISTEN / UNLISTEN statements to send, one at a time.
-    queue: VecDeque<CString>,
+    /// LISTEN / UNLISTEN statements to send, one at a time (with the
+    /// channel a LISTEN confirms).
+    queue: VecDeque<(CString, Option<String>)>,
+    /// The channel of the LISTEN being read, and whether it failed.
+    in_flight: Option<(String, bool)>,
     /// A statement's results are being read.
     busy: bool,
     /// The connection had been up before: subscribers hear of the gap.
@@ -121,6 +176,7 @@ impl Listener {
             socket: None,
             state: State::Down,
             queue: VecDeque::new(),
+            in_flight: None,
             busy: false,
             was_up: false,
             retry: RetryTimer::new(std::ptr::null_mut(), Some(retry_event)),
@@ -131,13 +187,19 @@ impl Listener {
     }
 
     /// A subscriber of `channel` comes: LISTEN if it is the first.
-    fn add(&mut self, channel: &str, who: ReqToken) {
-        if self.channels.add(channel, who) {
-            self.command(&format!("LISTEN {}", quoted(channel)));
+    fn add(&mut self, channel: &str, who: ReqToken) -> bool {
+        let added = self.channels.add(channel, who);
+        if added == Added::First {
+            self.listen(channel);
         }
         if self.state == State::Down && !self.retry.pending() {
             self.connect();
         }
+        added == Added::Active
+    }
+
+    fn listen(&mut self, channel: &str) {
+        self.command(&format!("LISTEN {}", quoted(channel)), Some(channel.to_owned()));
     }
 
     /// A subscriber leaves: UNLISTEN after the channel's last one.
@@ -149,7 +211,7 @@ impl Listener {
             // Nobody listens any more: the connection goes too.
             self.close();
         } else {
-            self.command(&format!("UNLISTEN {}", quoted(channel)));
+            self.command(&format!("UNLISTEN {}", quoted(channel)), None);
         }
     }
 
@@ -163,17 +225,19 @@ impl Listener {
         self.state = State::Down;
         self.busy = false;
         self.queue.clear();
+        self.in_flight = None;
+        self.channels.deactivate();
         // A connection made later for new subscribers is no reconnect.
         self.was_up = false;
     }
 
-    fn command(&mut self, sql: &str) {
+    fn command(&mut self, sql: &str, confirms: Option<String>) {
         if self.state != State::Up {
             // Sent (as one LISTEN per channel) once the connection is up.
             return;
         }
         if let Ok(c) = CString::new(sql) {
-            self.queue.push_back(c);
+            self.queue.push_back((c, confirms));
         }
         self.send_next();
     }
@@ -214,6 +278,8 @@ impl Listener {
         let was = std::mem::replace(&mut self.state, State::Down);
         self.busy = false;
         self.queue.clear();
+        self.in_flight = None;
+        self.channels.deactivate();
         if self.channels.is_empty() {
             return;
         }
@@ -262,7 +328,7 @@ impl Listener {
                 self.state = State::Up;
                 let channels: Vec<String> = self.channels.names().map(str::to_owned).collect();
                 for c in channels {
-                    self.command(&format!("LISTEN {}", quoted(&c)));
+                    self.listen(&c);
                 }
                 if std::mem::replace(&mut self.was_up, true) {
                     let all = self.channels.everyone();
@@ -280,12 +346,15 @@ impl Listener {
         if self.busy || self.state != State::Up {
             return;
         }
-        let Some(sql) = self.queue.pop_front() else { return };
+        let Some((sql, confirms)) = self.queue.pop_front() else {
+            return;
+        };
         let Some(pg) = self.pg.as_mut() else { return };
         if let Err(e) = pg.send_query(&sql) {
             return self.lost(&e.0);
         }
         self.busy = true;
+        self.in_flight = confirms.map(|c| (c, false));
         self.flush();
     }
 
@@ -317,6 +386,9 @@ impl Listener {
                 Some(res) => {
                     let status = res.status_name();
                     if !status.contains("COMMAND_OK") {
+                        if let Some(f) = self.in_flight.as_mut() {
+                            f.1 = true;
+                        }
                         log!(
                             NGX_LOG_ERR,
                             Log::cycle(),
@@ -326,7 +398,13 @@ impl Listener {
                         );
                     }
                 }
-                None => self.busy = false,
+                None => {
+                    self.busy = false;
+                    if let Some((channel, false)) = self.in_flight.take() {
+                        let to = self.channels.confirm(&channel);
+                        self.sink.subscribed(&to);
+                    }
+                }
             }
         }
         let notes = pg.notifies();
@@ -340,7 +418,7 @@ impl Listener {
 }
 
 impl Hub for Listener {
-    fn subscribe(&mut self, channel: &str, who: ReqToken) {
+    fn subscribe(&mut self, channel: &str, who: ReqToken) -> bool {
         self.add(channel, who)
     }
 

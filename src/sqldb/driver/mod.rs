@@ -22,7 +22,7 @@ use gateway_core::target::Target;
 
 use crate::ffi::ngx_msec_t;
 
-pub use listen::{Channels, Hub, ListenSink, Listener};
+pub use listen::{Added, Channels, Hub, ListenSink, Listener};
 pub use pool::{OpenError, Pick, Pool, Settings, Submitted, RECHECK};
 pub use pq::{check_conninfo, PgResult, PqError, ResultKind};
 
