@@ -129,6 +129,9 @@ pub enum Route<T> {
     /// The request's query started a COPY: it fails (500), and the
     /// connection must be closed (`lost` for the others).
     Refused(T),
+    /// An error of the request's preamble (its role and settings, see
+    /// `sent_statement_with`): the query did not run.
+    PreambleError(T),
     /// Read and dropped: a request that is gone, a statement being prepared,
     /// a query skipped after an error, the end of one query.
     Drop,
@@ -203,12 +206,20 @@ struct Entry<T> {
     internal: bool,
     /// Its request needs the connection alone: nothing queues behind it.
     alone: bool,
+    /// Queries sent before the request's own in its sync segment (its
+    /// preamble: the role and settings of the transaction), 0 or 1.
+    pre: u8,
 }
 
 impl<T> Entry<T> {
     /// The result being read belongs to the statement being prepared.
     fn preparing_step(&self) -> bool {
-        self.mode == Mode::Pipelined { preparing: true } && self.stage == 0
+        self.mode == Mode::Pipelined { preparing: true } && self.stage == self.pre
+    }
+
+    /// The result being read belongs to the request's preamble.
+    fn preamble_step(&self) -> bool {
+        matches!(self.mode, Mode::Pipelined { .. }) && self.stage < self.pre
     }
 }
 
@@ -396,6 +407,14 @@ impl<T: Copy + Eq> Pipeline<T> {
     /// it is on its way), prepared first when not, unnamed when the
     /// connection holds MAX_PREPARED statements already.
     pub fn sent_statement(&mut self, req: T, statement: Option<u32>, streaming: bool) -> Wire {
+        self.sent_statement_with(req, statement, streaming, false)
+    }
+
+    /// As `sent_statement`, with `preamble`: one query goes out before the
+    /// request's own, in the same sync segment (so in the same implicit
+    /// transaction). Its result is dropped; its error is the request's
+    /// (`Route::PreambleError`), and the request's queries are then skipped.
+    pub fn sent_statement_with(&mut self, req: T, statement: Option<u32>, streaming: bool, preamble: bool) -> Wire {
         let (wire, named) = match statement {
             None => (Wire::Unnamed, None),
             Some(id) => match self.prepared.iter().find(|n| n.id == id) {
@@ -414,6 +433,9 @@ impl<T: Copy + Eq> Pipeline<T> {
         };
         let preparing = wire == Wire::PrepareAndExecute;
         self.push(Some(req), Mode::Pipelined { preparing }, streaming, named);
+        if let Some(e) = self.queue.back_mut() {
+            e.pre = u8::from(preamble);
+        }
         wire
     }
 
@@ -446,6 +468,7 @@ impl<T: Copy + Eq> Pipeline<T> {
                 named,
                 internal: false,
                 alone: false,
+                pre: 0,
             });
             return;
         };
@@ -477,6 +500,7 @@ impl<T: Copy + Eq> Pipeline<T> {
             named,
             internal: false,
             alone,
+            pre: 0,
         });
     }
 
@@ -543,7 +567,7 @@ impl<T: Copy + Eq> Pipeline<T> {
             Some(e) if e.req.is_some() && e.streaming && !e.single => {
                 let rows_next = match e.mode {
                     Mode::Simple => true,
-                    Mode::Pipelined { preparing } => e.stage == u8::from(preparing),
+                    Mode::Pipelined { preparing } => e.stage == e.pre + u8::from(preparing),
                 };
                 e.single = rows_next;
                 rows_next
@@ -571,8 +595,9 @@ impl<T: Copy + Eq> Pipeline<T> {
                 self.finish_head(&mut steps);
                 Route::Drop
             }
-            // A request sends two queries at most: more ends mean confusion.
-            (ResultKind::End, Mode::Pipelined { .. }) if head.stage >= 2 => Route::Confused,
+            // A request sends two queries at most (and its preamble): more
+            // ends mean confusion.
+            (ResultKind::End, Mode::Pipelined { .. }) if head.stage >= 2 + head.pre => Route::Confused,
             (ResultKind::End, Mode::Pipelined { .. }) => {
                 head.stage += 1;
                 Route::Drop
@@ -588,6 +613,16 @@ impl<T: Copy + Eq> Pipeline<T> {
                 None => Route::Confused,
             },
             (ResultKind::Aborted, _) => Route::Drop,
+            // The preamble failed (a role that cannot be set): the request's
+            // queries are skipped; it learns why.
+            // A prepare behind it is skipped too: the session will not hold it.
+            (ResultKind::Error(_), _) if head.preamble_step() => {
+                if head.mode == (Mode::Pipelined { preparing: true }) {
+                    forget(prepared, head.named);
+                }
+                head.req.map_or(Route::Drop, Route::PreambleError)
+            }
+            (ResultKind::Row | ResultKind::Final, _) if head.preamble_step() => Route::Drop,
             // The name was taken, not by this connection: prepared again, or
             // unnamed once the driver knows, never run as another's statement.
             (ResultKind::Error(ErrorClass::Duplicate), _) if head.preparing_step() => {

@@ -784,7 +784,7 @@ impl Sim {
         }
         let (route, steps) = self.p.on_result(kind);
         match route {
-            Route::Row(r) | Route::Result(r) | Route::Error(r) => {
+            Route::Row(r) | Route::Result(r) | Route::Error(r) | Route::PreambleError(r) => {
                 self.seen.rows += u64::from(kind == Row);
                 assert_eq!(r, req, "a result of request {req} went to request {r}");
                 assert!(
@@ -991,4 +991,68 @@ fn requests_withdrawn_at_connect_leave_the_others_to_go_out() {
     assert_eq!(p.resume_waiting(), vec![Step::Settle]);
     assert!(p.is_idle());
     assert_eq!(p.served(), 0);
+}
+
+#[test]
+fn a_preamble_result_is_dropped_and_the_query_answers() {
+    let mut p = holding(&[]);
+    assert_eq!(p.sent_statement_with(1, None, false, true), Wire::Unnamed);
+    assert_eq!(
+        feed(&mut p, &[Final, End, Final, End, Sync]),
+        ["Result(1)", "Complete(1)"]
+    );
+    // With a prepare: preamble, prepare, execute.
+    assert_eq!(p.sent_statement_with(2, Some(3), false, true), Wire::PrepareAndExecute);
+    assert_eq!(
+        feed(&mut p, &[Final, End, Final, End, Final, End, Sync]),
+        ["Result(2)", "Complete(2)"]
+    );
+    assert!(p.holds_statement(3));
+    // Four query ends in one segment of a request with a preamble (three
+    // queries at most): confusion.
+    assert_eq!(p.sent_statement_with(4, None, false, true), Wire::Unnamed);
+    assert_eq!(
+        feed(&mut p, &[Final, End, Final, End, Final, End, Final, End]),
+        ["Result(4)", "Result(4)", "Result(4)", "Confused"]
+    );
+}
+
+#[test]
+fn a_preamble_error_is_the_requests_and_skips_its_queries() {
+    let mut p = holding(&[]);
+    assert_eq!(p.sent_statement_with(1, Some(5), false, true), Wire::PrepareAndExecute);
+    // Pipelined behind, executing the statement the first one prepares.
+    assert_eq!(p.sent_statement(2, Some(5), false), Wire::Execute);
+    let out = feed(
+        &mut p,
+        &[Error(ErrorClass::Statement), End, Aborted, End, Aborted, End, Sync],
+    );
+    assert_eq!(out, ["PreambleError(1)", "Complete(1)"]);
+    assert!(!p.holds_statement(5), "its prepare was skipped");
+    // The one behind finds no statement: sent again, prepared, and the
+    // connection is not taken for a shared session.
+    let out = feed(&mut p, &[Error(ErrorClass::Vanished), End, Sync]);
+    assert_eq!(out, ["Resend(2)"]);
+    assert!(!p.take_shared_session());
+    assert_eq!(p.sent_statement(2, Some(5), false), Wire::PrepareAndExecute);
+}
+
+#[test]
+fn a_streamed_request_with_a_preamble_asks_single_rows_for_its_own_query() {
+    let mut p = holding(&[]);
+    p.sent_statement_with(1, None, true, true);
+    assert!(!p.wants_single_row(), "not for the preamble");
+    feed(&mut p, &[Final, End]);
+    assert!(p.wants_single_row());
+    assert_eq!(
+        feed(&mut p, &[Row, Row, Final, End, Sync]),
+        ["Row(1)", "Row(1)", "Result(1)", "Complete(1)"]
+    );
+}
+
+#[test]
+fn a_session_ending_error_in_the_preamble_still_ends_the_session() {
+    let mut p = holding(&[]);
+    p.sent_statement_with(1, None, false, true);
+    assert_eq!(feed(&mut p, &[Error(ErrorClass::SessionEnd)]), ["SessionEnding"]);
 }
