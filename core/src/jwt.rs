@@ -65,7 +65,7 @@ impl Alg {
 #[derive(Clone)]
 enum Material {
     /// An HMAC secret (one key per hash, made once).
-    Hmac { len: usize, keys: [hmac::Key; 3] },
+    Hmac { len: usize, keys: Box<[hmac::Key; 3]> },
     /// An RSA public key: modulus and exponent, big-endian without sign byte.
     Rsa { n: Vec<u8>, e: Vec<u8> },
     /// An uncompressed P-256 point (0x04 || x || y).
@@ -87,11 +87,11 @@ impl Material {
     fn hmac(secret: &[u8]) -> Material {
         Material::Hmac {
             len: secret.len(),
-            keys: [
+            keys: Box::new([
                 hmac::Key::new(hmac::HMAC_SHA256, secret),
                 hmac::Key::new(hmac::HMAC_SHA384, secret),
                 hmac::Key::new(hmac::HMAC_SHA512, secret),
-            ],
+            ]),
         }
     }
 
@@ -573,7 +573,7 @@ fn pem_block(text: &[u8]) -> Result<(String, Vec<u8>), KeyError> {
     let end = body
         .find(&end_marker)
         .ok_or_else(|| KeyError(format!("no \"{end_marker}\" line")))?;
-    let der = pem_base64(body[..end].as_bytes()).ok_or_else(|| KeyError("the PEM block is not base64".into()))?;
+    let der = pem_base64(&body.as_bytes()[..end]).ok_or_else(|| KeyError("the PEM block is not base64".into()))?;
     Ok((label, der))
 }
 

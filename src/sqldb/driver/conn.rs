@@ -250,6 +250,11 @@ impl Conn {
             self.pipeline.touch_session();
         }
         if q.several {
+            // The request side never sends a preamble with several
+            // statements (its role would not bind them all).
+            if q.preamble.is_some() {
+                return Err(PqError("a role or settings for a query of several statements".into()));
+            }
             self.pipeline.sent(req, Mode::Simple, q.streaming);
             self.check_encoding()?;
             if self.in_pipeline {
@@ -259,9 +264,14 @@ impl Conn {
             self.pg.send_query(&q.sql)?;
         } else {
             let statement = q.statement.as_deref().filter(|_| !self.unnamed);
-            let wire = self.pipeline.sent_statement(req, statement.map(|s| s.id), q.streaming);
+            let wire =
+                self.pipeline
+                    .sent_statement_with(req, statement.map(|s| s.id), q.streaming, q.preamble.is_some());
             self.check_encoding()?;
             self.enter_pipeline()?;
+            if let Some(pre) = &q.preamble {
+                self.pg.send_unnamed(&pre.sql, &pre.params, false)?;
+            }
             match (wire, statement) {
                 (Wire::PrepareAndExecute, Some(s)) => {
                     metrics::add(Id::SqldbPrepares, &[&self.upstream], 1);
