@@ -170,6 +170,13 @@ server {
 server {
     listen 127.0.0.1:\$PORT2;
     # The same upstream and connections, without any role or setting.
+    location /dealloc { sqldb_pass database; sqldb_prepare off; sqldb_output none; sqldb_query "deallocate all"; }
+    location /held {
+        sqldb_pass database;
+        sqldb_prepare off;
+        sqldb_output value;
+        sqldb_query "select count(*) from pg_prepared_statements where statement like 'select set_config(%'";
+    }
     location /plain {
         sqldb_pass database;
         sqldb_output value;
@@ -325,6 +332,21 @@ for my $round (1 .. 3) {
     ($s2, $b2) = request($port2, 'GET', '/plain');
     is($b2, $plain, "round $round: after a 403 too");
 }
+
+# The prepared preambles (one per text: read-write and read-only) are made
+# once per connection; dropped behind the gateway's back (DEALLOCATE ALL),
+# they are prepared again and the request does not fail.
+(undef, $body) = request($port2, 'GET', '/held');
+ok($body >= 2, 'preambles prepared on the connection') or diag($body);
+($status) = request($port2, 'GET', '/dealloc');
+is($status, 200, 'deallocate all');
+(undef, $body) = request($port2, 'GET', '/held');
+is($body, '0', 'none held now');
+($status, $body) = get('/note?id=1', $alice);
+is($body, "alice one", "a request after the preamble vanished runs (prepared again)");
+(undef, $body) = request($port2, 'GET', '/held');
+is($body, '1', 'the read-only preamble is prepared again, once');
+unlike(nginx_error_log(), qr/prepared statement .* does not exist/, 'no request met the vanished preamble');
 
 # Pipelined: many requests at once on the one connection, alternating
 # alice, bob, anonymous and the location without a role.

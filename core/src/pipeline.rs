@@ -207,7 +207,8 @@ struct Entry<T> {
     /// Its request needs the connection alone: nothing queues behind it.
     alone: bool,
     /// Queries sent before the request's own in its sync segment (its
-    /// preamble: the role and settings of the transaction), 0 or 1.
+    /// preamble: the role and settings of the transaction): 0, 1 (executed
+    /// by name, or unnamed), or 2 (prepared, then executed by name).
     pre: u8,
 }
 
@@ -262,6 +263,9 @@ pub struct Pipeline<T> {
     /// The server's sessions are not this connection's own: a statement it
     /// prepared vanished unexplained, or one it never prepared was there.
     shared_session: bool,
+    /// A prepared preamble was found missing: the driver prepares its
+    /// preambles again.
+    preamble_vanished: bool,
 }
 
 impl<T: Copy + Eq> Pipeline<T> {
@@ -286,6 +290,7 @@ impl<T: Copy + Eq> Pipeline<T> {
             prepare_gen: 0,
             session_touched: false,
             shared_session: false,
+            preamble_vanished: false,
         }
     }
 
@@ -331,6 +336,11 @@ impl<T: Copy + Eq> Pipeline<T> {
     /// pooler in transaction mode), once: named statements are not safe.
     pub fn take_shared_session(&mut self) -> bool {
         std::mem::take(&mut self.shared_session)
+    }
+
+    /// Whether a prepared preamble was found missing, once.
+    pub fn take_preamble_vanished(&mut self) -> bool {
+        std::mem::take(&mut self.preamble_vanished)
     }
 
     /// The request whose results come next (None: an internal query, or
@@ -407,14 +417,18 @@ impl<T: Copy + Eq> Pipeline<T> {
     /// it is on its way), prepared first when not, unnamed when the
     /// connection holds MAX_PREPARED statements already.
     pub fn sent_statement(&mut self, req: T, statement: Option<u32>, streaming: bool) -> Wire {
-        self.sent_statement_with(req, statement, streaming, false)
+        self.sent_statement_with(req, statement, streaming, 0)
     }
 
-    /// As `sent_statement`, with `preamble`: one query goes out before the
-    /// request's own, in the same sync segment (so in the same implicit
-    /// transaction). Its result is dropped; its error is the request's
-    /// (`Route::PreambleError`), and the request's queries are then skipped.
-    pub fn sent_statement_with(&mut self, req: T, statement: Option<u32>, streaming: bool, preamble: bool) -> Wire {
+    /// As `sent_statement`, with `preamble` queries (0 to 2: its prepare
+    /// and its execution) before the request's own, in the same sync
+    /// segment (so in the same implicit transaction). Their results are
+    /// dropped; their error is the request's (`Route::PreambleError`), and
+    /// the request's queries are then skipped; but a prepared preamble
+    /// that vanished (DISCARD ALL), or one whose prepare finds it there,
+    /// sends the request again once (nothing of it ran), and
+    /// `take_preamble_vanished` says so for the first.
+    pub fn sent_statement_with(&mut self, req: T, statement: Option<u32>, streaming: bool, preamble: u8) -> Wire {
         let (wire, named) = match statement {
             None => (Wire::Unnamed, None),
             Some(id) => match self.prepared.iter().find(|n| n.id == id) {
@@ -434,7 +448,7 @@ impl<T: Copy + Eq> Pipeline<T> {
         let preparing = wire == Wire::PrepareAndExecute;
         self.push(Some(req), Mode::Pipelined { preparing }, streaming, named);
         if let Some(e) = self.queue.back_mut() {
-            e.pre = u8::from(preamble);
+            e.pre = preamble.min(2);
         }
         wire
     }
@@ -613,9 +627,27 @@ impl<T: Copy + Eq> Pipeline<T> {
                 None => Route::Confused,
             },
             (ResultKind::Aborted, _) => Route::Drop,
+            // The prepared preamble is not there, or its prepare found it
+            // there already: nothing ran; sent again (prepared again for
+            // the first), once.
+            (ResultKind::Error(class @ (ErrorClass::Vanished | ErrorClass::Duplicate)), _)
+                if head.preamble_step() && head.req.is_some() && !head.resent =>
+            {
+                if head.mode == (Mode::Pipelined { preparing: true }) {
+                    forget(prepared, head.named);
+                }
+                // Only DEALLOCATE ALL or DISCARD ALL drop it: the session
+                // holds none of the connection's statements any more.
+                if class == ErrorClass::Vanished {
+                    prepared.clear();
+                    self.preamble_vanished = true;
+                }
+                head.again = true;
+                Route::Drop
+            }
             // The preamble failed (a role that cannot be set): the request's
-            // queries are skipped; it learns why.
-            // A prepare behind it is skipped too: the session will not hold it.
+            // queries are skipped; it learns why. A prepare behind it is
+            // skipped too: the session will not hold it.
             (ResultKind::Error(_), _) if head.preamble_step() => {
                 if head.mode == (Mode::Pipelined { preparing: true }) {
                     forget(prepared, head.named);

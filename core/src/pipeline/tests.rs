@@ -996,13 +996,13 @@ fn requests_withdrawn_at_connect_leave_the_others_to_go_out() {
 #[test]
 fn a_preamble_result_is_dropped_and_the_query_answers() {
     let mut p = holding(&[]);
-    assert_eq!(p.sent_statement_with(1, None, false, true), Wire::Unnamed);
+    assert_eq!(p.sent_statement_with(1, None, false, 1), Wire::Unnamed);
     assert_eq!(
         feed(&mut p, &[Final, End, Final, End, Sync]),
         ["Result(1)", "Complete(1)"]
     );
     // With a prepare: preamble, prepare, execute.
-    assert_eq!(p.sent_statement_with(2, Some(3), false, true), Wire::PrepareAndExecute);
+    assert_eq!(p.sent_statement_with(2, Some(3), false, 1), Wire::PrepareAndExecute);
     assert_eq!(
         feed(&mut p, &[Final, End, Final, End, Final, End, Sync]),
         ["Result(2)", "Complete(2)"]
@@ -1010,7 +1010,7 @@ fn a_preamble_result_is_dropped_and_the_query_answers() {
     assert!(p.holds_statement(3));
     // Four query ends in one segment of a request with a preamble (three
     // queries at most): confusion.
-    assert_eq!(p.sent_statement_with(4, None, false, true), Wire::Unnamed);
+    assert_eq!(p.sent_statement_with(4, None, false, 1), Wire::Unnamed);
     assert_eq!(
         feed(&mut p, &[Final, End, Final, End, Final, End, Final, End]),
         ["Result(4)", "Result(4)", "Result(4)", "Confused"]
@@ -1020,7 +1020,7 @@ fn a_preamble_result_is_dropped_and_the_query_answers() {
 #[test]
 fn a_preamble_error_is_the_requests_and_skips_its_queries() {
     let mut p = holding(&[]);
-    assert_eq!(p.sent_statement_with(1, Some(5), false, true), Wire::PrepareAndExecute);
+    assert_eq!(p.sent_statement_with(1, Some(5), false, 1), Wire::PrepareAndExecute);
     // Pipelined behind, executing the statement the first one prepares.
     assert_eq!(p.sent_statement(2, Some(5), false), Wire::Execute);
     let out = feed(
@@ -1040,7 +1040,7 @@ fn a_preamble_error_is_the_requests_and_skips_its_queries() {
 #[test]
 fn a_streamed_request_with_a_preamble_asks_single_rows_for_its_own_query() {
     let mut p = holding(&[]);
-    p.sent_statement_with(1, None, true, true);
+    p.sent_statement_with(1, None, true, 1);
     assert!(!p.wants_single_row(), "not for the preamble");
     feed(&mut p, &[Final, End]);
     assert!(p.wants_single_row());
@@ -1053,6 +1053,60 @@ fn a_streamed_request_with_a_preamble_asks_single_rows_for_its_own_query() {
 #[test]
 fn a_session_ending_error_in_the_preamble_still_ends_the_session() {
     let mut p = holding(&[]);
-    p.sent_statement_with(1, None, false, true);
+    p.sent_statement_with(1, None, false, 1);
     assert_eq!(feed(&mut p, &[Error(ErrorClass::SessionEnd)]), ["SessionEnding"]);
+}
+
+#[test]
+fn a_prepared_preamble_that_vanished_sends_the_request_again_once() {
+    let mut p = holding(&[8]);
+    // Prepare and execute of the preamble, then the request's query.
+    assert_eq!(p.sent_statement_with(1, None, false, 2), Wire::Unnamed);
+    assert_eq!(
+        feed(&mut p, &[Final, End, Final, End, Final, End, Sync]),
+        ["Result(1)", "Complete(1)"]
+    );
+    // Executed by name: gone (DISCARD ALL).
+    assert_eq!(p.sent_statement_with(2, Some(6), false, 1), Wire::PrepareAndExecute);
+    let out = feed(
+        &mut p,
+        &[Error(ErrorClass::Vanished), End, Aborted, End, Aborted, End, Sync],
+    );
+    assert_eq!(out, ["Resend(2)"]);
+    assert!(p.take_preamble_vanished());
+    assert!(!p.take_preamble_vanished());
+    assert!(!p.holds_statement(6), "its prepare was skipped");
+    assert!(
+        !p.holds_statement(8),
+        "DEALLOCATE ALL or DISCARD ALL dropped the others too"
+    );
+    // Sent again with the preamble prepared: vanishing again is its error.
+    p.sent_statement_with(2, Some(6), false, 2);
+    let out = feed(
+        &mut p,
+        &[
+            Final,
+            End,
+            Error(ErrorClass::Vanished),
+            End,
+            Aborted,
+            End,
+            Aborted,
+            End,
+            Sync,
+        ],
+    );
+    assert_eq!(out, ["PreambleError(2)", "Complete(2)"]);
+}
+
+#[test]
+fn a_preamble_prepare_that_finds_it_there_sends_the_request_again() {
+    let mut p = holding(&[]);
+    p.sent_statement_with(1, None, false, 2);
+    let out = feed(
+        &mut p,
+        &[Error(ErrorClass::Duplicate), End, Aborted, End, Aborted, End, Sync],
+    );
+    assert_eq!(out, ["Resend(1)"]);
+    assert!(!p.take_preamble_vanished(), "it is there");
 }

@@ -9,6 +9,7 @@ use std::ffi::{c_char, c_void, CString};
 use std::rc::Rc;
 
 use gateway_core::jwt::{parse_claim_path, Alg, KeySet};
+use gateway_core::sql::statement_name;
 
 use super::LocConf;
 use crate::ffi::conf::{directive, ComplexValue, ConfError};
@@ -32,6 +33,9 @@ pub struct Setting {
 pub struct PreambleSql {
     pub rw: Rc<CString>,
     pub ro: Rc<CString>,
+    /// Their statement names (prepared once per connection).
+    pub rw_name: Rc<CString>,
+    pub ro_name: Rc<CString>,
     /// The role and the claims are its first two parameters.
     pub with_role: bool,
 }
@@ -60,9 +64,13 @@ impl PreambleSql {
         if !with_role && settings == 0 {
             return None;
         }
+        let (rw, ro) = (text(false)?, text(true)?);
+        let name = |t: &CString| CString::new(statement_name(t.as_bytes())).ok().map(Rc::new);
         Some(PreambleSql {
-            rw: text(false)?,
-            ro: text(true)?,
+            rw_name: name(&rw)?,
+            ro_name: name(&ro)?,
+            rw,
+            ro,
             with_role,
         })
     }

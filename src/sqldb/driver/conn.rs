@@ -49,6 +49,9 @@ pub(super) struct Conn {
     /// Statements go out unnamed: the pool found the server's sessions
     /// shared (a pooler in transaction mode).
     pub unnamed: bool,
+    /// The preambles (see Query::preamble) the session holds prepared, by
+    /// name (as many as the configuration has texts at most).
+    pub preambles: Vec<Rc<CString>>,
     /// The session's cancel key (None: its queries cannot be cancelled).
     pub cancel_key: Option<CancelKey>,
     pub canceller: Option<Canceller>,
@@ -97,6 +100,7 @@ impl Conn {
             corked: false,
             corkable: true,
             unnamed: false,
+            preambles: Vec::new(),
             cancel_key: None,
             canceller: None,
             upstream: Rc::from(""),
@@ -264,13 +268,29 @@ impl Conn {
             self.pg.send_query(&q.sql)?;
         } else {
             let statement = q.statement.as_deref().filter(|_| !self.unnamed);
-            let wire =
-                self.pipeline
-                    .sent_statement_with(req, statement.map(|s| s.id), q.streaming, q.preamble.is_some());
+            // The preamble: prepared once per connection and executed by
+            // name (unnamed where sessions are shared).
+            let pre = match &q.preamble {
+                None => 0,
+                Some(_) if self.unnamed => 1,
+                Some(p) if self.preambles.iter().any(|n| n.as_c_str() == p.name.as_c_str()) => 1,
+                Some(_) => 2,
+            };
+            let wire = self
+                .pipeline
+                .sent_statement_with(req, statement.map(|s| s.id), q.streaming, pre);
             self.check_encoding()?;
             self.enter_pipeline()?;
-            if let Some(pre) = &q.preamble {
-                self.pg.send_unnamed(&pre.sql, &pre.params, false)?;
+            if let Some(p) = &q.preamble {
+                match pre {
+                    2 => {
+                        self.pg.send_prepare(&p.name, &p.sql)?;
+                        self.preambles.push(p.name.clone());
+                        self.pg.send_prepared(&p.name, &p.params, false)?;
+                    }
+                    _ if self.unnamed => self.pg.send_unnamed(&p.sql, &p.params, false)?,
+                    _ => self.pg.send_prepared(&p.name, &p.params, false)?,
+                }
             }
             match (wire, statement) {
                 (Wire::PrepareAndExecute, Some(s)) => {

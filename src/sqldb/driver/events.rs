@@ -314,6 +314,10 @@ impl Pool {
             }
         }
         c.progressed(front, long);
+        if c.pipeline.take_preamble_vanished() {
+            // Dropped behind the gateway's back (DISCARD ALL): prepared again.
+            c.preambles.clear();
+        }
         if c.pipeline.take_shared_session() {
             let name = c.name.clone();
             self.statements_shared(&name);

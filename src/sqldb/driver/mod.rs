@@ -109,6 +109,8 @@ pub struct Query {
 #[derive(Debug)]
 pub struct Preamble {
     pub sql: Rc<CString>,
+    /// Its name, when prepared once per connection.
+    pub name: Rc<CString>,
     pub params: Vec<CString>,
 }
 

@@ -83,11 +83,16 @@ pub fn authorize(r: &mut Req, lcf: &LocConf) -> Result<Authorized, StartError> {
         params.push(CString::new(v).map_err(|_| StartError::SettingNul(s.name.to_string_lossy().into_owned()))?);
     }
     let read_only = pre.with_role && (r.method() & (NGX_HTTP_GET | NGX_HTTP_HEAD)) != 0;
-    let sql = if read_only { &pre.ro } else { &pre.rw };
+    let (sql, name) = if read_only {
+        (&pre.ro, &pre.ro_name)
+    } else {
+        (&pre.rw, &pre.rw_name)
+    };
     Ok(Authorized {
         claims,
         preamble: Some(Preamble {
             sql: Rc::clone(sql),
+            name: Rc::clone(name),
             params,
         }),
     })
