@@ -3,6 +3,7 @@
 mod cluster;
 mod conninfo;
 mod formats;
+mod jwt;
 mod methods;
 mod rds;
 mod redis;
@@ -14,6 +15,7 @@ mod template;
 pub use cluster::cluster_slots;
 pub use conninfo::conninfo;
 pub use formats::formats;
+pub use jwt::jwt_token;
 pub use methods::methods;
 pub use rds::rds_decode;
 pub use redis::redis_exchange;
@@ -35,4 +37,5 @@ pub const TARGETS: &[(&str, Check)] = &[
     ("methods", methods),
     ("redis_exchange", redis_exchange),
     ("cluster_slots", cluster_slots),
+    ("jwt_token", jwt_token),
 ];
