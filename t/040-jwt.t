@@ -287,6 +287,17 @@ is($status, 200, 'expired 10 s ago: within the default leeway of 30 s');
 is($status, 401, 'expired 10 s ago with sqldb_jwt_leeway 0: 401');
 ($status, $body) = get('/strict', $alice);
 is($body, "jwt_user", 'alg=HS256 location accepts HS256');
+# A verified token is kept (its signature is not checked again) but never
+# past its exp.
+my $soon = int(time) + 2;
+my $short = hs256(claims(sub => 'alice', role => 'jwt_user', exp => $soon));
+($status) = get('/strict', $short);
+is($status, 200, 'a token that expires in 2 s: 200');
+($status) = get('/strict', $short);
+is($status, 200, 'again (from the cache of verified tokens): 200');
+select(undef, undef, undef, 0.1) while time < $soon + 1.1;
+($status) = get('/strict', $short);
+is($status, 401, 'once its exp has passed: 401, though it was verified before');
 
 # --- RS256 with a PEM key, and the algorithm-confusion attack.
 my $rs = openssl_sign('RS256', "$dir/rsa.pem", claims(sub => 'alice', role => 'jwt_user'));

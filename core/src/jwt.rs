@@ -255,6 +255,14 @@ impl KeySet {
     /// Verifies a token at `now` (seconds since the epoch) with `leeway`
     /// seconds for `exp` and `nbf`: its claims, or why it is refused.
     pub fn verify(&self, token: &[u8], now: i64, leeway: i64) -> Result<Claims, JwtError> {
+        let claims = self.verify_signature(token)?;
+        claims.check_time(now, leeway)?;
+        Ok(claims)
+    }
+
+    /// The token's signature verified and its claims read (`exp` and `nbf`
+    /// numbers when present), not yet checked against the time.
+    pub fn verify_signature(&self, token: &[u8]) -> Result<Claims, JwtError> {
         let parts = split_token(token)?;
         let header = decode_object(parts.header, JwtError::Header)?;
         let alg = match header.get("alg") {
@@ -294,23 +302,18 @@ impl KeySet {
         let time = |name: &str| -> Result<Option<f64>, JwtError> {
             match claims.get(name) {
                 None => Ok(None),
-                Some(Value::Number(n)) => n.as_f64().map(Some).ok_or(JwtError::Claims),
+                Some(Value::Number(n)) => n.as_f64().filter(|f| f.is_finite()).map(Some).ok_or(JwtError::Claims),
                 Some(_) => Err(JwtError::Claims),
             }
         };
-        let (now, leeway) = (now as f64, leeway as f64);
-        if let Some(exp) = time("exp")? {
-            if now >= exp + leeway {
-                return Err(JwtError::Expired);
-            }
-        }
-        if let Some(nbf) = time("nbf")? {
-            if now + leeway < nbf {
-                return Err(JwtError::NotYetValid);
-            }
-        }
-        let expires = time("exp")?.map(|e| (e + leeway).floor() as i64);
-        Ok(Claims { map: claims, expires })
+        let (exp, nbf) = (time("exp")?, time("nbf")?);
+        let json = Value::Object(claims.clone()).to_string();
+        Ok(Claims {
+            map: claims,
+            json,
+            exp,
+            nbf,
+        })
     }
 }
 
@@ -385,14 +388,28 @@ fn printable(s: &str) -> String {
 #[derive(Debug, Clone)]
 pub struct Claims {
     map: Map<String, Value>,
-    /// `exp` plus the leeway, whole seconds (None: no `exp`).
-    pub expires: Option<i64>,
+    /// The claims as JSON text.
+    json: String,
+    exp: Option<f64>,
+    nbf: Option<f64>,
 }
 
 impl Claims {
     /// The claims as JSON text (for `request.jwt.claims`).
-    pub fn json(&self) -> String {
-        Value::Object(self.map.clone()).to_string()
+    pub fn json(&self) -> &str {
+        &self.json
+    }
+
+    /// Valid at `now` with `leeway` seconds: `exp` not passed, `nbf` reached.
+    pub fn check_time(&self, now: i64, leeway: i64) -> Result<(), JwtError> {
+        let (now, leeway) = (now as f64, leeway as f64);
+        if self.exp.is_some_and(|exp| now >= exp + leeway) {
+            return Err(JwtError::Expired);
+        }
+        if self.nbf.is_some_and(|nbf| now + leeway < nbf) {
+            return Err(JwtError::NotYetValid);
+        }
+        Ok(())
     }
 
     /// A claim by dotted path (`app.role`): a string as it is, another
@@ -409,6 +426,59 @@ impl Claims {
     /// A top-level claim as text (the `$sqldb_jwt_claim_NAME` variables).
     pub fn get(&self, name: &str) -> Option<String> {
         value_text(self.map.get(name)?)
+    }
+}
+
+/// Tokens whose signature was verified, by their exact bytes (a worker's
+/// own, per key set): a token seen again skips the signature check (an RSA
+/// verification costs tens of microseconds), never the check of `exp` and
+/// `nbf`. Bounded: when full it starts again empty.
+#[derive(Debug)]
+pub struct TokenCache {
+    map: std::collections::HashMap<Vec<u8>, std::rc::Rc<Claims>>,
+    capacity: usize,
+}
+
+/// Tokens longer than this are verified every time, not kept.
+pub const MAX_CACHED_TOKEN: usize = 4096;
+
+impl TokenCache {
+    pub fn new(capacity: usize) -> TokenCache {
+        TokenCache {
+            map: std::collections::HashMap::new(),
+            capacity,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// `keys.verify`, with the signature checks of tokens seen before saved.
+    pub fn verify(
+        &mut self,
+        keys: &KeySet,
+        token: &[u8],
+        now: i64,
+        leeway: i64,
+    ) -> Result<std::rc::Rc<Claims>, JwtError> {
+        if let Some(c) = self.map.get(token) {
+            c.check_time(now, leeway)?;
+            return Ok(c.clone());
+        }
+        let claims = std::rc::Rc::new(keys.verify_signature(token)?);
+        claims.check_time(now, leeway)?;
+        if token.len() <= MAX_CACHED_TOKEN && self.capacity > 0 {
+            if self.map.len() >= self.capacity {
+                self.map.clear();
+            }
+            self.map.insert(token.to_vec(), claims.clone());
+        }
+        Ok(claims)
     }
 }
 

@@ -100,7 +100,6 @@ fn hmac_tokens_verify_with_their_claims() {
     let c = set.verify(t.as_bytes(), NOW, 30).expect("valid");
     assert_eq!(c.get("sub").as_deref(), Some("alice"));
     assert_eq!(c.get("exp").as_deref(), Some("1800000100"));
-    assert_eq!(c.expires, Some(1_800_000_130));
     assert!(c.json().contains("\"sub\":\"alice\""));
     for alg in [Alg::HS384, Alg::HS512] {
         let long = [7u8; 64];
@@ -385,4 +384,38 @@ fn bearer_header() {
     assert_eq!(bearer_token(b"Basic abc"), None);
     assert_eq!(bearer_token(b"Bearerabc"), None);
     assert_eq!(bearer_token(b""), None);
+}
+
+#[test]
+fn the_token_cache_keeps_signatures_never_times() {
+    let set = secret_set();
+    let mut cache = TokenCache::new(2);
+    let t = hs256(r#"{"sub":"a","exp":1800000010}"#);
+    assert!(cache.verify(&set, t.as_bytes(), NOW, 0).is_ok());
+    assert_eq!(cache.len(), 1);
+    assert!(cache.verify(&set, t.as_bytes(), NOW + 5, 0).is_ok());
+    // Expired since: refused, though cached.
+    assert_eq!(
+        cache.verify(&set, t.as_bytes(), NOW + 10, 0).unwrap_err(),
+        JwtError::Expired
+    );
+    // With the leeway of another location it is still valid.
+    assert!(cache.verify(&set, t.as_bytes(), NOW + 10, 30).is_ok());
+    // A forged token is never cached nor accepted; a changed one is not the cached one.
+    let forged = format!("{}x", &t[..t.len() - 1]);
+    assert!(cache.verify(&set, forged.as_bytes(), NOW, 0).is_err());
+    assert_eq!(cache.len(), 1);
+    // Bounded.
+    for i in 0..5 {
+        let t = hs256(&format!(r#"{{"sub":"{i}"}}"#));
+        assert!(cache.verify(&set, t.as_bytes(), NOW, 0).is_ok());
+        assert!(cache.len() <= 2);
+    }
+    // nbf in the future: not valid yet, and valid later from the cache too.
+    let t = hs256(r#"{"nbf":1800000100}"#);
+    assert_eq!(
+        cache.verify(&set, t.as_bytes(), NOW, 0).unwrap_err(),
+        JwtError::NotYetValid
+    );
+    assert!(cache.verify(&set, t.as_bytes(), NOW + 100, 0).is_ok());
 }

@@ -8,7 +8,9 @@
 use std::ffi::{c_char, c_void, CString};
 use std::rc::Rc;
 
-use gateway_core::jwt::{parse_claim_path, Alg, KeySet};
+use std::cell::RefCell;
+
+use gateway_core::jwt::{parse_claim_path, Alg, KeySet, TokenCache};
 use gateway_core::sql::statement_name;
 
 use super::LocConf;
@@ -19,7 +21,12 @@ use crate::ffi::*;
 pub struct JwtConf {
     pub keys: KeySet,
     pub file: String,
+    /// Tokens verified lately, in this worker (see TokenCache).
+    pub cache: RefCell<TokenCache>,
 }
+
+/// Tokens a worker keeps verified, per `sqldb_jwt_key`.
+pub const TOKEN_CACHE: usize = 512;
 
 /// `sqldb_setting NAME VALUE`.
 #[derive(Clone)]
@@ -102,7 +109,11 @@ pub(crate) extern "C" fn cmd_sqldb_jwt_key(
         let file = cf.full_name(args[1]).ok_or(ConfError::Logged)?;
         let bytes = std::fs::read(&file).map_err(|e| format!("\"sqldb_jwt_key\" cannot read \"{file}\": {e}"))?;
         let keys = KeySet::load(&bytes, alg).map_err(|e| format!("\"sqldb_jwt_key\" file \"{file}\": {e}"))?;
-        lcf.jwt = Some(Rc::new(JwtConf { keys, file }));
+        lcf.jwt = Some(Rc::new(JwtConf {
+            keys,
+            file,
+            cache: RefCell::new(TokenCache::new(TOKEN_CACHE)),
+        }));
         Ok(())
     };
     // SAFETY: nginx passes the configuration being read and this module's LocConf.

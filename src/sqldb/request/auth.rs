@@ -14,7 +14,7 @@ use crate::sqldb::driver::Preamble;
 
 /// The verified claims of a request (for `$sqldb_jwt_claim_NAME`).
 pub struct Authorized {
-    pub claims: Option<Claims>,
+    pub claims: Option<Rc<Claims>>,
     pub preamble: Option<Preamble>,
 }
 
@@ -48,10 +48,11 @@ pub fn authorize(r: &mut Req, lcf: &LocConf) -> Result<Authorized, StartError> {
                 let Some(token) = bearer_token(&header) else {
                     return Err(unauthorized("the Authorization header is not \"Bearer TOKEN\"", true));
                 };
-                let c = jwt
-                    .keys
-                    .verify(token, now(), lcf.jwt_leeway)
-                    .map_err(|e| unauthorized(format!("invalid token: {e}"), true))?;
+                let verified = match jwt.cache.try_borrow_mut() {
+                    Ok(mut cache) => cache.verify(&jwt.keys, token, now(), lcf.jwt_leeway),
+                    Err(_) => jwt.keys.verify(token, now(), lcf.jwt_leeway).map(Rc::new),
+                };
+                let c = verified.map_err(|e| unauthorized(format!("invalid token: {e}"), true))?;
                 let path: &[String] = lcf.jwt_role_claim.as_deref().map_or(&[], |p| &p[..]);
                 let role = match c.get_path(path) {
                     Some(role) => CString::new(role).map_err(|_| unauthorized("the role claim holds a NUL", true))?,

@@ -64,7 +64,7 @@ pub struct Ctx {
     /// The client write handler nginx's upstream had set, while paused.
     saved_write_handler: ngx_http_event_handler_pt,
     /// The verified token's claims (`$sqldb_jwt_claim_NAME`).
-    claims: Option<gateway_core::jwt::Claims>,
+    claims: Option<Rc<gateway_core::jwt::Claims>>,
     /// The role its query runs as (`sqldb_jwt_key`), for the log.
     role: Option<String>,
     /// Its error came from the preamble (the role or settings).
