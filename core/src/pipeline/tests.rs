@@ -500,6 +500,10 @@ struct Script {
     req: u32,
     /// Its prepare has not answered yet (a cancel makes it fail).
     prepare_pending: bool,
+    /// A preamble query goes before the request's own.
+    pre: bool,
+    /// Query ends still to come before its prepare's (the preamble's).
+    ends_before_prepare: u8,
 }
 
 /// The session's prepared statements at the model server: stale after a
@@ -533,6 +537,8 @@ struct Seen {
     failed_prepares: u64,
     executed_by_name: u64,
     alone: u64,
+    preambles: u64,
+    failed_preambles: u64,
 }
 
 struct Sim {
@@ -564,8 +570,34 @@ enum Kind {
 
 impl Sim {
     /// The server runs the query: its answers, from what the session holds.
-    fn run_script(&mut self, sent: Sent, req: u32, streaming: bool) -> std::collections::VecDeque<ResultKind> {
+    fn run_script(
+        &mut self,
+        sent: Sent,
+        req: u32,
+        streaming: bool,
+        pre: bool,
+    ) -> std::collections::VecDeque<ResultKind> {
         let mut r = std::collections::VecDeque::new();
+        // The preamble (the role and settings): it fails now and then (a
+        // role that cannot be set), and the request's queries are skipped.
+        if pre {
+            if self.rng.below(6) == 0 {
+                self.seen.failed_preambles += 1;
+                r.extend([Error(ErrorClass::Statement), End]);
+                let queries = if matches!(sent, Sent::Pipelined(Wire::PrepareAndExecute, _)) {
+                    2
+                } else {
+                    1
+                };
+                for _ in 0..queries {
+                    r.extend([Aborted, End]);
+                }
+                r.push_back(Sync);
+                return r;
+            }
+            self.seen.preambles += 1;
+            r.extend([Final, End]);
+        }
         let fate = self.rng.below(10);
         let body = |r: &mut std::collections::VecDeque<ResultKind>, rng: &mut Rng| {
             if fate == 2 {
@@ -663,11 +695,12 @@ impl Sim {
             "request {req} sent twice without its statement vanishing"
         );
         self.log.sent.insert(req);
+        let pre = kind != Kind::Simple && self.rng.below(3) == 0;
         let sent = if kind == Kind::Simple {
             self.p.sent(req, Mode::Simple, streaming);
             Sent::Simple
         } else {
-            let wire = self.p.sent_statement(req, statement, streaming);
+            let wire = self.p.sent_statement_with(req, statement, streaming, u8::from(pre));
             Sent::Pipelined(wire, statement)
         };
         if streaming {
@@ -678,6 +711,8 @@ impl Sim {
             results: None,
             req,
             prepare_pending: matches!(sent, Sent::Pipelined(Wire::PrepareAndExecute, _)),
+            pre,
+            ends_before_prepare: u8::from(pre),
         });
     }
 
@@ -739,6 +774,8 @@ impl Sim {
                         results: None,
                         req: 0,
                         prepare_pending: false,
+                        pre: false,
+                        ends_before_prepare: 0,
                     });
                 }
                 Step::Close => self.closed = true,
@@ -769,14 +806,19 @@ impl Sim {
         if front.results.is_none() {
             let (sent, req) = (front.sent, front.req);
             let streaming = self.streams.contains(&req);
-            let r = self.run_script(sent, req, streaming);
+            let pre = front.pre;
+            let r = self.run_script(sent, req, streaming, pre);
             self.server.front_mut().unwrap().results = Some(r);
         }
         let front = self.server.front_mut().unwrap();
         let results = front.results.as_mut().unwrap();
         let Some(kind) = results.pop_front() else { return };
         if front.prepare_pending && kind == End {
-            front.prepare_pending = false;
+            if front.ends_before_prepare > 0 {
+                front.ends_before_prepare -= 1;
+            } else {
+                front.prepare_pending = false;
+            }
         }
         let req = front.req;
         if results.is_empty() {
@@ -940,6 +982,8 @@ impl Sim {
         seen.deallocated += s.deallocated;
         seen.failed_prepares += s.failed_prepares;
         seen.executed_by_name += s.executed_by_name;
+        seen.preambles += s.preambles;
+        seen.failed_preambles += s.failed_preambles;
         seen.alone += s.alone;
     }
 }
@@ -965,6 +1009,8 @@ fn random_event_sequences_keep_the_invariants() {
         ("DEALLOCATEs of changed plans", seen.deallocated),
         ("failed prepares", seen.failed_prepares),
         ("executed by name", seen.executed_by_name),
+        ("preambles", seen.preambles),
+        ("failed preambles", seen.failed_preambles),
         ("requests that need the connection alone", seen.alone),
     ] {
         assert!(n > runs / 30, "only {n} {what}: {seen:?}");
