@@ -330,6 +330,9 @@ is($status, 403, 'a role the login role is not a member of: 403');
 like(nginx_error_log(), qr/\[error\].*role "jwt_outsider" cannot be used: .*permission denied to set role/, 'logged with the role');
 ($status) = get('/notes', hs256(claims(sub => 'eve', role => 'postgres')));
 is($status, 403, 'the superuser role: 403');
+($status, $body) = get('/notes', hs256(claims(sub => 'eve', role => 'none')));
+is($status, 403, 'the role "none" (which would be the login role): 403');
+like(nginx_error_log(), qr/\[error\].*role "none" cannot be used/, 'logged');
 ($status, $body) = get('/notes', $alice);
 is($body, "alice one,alice two,three", 'the connection serves the next request after a 403');
 

@@ -157,7 +157,7 @@ pub(crate) extern "C" fn cmd_sqldb_anonymous_role(
         let v = cf.args()[1];
         let role = CString::new(v)
             .ok()
-            .filter(|r| !r.as_bytes().is_empty())
+            .filter(|r| !r.as_bytes().is_empty() && r.as_bytes() != b"none")
             .ok_or_else(|| "empty or invalid role in \"sqldb_anonymous_role\" directive".to_owned())?;
         lcf.anonymous_role = Some(Rc::new(role));
         Ok(())

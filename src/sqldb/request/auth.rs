@@ -75,6 +75,10 @@ pub fn authorize(r: &mut Req, lcf: &LocConf) -> Result<Authorized, StartError> {
                 None => return Err(unauthorized("no bearer token", false)),
             },
         };
+        // set_config('role', 'none') is RESET ROLE: the login role's rights.
+        if role.as_bytes() == b"none" {
+            return Err(StartError::RoleNone);
+        }
         params.push(role);
         params.push(json);
     }

@@ -30,6 +30,9 @@ pub enum StartError {
     SeveralWithRole,
     /// A `sqldb_setting` value with a NUL byte.
     SettingNul(String),
+    /// The token's role is `none`, which PostgreSQL takes for the login
+    /// role itself: 403.
+    RoleNone,
     Busy {
         upstream: String,
         max: usize,
@@ -116,6 +119,9 @@ impl fmt::Display for StartError {
                 "the query holds several statements, which cannot run with \"sqldb_jwt_key\" or \"sqldb_setting\"",
             ),
             StartError::SettingNul(name) => write!(f, "the value of \"sqldb_setting {name}\" contains a NUL byte"),
+            StartError::RoleNone => {
+                f.write_str("the request's role \"none\" cannot be used: PostgreSQL takes it for the login role itself")
+            }
         }
     }
 }
@@ -126,6 +132,7 @@ impl Failure for StartError {
             StartError::MethodNotAllowed(_) => HTTP_NOT_ALLOWED,
             StartError::ParamNul(_) | StartError::QueryNul | StartError::SettingNul(_) => HTTP_BAD_REQUEST,
             StartError::Unauthorized { .. } => HTTP_UNAUTHORIZED,
+            StartError::RoleNone => HTTP_FORBIDDEN,
             StartError::Busy { .. } => HTTP_SERVICE_UNAVAILABLE,
             _ => HTTP_INTERNAL_SERVER_ERROR,
         }
