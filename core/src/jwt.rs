@@ -852,5 +852,6 @@ fn der_uint_unsigned(v: Vec<u8>) -> Vec<u8> {
     v[start..].to_vec()
 }
 
-#[cfg(test)]
+// Not under Miri: ring's primitives are assembly and C, which Miri cannot run.
+#[cfg(all(test, not(miri)))]
 mod tests;
