@@ -755,6 +755,9 @@ fn rsa_pkcs1(der: &[u8]) -> Result<Material, KeyError> {
 }
 
 fn rsa_material(n: Vec<u8>, e: Vec<u8>) -> Result<Material, KeyError> {
+    if n.is_empty() {
+        return key_err("an RSA key with a modulus of zero");
+    }
     let bits = n.len() * 8 - n.first().map_or(8, |b| b.leading_zeros() as usize);
     if !(2048..=8192).contains(&bits) {
         return key_err(format!("an RSA key of {bits} bits (2048 to 8192 are accepted)"));

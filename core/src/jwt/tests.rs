@@ -352,6 +352,8 @@ fn bad_jwks_documents_are_refused() {
         r#"{"keys":[{"kty":"XYZ"}]}"#,
         r#"{"keys":[{"kty":"EC","crv":"P-521","x":"AA","y":"AA"}]}"#,
         r#"{"keys":[{"kty":"RSA","n":"AQAB","e":"AQAB"}]}"#,
+        r#"{"keys":[{"kty":"RSA","n":"AA","e":"AQAB"}]}"#,
+        r#"{"keys":[{"kty":"RSA","n":"","e":""}]}"#,
         r#"{"keys":[{"kty":"oct","k":"MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY","alg":"RS256"}]}"#,
     ] {
         assert!(KeySet::load(doc.as_bytes(), None).is_err(), "{doc}");

@@ -7,7 +7,9 @@
 //! secret from a generated header and claims is accepted exactly when the
 //! model says (alg HS256, claims a JSON object, `exp` and `nbf` numbers
 //! within the leeway); a valid token with one byte changed is refused;
-//! base64url decodes only what it would encode back to the same text.
+//! base64url decodes only what it would encode back to the same text; key
+//! files of any bytes (bare, in PEM armour, as JWK fields) load or are
+//! refused without a panic.
 
 use crate::source::Source;
 use gateway_core::jwt::{b64url_decode, b64url_encode, bearer_token, KeySet};
@@ -26,7 +28,7 @@ pub fn jwt_token(data: &[u8]) {
     let keys = KeySet::load(SECRET, None).expect("a 32-byte secret");
     let mut src = Source::new(data);
     let leeway = src.below(100) as i64;
-    match src.below(3) {
+    match src.below(4) {
         // Any bytes as a token (and as an Authorization header).
         0 => {
             let token = src.rest();
@@ -87,6 +89,28 @@ pub fn jwt_token(data: &[u8]) {
                         keys.verify(&bytes, NOW, leeway).is_err(),
                         "a changed token was accepted"
                     );
+                }
+            }
+        }
+        // Key files of any bytes, and PEM and JWK shapes around them: a
+        // key set or an error, never a panic; a set loaded verifies
+        // nothing that is not a token.
+        2 => {
+            let body = src.rest();
+            let files = [
+                body.to_vec(),
+                [b"-----BEGIN PUBLIC KEY-----\n".as_slice(), body, b"\n-----END PUBLIC KEY-----\n"].concat(),
+                [b"-----BEGIN RSA PUBLIC KEY-----\n".as_slice(), body, b"\n-----END RSA PUBLIC KEY-----\n"].concat(),
+                format!(
+                    r#"{{"keys":[{{"kty":"RSA","n":"{0}","e":"{0}"}},{{"kty":"EC","crv":"P-256","x":"{0}","y":"{0}"}},{{"kty":"OKP","crv":"Ed25519","x":"{0}"}}]}}"#,
+                    b64url_encode(body)
+                )
+                .into_bytes(),
+            ];
+            for f in files {
+                if let Ok(set) = KeySet::load(&f, None) {
+                    let _ = set.describe();
+                    assert!(set.verify(b"not a token", NOW, 0).is_err());
                 }
             }
         }
