@@ -135,6 +135,13 @@ server {
         sqldb_output value;
         sqldb_query "insert into jwt_notes (owner, body) values (\$arg_owner::text, \$arg_body::text) returning body";
     }
+    location /stream {
+        sqldb_pass database;
+        sqldb_stream on;
+        sqldb_output csv;
+        sqldb_query "select body from jwt_notes order by id";
+        add_header X-Exp \$sqldb_jwt_claim_exp;
+    }
     location /whoami {
         sqldb_pass database;
         sqldb_output value;
@@ -208,6 +215,17 @@ sub request {
 }
 my $port;
 sub get { my ($path, $token, %h) = @_; $h{Authorization} = "Bearer $token" if defined $token; request($port, 'GET', $path, %h) }
+sub dechunk {
+    my ($in) = @_;
+    my $out = '';
+    while ($in =~ s/^([0-9a-fA-F]+)\r\n//) {
+        my $n = hex $1;
+        last if $n == 0;
+        $out .= substr($in, 0, $n);
+        substr($in, 0, $n + 2) = '';
+    }
+    return $out;
+}
 sub header_of { my ($head, $name) = @_; return $head =~ /^\Q$name\E: ([^\r\n]*)/mi ? $1 : undef }
 
 my $alice = hs256(claims(sub => 'alice', role => 'jwt_user'));
@@ -249,6 +267,14 @@ like($body, qr/^jwt_user\|.*\|off$/, 'POST: read-write') or diag($body);
 ($status) = request($port, 'POST', '/add?owner=anyone&body=x');
 is($status, 500, 'anonymous cannot insert (no grant)');
 is(psql("select count(*) from jwt_notes where body in ('forged', 'in_a_get', 'x')"), '0', 'none of the refused writes happened');
+
+($status) = request($port, 'HEAD', '/add?owner=alice&body=in_a_head', Authorization => "Bearer $alice");
+is($status, 500, 'HEAD runs read only too');
+is(psql("select count(*) from jwt_notes where body = 'in_a_head'"), '0', 'nothing inserted by the HEAD');
+($status, $body, $head) = get('/stream', $alice);
+is(dechunk($body), "body\r\nalice one\r\nalice two\r\nthree\r\n", 'a streamed response (single-row mode behind the preamble) under the policy too')
+    or diag($body);
+like(header_of($head, 'X-Exp') // '', qr/^\d+$/, 'a numeric claim as its JSON text');
 
 # --- sqldb_setting with a variable.
 ($status, $body) = get('/whoami', $bob, 'X-Tenant' => "acme's");
