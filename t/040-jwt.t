@@ -484,6 +484,8 @@ refused('an anonymous role without a key', "sqldb_anonymous_role jwt_anon; sqldb
     qr/\[emerg\].*"sqldb_anonymous_role" needs "sqldb_jwt_key"/);
 refused('several statements', "sqldb_jwt_key $dir/secret; sqldb_query \"begin; select 1; commit\";",
     qr/\[emerg\].*a query of several statements cannot run with "sqldb_jwt_key"/);
+refused('a setting of the claims', "sqldb_setting Request.JWT.Claims x; sqldb_query \"select 1\";",
+    qr/\[emerg\].*"sqldb_setting" cannot set "request.jwt.claims"/);
 refused('a setting without a dot', "sqldb_setting tenant x; sqldb_query \"select 1\";",
     qr/\[emerg\].*invalid name "tenant" in "sqldb_setting"/);
 

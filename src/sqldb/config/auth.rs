@@ -191,7 +191,20 @@ pub(crate) extern "C" fn cmd_sqldb_setting(
             )
             .into());
         }
-        if lcf.settings.iter().any(|s| s.name.as_bytes() == name) {
+        // The claims are the token's: a setting must not replace them
+        // (setting names are case-insensitive).
+        if name.eq_ignore_ascii_case(b"request.jwt.claims") {
+            return Err(
+                "\"sqldb_setting\" cannot set \"request.jwt.claims\", which holds the token's claims"
+                    .to_owned()
+                    .into(),
+            );
+        }
+        if lcf
+            .settings
+            .iter()
+            .any(|s| s.name.as_bytes().eq_ignore_ascii_case(name))
+        {
             return Err(format!("\"sqldb_setting\" \"{}\" is duplicate", String::from_utf8_lossy(name)).into());
         }
         let value = cf.compile(args[2]).ok_or(ConfError::Logged)?;
