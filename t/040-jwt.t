@@ -509,6 +509,16 @@ is(header_of($head, 'WWW-Authenticate'), 'Bearer', 'WWW-Authenticate: Bearer');
 is($body, "jwt_user", 'with a token: its role');
 ($status) = request($port, 'GET', '/x', Authorization => 'Bearer ' . hs256('{"sub":"x"}'));
 is($status, 401, 'a token without the role claim and no anonymous role: 401');
+
+# A new key takes effect on reload: tokens of the old one are refused.
+my $new_secret = 'the rotated secret, also longer than thirty-two bytes';
+spew("$dir/secret", "$new_secret\n");
+my $rotated = hs256(claims(sub => 'alice', role => 'jwt_user'), secret => $new_secret);
+GatewayTest::nginx_signal('HUP');
+ok(GatewayTest::wait_until(sub { (request($port, 'GET', '/x', Authorization => "Bearer $rotated"))[1] eq 'jwt_user' }, 10),
+    'after a reload, a token of the new key is accepted');
+($status) = request($port, 'GET', '/x', Authorization => "Bearer $alice");
+is($status, 401, 'and a token of the old key is refused');
 stop_nginx();
 
 psql('drop table if exists jwt_notes');
