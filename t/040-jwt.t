@@ -315,10 +315,10 @@ is($status, 401, 'expired 10 s ago with sqldb_jwt_leeway 0: 401');
 is($body, "jwt_user", 'alg=HS256 location accepts HS256');
 # A verified token is kept (its signature is not checked again) but never
 # past its exp.
-my $soon = int(time) + 2;
+my $soon = int(time) + 3;
 my $short = hs256(claims(sub => 'alice', role => 'jwt_user', exp => $soon));
 ($status) = get('/strict', $short);
-is($status, 200, 'a token that expires in 2 s: 200');
+is($status, 200, 'a token that expires in 2 to 3 s: 200');
 ($status) = get('/strict', $short);
 is($status, 200, 'again (from the cache of verified tokens): 200');
 select(undef, undef, undef, 0.1) while time < $soon + 1.1;
@@ -517,8 +517,9 @@ my $rotated = hs256(claims(sub => 'alice', role => 'jwt_user'), secret => $new_s
 GatewayTest::nginx_signal('HUP');
 ok(GatewayTest::wait_until(sub { (request($port, 'GET', '/x', Authorization => "Bearer $rotated"))[1] eq 'jwt_user' }, 10),
     'after a reload, a token of the new key is accepted');
-($status) = request($port, 'GET', '/x', Authorization => "Bearer $alice");
-is($status, 401, 'and a token of the old key is refused');
+# (The old worker may take one more connection before it has seen the reload.)
+ok(GatewayTest::wait_until(sub { (request($port, 'GET', '/x', Authorization => "Bearer $alice"))[0] == 401 }, 10),
+    'and a token of the old key is refused');
 stop_nginx();
 
 psql('drop table if exists jwt_notes');
