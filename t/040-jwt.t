@@ -148,6 +148,12 @@ server {
         sqldb_setting request.header.tenant \$http_x_tenant;
         sqldb_query "select concat_ws('|', current_user, coalesce(nullif(current_setting('request.jwt.claims', true), ''), '-'), coalesce(nullif(current_setting('request.header.tenant', true), ''), '-'), current_setting('transaction_read_only'))";
     }
+    location /noprep {
+        sqldb_pass database;
+        sqldb_prepare off;
+        sqldb_output value;
+        sqldb_query "select current_user || ' ' || (current_setting('request.jwt.claims', true)::json->>'sub')";
+    }
     location /nested {
         sqldb_pass database;
         sqldb_jwt_role_claim app.db.role;
@@ -387,6 +393,11 @@ is($body, "alice one", "a request after the preamble vanished runs (prepared aga
 (undef, $body) = request($port2, 'GET', '/held');
 is($body, '1', 'the read-only preamble is prepared again, once');
 unlike(nginx_error_log(), qr/prepared statement .* does not exist/, 'no request met the vanished preamble');
+# (A POST: the read-write preamble, which is not prepared since DEALLOCATE ALL.)
+($status, $body) = request($port, 'POST', '/noprep', Authorization => "Bearer $bob");
+is($body, 'jwt_user bob', 'sqldb_prepare off: the role and claims set');
+(undef, $body) = request($port2, 'GET', '/held');
+is($body, '1', 'sqldb_prepare off: its preamble is not prepared (unnamed)');
 
 # Pipelined: many requests at once on the one connection, alternating
 # alice, bob, anonymous and the location without a role.

@@ -637,10 +637,15 @@ impl<T: Copy + Eq> Pipeline<T> {
                     forget(prepared, head.named);
                 }
                 // Only DEALLOCATE ALL or DISCARD ALL drop it: the session
-                // holds none of the connection's statements any more.
+                // holds none of the connection's statements any more. With
+                // no such query of the connection's, the session is not its
+                // own (a pooler in transaction mode).
                 if class == ErrorClass::Vanished {
                     prepared.clear();
                     self.preamble_vanished = true;
+                    if !self.session_touched {
+                        self.shared_session = true;
+                    }
                 }
                 head.again = true;
                 Route::Drop

@@ -1121,6 +1121,10 @@ fn a_prepared_preamble_that_vanished_sends_the_request_again_once() {
     assert_eq!(out, ["Resend(2)"]);
     assert!(p.take_preamble_vanished());
     assert!(!p.take_preamble_vanished());
+    assert!(
+        p.take_shared_session(),
+        "no query of the connection dropped it: a shared session"
+    );
     assert!(!p.holds_statement(6), "its prepare was skipped");
     assert!(
         !p.holds_statement(8),
@@ -1155,4 +1159,15 @@ fn a_preamble_prepare_that_finds_it_there_sends_the_request_again() {
     );
     assert_eq!(out, ["Resend(1)"]);
     assert!(!p.take_preamble_vanished(), "it is there");
+}
+
+#[test]
+fn a_preamble_dropped_by_the_connections_own_query_is_no_sign_of_sharing() {
+    let mut p = holding(&[]);
+    p.touch_session();
+    p.sent_statement_with(1, None, false, 1);
+    let out = feed(&mut p, &[Error(ErrorClass::Vanished), End, Aborted, End, Sync]);
+    assert_eq!(out, ["Resend(1)"]);
+    assert!(p.take_preamble_vanished());
+    assert!(!p.take_shared_session());
 }

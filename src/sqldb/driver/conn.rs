@@ -272,7 +272,7 @@ impl Conn {
             // name (unnamed where sessions are shared).
             let pre = match &q.preamble {
                 None => 0,
-                Some(_) if self.unnamed => 1,
+                Some(p) if self.unnamed || !p.named => 1,
                 Some(p) if self.preambles.iter().any(|n| n.as_c_str() == p.name.as_c_str()) => 1,
                 Some(_) => 2,
             };
@@ -288,7 +288,7 @@ impl Conn {
                         self.preambles.push(p.name.clone());
                         self.pg.send_prepared(&p.name, &p.params, false)?;
                     }
-                    _ if self.unnamed => self.pg.send_unnamed(&p.sql, &p.params, false)?,
+                    _ if self.unnamed || !p.named => self.pg.send_unnamed(&p.sql, &p.params, false)?,
                     _ => self.pg.send_prepared(&p.name, &p.params, false)?,
                 }
             }

@@ -111,6 +111,8 @@ pub struct Preamble {
     pub sql: Rc<CString>,
     /// Its name, when prepared once per connection.
     pub name: Rc<CString>,
+    /// Prepared once per connection (`sqldb_prepare on`), else unnamed.
+    pub named: bool,
     pub params: Vec<CString>,
 }
 

@@ -98,6 +98,7 @@ pub fn authorize(r: &mut Req, lcf: &LocConf) -> Result<Authorized, StartError> {
         preamble: Some(Preamble {
             sql: Rc::clone(sql),
             name: Rc::clone(name),
+            named: lcf.prepare == 1,
             params,
         }),
     })
