@@ -7,25 +7,33 @@
 #     (the HTTP ceiling of the machine) and Debian's memc module with
 #     memcached;
 #   - a query stuck for a second (pg_sleep) while fast requests run;
-#   - the worker's RSS before and after all the runs.
+#   - the worker's RSS before and after all the runs;
+#   - the primary-key lookup with a bearer token (sqldb_jwt_key, HS256 and
+#     RS256: the query runs as the token's role) next to the same lookup
+#     without one, same nginx, same run.
 # Absolute numbers vary on shared machines; the ratios are the figures.
 # Writes the table to target/bench/results.txt, the raw figures to
 # results.tsv and a chart to chart.svg beside them.
 #   BENCH_SECONDS   seconds per run (default 10)
 #   BENCH_CONNS     client connections (default 32)
 #   BENCH_WORKERS   nginx worker processes (default 1)
+#   BENCH_DIR, BENCH_PG_PORT, BENCH_REDIS_PORT, BENCH_MEMC_PORT, BENCH_PORT
+#                   where it runs (default /tmp/ngx-gateway-bench, 55433,
+#                   56379, 51211, 8081)
+#   BENCH_ONLY=jwt  only the pk lookups with and without a token (each twice,
+#                   interleaved), and their ratios
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(dirname "$here")
 secs=${BENCH_SECONDS:-10}
 conns=${BENCH_CONNS:-32}
 workers=${BENCH_WORKERS:-1}
-dir=/tmp/ngx-gateway-bench
+dir=${BENCH_DIR:-/tmp/ngx-gateway-bench}
 out=$repo/target/bench
-pgport=55433
-redisport=56379
-memcport=51211
-port=8081
+pgport=${BENCH_PG_PORT:-55433}
+redisport=${BENCH_REDIS_PORT:-56379}
+memcport=${BENCH_MEMC_PORT:-51211}
+port=${BENCH_PORT:-8081}
 nginx=${NGINX:-/usr/sbin/nginx}
 module=${MODULE:-$repo/objs/ngx_http_gateway_module.so}
 memc=/usr/lib/nginx/modules/ngx_http_memc_module.so
@@ -49,6 +57,19 @@ mkdir -p "$dir" "$out"
 "$repo/nginx-conf/pg-sandbox.sh" start "$dir/pg" $pgport "$here/schema.sql"
 redis-server --port $redisport --bind 127.0.0.1 --save '' --appendonly no --daemonize yes --logfile "$dir/redis.log"
 memcached -d -l 127.0.0.1 -p $memcport -U 0 -u nobody -P "$dir/memcached.pid" 2>/dev/null || true
+# The role that requests with a token run as (the tokens' "role" claim).
+PGPASSWORD=$(cat "$dir/pg/superpw") psql -X -q -h 127.0.0.1 -p $pgport -U postgres -d demo \
+    -c "create role bench_web nologin" -c "grant bench_web to demo" -c "grant select on items to bench_web"
+# Keys and tokens (valid for a day): an HMAC secret and an RSA key.
+b64url() { openssl base64 -A | tr '+/' '-_' | tr -d '='; }
+head -c 48 /dev/urandom | b64url >"$dir/jwt.secret"
+openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$dir/jwt.rsa" -quiet
+openssl pkey -in "$dir/jwt.rsa" -pubout -out "$dir/jwt.rsa.pub"
+claims=$(printf '{"sub":"bench","role":"bench_web","exp":%d}' $(($(date +%s) + 86400)) | b64url)
+msg="$(printf '{"alg":"HS256","typ":"JWT"}' | b64url).$claims"
+token_hs="$msg.$(printf '%s' "$msg" | openssl dgst -sha256 -hmac "$(cat "$dir/jwt.secret")" -binary | b64url)"
+msg="$(printf '{"alg":"RS256","typ":"JWT"}' | b64url).$claims"
+token_rs="$msg.$(printf '%s' "$msg" | openssl dgst -sha256 -sign "$dir/jwt.rsa" -binary | b64url)"
 sleep 0.3
 value=$(printf 'v%.0s' $(seq 100))
 # redis-benchmark's GET reads the key its SET writes ("key:__rand_int__"):
@@ -67,6 +88,16 @@ request = function()
     return wrk.format("GET", "/b?id=" .. math.random(1, 10000))
 end
 LUA
+# The same lookups with a token: /bj (HS256), /bjr (RS256).
+for t in bj:$token_hs bjr:$token_rs; do
+    cat >"$dir/scripts/${t%%:*}.lua" <<LUA
+math.randomseed(os.time())
+local headers = { ["Authorization"] = "Bearer ${t#*:}" }
+request = function()
+    return wrk.format("GET", "/${t%%:*}?id=" .. math.random(1, 10000), headers)
+end
+LUA
+done
 
 # start_nginx KEEPALIVE_LINE
 start_nginx() {
@@ -97,6 +128,16 @@ http {
         listen 127.0.0.1:$port;
         location = /a { sqldb_pass bench_db; sqldb_query "select 'default' as echo"; }
         location = /b { sqldb_pass bench_db; sqldb_query "select id, label from items where id = \$arg_id::int"; }
+        location = /bj {
+            sqldb_pass bench_db;
+            sqldb_jwt_key $dir/jwt.secret;
+            sqldb_query "select id, label from items where id = \$arg_id::int";
+        }
+        location = /bjr {
+            sqldb_pass bench_db;
+            sqldb_jwt_key $dir/jwt.rsa.pub;
+            sqldb_query "select id, label from items where id = \$arg_id::int";
+        }
         location = /c { sqldb_pass bench_db; sqldb_query "select id, label, price from items where id <= 100"; }
         location = /sleep { sqldb_pass bench_db; sqldb_query "select pg_sleep(1)"; }
         location = /r { set \$cache_key "key:__rand_int__"; cache_pass bench_redis; }
@@ -143,6 +184,25 @@ pgbench_run() { # mode script: prints "tps p99_ms"
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
 
+# BENCH_ONLY=jwt: the pk lookup without a token, with an HS256 one and
+# with an RS256 one, twice each, interleaved, on one nginx.
+if [ "${BENCH_ONLY:-}" = jwt ]; then
+    start_nginx ""
+    wrk -t1 -c"$conns" -d1s "http://127.0.0.1:$port/a" >/dev/null 2>&1 || true
+    declare -A sum=([b]=0 [bj]=0 [bjr]=0)
+    for round in 1 2; do
+        for s in b bj bjr; do
+            read -r rps p99 bad <<<"$(wrk_run /$s "$dir/scripts/$s.lua")"
+            echo "round $round: /$s ${rps}/s p99 ${p99}ms non-2xx $bad"
+            sum[$s]=$((sum[$s] + rps))
+        done
+    done
+    stop_nginx
+    echo "pk lookup with a token / without: HS256 $(ratio "${sum[bj]}" "${sum[b]}"), RS256 $(ratio "${sum[bjr]}" "${sum[b]}")" |
+        tee "$out/jwt.txt"
+    exit 0
+fi
+
 declare -A names=([a]="(a) echo" [b]="(b) pk lookup" [c]="(c) 100 rows x 3")
 declare -A lines=([default]="" [max32]="sqldb_keepalive max=32;" [max2]="sqldb_keepalive max=2;")
 configs=(default max32 max2)
@@ -175,6 +235,14 @@ for cfg in "${configs[@]}"; do
         g[$s.$cfg]="$r $(cat "$dir/conns.last")"
         read -r rps p99 bad sc <<<"${g[$s.$cfg]}"
         printf "%s\tgateway\t%s\t%s\t%s\t%s\t%s\n" "$s" "$cfg" "$rps" "$p99" "$bad" "$sc" >>"$tsv"
+        # Beside the pk lookup, the same with a token (default pool only).
+        if [ $s = b ] && [ "$cfg" = default ]; then
+            for j in bj bjr; do
+                g[$j]=$(wrk_run /$j "$dir/scripts/$j.lua")
+                read -r rps p99 bad _ <<<"${g[$j]}"
+                printf "%s\tgateway\t%s\t%s\t%s\t%s\t0\n" "$j" "$cfg" "$rps" "$p99" "$bad" >>"$tsv"
+            done
+        fi
     done
     if [ "$cfg" = default ]; then
         # The cache and its ceilings, with the default pool's nginx.
@@ -226,6 +294,12 @@ stop_nginx
         printf "%-34s %10s/s %8sms   %sx of return 200; gateway / memc %sx\n" "memc module + memcached" "$rm" "$rml" \
             "$(ratio "$rm" "$rt")" "$(ratio "$rr" "$rm")"
     fi
+    echo
+    read -r jb jbl _ <<<"${g[b.default]}"
+    read -r jh jhl jhbad _ <<<"${g[bj]}"
+    read -r jr jrl jrbad _ <<<"${g[bjr]}"
+    echo "(b) with a bearer token, default pool: HS256 $jh/s ${jhl}ms ($(ratio "$jh" "$jb")x of (b) without)," \
+        "RS256 $jr/s ${jrl}ms ($(ratio "$jr" "$jb")x); non-2xx: $jhbad, $jrbad"
     echo
     echo "Head of line: 200 fast requests (8 at a time) while a pg_sleep(1) runs, default pool: $hol"
     echo "Worker RSS: ${rss_first} kB after warm-up, ${rss_last} kB after the default pool's runs"

@@ -21,6 +21,19 @@ stop
 if [ "${1:-}" = stop ]; then exit 0; fi
 
 "$here/pg-sandbox.sh" start "$dir/pg" 55432 "$here/sample.sql"
+# Roles, grants and the row-level security policy of jwt.conf (as the superuser).
+PGPASSWORD=$(cat "$dir/pg/superpw") psql -X -q -h 127.0.0.1 -p 55432 -U postgres -d demo -v ON_ERROR_STOP=1 -f "$here/jwt.sql"
+# Tokens for it, signed with the demo secret (HS256, valid for a day).
+b64url() { openssl base64 -A | tr '+/' '-_' | tr -d '='; }
+token() {
+    local msg
+    msg="$(printf '{"alg":"HS256","typ":"JWT"}' | b64url).$(printf '%s' "$1" | b64url)"
+    printf '%s.%s' "$msg" "$(printf '%s' "$msg" | openssl dgst -sha256 -hmac "$(cat "$here/jwt-demo.secret")" -binary | b64url)"
+}
+exp=$(($(date +%s) + 86400))
+alice=$(token "{\"sub\":\"alice\",\"role\":\"notes_user\",\"exp\":$exp}")
+bob=$(token "{\"sub\":\"bob\",\"role\":\"notes_user\",\"exp\":$exp}")
+expired=$(token "{\"sub\":\"alice\",\"role\":\"notes_user\",\"exp\":$((exp - 2 * 86400))}")
 mkdir -p "$dir/nginx/logs" "$dir/nginx/tmp" "$dir/nginx/html"
 cp "$here/events.html" "$dir/nginx/html/"
 "$nginx" -p "$dir/nginx/" -c "$here/demo.conf" -g "load_module $module;"
@@ -52,6 +65,12 @@ ngx_gateway demo is running: nginx on 127.0.0.1:8080, PostgreSQL on 127.0.0.1:55
   curl --data-binary 'hello' 'http://127.0.0.1:8080/notify?channel=demo'
   curl --data-binary \$'two\nlines' 'http://127.0.0.1:8080/notify?channel=demo'
   curl -N 'http://127.0.0.1:8080/listen?channel=demo'      # the stream itself
+  Bearer tokens and row-level security (nginx-conf/jwt.conf, jwt.sql):
+  curl -s http://127.0.0.1:8080/notes                                     # anonymous: the public note
+  curl -s -H 'Authorization: Bearer $alice' http://127.0.0.1:8080/notes   # alice: her notes
+  curl -s -H 'Authorization: Bearer $bob' http://127.0.0.1:8080/notes     # bob: his
+  curl -s -X POST -H 'Authorization: Bearer $bob' 'http://127.0.0.1:8080/notes?body=hello'
+  curl -si -H 'Authorization: Bearer $expired' http://127.0.0.1:8080/notes   # 401
 
 Logs: $dir/nginx/logs/error.log   Stop: make stop
 TXT

@@ -61,6 +61,7 @@ impl sc::Entries for SqldbEntries {
     const CONTENT: ngx_http_handler_pt = Some(sqldb::request::content_handler);
     const PEER_INIT: ngx_http_upstream_init_peer_pt = Some(sqldb::request::peer_init);
     const ESCAPE: ngx_http_handler_pt = Some(sqldb::request::escape_handler);
+    const CLAIM: ngx_http_get_variable_pt = Some(sqldb::request::claim_variable);
     const OTHERS: &'static [(ngx_http_handler_pt, &'static str)] = &[(Some(cache::content_handler), "\"cache_pass\"")];
 }
 
@@ -73,7 +74,7 @@ impl cache::config::Entries for CacheEntries {
         &[(Some(sqldb::request::content_handler), "\"sqldb_pass\"")];
 }
 
-static mut SQLDB_COMMANDS: [ngx_command_t; 18] = [
+static mut SQLDB_COMMANDS: [ngx_command_t; 23] = [
     command(
         "sqldb_server\0",
         NGX_HTTP_UPS_CONF | NGX_CONF_1MORE,
@@ -190,6 +191,41 @@ static mut SQLDB_COMMANDS: [ngx_command_t; 18] = [
         "sqldb_next_upstream\0",
         LOC_ANY | NGX_CONF_1MORE,
         sc::directives::cmd_sqldb_next_upstream,
+        LOC,
+        0,
+    ),
+    command(
+        "sqldb_jwt_key\0",
+        LOC_ANY | NGX_CONF_TAKE12,
+        sc::auth::cmd_sqldb_jwt_key,
+        LOC,
+        0,
+    ),
+    command(
+        "sqldb_jwt_leeway\0",
+        LOC_ANY | NGX_CONF_TAKE1,
+        ngx_conf_set_sec_slot,
+        LOC,
+        offset_of!(sc::LocConf, jwt_leeway),
+    ),
+    command(
+        "sqldb_jwt_role_claim\0",
+        LOC_ANY | NGX_CONF_TAKE1,
+        sc::auth::cmd_sqldb_jwt_role_claim,
+        LOC,
+        0,
+    ),
+    command(
+        "sqldb_anonymous_role\0",
+        LOC_ANY | NGX_CONF_TAKE1,
+        sc::auth::cmd_sqldb_anonymous_role,
+        LOC,
+        0,
+    ),
+    command(
+        "sqldb_setting\0",
+        LOC_ANY | NGX_CONF_TAKE2,
+        sc::auth::cmd_sqldb_setting,
         LOC,
         0,
     ),

@@ -6,6 +6,7 @@
 pub mod cluster;
 pub mod conninfo;
 pub mod formats;
+pub mod jwt;
 pub mod method;
 pub mod metrics;
 pub mod pgwire;

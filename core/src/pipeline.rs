@@ -129,6 +129,9 @@ pub enum Route<T> {
     /// The request's query started a COPY: it fails (500), and the
     /// connection must be closed (`lost` for the others).
     Refused(T),
+    /// An error of the request's preamble (its role and settings, see
+    /// `sent_statement_with`): the query did not run.
+    PreambleError(T),
     /// Read and dropped: a request that is gone, a statement being prepared,
     /// a query skipped after an error, the end of one query.
     Drop,
@@ -203,12 +206,21 @@ struct Entry<T> {
     internal: bool,
     /// Its request needs the connection alone: nothing queues behind it.
     alone: bool,
+    /// Queries sent before the request's own in its sync segment (its
+    /// preamble: the role and settings of the transaction): 0, 1 (executed
+    /// by name, or unnamed), or 2 (prepared, then executed by name).
+    pre: u8,
 }
 
 impl<T> Entry<T> {
     /// The result being read belongs to the statement being prepared.
     fn preparing_step(&self) -> bool {
-        self.mode == Mode::Pipelined { preparing: true } && self.stage == 0
+        self.mode == Mode::Pipelined { preparing: true } && self.stage == self.pre
+    }
+
+    /// The result being read belongs to the request's preamble.
+    fn preamble_step(&self) -> bool {
+        matches!(self.mode, Mode::Pipelined { .. }) && self.stage < self.pre
     }
 }
 
@@ -251,6 +263,9 @@ pub struct Pipeline<T> {
     /// The server's sessions are not this connection's own: a statement it
     /// prepared vanished unexplained, or one it never prepared was there.
     shared_session: bool,
+    /// A prepared preamble was found missing: the driver prepares its
+    /// preambles again.
+    preamble_vanished: bool,
 }
 
 impl<T: Copy + Eq> Pipeline<T> {
@@ -275,6 +290,7 @@ impl<T: Copy + Eq> Pipeline<T> {
             prepare_gen: 0,
             session_touched: false,
             shared_session: false,
+            preamble_vanished: false,
         }
     }
 
@@ -320,6 +336,11 @@ impl<T: Copy + Eq> Pipeline<T> {
     /// pooler in transaction mode), once: named statements are not safe.
     pub fn take_shared_session(&mut self) -> bool {
         std::mem::take(&mut self.shared_session)
+    }
+
+    /// Whether a prepared preamble was found missing, once.
+    pub fn take_preamble_vanished(&mut self) -> bool {
+        std::mem::take(&mut self.preamble_vanished)
     }
 
     /// The request whose results come next (None: an internal query, or
@@ -396,6 +417,18 @@ impl<T: Copy + Eq> Pipeline<T> {
     /// it is on its way), prepared first when not, unnamed when the
     /// connection holds MAX_PREPARED statements already.
     pub fn sent_statement(&mut self, req: T, statement: Option<u32>, streaming: bool) -> Wire {
+        self.sent_statement_with(req, statement, streaming, 0)
+    }
+
+    /// As `sent_statement`, with `preamble` queries (0 to 2: its prepare
+    /// and its execution) before the request's own, in the same sync
+    /// segment (so in the same implicit transaction). Their results are
+    /// dropped; their error is the request's (`Route::PreambleError`), and
+    /// the request's queries are then skipped; but a prepared preamble
+    /// that vanished (DISCARD ALL), or one whose prepare finds it there,
+    /// sends the request again once (nothing of it ran), and
+    /// `take_preamble_vanished` says so for the first.
+    pub fn sent_statement_with(&mut self, req: T, statement: Option<u32>, streaming: bool, preamble: u8) -> Wire {
         let (wire, named) = match statement {
             None => (Wire::Unnamed, None),
             Some(id) => match self.prepared.iter().find(|n| n.id == id) {
@@ -414,6 +447,9 @@ impl<T: Copy + Eq> Pipeline<T> {
         };
         let preparing = wire == Wire::PrepareAndExecute;
         self.push(Some(req), Mode::Pipelined { preparing }, streaming, named);
+        if let Some(e) = self.queue.back_mut() {
+            e.pre = preamble.min(2);
+        }
         wire
     }
 
@@ -446,6 +482,7 @@ impl<T: Copy + Eq> Pipeline<T> {
                 named,
                 internal: false,
                 alone: false,
+                pre: 0,
             });
             return;
         };
@@ -477,6 +514,7 @@ impl<T: Copy + Eq> Pipeline<T> {
             named,
             internal: false,
             alone,
+            pre: 0,
         });
     }
 
@@ -543,7 +581,7 @@ impl<T: Copy + Eq> Pipeline<T> {
             Some(e) if e.req.is_some() && e.streaming && !e.single => {
                 let rows_next = match e.mode {
                     Mode::Simple => true,
-                    Mode::Pipelined { preparing } => e.stage == u8::from(preparing),
+                    Mode::Pipelined { preparing } => e.stage == e.pre + u8::from(preparing),
                 };
                 e.single = rows_next;
                 rows_next
@@ -571,8 +609,9 @@ impl<T: Copy + Eq> Pipeline<T> {
                 self.finish_head(&mut steps);
                 Route::Drop
             }
-            // A request sends two queries at most: more ends mean confusion.
-            (ResultKind::End, Mode::Pipelined { .. }) if head.stage >= 2 => Route::Confused,
+            // A request sends two queries at most (and its preamble): more
+            // ends mean confusion.
+            (ResultKind::End, Mode::Pipelined { .. }) if head.stage >= 2 + head.pre => Route::Confused,
             (ResultKind::End, Mode::Pipelined { .. }) => {
                 head.stage += 1;
                 Route::Drop
@@ -588,6 +627,39 @@ impl<T: Copy + Eq> Pipeline<T> {
                 None => Route::Confused,
             },
             (ResultKind::Aborted, _) => Route::Drop,
+            // The prepared preamble is not there, or its prepare found it
+            // there already: nothing ran; sent again (prepared again for
+            // the first), once.
+            (ResultKind::Error(class @ (ErrorClass::Vanished | ErrorClass::Duplicate)), _)
+                if head.preamble_step() && head.req.is_some() && !head.resent =>
+            {
+                if head.mode == (Mode::Pipelined { preparing: true }) {
+                    forget(prepared, head.named);
+                }
+                // Only DEALLOCATE ALL or DISCARD ALL drop it: the session
+                // holds none of the connection's statements any more. With
+                // no such query of the connection's, the session is not its
+                // own (a pooler in transaction mode).
+                if class == ErrorClass::Vanished {
+                    prepared.clear();
+                    self.preamble_vanished = true;
+                    if !self.session_touched {
+                        self.shared_session = true;
+                    }
+                }
+                head.again = true;
+                Route::Drop
+            }
+            // The preamble failed (a role that cannot be set): the request's
+            // queries are skipped; it learns why. A prepare behind it is
+            // skipped too: the session will not hold it.
+            (ResultKind::Error(_), _) if head.preamble_step() => {
+                if head.mode == (Mode::Pipelined { preparing: true }) {
+                    forget(prepared, head.named);
+                }
+                head.req.map_or(Route::Drop, Route::PreambleError)
+            }
+            (ResultKind::Row | ResultKind::Final, _) if head.preamble_step() => Route::Drop,
             // The name was taken, not by this connection: prepared again, or
             // unnamed once the driver knows, never run as another's statement.
             (ResultKind::Error(ErrorClass::Duplicate), _) if head.preparing_step() => {

@@ -159,6 +159,11 @@ fn pubsub_stream() {
 }
 
 #[test]
+fn jwt_token() {
+    run("jwt_token");
+}
+
+#[test]
 fn every_target_has_a_test_and_a_binary() {
     let manifest = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml")).unwrap();
     let me = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/stable.rs")).unwrap();

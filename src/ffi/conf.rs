@@ -143,6 +143,16 @@ impl Conf {
         }
     }
 
+    /// A file name relative to the configuration's prefix made whole
+    /// (as nginx does for `ssl_certificate`).
+    pub fn full_name(&self, name: &[u8]) -> Option<String> {
+        let mut s = self.pool().str(name)?;
+        // SAFETY: cf->cycle is the cycle being configured; the name is in
+        // configuration memory, and nginx puts the whole name in its pool.
+        let rc = unsafe { ngx_conf_full_name(self.raw().cycle, &mut s, 1) };
+        (rc == OK).then(|| String::from_utf8_lossy(s.as_bytes()).into_owned())
+    }
+
     /// The value has variables.
     pub fn has_variables(&self, value: &[u8]) -> bool {
         let mut s = ngx_str_t {

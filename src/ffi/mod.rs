@@ -44,6 +44,8 @@ pub const CONF_UNSET_SIZE: usize = usize::MAX;
 
 pub const HTTP_OK: ngx_int_t = 200;
 pub const HTTP_BAD_REQUEST: ngx_int_t = 400;
+pub const HTTP_UNAUTHORIZED: ngx_int_t = 401;
+pub const HTTP_FORBIDDEN: ngx_int_t = 403;
 pub const HTTP_NOT_ALLOWED: ngx_int_t = 405;
 pub const HTTP_REQUEST_TIME_OUT: ngx_int_t = 408;
 pub const HTTP_INTERNAL_SERVER_ERROR: ngx_int_t = 500;

@@ -126,6 +126,14 @@ impl Req {
         (!times.is_empty()).then(|| times.iter().sum())
     }
 
+    /// The value of the request's `Authorization` header.
+    pub fn authorization(&self) -> Option<&[u8]> {
+        // SAFETY: headers_in.authorization is null or nginx's entry of the
+        // header, in the request's pool.
+        let h = unsafe { self.0.headers_in.authorization.as_ref()? };
+        Some(h.value.as_bytes())
+    }
+
     /// Adds a response header (before the header is sent); false when
     /// nginx has no memory for it.
     pub fn add_header(&mut self, name: &'static str, value: &'static str) -> bool {

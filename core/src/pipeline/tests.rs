@@ -500,6 +500,10 @@ struct Script {
     req: u32,
     /// Its prepare has not answered yet (a cancel makes it fail).
     prepare_pending: bool,
+    /// A preamble query goes before the request's own.
+    pre: bool,
+    /// Query ends still to come before its prepare's (the preamble's).
+    ends_before_prepare: u8,
 }
 
 /// The session's prepared statements at the model server: stale after a
@@ -533,6 +537,8 @@ struct Seen {
     failed_prepares: u64,
     executed_by_name: u64,
     alone: u64,
+    preambles: u64,
+    failed_preambles: u64,
 }
 
 struct Sim {
@@ -564,8 +570,34 @@ enum Kind {
 
 impl Sim {
     /// The server runs the query: its answers, from what the session holds.
-    fn run_script(&mut self, sent: Sent, req: u32, streaming: bool) -> std::collections::VecDeque<ResultKind> {
+    fn run_script(
+        &mut self,
+        sent: Sent,
+        req: u32,
+        streaming: bool,
+        pre: bool,
+    ) -> std::collections::VecDeque<ResultKind> {
         let mut r = std::collections::VecDeque::new();
+        // The preamble (the role and settings): it fails now and then (a
+        // role that cannot be set), and the request's queries are skipped.
+        if pre {
+            if self.rng.below(6) == 0 {
+                self.seen.failed_preambles += 1;
+                r.extend([Error(ErrorClass::Statement), End]);
+                let queries = if matches!(sent, Sent::Pipelined(Wire::PrepareAndExecute, _)) {
+                    2
+                } else {
+                    1
+                };
+                for _ in 0..queries {
+                    r.extend([Aborted, End]);
+                }
+                r.push_back(Sync);
+                return r;
+            }
+            self.seen.preambles += 1;
+            r.extend([Final, End]);
+        }
         let fate = self.rng.below(10);
         let body = |r: &mut std::collections::VecDeque<ResultKind>, rng: &mut Rng| {
             if fate == 2 {
@@ -663,11 +695,12 @@ impl Sim {
             "request {req} sent twice without its statement vanishing"
         );
         self.log.sent.insert(req);
+        let pre = kind != Kind::Simple && self.rng.below(3) == 0;
         let sent = if kind == Kind::Simple {
             self.p.sent(req, Mode::Simple, streaming);
             Sent::Simple
         } else {
-            let wire = self.p.sent_statement(req, statement, streaming);
+            let wire = self.p.sent_statement_with(req, statement, streaming, u8::from(pre));
             Sent::Pipelined(wire, statement)
         };
         if streaming {
@@ -678,6 +711,8 @@ impl Sim {
             results: None,
             req,
             prepare_pending: matches!(sent, Sent::Pipelined(Wire::PrepareAndExecute, _)),
+            pre,
+            ends_before_prepare: u8::from(pre),
         });
     }
 
@@ -739,6 +774,8 @@ impl Sim {
                         results: None,
                         req: 0,
                         prepare_pending: false,
+                        pre: false,
+                        ends_before_prepare: 0,
                     });
                 }
                 Step::Close => self.closed = true,
@@ -769,14 +806,19 @@ impl Sim {
         if front.results.is_none() {
             let (sent, req) = (front.sent, front.req);
             let streaming = self.streams.contains(&req);
-            let r = self.run_script(sent, req, streaming);
+            let pre = front.pre;
+            let r = self.run_script(sent, req, streaming, pre);
             self.server.front_mut().unwrap().results = Some(r);
         }
         let front = self.server.front_mut().unwrap();
         let results = front.results.as_mut().unwrap();
         let Some(kind) = results.pop_front() else { return };
         if front.prepare_pending && kind == End {
-            front.prepare_pending = false;
+            if front.ends_before_prepare > 0 {
+                front.ends_before_prepare -= 1;
+            } else {
+                front.prepare_pending = false;
+            }
         }
         let req = front.req;
         if results.is_empty() {
@@ -784,7 +826,7 @@ impl Sim {
         }
         let (route, steps) = self.p.on_result(kind);
         match route {
-            Route::Row(r) | Route::Result(r) | Route::Error(r) => {
+            Route::Row(r) | Route::Result(r) | Route::Error(r) | Route::PreambleError(r) => {
                 self.seen.rows += u64::from(kind == Row);
                 assert_eq!(r, req, "a result of request {req} went to request {r}");
                 assert!(
@@ -940,6 +982,8 @@ impl Sim {
         seen.deallocated += s.deallocated;
         seen.failed_prepares += s.failed_prepares;
         seen.executed_by_name += s.executed_by_name;
+        seen.preambles += s.preambles;
+        seen.failed_preambles += s.failed_preambles;
         seen.alone += s.alone;
     }
 }
@@ -965,6 +1009,8 @@ fn random_event_sequences_keep_the_invariants() {
         ("DEALLOCATEs of changed plans", seen.deallocated),
         ("failed prepares", seen.failed_prepares),
         ("executed by name", seen.executed_by_name),
+        ("preambles", seen.preambles),
+        ("failed preambles", seen.failed_preambles),
         ("requests that need the connection alone", seen.alone),
     ] {
         assert!(n > runs / 30, "only {n} {what}: {seen:?}");
@@ -991,4 +1037,137 @@ fn requests_withdrawn_at_connect_leave_the_others_to_go_out() {
     assert_eq!(p.resume_waiting(), vec![Step::Settle]);
     assert!(p.is_idle());
     assert_eq!(p.served(), 0);
+}
+
+#[test]
+fn a_preamble_result_is_dropped_and_the_query_answers() {
+    let mut p = holding(&[]);
+    assert_eq!(p.sent_statement_with(1, None, false, 1), Wire::Unnamed);
+    assert_eq!(
+        feed(&mut p, &[Final, End, Final, End, Sync]),
+        ["Result(1)", "Complete(1)"]
+    );
+    // With a prepare: preamble, prepare, execute.
+    assert_eq!(p.sent_statement_with(2, Some(3), false, 1), Wire::PrepareAndExecute);
+    assert_eq!(
+        feed(&mut p, &[Final, End, Final, End, Final, End, Sync]),
+        ["Result(2)", "Complete(2)"]
+    );
+    assert!(p.holds_statement(3));
+    // Four query ends in one segment of a request with a preamble (three
+    // queries at most): confusion.
+    assert_eq!(p.sent_statement_with(4, None, false, 1), Wire::Unnamed);
+    assert_eq!(
+        feed(&mut p, &[Final, End, Final, End, Final, End, Final, End]),
+        ["Result(4)", "Result(4)", "Result(4)", "Confused"]
+    );
+}
+
+#[test]
+fn a_preamble_error_is_the_requests_and_skips_its_queries() {
+    let mut p = holding(&[]);
+    assert_eq!(p.sent_statement_with(1, Some(5), false, 1), Wire::PrepareAndExecute);
+    // Pipelined behind, executing the statement the first one prepares.
+    assert_eq!(p.sent_statement(2, Some(5), false), Wire::Execute);
+    let out = feed(
+        &mut p,
+        &[Error(ErrorClass::Statement), End, Aborted, End, Aborted, End, Sync],
+    );
+    assert_eq!(out, ["PreambleError(1)", "Complete(1)"]);
+    assert!(!p.holds_statement(5), "its prepare was skipped");
+    // The one behind finds no statement: sent again, prepared, and the
+    // connection is not taken for a shared session.
+    let out = feed(&mut p, &[Error(ErrorClass::Vanished), End, Sync]);
+    assert_eq!(out, ["Resend(2)"]);
+    assert!(!p.take_shared_session());
+    assert_eq!(p.sent_statement(2, Some(5), false), Wire::PrepareAndExecute);
+}
+
+#[test]
+fn a_streamed_request_with_a_preamble_asks_single_rows_for_its_own_query() {
+    let mut p = holding(&[]);
+    p.sent_statement_with(1, None, true, 1);
+    assert!(!p.wants_single_row(), "not for the preamble");
+    feed(&mut p, &[Final, End]);
+    assert!(p.wants_single_row());
+    assert_eq!(
+        feed(&mut p, &[Row, Row, Final, End, Sync]),
+        ["Row(1)", "Row(1)", "Result(1)", "Complete(1)"]
+    );
+}
+
+#[test]
+fn a_session_ending_error_in_the_preamble_still_ends_the_session() {
+    let mut p = holding(&[]);
+    p.sent_statement_with(1, None, false, 1);
+    assert_eq!(feed(&mut p, &[Error(ErrorClass::SessionEnd)]), ["SessionEnding"]);
+}
+
+#[test]
+fn a_prepared_preamble_that_vanished_sends_the_request_again_once() {
+    let mut p = holding(&[8]);
+    // Prepare and execute of the preamble, then the request's query.
+    assert_eq!(p.sent_statement_with(1, None, false, 2), Wire::Unnamed);
+    assert_eq!(
+        feed(&mut p, &[Final, End, Final, End, Final, End, Sync]),
+        ["Result(1)", "Complete(1)"]
+    );
+    // Executed by name: gone (DISCARD ALL).
+    assert_eq!(p.sent_statement_with(2, Some(6), false, 1), Wire::PrepareAndExecute);
+    let out = feed(
+        &mut p,
+        &[Error(ErrorClass::Vanished), End, Aborted, End, Aborted, End, Sync],
+    );
+    assert_eq!(out, ["Resend(2)"]);
+    assert!(p.take_preamble_vanished());
+    assert!(!p.take_preamble_vanished());
+    assert!(
+        p.take_shared_session(),
+        "no query of the connection dropped it: a shared session"
+    );
+    assert!(!p.holds_statement(6), "its prepare was skipped");
+    assert!(
+        !p.holds_statement(8),
+        "DEALLOCATE ALL or DISCARD ALL dropped the others too"
+    );
+    // Sent again with the preamble prepared: vanishing again is its error.
+    p.sent_statement_with(2, Some(6), false, 2);
+    let out = feed(
+        &mut p,
+        &[
+            Final,
+            End,
+            Error(ErrorClass::Vanished),
+            End,
+            Aborted,
+            End,
+            Aborted,
+            End,
+            Sync,
+        ],
+    );
+    assert_eq!(out, ["PreambleError(2)", "Complete(2)"]);
+}
+
+#[test]
+fn a_preamble_prepare_that_finds_it_there_sends_the_request_again() {
+    let mut p = holding(&[]);
+    p.sent_statement_with(1, None, false, 2);
+    let out = feed(
+        &mut p,
+        &[Error(ErrorClass::Duplicate), End, Aborted, End, Aborted, End, Sync],
+    );
+    assert_eq!(out, ["Resend(1)"]);
+    assert!(!p.take_preamble_vanished(), "it is there");
+}
+
+#[test]
+fn a_preamble_dropped_by_the_connections_own_query_is_no_sign_of_sharing() {
+    let mut p = holding(&[]);
+    p.touch_session();
+    p.sent_statement_with(1, None, false, 1);
+    let out = feed(&mut p, &[Error(ErrorClass::Vanished), End, Aborted, End, Sync]);
+    assert_eq!(out, ["Resend(1)"]);
+    assert!(p.take_preamble_vanished());
+    assert!(!p.take_shared_session());
 }

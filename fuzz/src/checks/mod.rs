@@ -3,6 +3,7 @@
 mod cluster;
 mod conninfo;
 mod formats;
+mod jwt;
 mod methods;
 mod pubsub;
 mod rds;
@@ -15,6 +16,7 @@ mod template;
 pub use cluster::cluster_slots;
 pub use conninfo::conninfo;
 pub use formats::formats;
+pub use jwt::jwt_token;
 pub use methods::methods;
 pub use pubsub::pubsub_stream;
 pub use rds::rds_decode;
@@ -38,4 +40,5 @@ pub const TARGETS: &[(&str, Check)] = &[
     ("redis_exchange", redis_exchange),
     ("cluster_slots", cluster_slots),
     ("pubsub_stream", pubsub_stream),
+    ("jwt_token", jwt_token),
 ];

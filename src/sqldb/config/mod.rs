@@ -2,6 +2,7 @@
 //! location inherits from the levels around it, and the module's typed
 //! access to it (ngx's traits).
 
+pub mod auth;
 pub mod directives;
 pub mod upstream;
 
@@ -22,6 +23,7 @@ pub const RDS_CONTENT_TYPE: &str = "application/x-gateway-dbd-stream";
 pub const DEFAULT_CONNECT_TIMEOUT: ngx_msec_t = 10_000;
 pub const DEFAULT_RESULT_TIMEOUT: ngx_msec_t = 30_000;
 pub const DEFAULT_LISTEN_HEARTBEAT: ngx_msec_t = 15_000;
+pub const DEFAULT_JWT_LEEWAY: time_t = 30;
 
 extern "C" {
     // The module's static, defined (#[no_mangle]) in lib.rs with its
@@ -62,6 +64,8 @@ pub trait Entries {
     const CONTENT: ngx_http_handler_pt;
     const PEER_INIT: ngx_http_upstream_init_peer_pt;
     const ESCAPE: ngx_http_handler_pt;
+    /// `$sqldb_jwt_claim_NAME`'s getter.
+    const CLAIM: ngx_http_get_variable_pt;
     /// Content handlers of other modules a location cannot have beside this one.
     const OTHERS: &'static [(ngx_http_handler_pt, &'static str)];
 }
@@ -230,6 +234,18 @@ pub struct LocConf {
     pub listen: Option<ComplexValue>,
     /// `sqldb_listen_heartbeat`: a comment line this often.
     pub listen_heartbeat: ngx_msec_t,
+    /// `sqldb_jwt_key`: requests carry a bearer token, verified here.
+    pub jwt: Option<Rc<auth::JwtConf>>,
+    /// `sqldb_jwt_leeway` (seconds).
+    pub jwt_leeway: time_t,
+    /// `sqldb_jwt_role_claim` (a path into the claims).
+    pub jwt_role_claim: Option<Rc<Vec<String>>>,
+    /// `sqldb_anonymous_role`: the role of requests without a token.
+    pub anonymous_role: Option<Rc<CString>>,
+    /// `sqldb_setting`s.
+    pub settings: Vec<auth::Setting>,
+    /// What runs before each query (made by the merge).
+    pub preamble: Option<Rc<auth::PreambleSql>>,
 }
 
 impl LocConf {
@@ -325,6 +341,12 @@ pub(crate) extern "C" fn create_loc_conf(cf: *mut ngx_conf_t) -> *mut c_void {
         escapes: Vec::new(),
         listen: None,
         listen_heartbeat: CONF_UNSET_MSEC,
+        jwt: None,
+        jwt_leeway: CONF_UNSET as time_t,
+        jwt_role_claim: None,
+        anonymous_role: None,
+        settings: Vec::new(),
+        preamble: None,
     };
     // SAFETY: nginx passes the configuration being read.
     unsafe { create_conf(cf, "create_loc_conf", value) }
@@ -377,6 +399,7 @@ impl LocConf {
         merge_list(&mut self.rewrites, &prev.rewrites);
         merge_list(&mut self.escapes, &prev.escapes);
         self.output = self.output.or(prev.output);
+        self.merge_auth(prev)?;
         if self.listen.is_some() && !self.pass_set {
             return Err("\"sqldb_listen\" needs \"sqldb_pass\" in the same location"
                 .to_owned()
@@ -407,6 +430,52 @@ impl LocConf {
                 .to_owned()
                 .into());
         }
+        Ok(())
+    }
+}
+
+impl LocConf {
+    /// The JWT directives and settings: inherited level by level, and the
+    /// preamble they make.
+    fn merge_auth(&mut self, prev: &LocConf) -> Result<(), ConfError> {
+        if self.jwt.is_none() {
+            self.jwt = prev.jwt.clone();
+        }
+        if self.jwt_leeway == CONF_UNSET as time_t {
+            self.jwt_leeway = if prev.jwt_leeway == CONF_UNSET as time_t {
+                DEFAULT_JWT_LEEWAY
+            } else {
+                prev.jwt_leeway
+            };
+        }
+        if self.jwt_role_claim.is_none() {
+            self.jwt_role_claim = Some(
+                prev.jwt_role_claim
+                    .clone()
+                    .unwrap_or_else(|| Rc::new(vec!["role".to_owned()])),
+            );
+        }
+        if self.anonymous_role.is_none() {
+            self.anonymous_role = prev.anonymous_role.clone();
+        }
+        merge_list(&mut self.settings, &prev.settings);
+        if self.pass_set && self.anonymous_role.is_some() && self.jwt.is_none() {
+            return Err("\"sqldb_anonymous_role\" needs \"sqldb_jwt_key\"".to_owned().into());
+        }
+        let bound = self.jwt.is_some() || !self.settings.is_empty();
+        if bound && self.queries.iter().any(|t| t.several) {
+            return Err("a query of several statements cannot run with \"sqldb_jwt_key\" or \"sqldb_setting\": the role and settings would not bind all of its statements (write one statement, or call a function)"
+                .to_owned()
+                .into());
+        }
+        if self.jwt.is_some() && self.listen.is_some() {
+            return Err(
+                "\"sqldb_listen\" does not check the tokens of \"sqldb_jwt_key\"; put it in a location without it"
+                    .to_owned()
+                    .into(),
+            );
+        }
+        self.preamble = auth::PreambleSql::build(self.jwt.is_some(), self.settings.len()).map(Rc::new);
         Ok(())
     }
 }

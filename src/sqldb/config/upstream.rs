@@ -260,6 +260,9 @@ pub fn find_upstream(
     })
 }
 
+/// The prefix of the variables of a token's claims.
+pub const CLAIM_PREFIX: &str = "sqldb_jwt_claim_";
+
 /// Until the gateway stores a value, a variable is not found.
 pub(crate) extern "C" fn not_set(r: *mut ngx_http_request_t, v: *mut ngx_variable_value_t, _data: usize) -> ngx_int_t {
     // SAFETY: nginx passes a live request and the value slot to fill.
@@ -319,6 +322,13 @@ fn postconfigure<E: Entries>(cf: Conf) -> Result<(), ConfError> {
             u.peer.init = E::PEER_INIT;
         }
     }
+
+    // `$sqldb_jwt_claim_NAME`: a prefix variable (nginx resolves the
+    // names used in the configuration after this step).
+    let (v, _) = cf
+        .add_variable(CLAIM_PREFIX.as_bytes(), NGX_HTTP_VAR_PREFIX | NGX_HTTP_VAR_NOCACHEABLE)
+        .ok_or(ConfError::Logged)?;
+    v.get_handler = E::CLAIM;
 
     let mcf: &mut MainConf = cf.main_conf::<Sqldb>();
     for (i, (_, name)) in Var::ALL.iter().enumerate() {

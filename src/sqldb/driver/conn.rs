@@ -49,6 +49,9 @@ pub(super) struct Conn {
     /// Statements go out unnamed: the pool found the server's sessions
     /// shared (a pooler in transaction mode).
     pub unnamed: bool,
+    /// The preambles (see Query::preamble) the session holds prepared, by
+    /// name (as many as the configuration has texts at most).
+    pub preambles: Vec<Rc<CString>>,
     /// The session's cancel key (None: its queries cannot be cancelled).
     pub cancel_key: Option<CancelKey>,
     pub canceller: Option<Canceller>,
@@ -97,6 +100,7 @@ impl Conn {
             corked: false,
             corkable: true,
             unnamed: false,
+            preambles: Vec::new(),
             cancel_key: None,
             canceller: None,
             upstream: Rc::from(""),
@@ -250,6 +254,11 @@ impl Conn {
             self.pipeline.touch_session();
         }
         if q.several {
+            // The request side never sends a preamble with several
+            // statements (its role would not bind them all).
+            if q.preamble.is_some() {
+                return Err(PqError("a role or settings for a query of several statements".into()));
+            }
             self.pipeline.sent(req, Mode::Simple, q.streaming);
             self.check_encoding()?;
             if self.in_pipeline {
@@ -259,9 +268,30 @@ impl Conn {
             self.pg.send_query(&q.sql)?;
         } else {
             let statement = q.statement.as_deref().filter(|_| !self.unnamed);
-            let wire = self.pipeline.sent_statement(req, statement.map(|s| s.id), q.streaming);
+            // The preamble: prepared once per connection and executed by
+            // name (unnamed where sessions are shared).
+            let pre = match &q.preamble {
+                None => 0,
+                Some(p) if self.unnamed || !p.named => 1,
+                Some(p) if self.preambles.iter().any(|n| n.as_c_str() == p.name.as_c_str()) => 1,
+                Some(_) => 2,
+            };
+            let wire = self
+                .pipeline
+                .sent_statement_with(req, statement.map(|s| s.id), q.streaming, pre);
             self.check_encoding()?;
             self.enter_pipeline()?;
+            if let Some(p) = &q.preamble {
+                match pre {
+                    2 => {
+                        self.pg.send_prepare(&p.name, &p.sql)?;
+                        self.preambles.push(p.name.clone());
+                        self.pg.send_prepared(&p.name, &p.params, false)?;
+                    }
+                    _ if self.unnamed || !p.named => self.pg.send_unnamed(&p.sql, &p.params, false)?,
+                    _ => self.pg.send_prepared(&p.name, &p.params, false)?,
+                }
+            }
             match (wire, statement) {
                 (Wire::PrepareAndExecute, Some(s)) => {
                     metrics::add(Id::SqldbPrepares, &[&self.upstream], 1);

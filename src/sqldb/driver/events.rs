@@ -282,6 +282,7 @@ impl Pool {
                 }
                 (Route::Result(req), Some(res)) => out.push(Delivery::Result(req, res)),
                 (Route::Error(req), Some(res)) => out.push(Delivery::Error(req, res)),
+                (Route::PreambleError(req), Some(res)) => out.push(Delivery::PreambleFailed(req, res)),
                 (Route::Refused(req), res) => {
                     let status = res.map_or_else(String::new, |r| r.status_name());
                     c.forget(req);
@@ -313,6 +314,10 @@ impl Pool {
             }
         }
         c.progressed(front, long);
+        if c.pipeline.take_preamble_vanished() {
+            // Dropped behind the gateway's back (DISCARD ALL): prepared again.
+            c.preambles.clear();
+        }
         if c.pipeline.take_shared_session() {
             let name = c.name.clone();
             self.statements_shared(&name);

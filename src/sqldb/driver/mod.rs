@@ -99,6 +99,21 @@ pub struct Query {
     pub slow: bool,
     /// `sqldb_target`: the role its server must have.
     pub target: Target,
+    /// Sent before the query in its sync segment (the same implicit
+    /// transaction): the role and settings of `sqldb_jwt_key` and
+    /// `sqldb_setting`, as `set_config(..., true)`.
+    pub preamble: Option<Preamble>,
+}
+
+/// A statement that runs before a request's query, in its transaction.
+#[derive(Debug)]
+pub struct Preamble {
+    pub sql: Rc<CString>,
+    /// Its name, when prepared once per connection.
+    pub name: Rc<CString>,
+    /// Prepared once per connection (`sqldb_prepare on`), else unnamed.
+    pub named: bool,
+    pub params: Vec<CString>,
 }
 
 /// What the driver tells the request side.
@@ -117,6 +132,9 @@ pub enum Delivery {
     Failed(ReqToken, Lost, String),
     /// The query cannot be served (it started a COPY).
     Refused(ReqToken, String),
+    /// The request's preamble failed (its role cannot be set): the
+    /// query did not run.
+    PreambleFailed(ReqToken, PgResult),
     /// The connection came up to a server that does not meet the request's
     /// `sqldb_target` (what the server is said): the query was not sent,
     /// the request tries another server.

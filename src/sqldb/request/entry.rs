@@ -98,6 +98,16 @@ extern "C" fn body_read(r: *mut ngx_http_request_t) {
             if !matches!(e, StartError::Nginx) {
                 log_failure(r.log(), &e);
             }
+            if let StartError::Unauthorized { invalid, .. } = e {
+                let value = if invalid {
+                    "Bearer error=\"invalid_token\""
+                } else {
+                    "Bearer"
+                };
+                if !r.add_header("WWW-Authenticate", value) {
+                    return HTTP_INTERNAL_SERVER_ERROR;
+                }
+            }
             e.status()
         }
     });
@@ -114,6 +124,8 @@ fn run(r: &mut Req) -> Result<(), StartError> {
     if !r.body_into_memory() {
         return Err(StartError::BodyFile);
     }
+    // The token first: a request without a usable one runs nothing.
+    let auth = super::auth::authorize(r, lcf)?;
     let (sql, params) = build_query(r, &tmpl)?;
     let several = if tmpl.constant {
         tmpl.several
@@ -123,6 +135,15 @@ fn run(r: &mut Req) -> Result<(), StartError> {
     if several && !params.is_empty() {
         return Err(StartError::ParamsInSeveral);
     }
+    if several && auth.preamble.is_some() {
+        return Err(StartError::SeveralWithRole);
+    }
+    let role = auth
+        .preamble
+        .as_ref()
+        .filter(|_| lcf.jwt.is_some())
+        .and_then(|p| p.params.first())
+        .map(|r| r.to_string_lossy().into_owned());
     vars::store(r, Var::Query, sql.as_bytes());
     let output = lcf.output();
     let streamable = lcf.stream == 1 && !several && lcf.sets.is_empty() && lcf.rewrites.is_empty();
@@ -177,6 +198,7 @@ fn run(r: &mut Req) -> Result<(), StartError> {
         template: tmpl.statement.clone(),
         slow: tmpl.statement.slow.get() > 0,
         target: lcf.target(r.method()),
+        preamble: auth.preamble,
     };
     let token = registry::register(r);
     let ctx = Ctx {
@@ -199,6 +221,9 @@ fn run(r: &mut Req) -> Result<(), StartError> {
         streaming: None,
         stream_failed: false,
         saved_write_handler: None,
+        claims: auth.claims,
+        role,
+        preamble_failed: false,
     };
     if r.set_ctx::<Sqldb>(ctx).is_none() {
         registry::unregister(token);

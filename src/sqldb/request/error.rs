@@ -20,6 +20,19 @@ pub enum StartError {
     EmptyQuery,
     ParamsInSeveral,
     NoUpstream(String),
+    /// `sqldb_jwt_key`: no usable token. `invalid`: one was given.
+    Unauthorized {
+        why: String,
+        invalid: bool,
+    },
+    /// A query of several statements with a role or settings (its text
+    /// came from variables).
+    SeveralWithRole,
+    /// A `sqldb_setting` value with a NUL byte.
+    SettingNul(String),
+    /// The token's role is `none`, which PostgreSQL takes for the login
+    /// role itself: 403.
+    RoleNone,
     Busy {
         upstream: String,
         max: usize,
@@ -52,6 +65,12 @@ pub enum ResultError {
     NoStatement,
     /// The query started a COPY.
     Refused(String),
+    /// The request's role cannot be set (it does not exist, or the login
+    /// role may not switch to it): 403.
+    RoleDenied {
+        role: String,
+        why: String,
+    },
     ValueShape {
         rows: usize,
         columns: usize,
@@ -95,6 +114,14 @@ impl fmt::Display for StartError {
                 write!(f, "all {max} connections to upstream \"{upstream}\" are busy")
             }
             StartError::Nginx => f.write_str("nginx could not set the request up"),
+            StartError::Unauthorized { why, .. } => write!(f, "401: {why}"),
+            StartError::SeveralWithRole => f.write_str(
+                "the query holds several statements, which cannot run with \"sqldb_jwt_key\" or \"sqldb_setting\"",
+            ),
+            StartError::SettingNul(name) => write!(f, "the value of \"sqldb_setting {name}\" contains a NUL byte"),
+            StartError::RoleNone => {
+                f.write_str("the request's role \"none\" cannot be used: PostgreSQL takes it for the login role itself")
+            }
         }
     }
 }
@@ -103,7 +130,9 @@ impl Failure for StartError {
     fn status(&self) -> ngx_int_t {
         match self {
             StartError::MethodNotAllowed(_) => HTTP_NOT_ALLOWED,
-            StartError::ParamNul(_) | StartError::QueryNul => HTTP_BAD_REQUEST,
+            StartError::ParamNul(_) | StartError::QueryNul | StartError::SettingNul(_) => HTTP_BAD_REQUEST,
+            StartError::Unauthorized { .. } => HTTP_UNAUTHORIZED,
+            StartError::RoleNone => HTTP_FORBIDDEN,
             StartError::Busy { .. } => HTTP_SERVICE_UNAVAILABLE,
             _ => HTTP_INTERNAL_SERVER_ERROR,
         }
@@ -111,7 +140,10 @@ impl Failure for StartError {
 
     fn level(&self) -> u32 {
         match self {
-            StartError::MethodNotAllowed(_) | StartError::ParamNul(_) => NGX_LOG_INFO,
+            StartError::MethodNotAllowed(_)
+            | StartError::ParamNul(_)
+            | StartError::SettingNul(_)
+            | StartError::Unauthorized { .. } => NGX_LOG_INFO,
             _ => NGX_LOG_ERR,
         }
     }
@@ -155,6 +187,9 @@ impl fmt::Display for ResultError {
             ResultError::NoResult => f.write_str("the server returned no result"),
             ResultError::NoStatement => f.write_str("the query holds no statement"),
             ResultError::Refused(s) => f.write_str(s),
+            ResultError::RoleDenied { role, why } => {
+                write!(f, "the request's role \"{role}\" cannot be used: {why}")
+            }
             ResultError::ValueShape { rows, columns } => write!(
                 f,
                 "\"sqldb_output value\" needs one value, the query returned {rows} rows of {columns} columns"
@@ -177,6 +212,7 @@ impl Failure for ResultError {
         match self {
             ResultError::BadParameter(_) => HTTP_BAD_REQUEST,
             ResultError::NoResult => HTTP_BAD_GATEWAY,
+            ResultError::RoleDenied { .. } => HTTP_FORBIDDEN,
             _ => HTTP_INTERNAL_SERVER_ERROR,
         }
     }
@@ -202,3 +238,7 @@ pub fn log_failure(log: Log, f: &dyn Failure) {
 pub const BAD_PARAMETER: &[&str] = &[
     "22P02", "22003", "22007", "22008", "22021", "22P05", "22001", "22025", "54000", "54001",
 ];
+
+/// SQLSTATEs of `set_config('role', ...)` for a role that cannot be used:
+/// invalid parameter value (no such role) and insufficient privilege.
+pub const ROLE_DENIED: &[&str] = &["22023", "42501"];

@@ -3,6 +3,7 @@
 //! the driver, and back from its results to the response (respond, output,
 //! stream). Requests are known to the driver by tokens of `registry`.
 
+mod auth;
 mod entry;
 mod error;
 mod listen;
@@ -27,7 +28,7 @@ use crate::ffi::*;
 pub(crate) use entry::content_handler;
 pub(crate) use peer::peer_init;
 pub use stream::Streaming;
-pub(crate) use vars::escape_handler;
+pub(crate) use vars::{claim_variable, escape_handler};
 
 /// Per-request state (in the request's pool; its slot in `r->ctx`).
 pub struct Ctx {
@@ -62,6 +63,12 @@ pub struct Ctx {
     stream_failed: bool,
     /// The client write handler nginx's upstream had set, while paused.
     saved_write_handler: ngx_http_event_handler_pt,
+    /// The verified token's claims (`$sqldb_jwt_claim_NAME`).
+    claims: Option<Rc<gateway_core::jwt::Claims>>,
+    /// The role its query runs as (`sqldb_jwt_key`), for the log.
+    role: Option<String>,
+    /// Its error came from the preamble (the role or settings).
+    preamble_failed: bool,
 }
 
 impl Drop for Ctx {

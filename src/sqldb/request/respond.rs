@@ -3,7 +3,7 @@
 
 use gateway_core::pipeline::Lost;
 
-use super::error::{log_failure, ConnError, Failure, ResultError, BAD_PARAMETER};
+use super::error::{log_failure, ConnError, Failure, ResultError, BAD_PARAMETER, ROLE_DENIED};
 use super::peer::{fail, finish_upstream, guard_request, move_unsent, next, next_unfit, started};
 use super::{ctx_of, output, registry, vars};
 use crate::debug;
@@ -19,6 +19,7 @@ fn token_of(d: &Delivery) -> ReqToken {
         | Delivery::Complete(t)
         | Delivery::Failed(t, ..)
         | Delivery::Refused(t, _)
+        | Delivery::PreambleFailed(t, _)
         | Delivery::Unfit(t, _) => *t,
     }
 }
@@ -45,6 +46,12 @@ fn apply(r: &mut Req, d: Delivery) {
         Delivery::Result(_, res) => ctx.last = Some(res),
         Delivery::Error(_, res) => {
             ctx.error.get_or_insert(res);
+        }
+        Delivery::PreambleFailed(_, res) => {
+            if ctx.error.is_none() {
+                ctx.error = Some(res);
+                ctx.preamble_failed = true;
+            }
         }
         Delivery::Complete(_) => {
             ctx.conn = None;
@@ -104,7 +111,14 @@ fn complete(r: &mut Req) {
         vars::store(r, Var::Error, summary.as_bytes());
         // A value the server cannot read as its parameter's type is the
         // client's mistake: 400, logged as client errors are.
-        let e = if ctx.has_params && BAD_PARAMETER.contains(&err.sqlstate().as_str()) {
+        // The role cannot be set: it does not exist (22023), or the login
+        // role may not switch to it (42501).
+        let e = if ctx.preamble_failed && ROLE_DENIED.contains(&err.sqlstate().as_str()) && ctx.role.is_some() {
+            ResultError::RoleDenied {
+                role: ctx.role.clone().unwrap_or_default(),
+                why: summary,
+            }
+        } else if ctx.has_params && BAD_PARAMETER.contains(&err.sqlstate().as_str()) {
             ResultError::BadParameter(summary)
         } else {
             ResultError::Query(summary)

@@ -112,3 +112,41 @@ fn escape(r: &mut Req) -> ngx_int_t {
     }
     DECLINED
 }
+
+/// `$sqldb_jwt_claim_NAME`: the claim NAME of the request's verified token
+/// (a string as it is, another value as JSON); not found without one.
+pub(crate) extern "C" fn claim_variable(
+    r: *mut ngx_http_request_t,
+    v: *mut ngx_variable_value_t,
+    data: usize,
+) -> ngx_int_t {
+    // SAFETY: nginx passes a live request to a variable's getter.
+    let r = unsafe { Req::from_raw(r) };
+    guard(r.log(), "claim_variable", ERROR, || {
+        // SAFETY: for a prefix variable nginx passes the variable's whole
+        // name (an ngx_str_t of the configuration) as data; and the value
+        // slot to fill.
+        let (name, v) = unsafe { ((data as *const ngx_str_t).as_ref(), v.as_mut()) };
+        let Some(v) = v else { return ERROR };
+        let claim = name
+            .and_then(|n| {
+                n.as_bytes()
+                    .strip_prefix(crate::sqldb::config::upstream::CLAIM_PREFIX.as_bytes())
+            })
+            .and_then(|n| std::str::from_utf8(n).ok())
+            .and_then(|n| super::ctx_of(r)?.claims.as_ref()?.get(n));
+        let stored = claim.and_then(|c| r.pool().str(c.as_bytes()));
+        match stored {
+            Some(s) => {
+                v.set_len(s.len as u32);
+                v.data = s.data;
+                v.set_valid(1);
+                v.set_no_cacheable(0);
+                v.set_not_found(0);
+                v.set_escape(0);
+            }
+            None => v.set_not_found(1),
+        }
+        OK
+    })
+}

@@ -1,0 +1,219 @@
+//! Authorization in the database: `sqldb_jwt_key`, `sqldb_jwt_leeway`,
+//! `sqldb_jwt_role_claim`, `sqldb_anonymous_role` and `sqldb_setting`, and
+//! the preamble they make: one statement sent before each request's query
+//! in its sync segment (the same implicit transaction), that sets the role,
+//! the claims, read-only for GET and HEAD, and the settings, each with
+//! `set_config(..., true)`, so that all of it ends with the transaction.
+
+use std::ffi::{c_char, c_void, CString};
+use std::rc::Rc;
+
+use std::cell::RefCell;
+
+use gateway_core::jwt::{parse_claim_path, Alg, KeySet, TokenCache};
+use gateway_core::sql::statement_name;
+
+use super::LocConf;
+use crate::ffi::conf::{directive, ComplexValue, ConfError};
+use crate::ffi::*;
+
+/// `sqldb_jwt_key FILE [alg=...]`.
+pub struct JwtConf {
+    pub keys: KeySet,
+    pub file: String,
+    /// Tokens verified lately, in this worker (see TokenCache).
+    pub cache: RefCell<TokenCache>,
+}
+
+/// Tokens a worker keeps verified, per `sqldb_jwt_key`.
+pub const TOKEN_CACHE: usize = 512;
+
+/// `sqldb_setting NAME VALUE`.
+#[derive(Clone)]
+pub struct Setting {
+    pub name: CString,
+    pub value: ComplexValue,
+}
+
+/// The preamble's SQL text for a location: read-write, and read-only (GET
+/// and HEAD with a role).
+pub struct PreambleSql {
+    pub rw: Rc<CString>,
+    pub ro: Rc<CString>,
+    /// Their statement names (prepared once per connection).
+    pub rw_name: Rc<CString>,
+    pub ro_name: Rc<CString>,
+    /// The role and the claims are its first two parameters.
+    pub with_role: bool,
+}
+
+impl PreambleSql {
+    /// `select set_config('role', $1, true), set_config('request.jwt.claims', $2, true)
+    /// [, set_config('transaction_read_only', 'on', true)], set_config($3, $4, true), ...`
+    pub fn build(with_role: bool, settings: usize) -> Option<PreambleSql> {
+        let text = |read_only: bool| {
+            let mut calls = Vec::new();
+            let mut n = 0;
+            if with_role {
+                calls.push("set_config('role', $1, true)".to_owned());
+                calls.push("set_config('request.jwt.claims', $2, true)".to_owned());
+                n = 2;
+                if read_only {
+                    calls.push("set_config('transaction_read_only', 'on', true)".to_owned());
+                }
+            }
+            for _ in 0..settings {
+                calls.push(format!("set_config(${}, ${}, true)", n + 1, n + 2));
+                n += 2;
+            }
+            CString::new(format!("select {}", calls.join(", "))).ok().map(Rc::new)
+        };
+        if !with_role && settings == 0 {
+            return None;
+        }
+        let (rw, ro) = (text(false)?, text(true)?);
+        let name = |t: &CString| CString::new(statement_name(t.as_bytes())).ok().map(Rc::new);
+        Some(PreambleSql {
+            rw_name: name(&rw)?,
+            ro_name: name(&ro)?,
+            rw,
+            ro,
+            with_role,
+        })
+    }
+}
+
+/// `sqldb_jwt_key FILE [alg=HS256|...]`
+pub(crate) extern "C" fn cmd_sqldb_jwt_key(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    let body = |cf: Conf, lcf: &mut LocConf| {
+        if lcf.jwt.is_some() {
+            return Err("\"sqldb_jwt_key\" directive is duplicate".to_owned().into());
+        }
+        let args = cf.args();
+        let alg = match args.get(2) {
+            None => None,
+            Some(a) => {
+                let name = a.strip_prefix(b"alg=").and_then(|n| std::str::from_utf8(n).ok());
+                Some(name.and_then(Alg::parse).ok_or_else(|| {
+                    format!(
+                        "invalid parameter \"{}\" in \"sqldb_jwt_key\" directive, it must be alg=HS256, HS384, HS512, RS256, RS384, RS512, ES256, ES384 or EdDSA",
+                        String::from_utf8_lossy(a)
+                    )
+                })?)
+            }
+        };
+        let file = cf.full_name(args[1]).ok_or(ConfError::Logged)?;
+        let bytes = std::fs::read(&file).map_err(|e| format!("\"sqldb_jwt_key\" cannot read \"{file}\": {e}"))?;
+        let keys = KeySet::load(&bytes, alg).map_err(|e| format!("\"sqldb_jwt_key\" file \"{file}\": {e}"))?;
+        lcf.jwt = Some(Rc::new(JwtConf {
+            keys,
+            file,
+            cache: RefCell::new(TokenCache::new(TOKEN_CACHE)),
+        }));
+        Ok(())
+    };
+    // SAFETY: nginx passes the configuration being read and this module's LocConf.
+    unsafe { directive(cf, conf, "cmd_sqldb_jwt_key", body) }
+}
+
+/// `sqldb_jwt_role_claim NAME` (a dotted path)
+pub(crate) extern "C" fn cmd_sqldb_jwt_role_claim(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    let body = |cf: Conf, lcf: &mut LocConf| {
+        if lcf.jwt_role_claim.is_some() {
+            return Err("\"sqldb_jwt_role_claim\" directive is duplicate".to_owned().into());
+        }
+        let v = cf.args()[1];
+        let path = std::str::from_utf8(v).ok().and_then(parse_claim_path).ok_or_else(|| {
+            format!(
+                "invalid claim \"{}\" in \"sqldb_jwt_role_claim\" directive (a name, or names joined by dots)",
+                String::from_utf8_lossy(v)
+            )
+        })?;
+        lcf.jwt_role_claim = Some(Rc::new(path));
+        Ok(())
+    };
+    // SAFETY: nginx passes the configuration being read and this module's LocConf.
+    unsafe { directive(cf, conf, "cmd_sqldb_jwt_role_claim", body) }
+}
+
+/// `sqldb_anonymous_role ROLE`
+pub(crate) extern "C" fn cmd_sqldb_anonymous_role(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    let body = |cf: Conf, lcf: &mut LocConf| {
+        if lcf.anonymous_role.is_some() {
+            return Err("\"sqldb_anonymous_role\" directive is duplicate".to_owned().into());
+        }
+        let v = cf.args()[1];
+        let role = CString::new(v)
+            .ok()
+            .filter(|r| !r.as_bytes().is_empty() && r.as_bytes() != b"none")
+            .ok_or_else(|| "empty or invalid role in \"sqldb_anonymous_role\" directive".to_owned())?;
+        lcf.anonymous_role = Some(Rc::new(role));
+        Ok(())
+    };
+    // SAFETY: nginx passes the configuration being read and this module's LocConf.
+    unsafe { directive(cf, conf, "cmd_sqldb_anonymous_role", body) }
+}
+
+/// `sqldb_setting NAME VALUE` (the value may hold variables)
+pub(crate) extern "C" fn cmd_sqldb_setting(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    let body = |cf: Conf, lcf: &mut LocConf| {
+        let args = cf.args();
+        let name = args[1];
+        // A custom setting has a prefix and a dot (PostgreSQL refuses
+        // others in set_config unless they are its own parameters, which
+        // this directive is not for).
+        let valid = name.contains(&b'.')
+            && !name.starts_with(b".")
+            && !name.ends_with(b".")
+            && name
+                .iter()
+                .all(|c| c.is_ascii_alphanumeric() || *c == b'_' || *c == b'.');
+        if !valid {
+            return Err(format!(
+                "invalid name \"{}\" in \"sqldb_setting\" directive (a prefix, a dot and a name, like request.header.x)",
+                String::from_utf8_lossy(name)
+            )
+            .into());
+        }
+        // The claims are the token's: a setting must not replace them
+        // (setting names are case-insensitive).
+        if name.eq_ignore_ascii_case(b"request.jwt.claims") {
+            return Err(
+                "\"sqldb_setting\" cannot set \"request.jwt.claims\", which holds the token's claims"
+                    .to_owned()
+                    .into(),
+            );
+        }
+        if lcf
+            .settings
+            .iter()
+            .any(|s| s.name.as_bytes().eq_ignore_ascii_case(name))
+        {
+            return Err(format!("\"sqldb_setting\" \"{}\" is duplicate", String::from_utf8_lossy(name)).into());
+        }
+        let value = cf.compile(args[2]).ok_or(ConfError::Logged)?;
+        lcf.settings.push(Setting {
+            name: CString::new(name).map_err(|_| ConfError::Logged)?,
+            value,
+        });
+        Ok(())
+    };
+    // SAFETY: nginx passes the configuration being read and this module's LocConf.
+    unsafe { directive(cf, conf, "cmd_sqldb_setting", body) }
+}
