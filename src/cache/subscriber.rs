@@ -371,7 +371,7 @@ impl RedisHub {
                     };
                     if !tls.verify {
                         Ok(())
-                    } else if rc != X509_V_OK as _ {
+                    } else if rc != X509_V_OK as std::ffi::c_long {
                         let why = std::ffi::CStr::from_ptr(X509_verify_cert_error_string(rc));
                         Err(format!("certificate verify error: ({rc}:{})", why.to_string_lossy()))
                     } else if ngx_ssl_check_host(c, &mut name) != OK {
