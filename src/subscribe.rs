@@ -11,23 +11,35 @@ use std::cell::{Cell, RefCell};
 use std::ptr::NonNull;
 
 use gateway_core::metrics::Id;
+use gateway_core::slab::Slab;
 use gateway_core::sse;
 
+use crate::ffi::buf::Reuse;
 use crate::ffi::*;
 use crate::sqldb::driver::{Hub, ListenSink, ReqToken};
-use crate::sqldb::request::registry;
 use crate::{log, metrics};
 
 /// The comment line that tells a client its subscription is in effect.
 const SUBSCRIBED: &[u8] = b": subscribed\n\n";
 
-/// Bytes that may wait for a slow subscriber before it is dropped.
+/// Bytes that may wait for a slow subscriber: one that is further behind
+/// when the next event comes is dropped. An event is never cut: a
+/// subscriber that keeps up gets events of any size.
 const BEHIND_MAX: usize = 1 << 20;
+
+/// The smallest buffer an event is written from (so that buffers are
+/// reused from one event to the next).
+const BUF_MIN: usize = 4096;
 
 /// A subscription, in the request's pool (dropped with it).
 struct Sub {
     r: *mut ngx_http_request_t,
     token: ReqToken,
+    /// The buffers events are written from, reused once sent: a stream
+    /// that lasts holds no more than what waits for its client.
+    bufs: Reuse,
+    /// Ended here: no event goes to it any more; its request is going.
+    ended: bool,
     channel: String,
     hub: NonNull<dyn Hub>,
     fan: &'static Fanout,
@@ -41,7 +53,7 @@ impl Drop for Sub {
         if let Some(ev) = unsafe { Event::from_raw(&mut self.heartbeat) } {
             ev.clear();
         }
-        registry::unregister(self.token);
+        LIVE.with(|l| l.borrow_mut().remove(self.token.0));
         // The hub may be what ended the request (a write that failed while
         // it fanned out): it hears of the leave after the handler.
         LEAVING.with(|l| {
@@ -53,10 +65,13 @@ impl Drop for Sub {
     }
 }
 
-/// A subscription that ended: its hub, channel and request.
+/// A subscription that ended: its hub, channel and token.
 type Leaving = (NonNull<dyn Hub>, String, ReqToken);
 
 thread_local! {
+    /// This worker's subscriptions, by token (each leaves when it ends or
+    /// its request's pool goes).
+    static LIVE: RefCell<Slab<NonNull<Sub>>> = RefCell::new(Slab::default());
     /// Subscriptions that ended, for their hub.
     static LEAVING: RefCell<Vec<Leaving>> = const { RefCell::new(Vec::new()) };
     static LEAVE_EVENT: Cell<*mut ngx_event_t> = const { Cell::new(std::ptr::null_mut()) };
@@ -116,10 +131,11 @@ pub fn start(
         return Ok(rc);
     }
     let hub = hub(r).ok_or(Refused::Nginx)?;
-    let token = registry::register(r);
     let sub = Sub {
         r: r.as_ptr(),
-        token,
+        token: ReqToken(LIVE.with(|l| l.borrow().next_key())),
+        bufs: Reuse::new(fan.tag()),
+        ended: false,
         channel: channel.clone(),
         hub,
         fan,
@@ -127,12 +143,11 @@ pub fn start(
         // SAFETY: all-zero is the initial state of an event.
         heartbeat: unsafe { std::mem::zeroed() },
     };
-    let Some(mut sub) = r.pool().alloc(sub) else {
-        registry::unregister(token);
-        return Err(Refused::Nginx);
-    };
-    // SAFETY: just allocated in the request's pool; nothing else refers to it.
+    let mut sub = r.pool().alloc(sub).ok_or(Refused::Nginx)?;
+    let token = ReqToken(LIVE.with(|l| l.borrow_mut().insert(sub)));
+    // SAFETY: just allocated in the request's pool; nothing else uses it now.
     let s = unsafe { sub.as_mut() };
+    s.token = token;
     s.heartbeat.handler = Some(heartbeat);
     s.heartbeat.data = sub.as_ptr().cast();
     s.heartbeat.log = r.log().as_ptr();
@@ -141,12 +156,12 @@ pub fn start(
     metrics::add(Id::Subscribers, &[fan.source], 1);
     // The header now; a first line once the server has the subscription
     // (events reach the client from then on).
-    let rc = if now {
-        write(r, SUBSCRIBED)
+    let written = if now {
+        write(s, SUBSCRIBED)
     } else {
         r.send_flush() != ERROR
     };
-    if !rc {
+    if !written {
         return Ok(ERROR);
     }
     // SAFETY: the event is the Sub's own, in the request's pool.
@@ -154,37 +169,72 @@ pub fn start(
         ev.add_timer(s.every);
     }
     // The request stays until the client leaves (nginx's check of the
-    // client connection finalizes it) or it is ended here.
+    // client connection finalizes it) or it is ended here; what the
+    // client could not take yet goes out as it can.
     r.count_up();
     r.set_read_handler_test_reading();
+    r.set_write_handler(Some(flush_pending));
     Ok(DONE)
 }
 
 /// Writes and flushes bytes to the subscriber; false when it cannot take
-/// them (gone, or too far behind): the request is then ended.
-fn write(r: &mut Req, bytes: &[u8]) -> bool {
-    let Some(chain) = memory_chain(r.pool(), bytes.to_vec(), None) else {
+/// them (gone, or too far behind already): it is then to be ended.
+fn write(sub: &mut Sub, bytes: &[u8]) -> bool {
+    if sub.ended || sub.bufs.busy_bytes() > BEHIND_MAX {
+        return false;
+    }
+    // SAFETY: the Sub's request is live while its pool (and so the Sub) is.
+    let r = unsafe { Req::from_raw(sub.r) };
+    let pool = r.pool();
+    let Some(cl) = sub.bufs.fill(pool, bytes, None, BUF_MIN) else {
         return false;
     };
-    // SAFETY: a chain built in the request's pool; mark it to be sent now.
-    unsafe { (*(*chain).buf).set_flush(1) };
-    // SAFETY: as above.
-    let rc = unsafe { r.output_filter(chain) };
-    rc != ERROR && r.pending_output() <= BEHIND_MAX
+    // SAFETY: a chain of the request's pool, of the Sub's own buffers.
+    let rc = unsafe { r.output_filter(cl) };
+    sub.bufs.update(pool, cl);
+    rc != ERROR && (rc != AGAIN || r.watch_writable())
 }
 
-/// Ends a subscription: the last buffer, then the request.
-fn end(r: &mut Req, rc: ngx_int_t) {
+/// The client's connection can take more: what waits goes out.
+extern "C" fn flush_pending(r: *mut ngx_http_request_t) {
+    // SAFETY: nginx calls the write handler with a live request.
+    let r = unsafe { Req::from_raw(r) };
+    guard(r.log(), "subscription write", (), || {
+        // SAFETY: no new output, only what the filters hold.
+        let rc = unsafe { r.output_filter(std::ptr::null_mut()) };
+        if rc == ERROR || (rc == AGAIN && !r.watch_writable()) {
+            // (nginx runs the end of the request after this handler; the
+            // Sub leaves with the request's pool.)
+            r.finalize(ERROR);
+        }
+    })
+}
+
+/// Ends a subscription now: no event goes to it any more, the last buffer
+/// (for a stream that ends well), then the request. nginx posts the end of
+/// a request to its client connection, whose own events may not come for
+/// long: it is run here, at once. The Sub is gone afterwards.
+fn end(sub: &mut Sub, rc: ngx_int_t) {
+    if std::mem::replace(&mut sub.ended, true) {
+        return;
+    }
+    LIVE.with(|l| l.borrow_mut().remove(sub.token.0));
+    // SAFETY: the Sub's request is live while its pool (and so the Sub) is.
+    let r = unsafe { Req::from_raw(sub.r) };
+    let c = r.connection_ptr();
     let rc = if rc == OK { r.send_last() } else { rc };
     r.finalize(rc);
+    // SAFETY: the client connection outlives the finalizing of its
+    // request; nothing of the request is used after this.
+    unsafe { ngx_http_run_posted_requests(c) };
 }
 
 extern "C" fn heartbeat(ev: *mut ngx_event_t) {
     // SAFETY: the heartbeat event's data is its Sub, in the live request's pool.
     let sub = unsafe { &mut *((*ev).data as *mut Sub) };
     // SAFETY: the Sub's request is live while its pool (and so the Sub) is.
-    let r = unsafe { Req::from_raw(sub.r) };
-    guard(r.log(), "subscription heartbeat", (), || {
+    let log = unsafe { Req::from_raw(sub.r) }.log();
+    guard(log, "subscription heartbeat", (), || {
         // SAFETY: as above.
         if let Some(e) = unsafe { Event::from_raw(ev) } {
             e.take_timedout();
@@ -192,10 +242,11 @@ extern "C" fn heartbeat(ev: *mut ngx_event_t) {
         if exiting() {
             // nginx is exiting (a reload, a quit): the stream ends, and the
             // client's EventSource comes back to a new worker.
-            return end(r, OK);
+            return end(sub, OK);
         }
-        if !write(r, sse::HEARTBEAT) {
-            return end(r, ERROR);
+        if !write(sub, sse::HEARTBEAT) {
+            sub.fan.dropped(log);
+            return end(sub, ERROR);
         }
         // SAFETY: as above.
         if let Some(e) = unsafe { Event::from_raw(ev) } {
@@ -210,46 +261,64 @@ pub struct Fanout {
     source: &'static str,
     /// The gateway, as the log names it.
     gateway: &'static str,
+    /// The module whose buffers the events are (its tag).
+    module: fn() -> *const ngx_module_t,
 }
 
 /// The fan-out of `sqldb_listen`.
 pub static SQLDB: Fanout = Fanout {
     source: "sqldb_listen",
     gateway: "sqldb",
+    module: || <crate::sqldb::config::Sqldb as ngx::http::HttpModule>::module(),
 };
 /// The fan-out of `cache_subscribe`.
 pub static CACHE: Fanout = Fanout {
     source: "cache_subscribe",
     gateway: "cache",
+    module: || <crate::cache::config::Cache as ngx::http::HttpModule>::module(),
 };
 
 impl Fanout {
-    /// Runs `f` on each subscriber of `to` that is still there.
-    fn each(&self, to: &[ReqToken], mut f: impl FnMut(&mut Req)) {
+    fn tag(&self) -> *const ngx_module_t {
+        (self.module)()
+    }
+
+    /// Runs `f` on each subscription of `to` that is still there.
+    fn each(&self, to: &[ReqToken], mut f: impl FnMut(&mut Sub)) {
         for &t in to {
-            let Some(r) = registry::lookup(t) else { continue };
-            // SAFETY: a registered request is live (it leaves the registry
-            // when its pool is destroyed).
-            let r = unsafe { Req::from_raw(r.as_ptr()) };
-            guard(r.log(), "subscription event", (), || f(r));
+            let Some(sub) = LIVE.with(|l| l.borrow().get(t.0).copied()) else {
+                continue;
+            };
+            // SAFETY: a live Sub is in its live request's pool (it leaves
+            // LIVE when it ends or its pool goes).
+            let sub = unsafe { &mut *sub.as_ptr() };
+            // SAFETY: as above.
+            let log = unsafe { Req::from_raw(sub.r) }.log();
+            guard(log, "subscription event", (), || f(sub));
         }
+    }
+
+    /// One info line for a subscriber that is dropped.
+    fn dropped(&self, log: Log) {
+        log!(
+            NGX_LOG_INFO,
+            log,
+            "{}: a subscriber that cannot take events (gone, or more than {BEHIND_MAX} bytes behind) is dropped",
+            self.gateway
+        );
     }
 
     /// Writes `bytes` to each subscriber of `to`: how many took them (one
     /// that cannot is dropped).
     fn write_all(&self, to: &[ReqToken], bytes: &[u8]) -> i64 {
         let mut sent = 0;
-        self.each(to, |r| {
-            if write(r, bytes) {
+        self.each(to, |sub| {
+            if write(sub, bytes) {
                 sent += 1;
             } else {
-                log!(
-                    NGX_LOG_INFO,
-                    r.log(),
-                    "{}: a subscriber that cannot take events (gone, or more than {BEHIND_MAX} bytes behind) is dropped",
-                    self.gateway
-                );
-                end(r, ERROR);
+                // SAFETY: the Sub's request is live until `end`.
+                self.dropped(unsafe { Req::from_raw(sub.r) }.log());
+                end(sub, ERROR);
             }
         });
         sent
@@ -276,6 +345,6 @@ impl ListenSink for Fanout {
     }
 
     fn closing(&self, to: &[ReqToken]) {
-        self.each(to, |r| end(r, OK));
+        self.each(to, |sub| end(sub, OK));
     }
 }

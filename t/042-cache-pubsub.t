@@ -13,6 +13,7 @@ use FakeRedis;
 use GatewayTest qw(http_request wait_until nginx_start stop_nginx nginx_signal nginx_error_log start_redis redis_cli
     free_port);
 use IO::Socket::INET;
+use Socket ();
 use File::Temp qw(tempdir);
 use Test::More;
 use Time::HiRes qw(sleep time);
@@ -271,8 +272,8 @@ server { listen 127.0.0.1:\$PORT; location /sub { cache_pass 127.0.0.1:@{[ $fake
 HTTP
 @subs = (open_sse('/sub'));
 pump(\@subs, 8, sub { grep { $_ eq 'h=last' } events($subs[0]) });
-is_deeply([events($subs[0])], ['h=ok', 'h=d|r', 'reconnect=', 'reconnect=', 'reconnect=', 'h=last'],
-    'the good messages, a reconnect after each broken connection');
+is_deeply([events($subs[0])], ['h=ok', 'h=d|r', 'reconnect=', 'h=last'],
+    'the good messages, then one reconnect once a connection works again');
 my $log = nginx_error_log();
 like($log, qr/was lost: redis sent bytes that are not RESP/, 'garbage: an error line');
 like($log, qr/was lost: redis sent a "message" array to a subscribing connection/, 'an integer payload: an error line');
@@ -281,7 +282,105 @@ unlike($log, qr/\[(alert|emerg)\]|exited on signal/, 'no alert, no worker died')
 close $subs[0]{s};
 stop_nginx();
 
-# 12. TLS (cache_ssl): the subscribing connection verifies the server as
+# 12. Clients that leave, or do not read, during a burst; large messages;
+# memory. One worker, so that its RSS tells.
+$port = nginx_start(<<"HTTP", workers => 1);
+upstream red { server 127.0.0.1:$rport; }
+upstream locked { server 127.0.0.1:$locked->{port}; }
+server {
+    listen 127.0.0.1:\$PORT;
+    location /sub { cache_pass red; cache_subscribe \$arg_channel; }
+    location /wrong { cache_pass locked; cache_auth wrong; cache_subscribe_heartbeat 1s; cache_subscribe w; }
+    location /pub { cache_pass red; cache_publish \$arg_channel; client_max_body_size 8m; }
+    location = /metrics { gateway_status; }
+}
+HTTP
+my ($worker) = grep { /^\d+$/ } split /\s+/, `pgrep -P $GatewayTest::NginxPid`;
+sub rss_kb { open my $f, '<', "/proc/$worker/status" or return 0; local $/; my $t = <$f>; $t =~ /VmRSS:\s+(\d+)/ ? $1 : 0 }
+sub gauge {
+    my (undef, $m) = http_request($port, 'GET', '/metrics');
+    return $m =~ /^ngx_gateway_subscribers\{source="cache_subscribe"\} (-?\d+)$/m ? $1 : 0;
+}
+# (a) 100 subscribers reset their connections in the middle of a burst of
+# 4,000 messages: the worker stays responsive, each is dropped once.
+my @gone = map { open_sse('/sub?channel=burst') } 1 .. 100;
+pump(\@gone, 5, subscribed(@gone));
+my $burst = join '', map { "PUBLISH burst " . ('m' x 500) . "$_\r\n" } 1 .. 2000;
+my $rc = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $rport) or die $!;
+print $rc $burst;
+for my $g (@gone) {
+    setsockopt($g->{s}, Socket::SOL_SOCKET(), Socket::SO_LINGER(), pack('ii', 1, 0));
+    close $g->{s};
+}
+print $rc $burst;
+my $t = time;
+my ($mst) = http_request($port, 'GET', '/metrics');
+is($mst, 200, 'the worker answers during the burst');
+cmp_ok(time - $t, '<', 3, 'at once');
+ok(wait_until(sub { gauge() == 0 }, 5), 'every subscriber that left is removed');
+my $drops = () = nginx_error_log() =~ /cache: a subscriber that cannot take events/g;
+cmp_ok($drops, '<=', 100, "each dropped once at most ($drops lines)");
+close $rc;
+# (b) A subscriber that reads 20 MB of events: the worker's memory stays flat.
+my @reader = (open_sse('/sub?channel=flow'));
+pump(\@reader, 3, subscribed(@reader));
+my $before = rss_kb();
+my $payload10k = 'p' x 10_000;
+my $flow = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $rport) or die $!;
+my $sent_flow = 0;
+for my $round (1 .. 20) {
+    print $flow join '', map { "PUBLISH flow $payload10k\r\n" } 1 .. 100;
+    $sent_flow += 100;
+    pump(\@reader, 5, sub { (() = $reader[0]{buf} =~ /event: flow/g) >= $sent_flow });
+    $reader[0]{buf} = '' if $round < 20;    # (what was read is not kept)
+    $sent_flow = 0 if $round < 20;
+}
+is(scalar(() = $reader[0]{buf} =~ /event: flow\ndata: p{10000}\n\n/g), 100, 'a reading subscriber gets everything');
+my $grew = rss_kb() - $before;
+cmp_ok($grew, '<', 8000, "20 MB streamed, the worker grew by $grew kB");
+close $reader[0]{s};
+# (c) A subscriber that does not read is dropped once 1 MB waits for it,
+# and its connection closed; another one that reads gets a 3 MB message
+# whole (an event is never cut).
+socket(my $stuck, Socket::PF_INET(), Socket::SOCK_STREAM(), 0) or die $!;
+setsockopt($stuck, Socket::SOL_SOCKET(), Socket::SO_RCVBUF(), 4096) or die $!;
+connect($stuck, Socket::pack_sockaddr_in($port, Socket::inet_aton('127.0.0.1'))) or die $!;
+syswrite($stuck, "GET /sub?channel=heavy HTTP/1.1\r\nHost: x\r\n\r\n");
+my @heavy = (open_sse('/sub?channel=heavy'));
+pump(\@heavy, 3, subscribed(@heavy));
+ok(wait_until(sub { gauge() == 2 }, 3), 'both subscribed');
+my $big = join '', map { chr(97 + $_ % 26) } 1 .. 3_000_000;
+for my $i (1 .. 3) {
+    my ($pst) = publish('heavy', "$i$big");
+    is($pst, 200, "a 3 MB publish ($i)") or last;
+    pump(\@heavy, 10, sub { scalar(events($heavy[0])) >= $i });
+}
+is_deeply([map { length } events($heavy[0])], [map { length("heavy=$_$big") } 1 .. 3], 'the reader gets three 3 MB events whole');
+ok(wait_until(sub { gauge() == 1 }, 5), 'the one that does not read is dropped');
+like(nginx_error_log(), qr/\[info\].*cache: a subscriber that cannot take events \(gone, or more than 1048576 bytes behind\) is dropped/,
+    'with an info line');
+close $stuck;
+close $heavy[0]{s};
+# (d) A password Redis refuses: an error line each try, no ": subscribed",
+# and no "reconnect" events (nothing was ever subscribed).
+my @wrong = (open_sse('/wrong'));
+pump(\@wrong, 3.5);
+like($wrong[0]{buf}, qr{^HTTP/1\.1 200 }, 'the stream opens');
+unlike($wrong[0]{buf}, qr/: subscribed/, 'but says it is not subscribed');
+unlike($wrong[0]{buf}, qr/event: reconnect/, 'and tells of no reconnect');
+like($wrong[0]{buf}, qr/: heartbeat/, 'heartbeats go on');
+close $wrong[0]{s};
+unlike(nginx_error_log(), qr/\[(alert|emerg)\]|exited on signal/, 'no alert, no worker died');
+# (e) A publish answer is not a range of anything.
+my $ps = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port) or die $!;
+print $ps "POST /pub?channel=x HTTP/1.1\r\nHost: x\r\nRange: bytes=0-3\r\nContent-Length: 1\r\nConnection: close\r\n\r\nx";
+my $pr = do { local $/; <$ps> };
+like($pr, qr{^HTTP/1\.1 200 .*\{"receivers": 0\}}s, 'Range is not applied to a publish');
+unlike($pr, qr/Accept-Ranges/i, 'and not offered');
+close $ps;
+stop_nginx();
+
+# 13. TLS (cache_ssl): the subscribing connection verifies the server as
 # the location's requests do; a server of another authority or another
 # name is an error line, and nothing is subscribed.
 my $d = tempdir('ngx-gateway-tls-XXXXXX', TMPDIR => 1, CLEANUP => 1);
@@ -345,7 +444,7 @@ ok(wait_until(sub { pubsub_clients($tredis) == 0 }, 3), 'the TLS connection clos
 unlike(nginx_error_log(), qr/\[(alert|emerg)\]|exited on signal/, 'no alert, no worker died');
 stop_nginx();
 
-# 13. nginx -t
+# 14. nginx -t
 for my $case (
     ['location /a { cache_subscribe c; }', qr/"cache_subscribe" needs "cache_pass" in the same location/],
     ['location /a { cache_publish c; }', qr/"cache_publish" needs "cache_pass" in the same location/],

@@ -289,7 +289,8 @@ impl CacheLocConf {
         u.pass_request_headers = 0;
         u.pass_request_body = 0;
         u.intercept_errors = 1;
-        u.force_ranges = 1;
+        // (A publish's answer is not a value to take parts of.)
+        u.force_ranges = ngx_flag_t::from(self.publish.is_none()) as _;
         u.set_intercept_404(1);
         u.module = static_str("cache");
     }

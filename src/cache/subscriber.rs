@@ -66,8 +66,11 @@ pub struct RedisHub {
     out: Vec<u8>,
     /// Bytes read and not used yet (a reply that is not whole).
     input: Vec<u8>,
-    /// The connection had been up before: subscribers hear of the gap.
+    /// A connection had worked before: subscribers hear of the gap once
+    /// this one works (Redis confirmed a subscription on it).
     was_up: bool,
+    /// This connection works.
+    live: bool,
     /// The next status or error is AUTH's.
     auth_pending: bool,
     /// The timer that makes the connection again.
@@ -205,6 +208,7 @@ impl RedisHub {
             out: Vec::new(),
             input: Vec::new(),
             was_up: false,
+            live: false,
             auth_pending: false,
             retry: RetryTimer::new(std::ptr::null_mut(), Some(retry_event)),
         });
@@ -221,6 +225,7 @@ impl RedisHub {
 
     /// Closes the socket, and frees its TLS state.
     fn drop_socket(&mut self) {
+        self.live = false;
         let Some(s) = self.socket.take() else { return };
         // SAFETY: the hub's own connection; its TLS state, if any, is
         // nginx's, freed at once (no close_notify sent or awaited).
@@ -408,10 +413,6 @@ impl RedisHub {
         if !self.socket.as_ref().is_some_and(|s| s.watch_read(true)) {
             return self.lost("cannot watch the connection");
         }
-        if std::mem::replace(&mut self.was_up, true) {
-            let all = self.channels.everyone();
-            self.sink.reconnected(&all);
-        }
         self.flush();
     }
 
@@ -537,6 +538,10 @@ impl RedisHub {
                             }
                         }
                         Push::Subscribed(channel) => {
+                            if !std::mem::replace(&mut self.live, true) && std::mem::replace(&mut self.was_up, true) {
+                                let all = self.channels.settled();
+                                self.sink.reconnected(&all);
+                            }
                             if let Ok(c) = std::str::from_utf8(&channel) {
                                 let to = self.channels.confirm(c);
                                 self.sink.subscribed(&to);

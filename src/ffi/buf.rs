@@ -142,6 +142,12 @@ impl Reuse {
             b.end as usize - b.start as usize
         };
         if have < data.len().max(1) {
+            if !b.start.is_null() {
+                // A large allocation of the pool is given back (a small one
+                // stays with the pool): a buffer that grows does not pile up.
+                // SAFETY: the buffer's memory came from this pool (below).
+                unsafe { ngx_pfree(pool.as_ptr(), b.start.cast()) };
+            }
             let size = data.len().max(min_size);
             // SAFETY: the pool is live; memory for size bytes or null.
             let mem = unsafe { ngx_palloc(pool.as_ptr(), size) } as *mut u8;
@@ -175,6 +181,21 @@ impl Reuse {
     pub fn update(&mut self, pool: Pool, mut out: *mut ngx_chain_t) {
         // SAFETY: the chains are this response's, of the request's pool.
         unsafe { ngx_chain_update_chains(pool.as_ptr(), &mut self.free, &mut self.busy, &mut out, self.tag) };
+    }
+
+    /// Bytes the client has yet to take.
+    pub fn busy_bytes(&self) -> usize {
+        let mut n = 0;
+        let mut cl = self.busy;
+        // SAFETY: the busy chain is made of this response's links and buffers.
+        while let Some(link) = unsafe { cl.as_ref() } {
+            // SAFETY: as above.
+            if let Some(b) = unsafe { link.buf.as_ref() } {
+                n += (b.last as usize).saturating_sub(b.pos as usize);
+            }
+            cl = link.next;
+        }
+        n
     }
 
     /// Buffers the client has yet to take.

@@ -55,6 +55,11 @@ impl Req {
         unsafe { &mut *self.0.connection }
     }
 
+    /// The client connection, as a pointer (for calls that outlive the request).
+    pub fn connection_ptr(&self) -> *mut ngx_connection_t {
+        self.0.connection
+    }
+
     /// The client connection's log (with the request's context in lines).
     pub fn log(&self) -> Log {
         // SAFETY: the connection's log lives as long as the connection.
@@ -173,6 +178,13 @@ impl Req {
     /// finalizes the request), as for a request that waits for an upstream.
     pub fn set_read_handler_test_reading(&mut self) {
         self.0.read_event_handler = Some(ngx_http_test_reading);
+    }
+
+    /// Asks for a write event once the client's connection can take more
+    /// (after output that did not all go out).
+    pub fn watch_writable(&mut self) -> bool {
+        // SAFETY: a live request's client connection and its write event.
+        unsafe { ngx_handle_write_event(self.connection().write, 0) == OK }
     }
 
     /// The query string (after `?`).

@@ -113,6 +113,16 @@ impl Channels {
             .map(|(k, c)| (k.as_str(), c.subs.as_slice()))
     }
 
+    /// The subscribers whose subscription was in effect before (those
+    /// that wait for one are not).
+    pub fn settled(&self) -> Vec<ReqToken> {
+        self.0
+            .values()
+            .flat_map(|c| c.subs.iter().filter(|t| !c.waiting.contains(t)))
+            .copied()
+            .collect()
+    }
+
     /// Every subscriber of every channel.
     pub fn everyone(&self) -> Vec<ReqToken> {
         self.0.values().flat_map(|c| c.subs.iter()).copied().collect()
@@ -331,7 +341,7 @@ impl Listener {
                     self.listen(&c);
                 }
                 if std::mem::replace(&mut self.was_up, true) {
-                    let all = self.channels.everyone();
+                    let all = self.channels.settled();
                     self.sink.reconnected(&all);
                 }
                 return;

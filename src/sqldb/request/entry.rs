@@ -66,7 +66,8 @@ fn start_listening(r: &mut Req, lcf: &'static LocConf) -> ngx_int_t {
             log!(
                 NGX_LOG_INFO,
                 r.log(),
-                "sqldb: \"sqldb_listen\" channel \"{v}\" is not an identifier (letters, digits, _ and $, at most 63 bytes)"
+                "sqldb: \"sqldb_listen\" channel \"{}\" is not an identifier (letters, digits, _ and $, at most 63 bytes)",
+                v.escape_default()
             );
             HTTP_BAD_REQUEST
         }
