@@ -163,7 +163,39 @@ close $stuck;
 close $reader[0]{s};
 stop_nginx();
 
-# 11. nginx -t
+# 11. Fifty subscribers reset their connections in the middle of a burst
+# of 4,000 notifications: the worker stays responsive, each is dropped at
+# most once, and the one left gets everything.
+$port = nginx_start(<<"HTTP", workers => 1);
+upstream db { sqldb_server $server; }
+server { listen 127.0.0.1:\$PORT; location /events { sqldb_pass db; sqldb_listen \$arg_channel; } location = /metrics { gateway_status; } }
+HTTP
+my @gone = map { open_sse('/events?channel=burst') } 1 .. 50;
+my @stay = (open_sse('/events?channel=burst'));
+pump([@gone, @stay], 5, sub { !grep { $_->{buf} !~ /: subscribed/ } @gone, @stay });
+my $notify = "select pg_notify('burst', repeat('n', 400) || g) from generate_series(1, 2000) g";
+psql($notify);
+for my $g (@gone) {
+    setsockopt($g->{s}, Socket::SOL_SOCKET(), Socket::SO_LINGER(), pack('ii', 1, 0));
+    close $g->{s};
+}
+psql($notify);
+my $t = time;
+my ($mst, $metrics) = http_request($port, 'GET', '/metrics');
+is($mst, 200, 'the worker answers after the burst');
+cmp_ok(time - $t, '<', 3, 'at once');
+pump(\@stay, 20, sub { scalar(events($stay[0])) >= 4000 });
+is(scalar(events($stay[0])), 4000, 'the subscriber that stays gets all 4,000');
+ok(wait_until(sub {
+    my (undef, $m) = http_request($port, 'GET', '/metrics');
+    $m =~ /^ngx_gateway_subscribers\{source="sqldb_listen"\} 1$/m;
+}, 5), 'the ones that left are removed');
+my $drops = () = nginx_error_log() =~ /sqldb: a subscriber that cannot take events/g;
+cmp_ok($drops, '<=', 50, "each dropped once at most ($drops lines)");
+close $stay[0]{s};
+stop_nginx();
+
+# 12. nginx -t
 for my $case (
     ['location /a { sqldb_listen c; }', qr/"sqldb_listen" needs "sqldb_pass" in the same location/],
     ['location /a { sqldb_pass db; sqldb_listen c; sqldb_query "select 1"; }', qr/"sqldb_listen" and "sqldb_query" cannot be in the same location/],
