@@ -5,6 +5,9 @@
 create role notes_anon nologin;
 create role notes_user nologin;
 grant notes_anon, notes_user to demo;
+-- The table belongs to a role of its own, not to the login role: a token
+-- that names "demo" gets demo's rights, and demo has none on it.
+create role notes_owner nologin;
 
 create table notes (
     id serial primary key,
@@ -12,7 +15,7 @@ create table notes (
     body text not null,
     public boolean not null default false
 );
-alter table notes owner to demo;
+alter table notes owner to notes_owner;
 insert into notes (owner, body, public) values
     ('alice', 'alice''s shopping list', false),
     ('alice', 'alice''s public note', true),

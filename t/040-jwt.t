@@ -262,7 +262,8 @@ is($body, 'bob public', 'pk lookup of a public row, anonymous');
 ($status, $body) = request($port, 'POST', '/add?owner=alice&body=three', Authorization => "Bearer $alice");
 is($status, 200, 'alice inserts her row') or diag($body);
 ($status) = request($port, 'POST', '/add?owner=bob&body=forged', Authorization => "Bearer $alice");
-is($status, 500, 'alice cannot insert a row of bob (with check)');
+is($status, 403, 'alice cannot insert a row of bob (with check): 403');
+like(nginx_error_log(), qr/\[error\].*sqldb: the request's role may not run the query: .*row-level security/, 'the log says why');
 ($status) = request($port, 'GET', '/add?owner=alice&body=in_a_get', Authorization => "Bearer $alice");
 is($status, 500, 'a GET runs read only: its insert fails');
 like(nginx_error_log(), qr/read-only transaction/, 'the log says read-only transaction');
@@ -271,7 +272,7 @@ like($body, qr/^jwt_user\|\{.*"sub":"alice".*\}\|-\|on$/, 'GET: role, claims, re
 ($status, $body) = request($port, 'POST', '/whoami', Authorization => "Bearer $alice");
 like($body, qr/^jwt_user\|.*\|off$/, 'POST: read-write') or diag($body);
 ($status) = request($port, 'POST', '/add?owner=anyone&body=x');
-is($status, 500, 'anonymous cannot insert (no grant)');
+is($status, 403, 'anonymous cannot insert (no grant): 403');
 is(psql("select count(*) from jwt_notes where body in ('forged', 'in_a_get', 'x')"), '0', 'none of the refused writes happened');
 
 ($status) = request($port, 'HEAD', '/add?owner=alice&body=in_a_head', Authorization => "Bearer $alice");
@@ -287,6 +288,15 @@ like(header_of($head, 'X-Exp') // '', qr/^\d+$/, 'a numeric claim as its JSON te
 like($body, qr/^jwt_user\|.*"sub":"bob".*\|acme's\|on$/, 'sqldb_setting from $http_x_tenant') or diag($body);
 ($status, $body) = get('/whoami', undef, 'X-Tenant' => 'anon-tenant');
 is($body, "jwt_anon|{}|anon-tenant|on", 'anonymous: its role, empty claims, the setting');
+($status) = get('/whoami', $bob, 'X-Tenant' => "\xfc\xfd");
+is($status, 400, 'a setting of bytes that are not text: 400');
+like(nginx_error_log(), qr/\[info\].*sqldb: a parameter was rejected: .*invalid byte sequence/, 'logged at info');
+# A claim with a line break is no header line: the claim variable is not found.
+my $crlf = hs256(claims(role => 'jwt_anon', sub => 'eve\r\nSet-Cookie: evil=1'));
+($status, $body, $head) = get('/notes', $crlf);
+is("$status $body", '200 bob public', 'a token whose sub holds CR LF runs (as jwt_anon here)');
+unlike($head, qr/Set-Cookie|evil/i, 'and its claim adds no header');
+is(header_of($head, 'X-Sub'), undef, 'the variable is not found');
 
 # --- Tokens that get 401 (and run nothing).
 my @bad = (
@@ -488,6 +498,17 @@ refused('a missing file', "sqldb_jwt_key $dir/missing; sqldb_query \"select 1\";
 refused('an empty file', "sqldb_jwt_key $dir/empty; sqldb_query \"select 1\";", qr/\[emerg\].*the file is empty in \S+:\d+/);
 refused('a short secret', "sqldb_jwt_key $dir/short; sqldb_query \"select 1\";", qr/\[emerg\].*too short/);
 refused('a private key', "sqldb_jwt_key $dir/private.pem; sqldb_query \"select 1\";", qr/\[emerg\].*private key/);
+# A public key in a form not read is never taken for an HMAC secret (whoever
+# has the key could sign tokens).
+run('openssl', 'pkey', '-pubin', '-in', "$dir/rsa.pub", '-outform', 'DER', '-out', "$dir/rsa.der");
+spew("$dir/bom.pub", "\xef\xbb\xbf" . slurp("$dir/rsa.pub"));
+spew("$dir/text.pub", "the key:\n" . slurp("$dir/rsa.pub"));
+spew("$dir/ssh.pub", "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl user\@host\n");
+spew("$dir/array.json", '[{"kty":"oct","k":"MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY"}]');
+for my $f (qw(rsa.der bom.pub text.pub ssh.pub array.json)) {
+    refused("a key file $f", "sqldb_jwt_key $dir/$f; sqldb_query \"select 1\";",
+        qr/\[emerg\].*the file looks like .*, in a form not read here/);
+}
 refused('an alg that does not fit the key', "sqldb_jwt_key $dir/rsa.pub alg=HS256; sqldb_query \"select 1\";",
     qr/\[emerg\].*alg=HS256 does not fit the key, an RSA public key/);
 refused('an unknown alg', "sqldb_jwt_key $dir/secret alg=none; sqldb_query \"select 1\";", qr/\[emerg\].*invalid parameter "alg=none"/);

@@ -209,6 +209,13 @@ impl KeySet {
             if secret.is_empty() {
                 return key_err("the file is empty");
             }
+            if let Some(what) = looks_like_a_key(file) {
+                // Taken as a secret, a public key would let anyone who has
+                // it sign tokens.
+                return key_err(format!(
+                    "the file looks like {what}, in a form not read here: give a PEM public key, a JWK or a JWK Set (an HMAC secret must not look like a key)"
+                ));
+            }
             (vec![new_key(None, Material::hmac(secret))?], false)
         };
         let mut out = Vec::new();
@@ -645,6 +652,48 @@ fn pem_block(text: &[u8]) -> Result<(String, Vec<u8>), KeyError> {
         .ok_or_else(|| KeyError(format!("no \"{end_marker}\" line")))?;
     let der = pem_base64(&body.as_bytes()[..end]).ok_or_else(|| KeyError("the PEM block is not base64".into()))?;
     Ok((label, der))
+}
+
+/// What a file that is neither a PEM key nor a JSON document at its start
+/// may still be: a public key in another form (a PEM block after other
+/// text or a byte order mark, JSON after a byte order mark or in an array,
+/// an OpenSSH public key, DER), which must not become an HMAC secret.
+fn looks_like_a_key(file: &[u8]) -> Option<&'static str> {
+    let text = file.strip_prefix(b"\xef\xbb\xbf").unwrap_or(file);
+    let text = trim_ascii(text);
+    if file.windows(10).any(|w| w == b"-----BEGIN") {
+        return Some("a PEM block");
+    }
+    if text.starts_with(b"{") || text.starts_with(b"[") {
+        return Some("a JSON document");
+    }
+    for prefix in [&b"ssh-"[..], b"ecdsa-sha2-", b"sk-ssh-", b"sk-ecdsa-"] {
+        if text.starts_with(prefix) {
+            return Some("an OpenSSH public key");
+        }
+    }
+    if is_der_sequence(file) {
+        return Some("a DER key");
+    }
+    None
+}
+
+/// A DER SEQUENCE whose length covers the whole file exactly.
+fn is_der_sequence(file: &[u8]) -> bool {
+    let [0x30, first, rest @ ..] = file else {
+        return false;
+    };
+    let (len, body) = if *first < 0x80 {
+        (usize::from(*first), rest)
+    } else {
+        let n = usize::from(*first & 0x7f);
+        if n == 0 || n > 4 || rest.len() < n {
+            return false;
+        }
+        let len = rest[..n].iter().fold(0usize, |acc, b| (acc << 8) | usize::from(*b));
+        (len, &rest[n..])
+    };
+    len == body.len()
 }
 
 fn load_pem(text: &[u8]) -> Result<Key, KeyError> {

@@ -421,3 +421,28 @@ fn the_token_cache_keeps_signatures_never_times() {
     );
     assert!(cache.verify(&set, t.as_bytes(), NOW + 100, 0).is_ok());
 }
+
+#[test]
+fn public_keys_in_forms_not_read_are_never_secrets() {
+    let der = der_of(RSA_PUB);
+    let mut bom = b"\xef\xbb\xbf".to_vec();
+    bom.extend_from_slice(RSA_PUB.as_bytes());
+    let mut after_text = b"my key:\n".to_vec();
+    after_text.extend_from_slice(RSA_PUB.as_bytes());
+    let ssh = b"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl user@host\n";
+    let array = b"[{\"kty\":\"oct\",\"k\":\"MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY\"}]";
+    for (what, file) in [
+        ("DER", der.clone()),
+        ("a BOM before PEM", bom),
+        ("text before PEM", after_text),
+        ("OpenSSH", ssh.to_vec()),
+        ("a JSON array", array.to_vec()),
+    ] {
+        let err = KeySet::load(&file, None).expect_err(what);
+        assert!(err.to_string().contains("looks like"), "{what}: {err}");
+    }
+    // A random secret that starts like DER but is not one stays a secret.
+    let mut secret = vec![0x30, 0x05];
+    secret.extend_from_slice(&SECRET[..30]);
+    assert!(KeySet::load(&secret, None).is_ok());
+}

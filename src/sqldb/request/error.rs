@@ -65,6 +65,9 @@ pub enum ResultError {
     NoStatement,
     /// The query started a COPY.
     Refused(String),
+    /// The request's role may not run the query (insufficient privilege,
+    /// a row-level security check): 403.
+    Forbidden(String),
     /// The request's role cannot be set (it does not exist, or the login
     /// role may not switch to it): 403.
     RoleDenied {
@@ -187,8 +190,13 @@ impl fmt::Display for ResultError {
             ResultError::NoResult => f.write_str("the server returned no result"),
             ResultError::NoStatement => f.write_str("the query holds no statement"),
             ResultError::Refused(s) => f.write_str(s),
+            ResultError::Forbidden(s) => write!(f, "the request's role may not run the query: {s}"),
             ResultError::RoleDenied { role, why } => {
-                write!(f, "the request's role \"{role}\" cannot be used: {why}")
+                write!(
+                    f,
+                    "the request's role \"{}\" cannot be used: {why}",
+                    role.escape_default()
+                )
             }
             ResultError::ValueShape { rows, columns } => write!(
                 f,
@@ -212,7 +220,7 @@ impl Failure for ResultError {
         match self {
             ResultError::BadParameter(_) => HTTP_BAD_REQUEST,
             ResultError::NoResult => HTTP_BAD_GATEWAY,
-            ResultError::RoleDenied { .. } => HTTP_FORBIDDEN,
+            ResultError::RoleDenied { .. } | ResultError::Forbidden(_) => HTTP_FORBIDDEN,
             _ => HTTP_INTERNAL_SERVER_ERROR,
         }
     }

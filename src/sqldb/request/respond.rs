@@ -118,7 +118,13 @@ fn complete(r: &mut Req) {
                 role: ctx.role.clone().unwrap_or_default(),
                 why: summary,
             }
-        } else if ctx.has_params && BAD_PARAMETER.contains(&err.sqlstate().as_str()) {
+        } else if ctx.role.is_some() && err.sqlstate() == "42501" {
+            // The request's role may not do this (a grant it lacks, a
+            // row-level security check): the role's, not the server's.
+            ResultError::Forbidden(summary)
+        } else if (ctx.has_params || ctx.preamble_failed) && BAD_PARAMETER.contains(&err.sqlstate().as_str()) {
+            // (The preamble's values are the request's too: a setting of
+            // bytes that are not text, say.)
             ResultError::BadParameter(summary)
         } else {
             ResultError::Query(summary)

@@ -114,7 +114,9 @@ fn escape(r: &mut Req) -> ngx_int_t {
 }
 
 /// `$sqldb_jwt_claim_NAME`: the claim NAME of the request's verified token
-/// (a string as it is, another value as JSON); not found without one.
+/// (a string as it is, another value as JSON); not found without one, and
+/// for a value with a control character (CR and LF in a header line would
+/// start another header).
 pub(crate) extern "C" fn claim_variable(
     r: *mut ngx_http_request_t,
     v: *mut ngx_variable_value_t,
@@ -135,7 +137,8 @@ pub(crate) extern "C" fn claim_variable(
             })
             .and_then(|n| std::str::from_utf8(n).ok())
             .and_then(|n| super::ctx_of(r)?.claims.as_ref()?.get(n));
-        let stored = claim.and_then(|c| r.pool().str(c.as_bytes()));
+        let safe = claim.filter(|c| !c.bytes().any(|b| b < 0x20 || b == 0x7f));
+        let stored = safe.and_then(|c| r.pool().str(c.as_bytes()));
         match stored {
             Some(s) => {
                 v.set_len(s.len as u32);
