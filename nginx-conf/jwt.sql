@@ -5,9 +5,11 @@
 create role notes_anon nologin;
 create role notes_user nologin;
 grant notes_anon, notes_user to demo;
--- The table belongs to a role of its own, not to the login role: a token
--- that names "demo" gets demo's rights, and demo has none on it.
+-- The table belongs to a role of its own, not to the login role, and the
+-- login role does not inherit the rights of the roles it may switch to: a
+-- token that names "demo" gets demo's own rights, none on the notes.
 create role notes_owner nologin;
+alter role demo noinherit;
 
 create table notes (
     id serial primary key,

@@ -512,6 +512,8 @@ for my $f (qw(rsa.der bom.pub text.pub ssh.pub array.json)) {
 refused('an alg that does not fit the key', "sqldb_jwt_key $dir/rsa.pub alg=HS256; sqldb_query \"select 1\";",
     qr/\[emerg\].*alg=HS256 does not fit the key, an RSA public key/);
 refused('an unknown alg', "sqldb_jwt_key $dir/secret alg=none; sqldb_query \"select 1\";", qr/\[emerg\].*invalid parameter "alg=none"/);
+refused('an anonymous role that looks like a variable', "sqldb_jwt_key $dir/secret; sqldb_anonymous_role \$http_x; sqldb_query \"select 1\";",
+    qr/\[emerg\].*the role "\$http_x" in "sqldb_anonymous_role" directive is a name, not a variable/);
 refused('an anonymous role without a key', "sqldb_anonymous_role jwt_anon; sqldb_query \"select 1\";",
     qr/\[emerg\].*"sqldb_anonymous_role" needs "sqldb_jwt_key"/);
 refused('several statements', "sqldb_jwt_key $dir/secret; sqldb_query \"begin; select 1; commit\";",

@@ -200,6 +200,10 @@ impl KeySet {
         let (keys, by_kid) = if trimmed.starts_with(b"{") {
             (load_jwk_document(trimmed)?, true)
         } else if trimmed.starts_with(b"-----BEGIN") {
+            if trimmed.windows(10).filter(|w| *w == b"-----BEGIN").count() > 1 {
+                // One would be used, the others silently not.
+                return key_err("the file holds more than one PEM block: give one key per file, or a JWK Set");
+            }
             (vec![load_pem(trimmed)?], false)
         } else {
             let secret = file
@@ -814,6 +818,13 @@ fn rsa_material(n: Vec<u8>, e: Vec<u8>) -> Result<Material, KeyError> {
     if e.is_empty() || e.len() > 4 {
         return key_err("an RSA key with an unusual exponent");
     }
+    // An exponent below 3, or even, signs nothing: no token would verify.
+    let exp = e.iter().fold(0u64, |a, b| (a << 8) | u64::from(*b));
+    if exp < 3 || exp % 2 == 0 {
+        return key_err(format!(
+            "an RSA key with the exponent {exp}, which cannot verify signatures"
+        ));
+    }
     Ok(Material::Rsa { n, e })
 }
 
@@ -862,7 +873,13 @@ fn jwk_key(jwk: &Value) -> Result<Option<Key>, KeyError> {
             let (size, p256) = match text("crv")? {
                 Some("P-256") => (32, true),
                 Some("P-384") => (48, false),
-                other => return key_err(format!("an EC key of curve {other:?} (P-256 and P-384 are known)")),
+                Some(other) => {
+                    return key_err(format!(
+                        "an EC key of curve \"{}\" (P-256 and P-384 are known)",
+                        printable(other)
+                    ))
+                }
+                None => return key_err("an EC key without \"crv\""),
             };
             if x.len() != size || y.len() != size {
                 return key_err("the EC key's coordinates have the wrong size");
@@ -886,7 +903,13 @@ fn jwk_key(jwk: &Value) -> Result<Option<Key>, KeyError> {
             }
             Material::Ed25519(x)
         }
-        other => return key_err(format!("a key type {other:?} (oct, RSA, EC and OKP are known)")),
+        Some(other) => {
+            return key_err(format!(
+                "a key type \"{}\" (oct, RSA, EC and OKP are known)",
+                printable(other)
+            ))
+        }
+        None => return key_err("no \"kty\""),
     };
     let mut key = new_key(text("kid")?.map(str::to_owned), material)?;
     if let Some(a) = text("alg")? {

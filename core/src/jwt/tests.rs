@@ -446,3 +446,24 @@ fn public_keys_in_forms_not_read_are_never_secrets() {
     secret.extend_from_slice(&SECRET[..30]);
     assert!(KeySet::load(&secret, None).is_ok());
 }
+
+#[test]
+fn keys_that_cannot_work_are_refused_at_load() {
+    // Two PEM blocks: one would be used, silently.
+    let two = format!("{RSA_PUB}{EC_PUB}");
+    let err = KeySet::load(two.as_bytes(), None).expect_err("two blocks");
+    assert!(err.to_string().contains("more than one PEM block"), "{err}");
+    // An RSA exponent of 1 verifies nothing.
+    let Material::Rsa { n, .. } = spki(&der_of(RSA_PUB)).expect("test key") else {
+        panic!("not RSA")
+    };
+    let n = b64url_encode(&n);
+    let jwk = format!(r#"{{"kty":"RSA","n":"{n}","e":"AQ"}}"#);
+    let err = KeySet::load(jwk.as_bytes(), None).expect_err("e=1");
+    assert!(err.to_string().contains("exponent 1"), "{err}");
+    let err = KeySet::load(br#"{"kty":"XYZ"}"#, None).expect_err("kty");
+    assert!(
+        err.to_string().contains("\"XYZ\"") && !err.to_string().contains("Some"),
+        "{err}"
+    );
+}

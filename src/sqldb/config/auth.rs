@@ -159,6 +159,13 @@ pub(crate) extern "C" fn cmd_sqldb_anonymous_role(
             .ok()
             .filter(|r| !r.as_bytes().is_empty() && r.as_bytes() != b"none")
             .ok_or_else(|| "empty or invalid role in \"sqldb_anonymous_role\" directive".to_owned())?;
+        if role.as_bytes().starts_with(b"$") {
+            return Err(format!(
+                "the role \"{}\" in \"sqldb_anonymous_role\" directive is a name, not a variable",
+                String::from_utf8_lossy(role.as_bytes())
+            )
+            .into());
+        }
         lcf.anonymous_role = Some(Rc::new(role));
         Ok(())
     };

@@ -192,6 +192,18 @@ impl fmt::Display for ResultError {
             ResultError::Refused(s) => f.write_str(s),
             ResultError::Forbidden(s) => write!(f, "the request's role may not run the query: {s}"),
             ResultError::RoleDenied { role, why } => {
+                // (The server's message quotes the role: no control
+                // character of it reaches the log as it is.)
+                let why: String = why
+                    .chars()
+                    .map(|c| {
+                        if c.is_control() {
+                            c.escape_default().to_string()
+                        } else {
+                            c.to_string()
+                        }
+                    })
+                    .collect();
                 write!(
                     f,
                     "the request's role \"{}\" cannot be used: {why}",
