@@ -22,10 +22,15 @@ use crate::{log, metrics};
 /// The comment line that tells a client its subscription is in effect.
 const SUBSCRIBED: &[u8] = b": subscribed\n\n";
 
-/// Bytes that may wait for a slow subscriber: one that is further behind
-/// when the next event comes is dropped. An event is never cut: a
-/// subscriber that keeps up gets events of any size.
+/// Bytes that may wait for a subscriber that takes none of them: one that
+/// has had more waiting for `STALL_MS` without taking any when the next
+/// event comes is dropped. A subscriber that reads may fall further behind
+/// in a burst (up to `BEHIND_HARD`). An event is never cut: a subscriber
+/// that keeps up gets events of any size.
 const BEHIND_MAX: usize = 1 << 20;
+const STALL_MS: ngx_msec_t = 1000;
+/// What may wait for any subscriber, reading or not.
+const BEHIND_HARD: usize = 16 << 20;
 
 /// The smallest buffer an event is written from (so that buffers are
 /// reused from one event to the next).
@@ -40,6 +45,9 @@ struct Sub {
     bufs: Reuse,
     /// Ended here: no event goes to it any more; its request is going.
     ended: bool,
+    /// The client connection's bytes sent, and when that last grew.
+    sent: i64,
+    progress_at: ngx_msec_t,
     channel: String,
     hub: NonNull<dyn Hub>,
     fan: &'static Fanout,
@@ -136,6 +144,8 @@ pub fn start(
         token: ReqToken(LIVE.with(|l| l.borrow().next_key())),
         bufs: Reuse::new(fan.tag()),
         ended: false,
+        sent: 0,
+        progress_at: current_msec(),
         channel: channel.clone(),
         hub,
         fan,
@@ -180,11 +190,11 @@ pub fn start(
 /// Writes and flushes bytes to the subscriber; false when it cannot take
 /// them (gone, or too far behind already): it is then to be ended.
 fn write(sub: &mut Sub, bytes: &[u8]) -> bool {
-    if sub.ended || sub.bufs.busy_bytes() > BEHIND_MAX {
-        return false;
-    }
     // SAFETY: the Sub's request is live while its pool (and so the Sub) is.
     let r = unsafe { Req::from_raw(sub.r) };
+    if sub.ended || too_far_behind(sub, r) {
+        return false;
+    }
     let pool = r.pool();
     let Some(cl) = sub.bufs.fill(pool, bytes, None, BUF_MIN) else {
         return false;
@@ -193,6 +203,19 @@ fn write(sub: &mut Sub, bytes: &[u8]) -> bool {
     let rc = unsafe { r.output_filter(cl) };
     sub.bufs.update(pool, cl);
     rc != ERROR && (rc != AGAIN || r.watch_writable())
+}
+
+/// The subscriber has more than `BEHIND_HARD` waiting, or more than
+/// `BEHIND_MAX` and has taken nothing for `STALL_MS`.
+fn too_far_behind(sub: &mut Sub, r: &Req) -> bool {
+    let now = current_msec();
+    let sent = r.bytes_sent();
+    if sent != sub.sent {
+        sub.sent = sent;
+        sub.progress_at = now;
+    }
+    let behind = sub.bufs.busy_bytes();
+    behind > BEHIND_HARD || (behind > BEHIND_MAX && now.wrapping_sub(sub.progress_at) >= STALL_MS)
 }
 
 /// The client's connection can take more: what waits goes out.

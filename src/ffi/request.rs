@@ -55,6 +55,11 @@ impl Req {
         unsafe { &mut *self.0.connection }
     }
 
+    /// Bytes written to the client connection so far.
+    pub fn bytes_sent(&self) -> i64 {
+        self.connection().sent as i64
+    }
+
     /// The client connection, as a pointer (for calls that outlive the request).
     pub fn connection_ptr(&self) -> *mut ngx_connection_t {
         self.0.connection
