@@ -57,7 +57,7 @@ impl Req {
 
     /// Bytes written to the client connection so far.
     pub fn bytes_sent(&self) -> i64 {
-        self.connection().sent as i64
+        self.connection().sent
     }
 
     /// The client connection, as a pointer (for calls that outlive the request).
