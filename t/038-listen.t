@@ -74,15 +74,8 @@ is(scalar(grep { (events($_))[-1] eq 'orders=after' } @subs), 6, 'notifications 
 
 # 5. Subscribers that leave are removed at once (the gauge).
 close $_->{s} for @subs;
-ok(wait_until(sub {
-    my (undef, $m) = http_request($port, 'GET', '/metrics');
-    my $n = 0;
-    $n += $1 while $m =~ /^ngx_gateway_subscribers\{source="sqldb_listen"\} (-?\d+)$/mg;
-    $n == 0;
-}, 3), 'the subscribers gauge is back to 0');
-my (undef, $m) = http_request($port, 'GET', '/metrics');
-my $sent = 0;
-$sent += $1 while $m =~ /^ngx_gateway_events_sent_total\{source="sqldb_listen"\} (\d+)$/mg;
+ok(wait_until(sub { SseClient::metric($port, 'subscribers', 'sqldb_listen') == 0 }, 3), 'the subscribers gauge is back to 0');
+my $sent = SseClient::metric($port, 'events_sent_total', 'sqldb_listen');
 cmp_ok($sent, '>=', 6 * 21, "events counted ($sent)");
 
 # 6. A literal channel keeps its letter case (it is quoted): NOTIFY "Orders".
@@ -200,10 +193,7 @@ is($mst, 200, 'the worker answers after the burst');
 cmp_ok(time - $t, '<', 3, 'at once');
 pump(\@stay, 20, sub { scalar(events($stay[0])) >= 4000 });
 is(scalar(events($stay[0])), 4000, 'the subscriber that stays gets all 4,000');
-ok(wait_until(sub {
-    my (undef, $m) = http_request($port, 'GET', '/metrics');
-    $m =~ /^ngx_gateway_subscribers\{source="sqldb_listen"\} 1$/m;
-}, 5), 'the ones that left are removed');
+ok(wait_until(sub { SseClient::metric($port, 'subscribers', 'sqldb_listen') == 1 }, 5), 'the ones that left are removed');
 my $drops = () = nginx_error_log() =~ /sqldb: a subscriber that cannot take events/g;
 cmp_ok($drops, '<=', 50, "each dropped once at most ($drops lines)");
 close $stay[0]{s};

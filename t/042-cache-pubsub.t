@@ -132,16 +132,10 @@ is_deeply([events($fixed[0])], ['news:Sports=cased'], 'the channel as written');
 # counted, and nobody subscribed in Redis.
 close $_->{s} for @subs;
 ok(wait_until(sub { numsub('news') == 0 }, 3), 'UNSUBSCRIBE once the last subscriber left');
-ok(wait_until(sub {
-    my (undef, $m) = http_request($port, 'GET', '/metrics');
-    my $n = 0;
-    $n += $1 while $m =~ /^ngx_gateway_subscribers\{source="cache_subscribe"\} (-?\d+)$/mg;
-    $n == 1;
-}, 3), 'the subscribers gauge counts the one left');
-my (undef, $m) = http_request($port, 'GET', '/metrics');
-my $sent = 0;
-$sent += $1 while $m =~ /^ngx_gateway_events_sent_total\{source="cache_subscribe"\} (\d+)$/mg;
+ok(wait_until(sub { SseClient::metric($port, 'subscribers', 'cache_subscribe') == 1 }, 3), 'the subscribers gauge counts the one left');
+my $sent = SseClient::metric($port, 'events_sent_total', 'cache_subscribe');
 cmp_ok($sent, '>=', 6 * 22 + 1, "events counted ($sent)");
+my (undef, $m) = http_request($port, 'GET', '/metrics');
 my $published = 0;
 $published += $1 while $m =~ /^ngx_gateway_cache_requests_total\{upstream="red",command="PUBLISH",status="200"\} (\d+)$/mg;
 is($published, 18, 'publishes counted by command and status');
@@ -297,10 +291,7 @@ server {
 HTTP
 my ($worker) = grep { /^\d+$/ } split /\s+/, `pgrep -P $GatewayTest::NginxPid`;
 sub rss_kb { open my $f, '<', "/proc/$worker/status" or return 0; local $/; my $t = <$f>; $t =~ /VmRSS:\s+(\d+)/ ? $1 : 0 }
-sub gauge {
-    my (undef, $m) = http_request($port, 'GET', '/metrics');
-    return $m =~ /^ngx_gateway_subscribers\{source="cache_subscribe"\} (-?\d+)$/m ? $1 : 0;
-}
+sub gauge { SseClient::metric($port, 'subscribers', 'cache_subscribe') }
 # (a) 100 subscribers reset their connections in the middle of a burst of
 # 4,000 messages: the worker stays responsive, each is dropped once.
 my @gone = map { open_sse('/sub?channel=burst') } 1 .. 100;

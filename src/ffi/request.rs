@@ -160,25 +160,6 @@ impl Req {
         true
     }
 
-    /// Bytes of the response that nginx holds because the client has not
-    /// taken them yet.
-    pub fn pending_output(&self) -> usize {
-        let mut n = 0;
-        let mut cl = self.0.out;
-        // SAFETY: r->out is nginx's chain of buffers waiting to be written,
-        // in the request's pool.
-        while let Some(link) = unsafe { cl.as_ref() } {
-            // SAFETY: as above.
-            if let Some(b) = unsafe { link.buf.as_ref() } {
-                if b.temporary() != 0 || b.memory() != 0 {
-                    n += (b.last as usize).saturating_sub(b.pos as usize);
-                }
-            }
-            cl = link.next;
-        }
-        n
-    }
-
     /// The client's connection is watched for its close (nginx then
     /// finalizes the request), as for a request that waits for an upstream.
     pub fn set_read_handler_test_reading(&mut self) {
@@ -307,13 +288,7 @@ impl Req {
         let Some(s) = self.pool().str(value) else { return false };
         // SAFETY: r->variables has a slot per variable of the configuration;
         // the value is in the request's pool.
-        let v = unsafe { &mut *self.0.variables.add(i) };
-        v.set_len(s.len as u32);
-        v.data = s.data;
-        v.set_valid(1);
-        v.set_no_cacheable(0);
-        v.set_not_found(0);
-        v.set_escape(0);
+        fill_variable(unsafe { &mut *self.0.variables.add(i) }, s);
         true
     }
 
@@ -543,4 +518,15 @@ impl Posted {
         // ngx_http_run_posted_requests returns at once when it is destroyed.
         unsafe { ngx_http_run_posted_requests(self.0) }
     }
+}
+
+/// Makes a variable's value slot hold `s` (bytes that live as long as the
+/// request), found and cacheable.
+pub fn fill_variable(v: &mut ngx_variable_value_t, s: ngx_str_t) {
+    v.set_len(s.len as u32);
+    v.data = s.data;
+    v.set_valid(1);
+    v.set_no_cacheable(0);
+    v.set_not_found(0);
+    v.set_escape(0);
 }

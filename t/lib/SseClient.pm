@@ -7,12 +7,14 @@ package SseClient;
 #   my @subs = map { SseClient::open_sse($port, '/events?channel=a') } 1 .. 3;
 #   SseClient::pump(\@subs, 5, sub { ... enough? });
 #   my @events = SseClient::events($subs[0]);    # "NAME=line1|line2", ...
+#   SseClient::metric($port, 'subscribers', 'cache_subscribe');  # from /metrics
 
 use strict;
 use warnings;
 use IO::Select;
 use IO::Socket::INET;
 use Time::HiRes qw(time);
+use GatewayTest qw(http_request);
 
 # A subscriber: the socket, with what it has read so far.
 sub open_sse {
@@ -76,6 +78,16 @@ sub events {
         push @ev, ($name // '?') . '=' . join('|', @data) if defined $name;
     }
     return @ev;
+}
+
+# A series of gateway_status (at /metrics) for one source of events:
+# ngx_gateway_NAME{source="SOURCE"}, 0 when it is not there.
+sub metric {
+    my ($port, $name, $source) = @_;
+    my (undef, $m) = http_request($port, 'GET', '/metrics');
+    my $n = 0;
+    $n += $1 while $m =~ /^ngx_gateway_\Q$name\E\{source="\Q$source\E"\} (-?\d+)$/mg;
+    return $n;
 }
 
 1;

@@ -9,7 +9,7 @@ mod error;
 mod listen;
 mod output;
 mod peer;
-pub(crate) mod registry;
+mod registry;
 mod respond;
 mod stream;
 mod vars;

@@ -140,14 +140,7 @@ pub(crate) extern "C" fn claim_variable(
         let safe = claim.filter(|c| !c.bytes().any(|b| b < 0x20 || b == 0x7f));
         let stored = safe.and_then(|c| r.pool().str(c.as_bytes()));
         match stored {
-            Some(s) => {
-                v.set_len(s.len as u32);
-                v.data = s.data;
-                v.set_valid(1);
-                v.set_no_cacheable(0);
-                v.set_not_found(0);
-                v.set_escape(0);
-            }
+            Some(s) => fill_variable(v, s),
             None => v.set_not_found(1),
         }
         OK
