@@ -10,7 +10,9 @@
 #   - the worker's RSS before and after all the runs;
 #   - the primary-key lookup with a bearer token (sqldb_jwt_key, HS256 and
 #     RS256: the query runs as the token's role) next to the same lookup
-#     without one, same nginx, same run.
+#     without one, same nginx, same run; and what PostgreSQL alone pays
+#     for the same statements (pgbench, the preamble and the lookup
+#     pipelined in one transaction).
 # Absolute numbers vary on shared machines; the ratios are the figures.
 # Writes the table to target/bench/results.txt, the raw figures to
 # results.tsv and a chart to chart.svg beside them.
@@ -21,7 +23,7 @@
 #                   where it runs (default /tmp/ngx-gateway-bench, 55433,
 #                   56379, 51211, 8081)
 #   BENCH_ONLY=jwt  only the pk lookups with and without a token (each twice,
-#                   interleaved), and their ratios
+#                   interleaved), the pgbench pair, and their ratios
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(dirname "$here")
@@ -65,7 +67,8 @@ b64url() { openssl base64 -A | tr '+/' '-_' | tr -d '='; }
 head -c 48 /dev/urandom | b64url >"$dir/jwt.secret"
 openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$dir/jwt.rsa" -quiet
 openssl pkey -in "$dir/jwt.rsa" -pubout -out "$dir/jwt.rsa.pub"
-claims=$(printf '{"sub":"bench","role":"bench_web","exp":%d}' $(($(date +%s) + 86400)) | b64url)
+claims_json=$(printf '{"sub":"bench","role":"bench_web","exp":%d}' $(($(date +%s) + 86400)))
+claims=$(printf '%s' "$claims_json" | b64url)
 msg="$(printf '{"alg":"HS256","typ":"JWT"}' | b64url).$claims"
 token_hs="$msg.$(printf '%s' "$msg" | openssl dgst -sha256 -hmac "$(cat "$dir/jwt.secret")" -binary | b64url)"
 msg="$(printf '{"alg":"RS256","typ":"JWT"}' | b64url).$claims"
@@ -88,6 +91,16 @@ request = function()
     return wrk.format("GET", "/b?id=" .. math.random(1, 10000))
 end
 LUA
+# What PostgreSQL itself pays for a token: the statements the gateway sends
+# for /bj (the preamble, then the lookup, in one sync segment: pipelined),
+# run by pgbench.
+cat >"$dir/scripts/bj.sql" <<SQL
+\\set id random(1, 10000)
+\\startpipeline
+select set_config('role', 'bench_web', true), set_config('request.jwt.claims', '$claims_json', true), set_config('transaction_read_only', 'on', true);
+select id, label from items where id = :id;
+\\endpipeline
+SQL
 # The same lookups with a token: /bj (HS256), /bjr (RS256).
 for t in bj:$token_hs bjr:$token_rs; do
     cat >"$dir/scripts/${t%%:*}.lua" <<LUA
@@ -198,8 +211,18 @@ if [ "${BENCH_ONLY:-}" = jwt ]; then
         done
     done
     stop_nginx
-    echo "pk lookup with a token / without: HS256 $(ratio "${sum[bj]}" "${sum[b]}"), RS256 $(ratio "${sum[bjr]}" "${sum[b]}")" |
-        tee "$out/jwt.txt"
+    declare -A psum=([b]=0 [bj]=0)
+    for round in 1 2; do
+        for s in b bj; do
+            read -r tps p99 <<<"$(pgbench_run prepared "$dir/scripts/$s.sql")"
+            echo "round $round: pgbench $s.sql ${tps}/s p99 ${p99}ms"
+            psum[$s]=$((psum[$s] + tps))
+        done
+    done
+    {
+        echo "pk lookup with a token / without: HS256 $(ratio "${sum[bj]}" "${sum[b]}"), RS256 $(ratio "${sum[bjr]}" "${sum[b]}")"
+        echo "PostgreSQL alone, the same statements (pgbench -M prepared, preamble and lookup pipelined / lookup): $(ratio "${psum[bj]}" "${psum[b]}")"
+    } | tee "$out/jwt.txt"
     exit 0
 fi
 
@@ -219,6 +242,9 @@ for s in a b c; do
     ps[$s]="$rps $p99"
     printf "%s\tpgbench -M simple\t-\t%s\t%s\t0\t%s\n" "$s" "$rps" "$p99" "$conns" >>"$tsv"
 done
+read -r rps p99 <<<"$(pgbench_run prepared "$dir/scripts/bj.sql")"
+pp[bj]="$rps $p99"
+printf "bj\tpgbench -M prepared\t-\t%s\t%s\t0\t%s\n" "$rps" "$p99" "$conns" >>"$tsv"
 rb=$(redis-benchmark -p $redisport -t get -c "$conns" -n $((secs * 40000)) -d 100 --csv |
     awk -F'"' '/GET/ { printf "%.0f %.2f\n", $4, $14 }')
 printf "r\tredis-benchmark\t-\t%s\t%s\t0\t%s\n" $rb "$conns" >>"$tsv"
@@ -300,6 +326,10 @@ stop_nginx
     read -r jr jrl jrbad _ <<<"${g[bjr]}"
     echo "(b) with a bearer token, default pool: HS256 $jh/s ${jhl}ms ($(ratio "$jh" "$jb")x of (b) without)," \
         "RS256 $jr/s ${jrl}ms ($(ratio "$jr" "$jb")x); non-2xx: $jhbad, $jrbad"
+    read -r pb _ <<<"${pp[b]}"
+    read -r pj _ <<<"${pp[bj]}"
+    echo "    PostgreSQL alone, the same statements (pgbench -M prepared, the preamble and the lookup pipelined):" \
+        "$pj/s, $(ratio "$pj" "$pb")x of the lookup alone"
     echo
     echo "Head of line: 200 fast requests (8 at a time) while a pg_sleep(1) runs, default pool: $hol"
     echo "Worker RSS: ${rss_first} kB after warm-up, ${rss_last} kB after the default pool's runs"

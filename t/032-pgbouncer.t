@@ -12,6 +12,8 @@ use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_send http_read ps
 use File::Temp qw(tempdir);
 use Test::More;
 use Time::HiRes qw(sleep time);
+use Digest::SHA qw(hmac_sha256);
+use MIME::Base64 qw(encode_base64url);
 
 my $bouncer = '/usr/sbin/pgbouncer';
 plan skip_all => 'pgbouncer is not installed' unless -x $bouncer;
@@ -110,4 +112,72 @@ for my $case (['', 'prepared statements on (the default)'], ['sqldb_prepare off;
     stop_nginx();
 }
 
+# Bearer tokens through PgBouncer: the role, the claims and the settings are
+# set in the transaction of the query (one sync segment), so they reach the
+# server session that runs it and end with it. Two users, anonymous
+# requests and a location without a key share the upstream; every answer
+# must be the caller's own, whichever server session it ran on.
+psql(<<"SQL");
+do \$\$ begin
+  if not exists (select from pg_roles where rolname = 'pgb_user') then create role pgb_user nologin; end if;
+  if not exists (select from pg_roles where rolname = 'pgb_anon') then create role pgb_anon nologin; end if;
+end \$\$;
+grant pgb_user, pgb_anon to $user;
+SQL
+my $secret = 'the secret of the bounced tokens, over 32 bytes';
+open my $sf, '>', "$dir/secret" or die $!;
+print $sf "$secret\n";
+close $sf;
+chmod 0644, "$dir/secret";
+sub token {
+    my ($sub) = @_;
+    my $msg = encode_base64url('{"alg":"HS256"}') . '.'
+        . encode_base64url(sprintf '{"sub":"%s","role":"pgb_user","exp":%d}', $sub, time + 600);
+    return "$msg." . encode_base64url(hmac_sha256($msg, $secret));
+}
+my %tokens = (alice => token('alice'), bob => token('bob'));
+my $show = q{current_user || ':' || coalesce(nullif(current_setting('request.jwt.claims', true), '')::json->>'sub', '-')}
+    . q{ || ':' || coalesce(nullif(current_setting('request.tenant', true), ''), '-')};
+my $bport = nginx_start(<<"HTTP");
+upstream bounced {
+    sqldb_server $line;
+    sqldb_keepalive max=6;
+    sqldb_pipeline on depth=2;
+}
+server {
+    listen 127.0.0.1:\$PORT;
+    sqldb_output value;
+    location /who {
+        sqldb_pass bounced;
+        sqldb_jwt_key $dir/secret;
+        sqldb_anonymous_role pgb_anon;
+        sqldb_setting request.tenant \$arg_t;
+        sqldb_query "select $show";
+    }
+    location /plain { sqldb_pass bounced; sqldb_query "select $show"; }
+}
+HTTP
+my ($good, @bad) = (0);
+for my $wave (0 .. 19) {
+    my @sent;
+    for my $n (0 .. 23) {
+        my $kind = ($wave + $n) % 4;
+        my ($path, %h, $want);
+        if ($kind == 0) { ($path, $want) = ("/who?t=a$n", "pgb_user:alice:a$n"); $h{Authorization} = "Bearer $tokens{alice}" }
+        elsif ($kind == 1) { ($path, $want) = ("/who?t=b$n", "pgb_user:bob:b$n"); $h{Authorization} = "Bearer $tokens{bob}" }
+        elsif ($kind == 2) { ($path, $want) = ("/who?t=n$n", "pgb_anon:-:n$n") }
+        else { ($path, $want) = ('/plain', "$user:-:-") }
+        push @sent, [$path, $want, http_send($bport, $path, %h)];
+    }
+    for my $s (@sent) {
+        my ($path, $want, $sock) = @$s;
+        my ($status, $body) = http_read($sock, 20);
+        if (($status // 0) == 200 && ($body // '') eq $want) { $good++ }
+        else { push @bad, "$path: want $want, got " . ($status // 'none') . ' ' . ($body // '') }
+    }
+}
+is($good, 480, 'tokens through PgBouncer: 480 requests of two users, anonymous and without a key, each its own role, claims and setting')
+    or diag("first wrong answers: @bad[0 .. ($#bad < 4 ? $#bad : 4)]");
+unlike(nginx_error_log(), qr/\[(error|alert|crit|emerg)\]/, 'tokens through PgBouncer: no request failed');
+stop_nginx();
 done_testing();

@@ -283,6 +283,12 @@ is(dechunk($body), "body\r\nalice one\r\nalice two\r\nthree\r\n", 'a streamed re
     or diag($body);
 like(header_of($head, 'X-Exp') // '', qr/^\d+$/, 'a numeric claim as its JSON text');
 
+# The claims reach SQL as the token carries them: a number of any size
+# stays exact (in SQL and in the claim variable).
+my $payload = '{"role":"jwt_user","sub":"alice","big":123456789012345678901234567890,"exp":' . (int($now) + 600) . '}';
+($status, $body, $head) = get('/whoami', hs256($payload));
+is($body, "jwt_user|$payload|-|on", 'the claims as signed, a 30-digit number unchanged') or diag($body);
+
 # --- sqldb_setting with a variable.
 ($status, $body) = get('/whoami', $bob, 'X-Tenant' => "acme's");
 like($body, qr/^jwt_user\|.*"sub":"bob".*\|acme's\|on$/, 'sqldb_setting from $http_x_tenant') or diag($body);
@@ -472,7 +478,10 @@ stop_nginx();
 
 # --- nginx -t refuses what cannot work, naming the directive, file and line.
 sub refused {
-    my ($what, $directives, $want) = @_;
+    my ($what, $directives, $want, $named) = @_;
+    # Each directive on a line of its own: the line the message names must
+    # hold the directive it is about.
+    $directives =~ s/;\s*(?=sqldb_)/;\n        /g;
     my $ok = eval {
         nginx_start(<<"HTTP");
 upstream database { sqldb_server $server; }
@@ -489,6 +498,11 @@ HTTP
     stop_nginx() if $ok;
     ok(!$ok, "$what: nginx refuses the configuration");
     like($@ // '', $want, "$what: the message");
+    if (defined $named) {
+        my ($file, $line) = ($@ // '') =~ / in (\S+):(\d+)/;
+        my @lines = defined $file && -f $file ? split /\n/, slurp($file) : ();
+        like($line ? $lines[$line - 1] // '' : '', qr/^\s*\Q$named\E\b/, "$what: the message names the line of $named");
+    }
 }
 spew("$dir/empty", '');
 spew("$dir/short", "too short\n");
@@ -515,9 +529,12 @@ refused('an unknown alg', "sqldb_jwt_key $dir/secret alg=none; sqldb_query \"sel
 refused('an anonymous role that looks like a variable', "sqldb_jwt_key $dir/secret; sqldb_anonymous_role \$http_x; sqldb_query \"select 1\";",
     qr/\[emerg\].*the role "\$http_x" in "sqldb_anonymous_role" directive is a name, not a variable/);
 refused('an anonymous role without a key', "sqldb_anonymous_role jwt_anon; sqldb_query \"select 1\";",
-    qr/\[emerg\].*"sqldb_anonymous_role" needs "sqldb_jwt_key"/);
+    qr/\[emerg\].*"sqldb_anonymous_role" needs "sqldb_jwt_key" in \S+:\d+/, 'sqldb_anonymous_role');
 refused('several statements', "sqldb_jwt_key $dir/secret; sqldb_query \"begin; select 1; commit\";",
-    qr/\[emerg\].*a query of several statements cannot run with "sqldb_jwt_key"/);
+    qr/\[emerg\].*a query of several statements cannot run with "sqldb_jwt_key"/, 'sqldb_query');
+refused('a stream with a key', "sqldb_jwt_key $dir/secret; sqldb_listen news;",
+    qr/\[emerg\].*"sqldb_listen" does not check the tokens of "sqldb_jwt_key"/, 'sqldb_listen');
+refused('a key file that is missing', "sqldb_query \"select 1\"; sqldb_jwt_key $dir/missing;", qr/cannot read/, 'sqldb_jwt_key');
 refused('a setting of the claims', "sqldb_setting Request.JWT.Claims x; sqldb_query \"select 1\";",
     qr/\[emerg\].*"sqldb_setting" cannot set "request.jwt.claims"/);
 refused('a setting without a dot', "sqldb_setting tenant x; sqldb_query \"select 1\";",

@@ -309,7 +309,13 @@ impl KeySet {
         if !candidates.any(|k| k.material.verify(alg, signed, &sig)) {
             return Err(JwtError::Signature);
         }
-        let claims = decode_object(parts.payload, JwtError::Claims)?;
+        let payload = b64url_decode(parts.payload).ok_or(JwtError::Encoding)?;
+        let claims = match serde_json::from_slice::<Value>(&payload) {
+            Ok(Value::Object(m)) => m,
+            _ => return Err(JwtError::Claims),
+        };
+        // serde_json read it, so it is UTF-8 without a raw NUL.
+        let json = String::from_utf8(payload).map_err(|_| JwtError::Claims)?;
         let time = |name: &str| -> Result<Option<f64>, JwtError> {
             match claims.get(name) {
                 None => Ok(None),
@@ -318,7 +324,6 @@ impl KeySet {
             }
         };
         let (exp, nbf) = (time("exp")?, time("nbf")?);
-        let json = Value::Object(claims.clone()).to_string();
         Ok(Claims {
             map: claims,
             json,
@@ -399,7 +404,10 @@ fn printable(s: &str) -> String {
 #[derive(Debug, Clone)]
 pub struct Claims {
     map: Map<String, Value>,
-    /// The claims as JSON text.
+    /// The claims as the token carries them: the JSON text as signed, so
+    /// that SQL reads exactly what the issuer wrote (numbers of any size,
+    /// every key; PostgreSQL's `json` operators, like this module, take the
+    /// last of duplicate keys).
     json: String,
     exp: Option<f64>,
     nbf: Option<f64>,

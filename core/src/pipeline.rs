@@ -646,6 +646,12 @@ impl<T: Copy + Eq> Pipeline<T> {
                     if !self.session_touched {
                         self.shared_session = true;
                     }
+                } else {
+                    // Preparing it found the name taken, not by this
+                    // connection (it prepares each statement once): the
+                    // session is another's, as for a request's statement.
+                    self.preamble_vanished = true;
+                    self.shared_session = true;
                 }
                 head.again = true;
                 Route::Drop

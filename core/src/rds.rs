@@ -54,6 +54,11 @@ pub trait ResultSet {
     fn column_type(&self, col: usize) -> u32;
     /// The cell as text, `None` for NULL.
     fn value(&self, row: usize, col: usize) -> Option<&[u8]>;
+    /// The cell's length, `None` for NULL (a driver may know it without
+    /// fetching the value).
+    fn value_len(&self, row: usize, col: usize) -> Option<usize> {
+        self.value(row, col).map(<[u8]>::len)
+    }
 }
 
 /// The fixed part before the columns.
@@ -124,15 +129,11 @@ pub fn encoded_len<R: ResultSet + ?Sized>(header: &Header<'_>, body: &Body<'_, R
             len += 1;
             for c in 0..cols {
                 len += 4;
-                if let Some(v) = rs.value(r, c) {
-                    if v.len() >= NULL_LEN as usize {
-                        return Err(RdsError::ValueTooLong {
-                            row: r,
-                            col: c,
-                            len: v.len(),
-                        });
+                if let Some(n) = rs.value_len(r, c) {
+                    if n >= NULL_LEN as usize {
+                        return Err(RdsError::ValueTooLong { row: r, col: c, len: n });
                     }
-                    len += v.len();
+                    len += n;
                 }
             }
         }

@@ -81,13 +81,13 @@ impl Conf {
     }
 
     /// The file and line of the directive being read.
-    pub fn position(&self) -> (String, usize) {
+    pub fn position(&self) -> Position {
         // SAFETY: during reading cf->conf_file is the file being read.
         let file = unsafe { &*self.raw().conf_file };
-        (
-            String::from_utf8_lossy(file.file.name.as_bytes()).into_owned(),
-            file.line,
-        )
+        Position {
+            file: String::from_utf8_lossy(file.file.name.as_bytes()).into_owned(),
+            line: file.line,
+        }
     }
 
     /// Reports a configuration error (nginx appends " in FILE:LINE") and
@@ -284,7 +284,7 @@ impl Conf {
         if clcf.name.as_bytes().last() == Some(&b'/') {
             clcf.set_auto_redirect(1);
         }
-        let (file, line) = self.position();
+        let Position { file, line } = self.position();
         Ok(Claim {
             clcf: NonNull::from(clcf),
             handler,
@@ -344,14 +344,38 @@ impl Claim {
 pub enum ConfError {
     /// The message for `nginx -t` (nginx adds " in FILE:LINE").
     Invalid(String),
+    /// A message found after the directive was read (when the levels are
+    /// merged), for the directive at this position.
+    At(String, Position),
     /// nginx already said why.
     Logged,
+}
+
+impl ConfError {
+    /// Says it (unless nginx did) and gives a directive's error result.
+    fn report(self, c: Conf) -> *mut c_char {
+        match self {
+            ConfError::Invalid(m) => c.error(format_args!("{m}")),
+            ConfError::At(m, at) => {
+                crate::log!(NGX_LOG_EMERG, c.log(), "{m} in {}:{}", at.file, at.line);
+                CONF_ERROR
+            }
+            ConfError::Logged => CONF_ERROR,
+        }
+    }
 }
 
 impl From<String> for ConfError {
     fn from(m: String) -> Self {
         ConfError::Invalid(m)
     }
+}
+
+/// Where a directive is in the configuration.
+#[derive(Debug, Clone)]
+pub struct Position {
+    pub file: String,
+    pub line: usize,
 }
 
 /// Runs a directive's body with the configuration being read and the
@@ -374,8 +398,7 @@ pub unsafe fn directive<T>(
         let target = unsafe { &mut *(conf as *mut T) };
         match body(c, target) {
             Ok(()) => CONF_OK,
-            Err(ConfError::Invalid(m)) => c.error(format_args!("{m}")),
-            Err(ConfError::Logged) => CONF_ERROR,
+            Err(e) => e.report(c),
         }
     })
 }
@@ -413,8 +436,7 @@ pub unsafe fn merge_conf<T>(
         let (prev, conf) = unsafe { (&*(parent as *const T), &mut *(child as *mut T)) };
         match merge(c, prev, conf) {
             Ok(()) => CONF_OK,
-            Err(ConfError::Invalid(m)) => c.error(format_args!("{m}")),
-            Err(ConfError::Logged) => CONF_ERROR,
+            Err(e) => e.report(c),
         }
     })
 }
@@ -434,6 +456,10 @@ pub unsafe fn conf_step(
         Ok(()) => OK,
         Err(ConfError::Invalid(m)) => {
             crate::log!(NGX_LOG_EMERG, c.log(), "{m}");
+            ERROR
+        }
+        Err(ConfError::At(m, at)) => {
+            crate::log!(NGX_LOG_EMERG, c.log(), "{m} in {}:{}", at.file, at.line);
             ERROR
         }
         Err(ConfError::Logged) => ERROR,

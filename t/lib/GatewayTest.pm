@@ -560,11 +560,12 @@ sub stop_nginx {
 
 # Opens a connection and sends a GET; returns the socket (read it with http_read).
 sub http_send {
-    my ($port, $path) = @_;
+    my ($port, $path, %headers) = @_;
     my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port) or die "connect: $!";
     binmode $s;
+    my $extra = join '', map { "$_: $headers{$_}\r\n" } sort keys %headers;
     # A refused write (the server closed already) shows as a failed read.
-    print $s "GET $path HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+    print $s "GET $path HTTP/1.1\r\nHost: localhost\r\n${extra}Connection: close\r\n\r\n";
     return $s;
 }
 

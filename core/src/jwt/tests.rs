@@ -101,6 +101,14 @@ fn hmac_tokens_verify_with_their_claims() {
     assert_eq!(c.get("sub").as_deref(), Some("alice"));
     assert_eq!(c.get("exp").as_deref(), Some("1800000100"));
     assert!(c.json().contains("\"sub\":\"alice\""));
+    // The claims go to SQL as signed: large numbers, spacing and duplicate
+    // keys unchanged (the last of duplicates is the one read here, as in
+    // PostgreSQL's json operators).
+    let text = r#"{ "sub":"x", "id": 123456789012345678901234567890, "role":"a", "role":"b" }"#;
+    let c = set.verify(hs256(text).as_bytes(), NOW, 30).expect("valid");
+    assert_eq!(c.json(), text);
+    assert_eq!(c.get("role").as_deref(), Some("b"));
+    assert_eq!(c.get("id").as_deref(), Some("123456789012345678901234567890"));
     for alg in [Alg::HS384, Alg::HS512] {
         let long = [7u8; 64];
         let set = KeySet::load(&long, None).expect("64-byte secret");

@@ -1150,15 +1150,22 @@ fn a_prepared_preamble_that_vanished_sends_the_request_again_once() {
 }
 
 #[test]
-fn a_preamble_prepare_that_finds_it_there_sends_the_request_again() {
+fn a_preamble_whose_prepare_finds_its_name_taken_marks_the_session_shared() {
     let mut p = holding(&[]);
+    // The preamble prepared (and executed), then the request's query: the
+    // prepare meets a statement of that name that this connection never
+    // made (a pooler handed it another client's session).
     p.sent_statement_with(1, None, false, 2);
     let out = feed(
         &mut p,
         &[Error(ErrorClass::Duplicate), End, Aborted, End, Aborted, End, Sync],
     );
     assert_eq!(out, ["Resend(1)"]);
-    assert!(!p.take_preamble_vanished(), "it is there");
+    assert!(p.take_shared_session(), "the session is not the connection's own");
+    assert!(
+        p.take_preamble_vanished(),
+        "the connection forgets its prepared preambles"
+    );
 }
 
 #[test]

@@ -166,7 +166,7 @@ pub(crate) extern "C" fn cmd_sqldb_anonymous_role(
             )
             .into());
         }
-        lcf.anonymous_role = Some(Rc::new(role));
+        lcf.anonymous_role = Some((Rc::new(role), cf.position()));
         Ok(())
     };
     // SAFETY: nginx passes the configuration being read and this module's LocConf.

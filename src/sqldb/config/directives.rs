@@ -123,6 +123,7 @@ fn compile_template(cf: Conf, text: &[u8]) -> Result<Template, ConfError> {
         statement: Rc::new(Statement::new(id, name)),
         constant,
         several,
+        at: cf.position(),
         changes_session: gateway_core::sql::changes_session(text),
         params,
     })
@@ -177,7 +178,7 @@ pub(crate) extern "C" fn cmd_sqldb_listen(
             )
             .into());
         }
-        lcf.listen = Some(cf.compile(value).ok_or(ConfError::Logged)?);
+        lcf.listen = Some((cf.compile(value).ok_or(ConfError::Logged)?, cf.position()));
         Ok(())
     };
     // SAFETY: nginx passes the configuration being read and this module's LocConf.

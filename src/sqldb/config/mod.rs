@@ -16,7 +16,7 @@ use gateway_core::target::Target;
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, HttpModuleServerConf, NgxHttpCoreModule};
 
 use super::driver::{ListenSink, Listener, Pool, Settings, Statement};
-use crate::ffi::conf::{create_conf, merge_conf, ComplexValue, ConfError};
+use crate::ffi::conf::{create_conf, merge_conf, ComplexValue, ConfError, Position};
 use crate::ffi::*;
 
 pub const RDS_CONTENT_TYPE: &str = "application/x-gateway-dbd-stream";
@@ -166,6 +166,8 @@ pub struct Template {
     pub constant: bool,
     /// A constant text that holds several statements.
     pub several: bool,
+    /// Where its `sqldb_query` is.
+    pub at: Position,
     /// It may change its session beyond its sync point (core's
     /// `sql::changes_session`).
     pub changes_session: bool,
@@ -231,7 +233,7 @@ pub struct LocConf {
     pub rewrites: Vec<RewriteRule>,
     pub escapes: Vec<EscapeRule>,
     /// `sqldb_listen CHANNEL`: requests subscribe to the channel.
-    pub listen: Option<ComplexValue>,
+    pub listen: Option<(ComplexValue, Position)>,
     /// `sqldb_listen_heartbeat`: a comment line this often.
     pub listen_heartbeat: ngx_msec_t,
     /// `sqldb_jwt_key`: requests carry a bearer token, verified here.
@@ -241,7 +243,7 @@ pub struct LocConf {
     /// `sqldb_jwt_role_claim` (a path into the claims).
     pub jwt_role_claim: Option<Rc<Vec<String>>>,
     /// `sqldb_anonymous_role`: the role of requests without a token.
-    pub anonymous_role: Option<Rc<CString>>,
+    pub anonymous_role: Option<(Rc<CString>, Position)>,
     /// `sqldb_setting`s.
     pub settings: Vec<auth::Setting>,
     /// What runs before each query (made by the merge).
@@ -425,10 +427,11 @@ impl LocConf {
         u.send_timeout = self.result_timeout;
         u.next_upstream = self.next_upstream.unwrap_or(default_next);
         u.module = static_str("sqldb");
-        if self.output == Some(Output::BinaryValue) && self.queries.iter().any(|t| t.several) {
-            return Err("\"sqldb_output binary_value\" needs queries of one statement: a query of several statements answers in text"
-                .to_owned()
-                .into());
+        if let Some(t) = self.queries.iter().find(|t| t.several) {
+            if self.output == Some(Output::BinaryValue) {
+                return Err(ConfError::At("\"sqldb_output binary_value\" needs queries of one statement: a query of several statements answers in text"
+                    .to_owned(), t.at.clone()));
+            }
         }
         Ok(())
     }
@@ -459,21 +462,23 @@ impl LocConf {
             self.anonymous_role = prev.anonymous_role.clone();
         }
         merge_list(&mut self.settings, &prev.settings);
-        if self.pass_set && self.anonymous_role.is_some() && self.jwt.is_none() {
-            return Err("\"sqldb_anonymous_role\" needs \"sqldb_jwt_key\"".to_owned().into());
+        if let (true, Some((_, at)), None) = (self.pass_set, &self.anonymous_role, &self.jwt) {
+            return Err(ConfError::At(
+                "\"sqldb_anonymous_role\" needs \"sqldb_jwt_key\"".to_owned(),
+                at.clone(),
+            ));
         }
         let bound = self.jwt.is_some() || !self.settings.is_empty();
-        if bound && self.queries.iter().any(|t| t.several) {
-            return Err("a query of several statements cannot run with \"sqldb_jwt_key\" or \"sqldb_setting\": the role and settings would not bind all of its statements (write one statement, or call a function)"
-                .to_owned()
-                .into());
+        if let (true, Some(t)) = (bound, self.queries.iter().find(|t| t.several)) {
+            return Err(ConfError::At("a query of several statements cannot run with \"sqldb_jwt_key\" or \"sqldb_setting\": the role and settings would not bind all of its statements (write one statement, or call a function)"
+                .to_owned(), t.at.clone()));
         }
-        if self.jwt.is_some() && self.listen.is_some() {
-            return Err(
+        if let (Some(_), Some((_, at))) = (&self.jwt, &self.listen) {
+            return Err(ConfError::At(
                 "\"sqldb_listen\" does not check the tokens of \"sqldb_jwt_key\"; put it in a location without it"
-                    .to_owned()
-                    .into(),
-            );
+                    .to_owned(),
+                at.clone(),
+            ));
         }
         self.preamble = auth::PreambleSql::build(self.jwt.is_some(), self.settings.len()).map(Rc::new);
         Ok(())

@@ -569,16 +569,28 @@ impl ResultSet for PgResult {
         unsafe { pq::PQftype(self.raw(), col as c_int) }
     }
 
+    fn value_len(&self, row: usize, col: usize) -> Option<usize> {
+        let (r, c) = (row as c_int, col as c_int);
+        // SAFETY: row/col are in range of the live result.
+        unsafe {
+            let len = pq::PQgetlength(self.raw(), r, c).max(0) as usize;
+            (len > 0 || pq::PQgetisnull(self.raw(), r, c) != 1).then_some(len)
+        }
+    }
+
     fn value(&self, row: usize, col: usize) -> Option<&[u8]> {
         let (r, c) = (row as c_int, col as c_int);
         // SAFETY: row/col are in range; the value lives as long as the result.
+        // A NULL has length 0: only an empty value asks whether it is one
+        // (two calls into libpq per value, not three; they add up over
+        // large results).
         unsafe {
-            if pq::PQgetisnull(self.raw(), r, c) == 1 {
-                return None;
-            }
             let len = pq::PQgetlength(self.raw(), r, c).max(0) as usize;
+            if len == 0 {
+                return (pq::PQgetisnull(self.raw(), r, c) != 1).then_some(&[]);
+            }
             let p = pq::PQgetvalue(self.raw(), r, c);
-            if p.is_null() || len == 0 {
+            if p.is_null() {
                 return Some(&[]);
             }
             Some(std::slice::from_raw_parts(p as *const u8, len))

@@ -57,7 +57,7 @@ pub fn authorize(r: &mut Req, lcf: &LocConf) -> Result<Authorized, StartError> {
                 let role = match c.get_path(path) {
                     Some(role) => CString::new(role).map_err(|_| unauthorized("the role claim holds a NUL", true))?,
                     None => match &lcf.anonymous_role {
-                        Some(anon) => (**anon).clone(),
+                        Some((anon, _)) => (**anon).clone(),
                         None => {
                             return Err(unauthorized(
                                 format!("the token has no \"{}\" claim", path.join(".")),
@@ -71,7 +71,7 @@ pub fn authorize(r: &mut Req, lcf: &LocConf) -> Result<Authorized, StartError> {
                 (role, json)
             }
             None => match &lcf.anonymous_role {
-                Some(anon) => ((**anon).clone(), c"{}".to_owned()),
+                Some((anon, _)) => ((**anon).clone(), c"{}".to_owned()),
                 None => return Err(unauthorized("no bearer token", false)),
             },
         };

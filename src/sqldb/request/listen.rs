@@ -13,10 +13,10 @@ use crate::subscribe::{self, Refused};
 
 /// Starts a subscription; what the content handler returns.
 pub fn subscribe(r: &mut Req, lcf: &LocConf, srv: &mut SrvConf) -> Result<ngx_int_t, Refused> {
-    let Some(cv) = lcf.listen else {
+    let Some((cv, _)) = &lcf.listen else {
         return Err(Refused::Nginx);
     };
-    let channel = r.complex_value(cv).ok_or(Refused::Nginx)?.to_vec();
+    let channel = r.complex_value(*cv).ok_or(Refused::Nginx)?.to_vec();
     subscribe::start(
         r,
         &channel,
