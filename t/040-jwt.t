@@ -124,6 +124,7 @@ server {
         sqldb_query "select string_agg(body, ',' order by id) from jwt_notes";
         add_header X-Sub \$sqldb_jwt_claim_sub;
         add_header X-Role \$sqldb_jwt_claim_role;
+        add_header X-User \$sqldb_jwt_claim_userId;
     }
     location /note {
         sqldb_pass database;
@@ -245,6 +246,8 @@ is($status, 200, 'alice: 200') or diag($body);
 is($body, "alice one,alice two", 'alice sees only her rows');
 is(header_of($head, 'X-Sub'), 'alice', '$sqldb_jwt_claim_sub');
 is(header_of($head, 'X-Role'), 'jwt_user', '$sqldb_jwt_claim_role');
+($status, $body, $head) = get('/notes', hs256(claims(sub => 'alice', role => 'jwt_user', userId => 'u-17')));
+is(header_of($head, 'X-User'), 'u-17', '$sqldb_jwt_claim_userId (nginx lowers the name) finds the claim userId');
 ($status, $body) = get('/notes', $bob);
 is($body, "bob one,bob public", 'bob sees only his rows');
 ($status, $body, $head) = get('/notes');
@@ -539,6 +542,10 @@ refused('a setting of the claims', "sqldb_setting Request.JWT.Claims x; sqldb_qu
     qr/\[emerg\].*"sqldb_setting" cannot set "request.jwt.claims"/);
 refused('a setting without a dot', "sqldb_setting tenant x; sqldb_query \"select 1\";",
     qr/\[emerg\].*invalid name "tenant" in "sqldb_setting"/);
+for my $bad (qw(request.1x request..x request.x-y)) {
+    refused("the setting name $bad", "sqldb_setting $bad v; sqldb_query \"select 1\";",
+        qr/\[emerg\].*invalid name "\Q$bad\E" in "sqldb_setting"/, 'sqldb_setting');
+}
 
 # Without sqldb_anonymous_role: no token is 401 with a bare challenge.
 $port = nginx_start(<<"HTTP");

@@ -11,7 +11,7 @@ use lib 't/lib';
 use SseClient;
 use FakeRedis;
 use GatewayTest qw(http_request wait_until nginx_start stop_nginx nginx_signal nginx_error_log start_redis redis_cli
-    free_port);
+    free_port under_valgrind);
 use IO::Socket::INET;
 use Socket ();
 use File::Temp qw(tempdir);
@@ -328,7 +328,11 @@ for my $round (1 .. 20) {
 }
 is(scalar(() = $reader[0]{buf} =~ /event: flow\ndata: p{10000}\n\n/g), 100, 'a reading subscriber gets everything');
 my $grew = rss_kb() - $before;
-cmp_ok($grew, '<', 8000, "20 MB streamed, the worker grew by $grew kB");
+SKIP: {
+    skip 'a memory bound: valgrind keeps freed blocks out of use for a while (its freelist), so the worker grows', 1
+        if under_valgrind();
+    cmp_ok($grew, '<', 8000, "20 MB streamed, the worker grew by $grew kB");
+}
 close $reader[0]{s};
 # (c) A subscriber that does not read is dropped once more than 1 MB has
 # waited for it for a second, and its connection closed; another one that

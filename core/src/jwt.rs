@@ -312,10 +312,10 @@ impl KeySet {
         let payload = b64url_decode(parts.payload).ok_or(JwtError::Encoding)?;
         let claims = match serde_json::from_slice::<Value>(&payload) {
             Ok(Value::Object(m)) => m,
-            _ => return Err(JwtError::Claims),
+            _ => return Err(JwtError::ClaimsJson),
         };
         // serde_json read it, so it is UTF-8 without a raw NUL.
-        let json = String::from_utf8(payload).map_err(|_| JwtError::Claims)?;
+        let json = String::from_utf8(payload).map_err(|_| JwtError::ClaimsJson)?;
         let time = |name: &str| -> Result<Option<f64>, JwtError> {
             match claims.get(name) {
                 None => Ok(None),
@@ -367,7 +367,11 @@ pub enum JwtError {
     /// A `kid` the set does not hold.
     UnknownKid(String),
     Signature,
-    /// The claims are not a JSON object, or `exp`/`nbf` not numbers.
+    /// Longer than MAX_TOKEN.
+    TooLong,
+    /// The claims are not a JSON object (or nest too deep to read).
+    ClaimsJson,
+    /// `exp` or `nbf` is not a number.
     Claims,
     Expired,
     NotYetValid,
@@ -382,10 +386,12 @@ impl std::fmt::Display for JwtError {
             JwtError::Algorithm(a) => write!(f, "the algorithm \"{a}\" is not allowed by the key"),
             JwtError::UnknownKid(k) => write!(f, "no key has the kid \"{k}\""),
             JwtError::Signature => write!(f, "the signature does not verify"),
-            JwtError::Claims => write!(
+            JwtError::TooLong => write!(f, "the token is longer than {MAX_TOKEN} bytes"),
+            JwtError::ClaimsJson => write!(
                 f,
-                "the token's claims are not a JSON object with numeric \"exp\" and \"nbf\""
+                "the token's claims are not a JSON object (or nest deeper than 127 levels)"
             ),
+            JwtError::Claims => write!(f, "the token's \"exp\" or \"nbf\" is not a number"),
             JwtError::Expired => write!(f, "the token has expired"),
             JwtError::NotYetValid => write!(f, "the token is not valid yet (nbf)"),
         }
@@ -443,8 +449,17 @@ impl Claims {
     }
 
     /// A top-level claim as text (the `$sqldb_jwt_claim_NAME` variables).
+    /// nginx writes variable names in lower case, so a name that is not a
+    /// claim matches one in any letter case (the first in code-point
+    /// order), as `$arg_NAME` matches an argument.
     pub fn get(&self, name: &str) -> Option<String> {
-        value_text(self.map.get(name)?)
+        let v = self.map.get(name).or_else(|| {
+            self.map
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v)
+        })?;
+        value_text(v)
     }
 }
 
@@ -534,7 +549,7 @@ struct Parts<'a> {
 
 fn split_token(token: &[u8]) -> Result<Parts<'_>, JwtError> {
     if token.len() > MAX_TOKEN {
-        return Err(JwtError::Malformed);
+        return Err(JwtError::TooLong);
     }
     let mut it = token.split(|&b| b == b'.');
     let (Some(header), Some(payload), Some(signature), None) = (it.next(), it.next(), it.next(), it.next()) else {

@@ -296,9 +296,46 @@ pub fn statement_name(sql: &[u8]) -> String {
     format!("ngx_gateway_{h:016x}")
 }
 
+/// A name PostgreSQL takes for a custom setting (set_config): parts joined
+/// by dots, at least two, each a plain identifier (a letter or `_`, then
+/// letters, digits, `_` and `$`), as its check of such names wants.
+pub fn valid_setting_name(name: &[u8]) -> bool {
+    let part = |p: &[u8]| match p.split_first() {
+        Some((first, rest)) => {
+            (first.is_ascii_alphabetic() || *first == b'_')
+                && rest
+                    .iter()
+                    .all(|c| c.is_ascii_alphanumeric() || *c == b'_' || *c == b'$')
+        }
+        None => false,
+    };
+    name.contains(&b'.') && name.split(|c| *c == b'.').all(part)
+}
+
 #[cfg(test)]
 mod tests {
     use super::has_several_statements as several;
+    use super::valid_setting_name;
+
+    #[test]
+    fn setting_names_are_what_postgresql_takes() {
+        for ok in ["request.tenant", "request.header.x_tenant", "app._x$1", "a.b.c"] {
+            assert!(valid_setting_name(ok.as_bytes()), "{ok}");
+        }
+        for bad in [
+            "tenant",
+            "request.1x",
+            "request..x",
+            ".x",
+            "x.",
+            "request.x-y",
+            "request.$x",
+            "1a.b",
+            "request.x y",
+        ] {
+            assert!(!valid_setting_name(bad.as_bytes()), "{bad}");
+        }
+    }
 
     #[test]
     fn statement_names_come_from_the_text() {

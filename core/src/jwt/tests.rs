@@ -109,6 +109,13 @@ fn hmac_tokens_verify_with_their_claims() {
     assert_eq!(c.json(), text);
     assert_eq!(c.get("role").as_deref(), Some("b"));
     assert_eq!(c.get("id").as_deref(), Some("123456789012345678901234567890"));
+    // nginx's variable names are lower case: a claim in another case is
+    // found, unless one of exactly that name is there.
+    let mixed = hs256(r#"{"userId":"u1","Team":"t1","team":"t2"}"#);
+    let c = set.verify(mixed.as_bytes(), NOW, 30).expect("valid");
+    assert_eq!(c.get("userid").as_deref(), Some("u1"));
+    assert_eq!(c.get("team").as_deref(), Some("t2"));
+    assert_eq!(c.get("nobody"), None);
     for alg in [Alg::HS384, Alg::HS512] {
         let long = [7u8; 64];
         let set = KeySet::load(&long, None).expect("64-byte secret");
@@ -226,10 +233,13 @@ fn malformed_tokens_fail() {
     let claims_not_object = hs(Alg::HS256, SECRET, r#"{"alg":"HS256"}"#, "[1]");
     assert_eq!(
         set.verify(claims_not_object.as_bytes(), NOW, 0).unwrap_err(),
-        JwtError::Claims
+        JwtError::ClaimsJson
     );
+    let deep = format!("{{\"a\":{}1{}}}", "[".repeat(200), "]".repeat(200));
+    let deep = hs(Alg::HS256, SECRET, r#"{"alg":"HS256"}"#, &deep);
+    assert_eq!(set.verify(deep.as_bytes(), NOW, 0).unwrap_err(), JwtError::ClaimsJson);
     let huge = format!("{good}{}", "A".repeat(MAX_TOKEN));
-    assert_eq!(set.verify(huge.as_bytes(), NOW, 0).unwrap_err(), JwtError::Malformed);
+    assert_eq!(set.verify(huge.as_bytes(), NOW, 0).unwrap_err(), JwtError::TooLong);
     let crit = hs(Alg::HS256, SECRET, r#"{"alg":"HS256","crit":["exp"]}"#, "{}");
     assert_eq!(set.verify(crit.as_bytes(), NOW, 0).unwrap_err(), JwtError::Header);
 }

@@ -182,18 +182,12 @@ pub(crate) extern "C" fn cmd_sqldb_setting(
     let body = |cf: Conf, lcf: &mut LocConf| {
         let args = cf.args();
         let name = args[1];
-        // A custom setting has a prefix and a dot (PostgreSQL refuses
-        // others in set_config unless they are its own parameters, which
-        // this directive is not for).
-        let valid = name.contains(&b'.')
-            && !name.starts_with(b".")
-            && !name.ends_with(b".")
-            && name
-                .iter()
-                .all(|c| c.is_ascii_alphanumeric() || *c == b'_' || *c == b'.');
-        if !valid {
+        // A custom setting: identifiers joined by dots, as PostgreSQL
+        // takes them in set_config (its own parameters are not for this
+        // directive).
+        if !gateway_core::sql::valid_setting_name(name) {
             return Err(format!(
-                "invalid name \"{}\" in \"sqldb_setting\" directive (a prefix, a dot and a name, like request.header.x)",
+                "invalid name \"{}\" in \"sqldb_setting\" directive (a prefix, a dot and a name, each a letter or _ then letters, digits, _ or $, like request.header.x)",
                 String::from_utf8_lossy(name)
             )
             .into());
