@@ -300,6 +300,10 @@ is($body, "jwt_anon|{}|anon-tenant|on", 'anonymous: its role, empty claims, the 
 ($status) = get('/whoami', $bob, 'X-Tenant' => "\xfc\xfd");
 is($status, 400, 'a setting of bytes that are not text: 400');
 like(nginx_error_log(), qr/\[info\].*sqldb: a parameter was rejected: .*invalid byte sequence/, 'logged at info');
+# A claim holding \u0000: PostgreSQL's text cannot hold it, the token is refused.
+($status, undef, $head) = get('/notes', hs256('{"sub":"a\u0000b","role":"jwt_user","exp":' . (int($now) + 600) . '}'));
+is($status, 401, 'claims holding \u0000: 401');
+like(nginx_error_log(), qr/\[info\].*the token's claims hold \\u0000/, 'and the log says why');
 # A claim with a line break is no header line: the claim variable is not found.
 my $crlf = hs256(claims(role => 'jwt_anon', sub => 'eve\r\nSet-Cookie: evil=1'));
 ($status, $body, $head) = get('/notes', $crlf);

@@ -316,6 +316,11 @@ impl KeySet {
         };
         // serde_json read it, so it is UTF-8 without a raw NUL.
         let json = String::from_utf8(payload).map_err(|_| JwtError::ClaimsJson)?;
+        // An escaped NUL (\u0000) is valid JSON that PostgreSQL's text
+        // cannot hold: every query reading that claim would fail.
+        if claims.iter().any(|(k, v)| k.contains('\0') || holds_nul(v)) {
+            return Err(JwtError::ClaimsNul);
+        }
         let time = |name: &str| -> Result<Option<f64>, JwtError> {
             match claims.get(name) {
                 None => Ok(None),
@@ -373,6 +378,8 @@ pub enum JwtError {
     ClaimsJson,
     /// `exp` or `nbf` is not a number.
     Claims,
+    /// A claim (name or value) holds `\u0000`.
+    ClaimsNul,
     Expired,
     NotYetValid,
 }
@@ -392,9 +399,23 @@ impl std::fmt::Display for JwtError {
                 "the token's claims are not a JSON object (or nest deeper than 127 levels)"
             ),
             JwtError::Claims => write!(f, "the token's \"exp\" or \"nbf\" is not a number"),
+            JwtError::ClaimsNul => write!(
+                f,
+                "the token's claims hold \\u0000, which PostgreSQL's text cannot hold"
+            ),
             JwtError::Expired => write!(f, "the token has expired"),
             JwtError::NotYetValid => write!(f, "the token is not valid yet (nbf)"),
         }
+    }
+}
+
+/// A string anywhere in the value (a key or a value) holds a NUL.
+fn holds_nul(v: &Value) -> bool {
+    match v {
+        Value::String(s) => s.contains('\0'),
+        Value::Array(a) => a.iter().any(holds_nul),
+        Value::Object(m) => m.iter().any(|(k, v)| k.contains('\0') || holds_nul(v)),
+        _ => false,
     }
 }
 

@@ -238,6 +238,17 @@ fn malformed_tokens_fail() {
     let deep = format!("{{\"a\":{}1{}}}", "[".repeat(200), "]".repeat(200));
     let deep = hs(Alg::HS256, SECRET, r#"{"alg":"HS256"}"#, &deep);
     assert_eq!(set.verify(deep.as_bytes(), NOW, 0).unwrap_err(), JwtError::ClaimsJson);
+    for nul in [r#"{"sub":"a\u0000b"}"#, r#"{"x":[{"y":"\u0000"}]}"#, r#"{"k\u0000":1}"#] {
+        let t = hs(Alg::HS256, SECRET, r#"{"alg":"HS256"}"#, nul);
+        assert_eq!(
+            set.verify(t.as_bytes(), NOW, 0).unwrap_err(),
+            JwtError::ClaimsNul,
+            "{nul}"
+        );
+    }
+    // An escaped backslash before "u0000" is no NUL.
+    let t = hs(Alg::HS256, SECRET, r#"{"alg":"HS256"}"#, r#"{"sub":"a\\u0000"}"#);
+    assert!(set.verify(t.as_bytes(), NOW, 0).is_ok());
     let huge = format!("{good}{}", "A".repeat(MAX_TOKEN));
     assert_eq!(set.verify(huge.as_bytes(), NOW, 0).unwrap_err(), JwtError::TooLong);
     let crit = hs(Alg::HS256, SECRET, r#"{"alg":"HS256","crit":["exp"]}"#, "{}");
