@@ -58,13 +58,17 @@ END {
 }
 
 my $line = "127.0.0.1:$port dbname=$db user=$user \"password=$pw\" application_name=bounced";
-my $http = <<"HTTP";
+# Six gateway connections with shallow pipelines over PgBouncer's two
+# server sessions: statements meet sessions other connections prepared on.
+my $upstream = <<"HTTP";
 upstream bounced {
     sqldb_server $line;
     sqldb_keepalive max=6;
     sqldb_pipeline on depth=2;
 }
-server {
+HTTP
+my $http = <<"HTTP";
+${upstream}server {
     listen 127.0.0.1:\$PORT;
     sqldb_output value;
     PREPARE
@@ -139,12 +143,7 @@ my %tokens = (alice => token('alice'), bob => token('bob'));
 my $show = q{current_user || ':' || coalesce(nullif(current_setting('request.jwt.claims', true), '')::json->>'sub', '-')}
     . q{ || ':' || coalesce(nullif(current_setting('request.tenant', true), ''), '-')};
 my $bport = nginx_start(<<"HTTP");
-upstream bounced {
-    sqldb_server $line;
-    sqldb_keepalive max=6;
-    sqldb_pipeline on depth=2;
-}
-server {
+${upstream}server {
     listen 127.0.0.1:\$PORT;
     sqldb_output value;
     location /who {
