@@ -1,10 +1,12 @@
 # Through PgBouncer in transaction pooling mode (Debian's pgbouncer, which
 # does not keep protocol-level prepared statements): server sessions are
-# shared between the gateway's connections, so a statement one of them
-# prepared may be missing, or already there, on the session the next query
-# lands on. The gateway notices, says so once in the error log, and goes on
-# with unnamed statements: no request fails and each gets its own answer.
-# With `sqldb_prepare off` (the documented setting) nothing is noticed.
+# shared between the gateway's connections and every other client of the
+# pooler, so a statement prepared there could be missing on the next
+# session, or replaced by anyone who logs in through PgBouncer. The gateway
+# asks each new session its PID: PgBouncer reported one of its own making,
+# so no statement is prepared there at all, the log says so once (when a
+# query would have been prepared), and every request gets its own answer.
+# With `sqldb_prepare off` (the documented setting) there is nothing to say.
 use strict;
 use warnings;
 use lib 't/lib';
@@ -75,6 +77,11 @@ ${upstream}server {
     location /inc { sqldb_pass bounced; sqldb_query "select \$arg_n::int + 1"; }
     location /tag { sqldb_pass bounced; sqldb_query "select 'tag-' || \$arg_n::text"; }
     location /same { sqldb_pass bounced; sqldb_query "select 'same'"; }
+    location /held {
+        sqldb_pass bounced;
+        sqldb_prepare off;
+        sqldb_query "select count(*) from pg_prepared_statements where name like 'ngx\\_gateway\\_%'";
+    }
 }
 HTTP
 
@@ -106,12 +113,20 @@ for my $case (['', 'prepared statements on (the default)'], ['sqldb_prepare off;
     my $nport = nginx_start($conf);
     is(load($nport, 480), 480, "$label: 480 requests through PgBouncer, each with its own answer");
     my $log = nginx_error_log();
-    my @shared = $log =~ /sessions behind .* are shared \(a pooler in transaction mode\?\)/g;
+    my @pooler = $log =~ /sqldb: 127\.0\.0\.1:\d+ is a pooler, not PostgreSQL's own session .*set "sqldb_prepare off"/g;
     if ($prepare) {
-        is(scalar @shared, 0, "$label: nothing to notice");
+        is(scalar @pooler, 0, "$label: nothing to say");
     } else {
-        is(scalar @shared, 1, "$label: the shared sessions are noticed and said once (per worker)");
+        is(scalar @pooler, 1, "$label: the pooler is found before anything is prepared, and said once (per worker)");
     }
+    # Whichever of PgBouncer's two server sessions answers: nothing of the
+    # gateway's is prepared there, for anyone to replace.
+    my %held;
+    for (1 .. 20) {
+        my ($st, $n) = http_read(http_send($nport, '/held'), 10);
+        $held{($st // 'none') . " $n"}++;
+    }
+    is(join(',', sort keys %held), '200 0', "$label: no statement prepared on PgBouncer's sessions (20 answers)");
     unlike($log, qr/\[(error|alert|crit|emerg)\]/, "$label: no request failed") or diag($log);
     stop_nginx();
 }

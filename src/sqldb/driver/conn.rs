@@ -49,6 +49,9 @@ pub(super) struct Conn {
     /// Statements go out unnamed: the pool found the server's sessions
     /// shared (a pooler in transaction mode).
     pub unnamed: bool,
+    /// The session's PID asked of the server once it is up (see
+    /// Pool::check_pooler): sent, and not answered yet.
+    pub checking_pid: bool,
     /// The preambles (see Query::preamble) the session holds prepared, by
     /// name (as many as the configuration has texts at most).
     pub preambles: Vec<Rc<CString>>,
@@ -100,6 +103,7 @@ impl Conn {
             corked: false,
             corkable: true,
             unnamed: false,
+            checking_pid: false,
             preambles: Vec::new(),
             cancel_key: None,
             canceller: None,

@@ -6,10 +6,11 @@ use std::rc::Rc;
 
 use gateway_core::metrics::Id;
 use gateway_core::pipeline::{Route, Step};
+use gateway_core::rds::ResultSet as _;
 
 use super::cancel::{Canceller, Progress};
 use super::conn::Conn;
-use super::pq::Poll;
+use super::pq::{Poll, ResultKind};
 use super::{ConnId, Delivery, Pool, RowVerdict};
 use crate::ffi::*;
 use crate::{debug, log, metrics};
@@ -154,6 +155,9 @@ impl Pool {
     /// waited go out.
     fn connecting(&mut self, id: ConnId, out: &mut Vec<Delivery>) {
         let Some(c) = self.conn(id) else { return };
+        if c.checking_pid {
+            return self.pid_answer(id, out);
+        }
         let watched = match c.pg.poll_connect() {
             Poll::Reading => c.want_write(false),
             Poll::Writing => c.want_write(true),
@@ -183,15 +187,80 @@ impl Pool {
                     c.name,
                     c.pg.backend_pid()
                 );
-                let steps = c.pipeline.connected();
-                // What the server is, before the requests that waited go out.
-                self.observe_role(id, true);
-                return self.apply_steps(id, steps, true, out);
+                if !self.statements_off {
+                    return self.check_pooler(id, out);
+                }
+                return self.serve_connected(id, out);
             }
         };
         if !watched {
             self.connect_failed(id, "event error", out);
         }
+    }
+
+    /// The connection is up: the requests that waited for it go out.
+    fn serve_connected(&mut self, id: ConnId, out: &mut Vec<Delivery>) {
+        let Some(c) = self.conn(id) else { return };
+        let steps = c.pipeline.connected();
+        // What the server is, before the requests that waited go out.
+        self.observe_role(id, true);
+        self.apply_steps(id, steps, true, out);
+    }
+
+    /// Before a new session serves, while named statements may be used:
+    /// is it PostgreSQL's own? The PID a server reports when the session
+    /// starts is the session's; a pooler (PgBouncer) reports one of its
+    /// own making, and lends its server sessions to all its clients, who
+    /// could replace a statement the gateway prepared there. One query,
+    /// once per connection, before its first request.
+    fn check_pooler(&mut self, id: ConnId, out: &mut Vec<Delivery>) {
+        let Some(c) = self.conn(id) else { return };
+        c.checking_pid = true;
+        let sent =
+            c.pg.send_unnamed(c"select pg_backend_pid()", &[], false)
+                .and_then(|()| c.flush());
+        if let Err(e) = sent {
+            self.connect_failed(id, &format!("connecting failed: {e}"), out);
+        }
+    }
+
+    /// The answer to check_pooler's query.
+    fn pid_answer(&mut self, id: ConnId, out: &mut Vec<Delivery>) {
+        let Some(c) = self.conn(id) else { return };
+        if let Err(e) = c.flush() {
+            return self.connect_failed(id, &format!("connecting failed: {e}"), out);
+        }
+        if c.pg.consume_input().is_err() || c.pg.is_bad() {
+            let msg = format!("connecting failed: {}", c.pg.error_message());
+            return self.connect_failed(id, &msg, out);
+        }
+        if c.pg.is_busy() {
+            return;
+        }
+        let mut pid = None;
+        while let Some(res) = c.pg.get_result() {
+            if res.kind() == ResultKind::Tuples {
+                pid = res
+                    .value(0, 0)
+                    .and_then(|v| std::str::from_utf8(v).ok()?.parse::<i32>().ok());
+            }
+        }
+        c.checking_pid = false;
+        let reported = c.pg.backend_pid();
+        debug!(
+            Log::cycle(),
+            "sqldb: connection #{} to {}: session PID {pid:?}, reported {reported}",
+            id.0.as_u64(),
+            c.name
+        );
+        if pid.is_some_and(|p| p != reported) {
+            self.pooler = true;
+            self.statements_off = true;
+            for (_, c) in self.conns.iter_mut() {
+                c.unnamed = true;
+            }
+        }
+        self.serve_connected(id, out);
     }
 
     /// A connection that was up is lost: the next one to its server that

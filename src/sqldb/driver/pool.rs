@@ -111,6 +111,10 @@ pub struct Pool {
     /// The server's sessions turned out shared (a pooler in transaction
     /// mode): no named statements on this upstream in this worker.
     pub(super) statements_off: bool,
+    /// A session's PID was not the one its connection reported: a pooler
+    /// stands between (and `pooler_told`: the log said so).
+    pub(super) pooler: bool,
+    pub(super) pooler_told: bool,
     /// The upstream's name (for the metrics).
     pub name: Rc<str>,
     /// Servers (address indexes) whose connection was lost: the next one
@@ -146,6 +150,8 @@ impl Pool {
             idle: Vec::new(),
             sink: None,
             statements_off: false,
+            pooler: false,
+            pooler_told: false,
             name: Rc::from(""),
             lost: Vec::new(),
             track_roles: false,
@@ -469,6 +475,21 @@ impl Pool {
     /// connection serves. When sending fails, the connection is gone and
     /// every request on it (this one included) gets its outcome.
     pub fn submit(&mut self, id: ConnId, req: ReqToken, query: Rc<Query>) -> Result<Submitted, Vec<Delivery>> {
+        if self.pooler
+            && !self.pooler_told
+            && (query.statement.is_some() || query.preamble.as_ref().is_some_and(|p| p.named))
+        {
+            // Said once, when a query would have been prepared: with
+            // `sqldb_prepare off` there is nothing to tell.
+            self.pooler_told = true;
+            let name = self.conn(id).map(|c| c.name.clone()).unwrap_or_default();
+            log!(
+                NGX_LOG_WARN,
+                Log::cycle(),
+                "sqldb: {name} is a pooler, not PostgreSQL's own session (the backend PID it reported is not the session's): \
+                 prepared statements are off for this upstream, as anyone who logs in through it could replace them; set \"sqldb_prepare off\""
+            );
+        }
         let Some(c) = self.conn(id) else {
             return Err(vec![Delivery::Failed(
                 req,
