@@ -189,7 +189,7 @@ server {
         sqldb_pass database;
         sqldb_prepare off;
         sqldb_output value;
-        sqldb_query "select count(*) from pg_prepared_statements where statement like 'select set_config(%'";
+        sqldb_query "select count(*) from pg_prepared_statements where statement like 'select pg_catalog.set_config(%'";
     }
     location /plain {
         sqldb_pass database;
@@ -550,6 +550,38 @@ for my $bad (qw(request.1x request..x request.x-y)) {
     refused("the setting name $bad", "sqldb_setting $bad v; sqldb_query \"select 1\";",
         qr/\[emerg\].*invalid name "\Q$bad\E" in "sqldb_setting"/, 'sqldb_setting');
 }
+
+# A set_config of another schema first in the session's search_path (the
+# login role's own setting here; a SET left on a pooler's session would do
+# the same) does not stand in for PostgreSQL's: the gateway names
+# pg_catalog.set_config.
+psql(<<'SQL');
+drop schema if exists jwt_evil cascade;
+create schema jwt_evil;
+create function jwt_evil.set_config(text, text, boolean) returns text language sql as $$
+  select pg_catalog.set_config($1, case $1 when 'role' then 'jwt_user' when 'request.jwt.claims' then '{"sub":"bob"}' else $2 end, $3)
+$$;
+grant usage on schema jwt_evil to public;
+SQL
+$port = nginx_start(<<"HTTP");
+upstream database { sqldb_server $server "options=-c search_path=jwt_evil,pg_catalog,public"; }
+server {
+    listen 127.0.0.1:\$PORT;
+    location /notes {
+        sqldb_pass database;
+        sqldb_jwt_key $dir/secret;
+        sqldb_anonymous_role jwt_anon;
+        sqldb_output value;
+        sqldb_query "select pg_catalog.current_setting('search_path') || ' ' || current_user || ' ' || (select string_agg(body, ',' order by id) from public.jwt_notes)";
+    }
+}
+HTTP
+($status, $body) = request($port, 'GET', '/notes');
+is($body, 'jwt_evil,pg_catalog,public jwt_anon bob public', "another schema's set_config first in search_path: anonymous stays anonymous");
+($status, $body) = request($port, 'GET', '/notes', Authorization => "Bearer $alice");
+is($body, 'jwt_evil,pg_catalog,public jwt_user alice one,alice two,three', 'and alice stays alice');
+stop_nginx();
+psql('drop schema jwt_evil cascade');
 
 # Without sqldb_anonymous_role: no token is 401 with a bare challenge.
 $port = nginx_start(<<"HTTP");

@@ -48,22 +48,24 @@ pub struct PreambleSql {
 }
 
 impl PreambleSql {
-    /// `select set_config('role', $1, true), set_config('request.jwt.claims', $2, true)
-    /// [, set_config('transaction_read_only', 'on', true)], set_config($3, $4, true), ...`
+    /// `select pg_catalog.set_config('role', $1, true), pg_catalog.set_config('request.jwt.claims', $2, true)
+    /// [, pg_catalog.set_config('transaction_read_only', 'on', true)], pg_catalog.set_config($3, $4, true), ...`
+    /// (named with its schema: a `set_config` of another schema earlier in
+    /// the session's search_path must not stand in for it).
     pub fn build(with_role: bool, settings: usize) -> Option<PreambleSql> {
         let text = |read_only: bool| {
             let mut calls = Vec::new();
             let mut n = 0;
             if with_role {
-                calls.push("set_config('role', $1, true)".to_owned());
-                calls.push("set_config('request.jwt.claims', $2, true)".to_owned());
+                calls.push("pg_catalog.set_config('role', $1, true)".to_owned());
+                calls.push("pg_catalog.set_config('request.jwt.claims', $2, true)".to_owned());
                 n = 2;
                 if read_only {
-                    calls.push("set_config('transaction_read_only', 'on', true)".to_owned());
+                    calls.push("pg_catalog.set_config('transaction_read_only', 'on', true)".to_owned());
                 }
             }
             for _ in 0..settings {
-                calls.push(format!("set_config(${}, ${}, true)", n + 1, n + 2));
+                calls.push(format!("pg_catalog.set_config(${}, ${}, true)", n + 1, n + 2));
                 n += 2;
             }
             CString::new(format!("select {}", calls.join(", "))).ok().map(Rc::new)

@@ -217,7 +217,7 @@ impl Pool {
         let Some(c) = self.conn(id) else { return };
         c.checking_pid = true;
         let sent =
-            c.pg.send_unnamed(c"select pg_backend_pid()", &[], false)
+            c.pg.send_unnamed(c"select pg_catalog.pg_backend_pid()", &[], false)
                 .and_then(|()| c.flush());
         if let Err(e) = sent {
             self.connect_failed(id, &format!("connecting failed: {e}"), out);
@@ -237,13 +237,20 @@ impl Pool {
         if c.pg.is_busy() {
             return;
         }
+        // Anything but one row holding the reported PID (an error, no row,
+        // another value) counts as a pooler: prepared statements stay off.
         let mut pid = None;
+        let mut answers = 0;
         while let Some(res) = c.pg.get_result() {
-            if res.kind() == ResultKind::Tuples {
+            answers += 1;
+            if res.kind() == ResultKind::Tuples && res.rows() == 1 && res.columns() == 1 {
                 pid = res
                     .value(0, 0)
                     .and_then(|v| std::str::from_utf8(v).ok()?.parse::<i32>().ok());
             }
+        }
+        if answers != 1 {
+            pid = None;
         }
         c.checking_pid = false;
         let reported = c.pg.backend_pid();
@@ -253,7 +260,7 @@ impl Pool {
             id.0.as_u64(),
             c.name
         );
-        if pid.is_some_and(|p| p != reported) {
+        if pid != Some(reported) {
             self.pooler = true;
             self.statements_off = true;
             for (_, c) in self.conns.iter_mut() {

@@ -486,7 +486,7 @@ impl Pool {
             log!(
                 NGX_LOG_WARN,
                 Log::cycle(),
-                "sqldb: {name} is a pooler, not PostgreSQL's own session (the backend PID it reported is not the session's): \
+                "sqldb: {name} is a pooler, not PostgreSQL's own session (the backend PID it reported is not the session's, or the session did not say): \
                  prepared statements are off for this upstream, as anyone who logs in through it could replace them; set \"sqldb_prepare off\""
             );
         }
