@@ -58,7 +58,12 @@ trap cleanup EXIT
 mkdir -p "$dir" "$out"
 "$repo/nginx-conf/pg-sandbox.sh" start "$dir/pg" $pgport "$here/schema.sql"
 redis-server --port $redisport --bind 127.0.0.1 --save '' --appendonly no --daemonize yes --logfile "$dir/redis.log"
-memcached -d -l 127.0.0.1 -p $memcport -U 0 -u nobody -P "$dir/memcached.pid" 2>/dev/null || true
+# (Not -d -P: memcached writes its pid file after dropping to nobody, which
+# cannot write in $dir, so the cleanup would not find it.)
+if command -v memcached >/dev/null; then
+    memcached -l 127.0.0.1 -p $memcport -U 0 -u nobody >/dev/null 2>&1 &
+    echo $! >"$dir/memcached.pid"
+fi
 # The role that requests with a token run as (the tokens' "role" claim).
 PGPASSWORD=$(cat "$dir/pg/superpw") psql -X -q -h 127.0.0.1 -p $pgport -U postgres -d demo \
     -c "create role bench_web nologin" -c "grant bench_web to demo" -c "grant select on items to bench_web"
@@ -178,12 +183,13 @@ wrk_run() {
     [ -n "$script" ] && args+=(-s "$script")
     (sleep $((secs / 2)); psql -X -A -t -h 127.0.0.1 -p $pgport -U demo demo \
         -c "select count(*) - 1 from pg_stat_activity where datname = 'demo'" >"$dir/conns" 2>/dev/null) &
+    local probe=$!
     wrk "${args[@]}" "http://127.0.0.1:$port$path" | awk -v conns="$(cat "$dir/conns" 2>/dev/null)" '
         /Requests\/sec/ { rps = $2 }
         /^ +99%/ { v = $2; if (v ~ /us$/) { sub(/us/, "", v); v /= 1000 } else if (v ~ /ms$/) { sub(/ms/, "", v) } else if (v ~ /s$/) { sub(/s/, "", v); v *= 1000 } p99 = v }
         /Non-2xx/ { bad = $NF }
         END { printf "%.0f %.2f %d\n", rps, p99, bad }'
-    wait
+    wait $probe
     echo "$(cat "$dir/conns")" >"$dir/conns.last"
 }
 
