@@ -50,7 +50,10 @@ stop_nginx() {
 cleanup() {
     stop_nginx
     redis-cli -p $redisport shutdown nosave >/dev/null 2>&1 || true
-    [ -f "$dir/memcached.pid" ] && kill "$(cat "$dir/memcached.pid")" 2>/dev/null || true
+    if [ -f "$dir/memcached.pid" ]; then
+        kill "$(cat "$dir/memcached.pid")" 2>/dev/null || true
+        wait "$(cat "$dir/memcached.pid")" 2>/dev/null || true
+    fi
     "$repo/nginx-conf/pg-sandbox.sh" stop "$dir/pg" || true
 }
 trap cleanup EXIT
