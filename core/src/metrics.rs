@@ -10,21 +10,8 @@
 //! to ready, and readers use only ready slots. A table that is full drops
 //! new series (counted, and shown as `ngx_gateway_metrics_dropped_total`).
 
-use std::cell::RefCell;
-use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU8, Ordering};
-
-/// Series a process found: by hash, (family, part, labels, slot).
-type Found = HashMap<u64, Vec<(u32, u32, Box<[u8]>, usize)>>;
-
-thread_local! {
-    /// Where this process found series of the table at this address.
-    static FOUND: RefCell<(usize, Found)> = RefCell::new((0, HashMap::new()));
-}
-
-/// Series a process remembers at most (then it starts again).
-const FOUND_MAX: usize = 4096;
 
 /// What kind of value a family holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -182,50 +169,9 @@ impl<'a> Table<'a> {
 
     /// The slot of a series, claimed when new; None when the table is full.
     /// (Slot 0 is the count of dropped series: it never holds another.)
-    /// A process remembers where it found each series (slots are never
-    /// emptied), so a request's counters skip the probe.
     fn find(&self, family: u32, part: u32, labels: &[u8]) -> Option<SeriesRef> {
-        let h = hash(family, part, labels);
-        let table = self.slots.as_ptr() as usize;
-        let known = FOUND.with(|f| {
-            let f = f.borrow();
-            if f.0 != table {
-                return None;
-            }
-            f.1.get(&h)?
-                .iter()
-                .find(|(fa, pa, l, _)| *fa == family && *pa == part && **l == *labels)
-                .map(|e| e.3)
-        });
-        // Checked against the slot: another table may have come at the same
-        // address (tests make many).
-        if let Some(at) = known.filter(|at| self.holds(*at, family, part, labels)) {
-            return Some(SeriesRef(at));
-        }
-        let found = self.probe(h, family, part, labels)?;
-        FOUND.with(|f| {
-            let mut f = f.borrow_mut();
-            if f.0 != table || f.1.len() >= FOUND_MAX {
-                *f = (table, HashMap::new());
-            }
-            f.1.entry(h).or_default().push((family, part, labels.into(), found.0));
-        });
-        Some(found)
-    }
-
-    /// The slot `at` holds this series.
-    fn holds(&self, at: usize, family: u32, part: u32, labels: &[u8]) -> bool {
-        self.slots.get(at).is_some_and(|s| {
-            s.state.load(Ordering::Acquire) == READY
-                && s.family.load(Ordering::Relaxed) == family
-                && s.part.load(Ordering::Relaxed) == part
-                && s.labels_are(&labels[..labels.len().min(LABELS_MAX)])
-        })
-    }
-
-    fn probe(&self, h: u64, family: u32, part: u32, labels: &[u8]) -> Option<SeriesRef> {
         let n = self.slots.len().checked_sub(1).filter(|n| *n > 0)?;
-        let start = (h % n as u64) as usize;
+        let start = (hash(family, part, labels) % n as u64) as usize;
         for i in 0..n {
             let at = 1 + (start + i) % n;
             let s = &self.slots[at];
@@ -639,31 +585,6 @@ mod tests {
         assert!(text.contains("ngx_gateway_metrics_dropped_total 2\n"), "{text}");
         assert!(text.contains("ngx_gateway_cache_hits_total{upstream=\"a\"} 1\n"));
         assert!(!text.contains("upstream=\"c\"") && !text.contains("upstream=\"d\""));
-    }
-
-    #[test]
-    fn a_series_is_found_again_in_its_own_table_only() {
-        let (a, b) = (slots(16), slots(16));
-        let (ta, tb) = (Table::new(&a), Table::new(&b));
-        for _ in 0..3 {
-            ta.add(Id::CacheHits, &["x"], 1);
-        }
-        tb.add(Id::CacheHits, &["x"], 5);
-        ta.add(Id::CacheHits, &["y"], 7);
-        tb.add(Id::CacheHits, &["x"], 1);
-        assert!(ta.prometheus().contains("{upstream=\"x\"} 3\n"), "{}", ta.prometheus());
-        assert!(ta.prometheus().contains("{upstream=\"y\"} 7\n"));
-        assert!(tb.prometheus().contains("{upstream=\"x\"} 6\n"), "{}", tb.prometheus());
-        assert!(!tb.prometheus().contains("upstream=\"y\""));
-        // A new table where an old one was: what the process remembered of
-        // the old one is checked against the slot, never trusted.
-        drop(ta);
-        let fresh = slots(16);
-        let tf = Table::new(&fresh);
-        tf.add(Id::CacheMisses, &["x"], 2);
-        tf.add(Id::CacheHits, &["z"], 1);
-        assert!(tf.prometheus().contains("{upstream=\"z\"} 1\n"), "{}", tf.prometheus());
-        assert!(!tf.prometheus().contains("upstream=\"y\""));
     }
 
     #[test]
