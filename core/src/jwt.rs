@@ -318,7 +318,7 @@ impl KeySet {
         let json = String::from_utf8(payload).map_err(|_| JwtError::ClaimsJson)?;
         // An escaped NUL (\u0000) is valid JSON that PostgreSQL's text
         // cannot hold: every query reading that claim would fail.
-        if claims.iter().any(|(k, v)| k.contains('\0') || holds_nul(v)) {
+        if map_holds_nul(&claims) {
             return Err(JwtError::ClaimsNul);
         }
         let time = |name: &str| -> Result<Option<f64>, JwtError> {
@@ -414,9 +414,13 @@ fn holds_nul(v: &Value) -> bool {
     match v {
         Value::String(s) => s.contains('\0'),
         Value::Array(a) => a.iter().any(holds_nul),
-        Value::Object(m) => m.iter().any(|(k, v)| k.contains('\0') || holds_nul(v)),
+        Value::Object(m) => map_holds_nul(m),
         _ => false,
     }
+}
+
+fn map_holds_nul(m: &Map<String, Value>) -> bool {
+    m.iter().any(|(k, v)| k.contains('\0') || holds_nul(v))
 }
 
 /// Text of the token for a log line: printable ASCII, at most 64 bytes.

@@ -296,11 +296,10 @@ pub fn statement_name(sql: &[u8]) -> String {
     format!("ngx_gateway_{h:016x}")
 }
 
-/// A name PostgreSQL takes for a custom setting (set_config): parts joined
-/// by dots, at least two, each a plain identifier (a letter or `_`, then
-/// letters, digits, `_` and `$`), as its check of such names wants.
-pub fn valid_setting_name(name: &[u8]) -> bool {
-    let part = |p: &[u8]| match p.split_first() {
+/// A plain ASCII identifier: a letter or `_`, then letters, digits, `_`
+/// and `$` (not empty).
+pub fn ascii_identifier(s: &[u8]) -> bool {
+    match s.split_first() {
         Some((first, rest)) => {
             (first.is_ascii_alphabetic() || *first == b'_')
                 && rest
@@ -308,8 +307,14 @@ pub fn valid_setting_name(name: &[u8]) -> bool {
                     .all(|c| c.is_ascii_alphanumeric() || *c == b'_' || *c == b'$')
         }
         None => false,
-    };
-    name.contains(&b'.') && name.split(|c| *c == b'.').all(part)
+    }
+}
+
+/// A name PostgreSQL takes for a custom setting (set_config): plain
+/// identifiers joined by dots, at least two, as its check of such names
+/// wants.
+pub fn valid_setting_name(name: &[u8]) -> bool {
+    name.contains(&b'.') && name.split(|c| *c == b'.').all(ascii_identifier)
 }
 
 #[cfg(test)]

@@ -9,14 +9,7 @@ pub const CHANNEL_MAX: usize = 63;
 /// digits, `_` and `$`, not starting with a digit or `$`, at most 63 bytes.
 /// (It is sent quoted, so its letter case is kept.)
 pub fn valid_channel(name: &[u8]) -> bool {
-    match name.first() {
-        Some(c) if c.is_ascii_alphabetic() || *c == b'_' => {}
-        _ => return false,
-    }
-    name.len() <= CHANNEL_MAX
-        && name
-            .iter()
-            .all(|c| c.is_ascii_alphanumeric() || *c == b'_' || *c == b'$')
+    name.len() <= CHANNEL_MAX && crate::sql::ascii_identifier(name)
 }
 
 /// One event: `event: NAME`, the payload as `data:` lines (split at CR LF,

@@ -357,7 +357,7 @@ impl ConfError {
         match self {
             ConfError::Invalid(m) => c.error(format_args!("{m}")),
             ConfError::At(m, at) => {
-                crate::log!(NGX_LOG_EMERG, c.log(), "{m} in {}:{}", at.file, at.line);
+                crate::log!(NGX_LOG_EMERG, c.log(), "{m} in {at}");
                 CONF_ERROR
             }
             ConfError::Logged => CONF_ERROR,
@@ -371,11 +371,17 @@ impl From<String> for ConfError {
     }
 }
 
-/// Where a directive is in the configuration.
+/// Where a directive is in the configuration ("FILE:LINE", as nginx says it).
 #[derive(Debug, Clone)]
 pub struct Position {
     pub file: String,
     pub line: usize,
+}
+
+impl fmt::Display for Position {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.file, self.line)
+    }
 }
 
 /// Runs a directive's body with the configuration being read and the
@@ -459,7 +465,7 @@ pub unsafe fn conf_step(
             ERROR
         }
         Err(ConfError::At(m, at)) => {
-            crate::log!(NGX_LOG_EMERG, c.log(), "{m} in {}:{}", at.file, at.line);
+            crate::log!(NGX_LOG_EMERG, c.log(), "{m} in {at}");
             ERROR
         }
         Err(ConfError::Logged) => ERROR,

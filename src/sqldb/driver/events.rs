@@ -262,10 +262,7 @@ impl Pool {
         );
         if pid != Some(reported) {
             self.pooler = true;
-            self.statements_off = true;
-            for (_, c) in self.conns.iter_mut() {
-                c.unnamed = true;
-            }
+            self.statements_off();
         }
         self.serve_connected(id, out);
     }
@@ -445,6 +442,11 @@ impl Pool {
                  prepared statements are off for this upstream; set \"sqldb_prepare off\""
             );
         }
+        self.statements_off();
+    }
+
+    /// No named statements on this upstream in this worker, from now on.
+    fn statements_off(&mut self) {
         self.statements_off = true;
         for (_, c) in self.conns.iter_mut() {
             c.unnamed = true;

@@ -569,6 +569,9 @@ impl ResultSet for PgResult {
         unsafe { pq::PQftype(self.raw(), col as c_int) }
     }
 
+    /// A NULL has length 0: only an empty value asks whether it is one
+    /// (two calls into libpq per value, not three; they add up over large
+    /// results).
     fn value_len(&self, row: usize, col: usize) -> Option<usize> {
         let (r, c) = (row as c_int, col as c_int);
         // SAFETY: row/col are in range of the live result.
@@ -579,22 +582,17 @@ impl ResultSet for PgResult {
     }
 
     fn value(&self, row: usize, col: usize) -> Option<&[u8]> {
-        let (r, c) = (row as c_int, col as c_int);
-        // SAFETY: row/col are in range; the value lives as long as the result.
-        // A NULL has length 0: only an empty value asks whether it is one
-        // (two calls into libpq per value, not three; they add up over
-        // large results).
-        unsafe {
-            let len = pq::PQgetlength(self.raw(), r, c).max(0) as usize;
-            if len == 0 {
-                return (pq::PQgetisnull(self.raw(), r, c) != 1).then_some(&[]);
-            }
-            let p = pq::PQgetvalue(self.raw(), r, c);
-            if p.is_null() {
-                return Some(&[]);
-            }
-            Some(std::slice::from_raw_parts(p as *const u8, len))
+        let len = self.value_len(row, col)?;
+        if len == 0 {
+            return Some(&[]);
         }
+        // SAFETY: row/col are in range; the value lives as long as the result.
+        let p = unsafe { pq::PQgetvalue(self.raw(), row as c_int, col as c_int) };
+        if p.is_null() {
+            return Some(&[]);
+        }
+        // SAFETY: libpq holds `len` bytes at p, as long as the result lives.
+        Some(unsafe { std::slice::from_raw_parts(p as *const u8, len) })
     }
 }
 
