@@ -273,7 +273,7 @@ extern "C" fn init_module(cycle: *mut ngx_cycle_t) -> ngx_int_t {
 
 use cache::config as cc;
 
-static mut CACHE_COMMANDS: [ngx_command_t; 22] = [
+static mut CACHE_COMMANDS: [ngx_command_t; 23] = [
     command(
         "cache_pass\0",
         NGX_HTTP_LOC_CONF | NGX_HTTP_LIF_CONF | NGX_CONF_TAKE1,
@@ -344,6 +344,13 @@ static mut CACHE_COMMANDS: [ngx_command_t; 22] = [
         cache::cluster::cmd_cache_cluster,
         NGX_HTTP_MAIN_CONF_OFFSET,
         0,
+    ),
+    command(
+        "cache_pipeline\0",
+        LOC_ANY | NGX_CONF_FLAG,
+        ngx_conf_set_flag_slot,
+        LOC,
+        offset_of!(cc::CacheLocConf, pipeline),
     ),
     command(
         "cache_socket_keepalive\0",

@@ -40,7 +40,8 @@ server {
     listen 127.0.0.1:\$PORT;
     client_max_body_size 20m;
     location /k/ { set \$cache_key \$uri; set \$cache_exptime \$arg_ttl; cache_pass one; }
-    location /n/ { set \$cache_key \$uri; cache_pass nokeep; }
+    location /n/ { set \$cache_key \$uri; cache_pipeline off; cache_pass nokeep; }
+    location /p/ { set \$cache_key \$uri; cache_pass nokeep; }
     location /h/ { set \$cache_key \$uri; cache_pass three; }
 }
 HTTP
@@ -53,7 +54,13 @@ is_deeply(\@codes, [(404) x 20], 'twenty misses');
 is(stat_of($r[0], "total_connections_received") - $before - 1, 1, "over one reused connection");
 $before = stat_of($r[0], 'total_connections_received');
 @codes = map { (request($port, 'GET', "/n/miss$_"))[0] } 1 .. 5;
-is(stat_of($r[0], "total_connections_received") - $before - 1, 5, "without keepalive: a connection each");
+is(stat_of($r[0], "total_connections_received") - $before - 1, 5, "cache_pipeline off, without keepalive: a connection each");
+# Pipelined (the default), the worker's connection to the server is
+# shared whatever the upstream's keepalive line says.
+$before = stat_of($r[0], 'total_connections_received');
+@codes = map { (request($port, 'GET', "/p/miss$_"))[0] } 1 .. 5;
+is_deeply(\@codes, [(404) x 5], 'five misses, pipelined');
+is(stat_of($r[0], "total_connections_received") - $before - 1, 0, "on the connection already open to that server");
 
 # 2. hash $cache_key consistent over three servers.
 for my $i (1 .. 60) {

@@ -4,6 +4,9 @@
 # same pooled connection (keepalive 1) gets its own answer, never bytes
 # meant for another. Then the state of pooled connections against a real
 # Redis: $cache_db and AUTH never outlive their request.
+#
+# Run with `cache_pipeline off` (nginx's upstream, a connection per
+# request); t/045 runs the same file with the shared, pipelined connections.
 use strict;
 use warnings;
 use lib 't/lib';
@@ -12,6 +15,9 @@ use FakeRedis;
 use HttpClient qw(keepalive_requests);
 use Test::More;
 use Time::HiRes qw(sleep);
+
+my $mode = $ENV{GATEWAY_CACHE_PIPELINE} // 'off';
+my $piped = $mode eq 'on';
 
 # What the fake answers: per key of the GET, the steps of the reply.
 my %reply = (
@@ -70,6 +76,7 @@ server {
         set \$cache_key \$arg_key;
         set \$cache_db \$arg_db;
         cache_read_timeout 300ms;
+        cache_pipeline $mode;
         cache_pass fake;
     }
 }
@@ -211,8 +218,15 @@ $mark = scalar $fake->log_lines;
 @r = keepalive_requests($port, 5, ['GET', '/k/?key=ok&db=5'], ['GET', '/k/?key=other']);
 is_deeply([map { $_->{body} } @r], ['ok', 'other'], '$cache_db: both requests answered');
 my @cmds = map { s/^\d+: //r =~ s/^PING [0-9a-f]{16}$/PING/r } grep { /^\d+: / } ($fake->log_lines)[$mark .. scalar($fake->log_lines) - 1];
-is_deeply(\@cmds, ['PING', 'SELECT 5', 'GET ok', 'SELECT 0', 'PING', 'GET other'],
-    'SELECT 0 puts the connection back to database 0');
+# A request with $cache_db always goes over the shared connections: the
+# database is asked about alone first (PING, SELECT 5), and the command
+# goes out only once Redis said yes. The shared connection changes its
+# database again only for a request that wants another one.
+is_deeply(\@cmds,
+    $piped
+    ? ['PING', 'SELECT 5', 'PING', 'GET ok', 'PING', 'SELECT 0', 'GET other']
+    : ['PING', 'SELECT 5', 'PING', 'GET ok', 'PING', 'GET other'],
+    'SELECT 5 is confirmed before the command; the next request does not run in database 5');
 
 # $cache_db beyond SELECT's int (Redis takes 0 to 2147483647): 400 at
 # info before anything is sent; the largest one goes out as it is (the
@@ -227,12 +241,12 @@ like($said, qr/\[info\].*"\$cache_db" is not a database number \(0 to 2147483647
 unlike($said, qr/\[error\]/, 'and not as an error');
 $from = scalar $fake->log_lines;
 @r = keepalive_requests($port, 5, ['GET', '/k/?key=other&db=2147483647']);
-is_deeply([map { $_->[1] } commands_since($from)], ['PING', 'SELECT 2147483647', 'GET other', 'SELECT 0'],
-    '$cache_db 2147483647 is a database number, sent as it is');
+is_deeply([map { $_->[1] } commands_since($from)], ['PING', 'SELECT 2147483647'],
+    '$cache_db 2147483647 is a database number, sent as it is (and asked about before the command)');
 is($r[0]{status}, 400, 'which this server (of 16) refuses: 400');
 
 # A database Redis refuses: the client's mistake (400 at info), and the
-# connection, its state unknown past the refusal, is closed.
+# command never reaches the server (it would run in another database).
 $from = scalar $fake->log_lines;
 $mark = length nginx_error_log();
 @r = keepalive_requests($port, 5, ['GET', '/k/?key=ok&db=16'], ['GET', '/k/?key=other']);
@@ -242,9 +256,9 @@ $said = substr(nginx_error_log(), $mark);
 like($said, qr/\[info\].*cache: redis refused SELECT 16 \("\$cache_db"\): ERR DB index is out of range/,
     'the refusal is logged at info');
 unlike($said, qr/\[error\]/, 'and not as an error');
-my @cmds_db = commands_since($from);
-my %conn_db = map { ($_->[1] => $_->[0]) } @cmds_db;
-isnt($conn_db{'GET other'}, $conn_db{'SELECT 16'}, 'the connection of the refused SELECT was not used again');
+my @cmds_db = map { $_->[1] } commands_since($from);
+ok(!grep({ $_ eq 'GET ok' } @cmds_db), 'the command of the refused database was never sent') or diag(explain \@cmds_db);
+is_deeply([@cmds_db[0, 1]], ['PING', 'SELECT 16'], 'only PING and SELECT were');
 
 stop_nginx();
 
@@ -255,6 +269,7 @@ $port = nginx_start(<<"HTTP");
 upstream redis { server 127.0.0.1:$redis->{port}; keepalive 1; }
 server {
     listen 127.0.0.1:\$PORT;
+    cache_pipeline $mode;
     location /auth/ {
         set \$cache_key \$uri;
         set \$cache_db \$arg_db;
@@ -281,6 +296,16 @@ my ($conns) = $clients =~ /total_connections_received:(\d+)/;
 # instead of resetting it (see t/039), so the second GET and the request
 # without cache_auth open one each.
 cmp_ok($conns, '<=', 5, "connections kept where they may be ($conns connections, the probe's and redis-cli's included)");
+
+# A database Redis refuses never takes the command to another one: a
+# store and a delete with $cache_db 16 (of 16) get 400, and database 0,
+# the connection's, is untouched.
+@r = keepalive_requests($port, 5, ['PUT', '/auth/w', 'zero'], ['PUT', '/auth/w?db=16', 'lost'],
+    ['DELETE', '/auth/w?db=16'], ['GET', '/auth/w'], ['GET', '/auth/x?db=5']);
+is_deeply([map { $_->{status} } @r], [201, 400, 400, 200, 200], 'a refused database: 400 for a store and for a delete');
+is($r[3]{body}, 'zero', 'database 0 kept its value: the store ran nowhere, the delete deleted nothing');
+is($r[4]{body}, 'in five', 'and database 5 still answers');
+is(redis_cli($redis, 'GET', '/auth/w'), 'zero', 'as Redis itself says');
 
 # $cache_exptime 0 is no expiry; a number is seconds; anything else 400 at info.
 # (nginx closes the client connection after a 400.)

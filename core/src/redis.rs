@@ -181,29 +181,7 @@ pub fn plan(req: &Request<'_>, body_len: usize) -> Plan {
         resp::command(&mut head, &[b"ASKING"]);
         before.push(Setup::Asking);
     }
-    let mut tail = Vec::new();
-    match req.command {
-        Command::Get => resp::command(&mut head, &[b"GET", req.key]),
-        Command::Del => resp::command(&mut head, &[b"DEL", req.key]),
-        Command::Publish => {
-            resp::array_header(&mut head, 3);
-            resp::bulk(&mut head, b"PUBLISH");
-            resp::bulk(&mut head, req.key);
-            resp::bulk_header(&mut head, body_len);
-            tail.extend_from_slice(b"\r\n");
-        }
-        Command::Set => {
-            resp::array_header(&mut head, if req.exptime.is_some() { 5 } else { 3 });
-            resp::bulk(&mut head, b"SET");
-            resp::bulk(&mut head, req.key);
-            resp::bulk_header(&mut head, body_len);
-            tail.extend_from_slice(b"\r\n");
-            if let Some(t) = req.exptime {
-                resp::bulk(&mut tail, b"EX");
-                resp::bulk(&mut tail, t.to_string().as_bytes());
-            }
-        }
-    }
+    let mut tail = command_bytes(req, body_len, &mut head);
     // RESET also selects database 0. Not after a GET: Redis closes a
     // connection whose RESET left it unauthenticated with a large reply
     // (megabytes) still queued, cutting the value short. An authenticated
@@ -237,6 +215,80 @@ pub fn plan(req: &Request<'_>, body_len: usize) -> Plan {
             }
         },
     }
+}
+
+/// The request's own command: into `head`, up to the request body (for
+/// `SET` and `PUBLISH`); what follows the body is returned.
+fn command_bytes(req: &Request<'_>, body_len: usize, head: &mut Vec<u8>) -> Vec<u8> {
+    let mut tail = Vec::new();
+    match req.command {
+        Command::Get => resp::command(head, &[b"GET", req.key]),
+        Command::Del => resp::command(head, &[b"DEL", req.key]),
+        Command::Publish => {
+            resp::array_header(head, 3);
+            resp::bulk(head, b"PUBLISH");
+            resp::bulk(head, req.key);
+            resp::bulk_header(head, body_len);
+            tail.extend_from_slice(b"\r\n");
+        }
+        Command::Set => {
+            resp::array_header(head, if req.exptime.is_some() { 5 } else { 3 });
+            resp::bulk(head, b"SET");
+            resp::bulk(head, req.key);
+            resp::bulk_header(head, body_len);
+            tail.extend_from_slice(b"\r\n");
+            if let Some(t) = req.exptime {
+                resp::bulk(&mut tail, b"EX");
+                resp::bulk(&mut tail, t.to_string().as_bytes());
+            }
+        }
+    }
+    tail
+}
+
+/// A request on a shared, pipelined connection (the connection
+/// authenticated itself when it opened): `PING <token>`, `SELECT` when
+/// `req.db` is given (the connection's database must change), the command.
+/// Nothing goes after it: the next request on the connection says what it
+/// needs. `req.auth` and `req.cluster` are not used.
+pub fn plan_pipelined(req: &Request<'_>, body_len: usize) -> Plan {
+    let mut head = Vec::with_capacity(64 + req.key.len());
+    let mut before = vec![Setup::Ping];
+    let token = ping_token(req.ping);
+    resp::command(&mut head, &[b"PING", &token]);
+    if let Some(db) = req.db {
+        resp::command(&mut head, &[b"SELECT", db.to_string().as_bytes()]);
+        before.push(Setup::Select);
+    }
+    let tail = command_bytes(req, body_len, &mut head);
+    Plan {
+        head,
+        tail,
+        exchange: Exchange::new(before, req.command, Vec::new()).with_ping(token),
+    }
+}
+
+/// Commands with no request's command after them, on a shared connection:
+/// `AUTH` (when it opens), `PING <token>`, `SELECT` (to learn whether
+/// Redis has that database before any command runs in it). The bytes and
+/// the reader of their replies, which is done after the last of them.
+pub fn plan_setup(auth: Option<&[u8]>, db: Option<u32>, ping: u64) -> (Vec<u8>, Exchange) {
+    let mut out = Vec::new();
+    let mut before = Vec::new();
+    if let Some(pw) = auth {
+        resp::command(&mut out, &[b"AUTH", pw]);
+        before.push(Setup::Auth);
+    }
+    let token = ping_token(ping);
+    resp::command(&mut out, &[b"PING", &token]);
+    before.push(Setup::Ping);
+    if let Some(db) = db {
+        resp::command(&mut out, &[b"SELECT", db.to_string().as_bytes()]);
+        before.push(Setup::Select);
+    }
+    let mut ex = Exchange::new(before, Command::Get, Vec::new()).with_ping(token);
+    ex.no_command = true;
+    (out, ex)
 }
 
 /// Why the replies cannot be used.
@@ -354,6 +406,8 @@ pub struct Exchange {
     keep: bool,
     /// The integer that answered the command (`PUBLISH`: its receivers).
     count: Option<i64>,
+    /// Setup commands only (`plan_setup`): done after the last of them.
+    no_command: bool,
 }
 
 impl Exchange {
@@ -373,6 +427,7 @@ impl Exchange {
             slots: Vec::new(),
             keep: true,
             count: None,
+            no_command: false,
         }
     }
 
@@ -480,6 +535,8 @@ impl Exchange {
                 self.setup_reply(buf, setup, |ex| {
                     ex.phase = if i + 1 < ex.before.len() {
                         Phase::Before(i + 1)
+                    } else if ex.no_command {
+                        Phase::Done
                     } else {
                         Phase::Command
                     }
@@ -1204,5 +1261,69 @@ mod tests {
                 "CLUSTER SLOTS was refused: ERR This instance has cluster support disabled"
             );
         }
+    }
+
+    #[test]
+    fn pipelined_requests_carry_no_auth_and_nothing_after() {
+        let p = plan_pipelined(
+            &Request {
+                db: Some(3),
+                auth: Some(b"pw"),
+                ..req(Command::Get)
+            },
+            0,
+        );
+        let text = String::from_utf8(p.head.clone()).unwrap();
+        assert!(!text.contains("AUTH"), "{text}");
+        assert!(text.starts_with("*2\r\n$4\r\nPING\r\n"), "{text}");
+        assert!(
+            text.ends_with("*2\r\n$6\r\nSELECT\r\n$1\r\n3\r\n*2\r\n$3\r\nGET\r\n$1\r\nk\r\n"),
+            "{text}"
+        );
+        assert!(p.tail.is_empty());
+        let mut ex = p.exchange;
+        let input = [ECHO, b"+OK\r\n$2\r\nhi\r\n"].concat();
+        let (ev, used) = ex.step(&input);
+        assert_eq!(
+            ev,
+            Event::Answer {
+                status: 200,
+                value: Some(2)
+            }
+        );
+        let (ev, n) = ex.step(&input[used..]);
+        assert_eq!(ev, Event::Value(b"hi"));
+        let (ev, m) = ex.step(&input[used + n..]);
+        assert_eq!(ev, Event::Done);
+        assert_eq!(used + n + m, input.len());
+        // Without a database: PING and the command only.
+        let p = plan_pipelined(&req(Command::Del), 0);
+        assert!(!String::from_utf8(p.head).unwrap().contains("SELECT"));
+    }
+
+    #[test]
+    fn setup_exchanges_end_after_their_last_reply() {
+        let (out, mut ex) = plan_setup(Some(b"pw"), Some(9), 7);
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with("*2\r\n$4\r\nAUTH\r\n$2\r\npw\r\n"), "{text}");
+        assert!(text.ends_with("$6\r\nSELECT\r\n$1\r\n9\r\n"), "{text}");
+        let input = [b"+OK\r\n", ECHO, b"+OK\r\n"].concat();
+        assert_eq!(ex.step(&input), (Event::Done, input.len()));
+        // A refused SELECT: nothing ran in the wrong database (no command
+        // was sent), and the refusal is the last reply.
+        let (_, mut ex) = plan_setup(None, Some(99), 7);
+        let input = [ECHO, b"-ERR DB index is out of range\r\n"].concat();
+        let (ev, used) = ex.step(&input);
+        assert_eq!(
+            ev,
+            Event::Failed(ReplyError::Refused {
+                setup: Setup::Select,
+                message: b"ERR DB index is out of range".to_vec()
+            })
+        );
+        assert_eq!(used, ECHO.len());
+        // A stale reply where the echo is due.
+        let (_, mut ex) = plan_setup(None, None, 7);
+        assert!(matches!(ex.step(b"+OK\r\n").0, Event::Failed(ReplyError::Stale(_))));
     }
 }

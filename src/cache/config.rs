@@ -58,6 +58,8 @@ pub struct CacheLocConf {
     pub subscribe: Option<ComplexValue>,
     /// `cache_subscribe_heartbeat`.
     pub subscribe_heartbeat: ngx_msec_t,
+    /// `cache_pipeline`: requests share pipelined connections (pipe.rs).
+    pub pipeline: ngx_flag_t,
     /// `cache_publish CHANNEL`: POST publishes its body.
     pub publish: Option<ComplexValue>,
     next_upstream_set: bool,
@@ -94,6 +96,8 @@ pub struct CacheMainConf {
     /// This worker's subscribing connections (`cache_subscribe`; boxed:
     /// subscriptions keep pointers).
     pub hubs: std::cell::RefCell<Vec<super::subscriber::HubEntry>>,
+    /// This worker's shared, pipelined connections (`cache_pipeline`).
+    pub pipes: super::pipe::Pipes,
 }
 
 pub(crate) extern "C" fn create_main_conf(cf: *mut ngx_conf_t) -> *mut c_void {
@@ -126,6 +130,7 @@ pub(crate) extern "C" fn create_loc_conf(cf: *mut ngx_conf_t) -> *mut c_void {
             auth: None,
             subscribe: None,
             subscribe_heartbeat: CONF_UNSET_MSEC,
+            pipeline: CONF_UNSET,
             publish: None,
             next_upstream_set: false,
             ssl: CONF_UNSET,
@@ -261,6 +266,7 @@ impl CacheLocConf {
         merge_or(&mut u.read_timeout, p.read_timeout, CONF_UNSET_MSEC, 60_000);
         merge_or(&mut u.buffer_size, p.buffer_size, CONF_UNSET_SIZE, pagesize());
         merge_or(&mut u.socket_keepalive, p.socket_keepalive, CONF_UNSET, 0);
+        merge_or(&mut self.pipeline, prev.pipeline, CONF_UNSET, 1);
         if !self.next_upstream_set {
             self.next_upstream_set = prev.next_upstream_set;
             u.next_upstream = if prev.next_upstream_set {

@@ -8,7 +8,9 @@
 
 pub mod cluster;
 pub mod config;
+pub mod pipe;
 pub mod request;
+pub mod shared;
 pub mod subscriber;
 
 pub(crate) use request::content_handler;

@@ -24,11 +24,11 @@ use crate::subscribe::Refused;
 /// Per-request state.
 pub struct Ctx {
     pub(super) r: *mut ngx_http_request_t,
-    command: Command,
-    key: Vec<u8>,
-    db: Option<u32>,
-    exptime: Option<u64>,
-    auth: Option<Vec<u8>>,
+    pub(super) command: Command,
+    pub(super) key: Vec<u8>,
+    pub(super) db: Option<u32>,
+    pub(super) exptime: Option<u64>,
+    pub(super) auth: Option<Vec<u8>>,
     /// The reader of the replies (made with the request's bytes).
     exchange: Exchange,
     /// The command's reply is in: its status is known.
@@ -40,6 +40,8 @@ pub struct Ctx {
     /// The request body's length, as it was before any of it was sent
     /// (the commands are built again for each node of a cluster).
     body_len: Option<usize>,
+    /// On a shared, pipelined connection (`cache_pipeline`).
+    pub(super) shared: Option<Box<super::shared::SharedReq>>,
 }
 
 // SAFETY: the module's context slot is written by Req::set_ctx::<Cache>
@@ -229,6 +231,35 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
         });
     }
     let tls = !lcf.upstream.ssl.is_null();
+    // A request with `$cache_db` goes over the shared connections even with
+    // `cache_pipeline off`: there a database is confirmed before any
+    // command runs in it (a refused SELECT followed, in the same round
+    // trip, by the command would run the command in another database).
+    if (lcf.pipeline != 0 || db.is_some()) && cluster.is_none() && !tls {
+        u.install(conf, "redis://", <Cache as ngx::http::HttpModule>::module(), CALLBACKS);
+        let ctx = Ctx {
+            r: r.as_ptr(),
+            command,
+            key,
+            db,
+            exptime,
+            auth,
+            exchange: Exchange::new(Vec::new(), command, Vec::new()),
+            answered: false,
+            carry: Vec::new(),
+            cluster: None,
+            body_len: None,
+            shared: Some(Box::new(super::shared::SharedReq::new(r.as_ptr()))),
+        };
+        r.set_ctx::<Cache>(ctx).ok_or(StartError::Nginx)?;
+        if command == Command::Publish {
+            r.set_content_type("application/json");
+        }
+        // SAFETY: null, or an upstream block of the configuration, which
+        // outlives its requests.
+        let block = unsafe { block.as_ref() };
+        return super::shared::start(r, block).ok_or(StartError::Nginx);
+    }
     u.install(
         conf,
         if tls { "rediss://" } else { "redis://" },
@@ -258,6 +289,7 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
         carry: Vec::new(),
         cluster,
         body_len: None,
+        shared: None,
     };
     let mut ctx = r.set_ctx::<Cache>(ctx).ok_or(StartError::Nginx)?;
     let rp = r.as_ptr();
@@ -332,7 +364,7 @@ fn resolve(
 /// goes through a keyed mix: splitmix64 of a secret per-worker seed, read
 /// from /dev/urandom, plus the counter). A server that sends stale bytes
 /// cannot forge the echo the next request waits for.
-fn next_ping() -> u64 {
+pub(super) fn next_ping() -> u64 {
     use std::io::Read;
     thread_local! {
         static STATE: std::cell::Cell<(u64, u64)> = std::cell::Cell::new({

@@ -603,13 +603,13 @@ enum Io<'a> {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Connect {
+pub(super) enum Connect {
     Done,
     InProgress,
 }
 
 /// A nonblocking socket for the address, and its connect started.
-fn nonblocking_connect(sockaddr: &[u8]) -> Result<(c_int, Connect), std::io::Error> {
+pub(super) fn nonblocking_connect(sockaddr: &[u8]) -> Result<(c_int, Connect), std::io::Error> {
     if sockaddr.len() < std::mem::size_of::<libc::sa_family_t>() {
         return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
     }
@@ -651,7 +651,7 @@ fn nonblocking_connect(sockaddr: &[u8]) -> Result<(c_int, Connect), std::io::Err
 }
 
 /// The outcome of a nonblocking connect, once the socket is writable.
-fn socket_error(fd: c_int) -> Result<(), std::io::Error> {
+pub(super) fn socket_error(fd: c_int) -> Result<(), std::io::Error> {
     let mut err: c_int = 0;
     let mut len = std::mem::size_of::<c_int>() as libc::socklen_t;
     // SAFETY: a getsockopt into a local int of its size.

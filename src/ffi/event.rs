@@ -316,6 +316,17 @@ impl RetryTimer {
         }
     }
 
+    /// Runs the handler once the current event handler returns, with
+    /// nginx's posted events (once, however often it is asked).
+    pub fn post(&mut self) {
+        if self.0.posted() != 0 {
+            return;
+        }
+        // SAFETY: the timer's own event, which lives as long as it (Drop
+        // takes it out of the queue); nginx's posted queue is this thread's.
+        unsafe { ngx_post_event(&mut *self.0, std::ptr::addr_of_mut!(ngx_posted_events)) }
+    }
+
     pub fn stop(&mut self) {
         // SAFETY: as above.
         if let Some(ev) = unsafe { Event::from_raw(&mut *self.0) } {

@@ -126,6 +126,8 @@ unsafe impl Zeroable for ngx_http_upstream_resolved_t {}
 unsafe impl Zeroable for ngx_http_complex_value_t {}
 // SAFETY: as above (ngx_http_upstream_conf_t is all numbers and pointers).
 unsafe impl Zeroable for ngx_http_upstream_conf_t {}
+// SAFETY: as above (an event's initial state is all zero: no timer, not posted).
+unsafe impl Zeroable for ngx_event_t {}
 
 /// An all-zero value of a C struct: nginx's "unset" for configuration data.
 pub fn zeroed<T: Zeroable>() -> T {

@@ -494,6 +494,67 @@ impl Req {
         unsafe { ngx_http_upstream_init(self.as_ptr()) }
     }
 
+    /// Sets up the request's upstream for a module that talks to the
+    /// server itself (nginx's upstream code is not started): the
+    /// `$upstream_*` states, and the balancer of `block` (null: a
+    /// round robin over the address `*_pass $variable` gave), as
+    /// `ngx_http_upstream_init_request` does.
+    pub fn init_upstream_peer(&mut self, block: Option<&ngx_http_upstream_srv_conf_t>) -> bool {
+        let r = self.as_ptr();
+        // SAFETY: a live request whose upstream was created; the block
+        // lives as long as the configuration; the states array goes in the
+        // request's pool.
+        unsafe {
+            let Some(u) = self.0.upstream.as_mut() else {
+                return false;
+            };
+            if self.0.upstream_states.is_null() {
+                self.0.upstream_states = ngx_array_create(self.0.pool, 1, mem::size_of::<ngx_http_upstream_state_t>());
+                if self.0.upstream_states.is_null() {
+                    return false;
+                }
+            }
+            if let Some(us) = block {
+                u.upstream = (us as *const ngx_http_upstream_srv_conf_t).cast_mut();
+            }
+            u.peer.log = (*self.0.connection).log;
+            u.peer.set_log_error(ngx_connection_log_error_e_NGX_ERROR_ERR as _);
+            let rc = match block {
+                Some(us) => match us.peer.init {
+                    Some(init) => init(r, (us as *const ngx_http_upstream_srv_conf_t).cast_mut()),
+                    None => return false,
+                },
+                None if !u.resolved.is_null() => ngx_http_upstream_create_round_robin_peer(r, u.resolved),
+                None => return false,
+            };
+            if rc != OK {
+                return false;
+            }
+            u.peer.start_time = ngx_current_msec;
+            let tries = (*u.conf).next_upstream_tries;
+            if tries != 0 && u.peer.tries > tries {
+                u.peer.tries = tries;
+            }
+        }
+        true
+    }
+
+    /// Runs `handler(data)` when the request ends, however it ends (nginx's
+    /// request cleanups: also when it is terminated, a client gone say).
+    pub fn add_cleanup(
+        &mut self,
+        handler: unsafe extern "C" fn(*mut std::ffi::c_void),
+        data: *mut std::ffi::c_void,
+    ) -> bool {
+        // SAFETY: a live request; the cleanup lives in its pool.
+        let Some(cln) = (unsafe { ngx_http_cleanup_add(self.as_ptr(), 0).as_mut() }) else {
+            return false;
+        };
+        cln.handler = Some(handler);
+        cln.data = data;
+        true
+    }
+
     /// A new entry in `$upstream_*` for another try.
     pub fn push_upstream_state(&mut self) -> Option<&mut ngx_http_upstream_state_t> {
         // SAFETY: the states array lives in the request's pool (created

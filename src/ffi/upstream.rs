@@ -166,6 +166,63 @@ impl Upstream {
         &mut self.0.peer
     }
 
+    /// Asks the balancer for a server (`peer.get`), for a module that
+    /// connects itself: OK, BUSY (no live server) or DECLINED. A
+    /// connection that nginx's `keepalive` kept for the server (from a
+    /// request that used nginx's upstream code) is closed: it is not used.
+    pub fn get_peer(&mut self) -> ngx_int_t {
+        let pc = &mut self.0.peer;
+        let Some(get) = pc.get else { return ERROR };
+        // SAFETY: the balancer's own function with the data its init set up.
+        let rc = unsafe { get(pc, pc.data) };
+        if rc == DONE {
+            if !pc.connection.is_null() {
+                // SAFETY: a connection nginx's keepalive cache handed over.
+                unsafe { ngx_close_connection(pc.connection) };
+                pc.connection = ptr::null_mut();
+            }
+            return OK;
+        }
+        rc
+    }
+
+    /// The server the balancer chose: its address bytes and name.
+    pub fn peer_addr(&self) -> Option<(&[u8], ngx_str_t)> {
+        let pc = &self.0.peer;
+        if pc.sockaddr.is_null() || pc.name.is_null() {
+            return None;
+        }
+        // SAFETY: the balancer set the address (socklen bytes) and the
+        // name, which live as long as the configuration or the request.
+        unsafe {
+            Some((
+                std::slice::from_raw_parts(pc.sockaddr as *const u8, pc.socklen as usize),
+                *pc.name,
+            ))
+        }
+    }
+
+    /// The peer's name pointer (for `$upstream_addr`).
+    pub fn peer_name(&self) -> *mut ngx_str_t {
+        self.0.peer.name
+    }
+
+    /// Tries the balancer has left for the request.
+    pub fn tries(&mut self) -> &mut ngx_uint_t {
+        &mut self.0.peer.tries
+    }
+
+    /// When the first try started (`*_next_upstream_timeout`).
+    pub fn first_start(&self) -> ngx_msec_t {
+        self.0.peer.start_time
+    }
+
+    /// The location's upstream settings.
+    pub fn conf(&self) -> Option<&ngx_http_upstream_conf_t> {
+        // SAFETY: the configuration outlives its requests.
+        unsafe { self.0.conf.as_ref() }
+    }
+
     /// Asks the balancer for a server and a connection (nginx's own code).
     pub fn connect_peer(&mut self) -> ngx_int_t {
         // SAFETY: the peer is the request's, set up by nginx's upstream.

@@ -1,0 +1,824 @@
+//! Shared, pipelined connections to Redis (`cache_pipeline on`, the
+//! default). Each worker keeps a few connections per server address and
+//! `cache_auth` password; requests queue their commands on them, and the
+//! commands of one pass of the event loop go out in one write. Replies come
+//! in order: each request's reader (core's `redis::Exchange`) takes its own,
+//! from the echo of its `PING <token>` to the end of its command's reply,
+//! and the next request's reader goes on from there.
+//!
+//! - `AUTH` goes once, when a connection opens; `SELECT` only when the
+//!   connection's database must change. A database the connection has not
+//!   yet seen Redis accept is asked about first, alone (`PING`, `SELECT`),
+//!   and the request's command goes out only once Redis said yes: a refused
+//!   `SELECT` never leaves a command to run in another database.
+//! - A reply that cannot be read (not RESP, a stale echo, bytes nobody asked
+//!   for, a connection closed) closes the connection; every request still
+//!   on it hears why, and nginx's next-upstream rules decide what it does.
+//! - A request that leaves (client gone, timeout) leaves its place: its
+//!   replies are read and dropped.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::rc::Rc;
+
+use gateway_core::redis::{self, Event as RedisEvent, Exchange, Plan, ReplyError, Setup};
+use gateway_core::resp::{self, Reply};
+
+use super::subscriber::{nonblocking_connect, socket_error, Connect};
+use crate::ffi::*;
+use crate::log;
+
+/// Connections per server address, password and worker at most (those on
+/// their way out not counted).
+pub const MAX_CONNS: usize = 8;
+/// Requests waiting on a connection before another one is opened.
+pub const DEPTH: usize = 16;
+/// A connection whose oldest waiting request has waited this long (ms) is
+/// slow: another one is opened for new requests.
+pub const SLOW_MS: ngx_msec_t = 5;
+/// An idle connection closes after this long (ms).
+pub const IDLE_MS: ngx_msec_t = 60_000;
+/// Bytes asked of the socket per read.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// A request's side of its place on a connection: the request while it is
+/// there, null once it left (its replies are then dropped).
+pub struct Handle {
+    pub r: Cell<*mut ngx_http_request_t>,
+}
+
+impl Handle {
+    pub fn new(r: *mut ngx_http_request_t) -> Rc<Handle> {
+        Rc::new(Handle { r: Cell::new(r) })
+    }
+
+    fn alive(&self) -> bool {
+        !self.r.get().is_null()
+    }
+}
+
+/// Why a request's exchange ended without its answer.
+#[derive(Debug)]
+pub enum Failure {
+    /// Redis answered the command with an error (`WRONGTYPE` ...): the
+    /// connection goes on.
+    Answered(ReplyError),
+    /// The connection broke: closed, or replies that cannot be read.
+    Broken {
+        why: String,
+        /// The replies were wrong (not the connection lost).
+        invalid: bool,
+        /// Some of the request's bytes had gone out.
+        sent: bool,
+        /// The connection had served requests before this one.
+        reused: bool,
+        /// It never connected.
+        connecting: bool,
+    },
+}
+
+/// What a request hears once the connection's event handler is done with
+/// the connection (its steps may end the request, and a request that ends
+/// may touch the connections).
+pub enum Delivery {
+    /// The connection is made: the request's commands go out.
+    Connected(Rc<Handle>),
+    Done(Rc<Handle>),
+    /// The database exists (Ok) or Redis refused it (its message).
+    Probed(Rc<Handle>, Result<(), Vec<u8>>),
+    Failed(Rc<Handle>, Failure),
+}
+
+/// What a connection's reader calls while it reads (the request's
+/// response goes out as its replies arrive).
+pub trait Reader {
+    /// The command's reply: its status and, for a value, its length.
+    fn answer(who: &Handle, status: u16, value: Option<u64>, count: Option<i64>);
+    /// Value bytes; true when the client is behind (reading pauses).
+    fn value(who: &Handle, bytes: &[u8]) -> bool;
+    fn deliver(out: Vec<Delivery>);
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Connecting,
+    Up,
+    Closed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// `AUTH` and `PING` when the connection opens.
+    Open,
+    /// `PING`, `SELECT db`: does the database exist? `prev`: the database
+    /// the connection was known to be in before it; `seq`: its place among
+    /// the commands that change the database.
+    Probe {
+        db: u32,
+        prev: Option<u32>,
+        seq: u64,
+    },
+    Request,
+}
+
+struct Waiter {
+    who: Option<Rc<Handle>>,
+    exchange: Exchange,
+    kind: Kind,
+    /// Where its bytes start in what the connection sends.
+    start: u64,
+    /// When it was queued.
+    since: ngx_msec_t,
+    /// The connection had served requests before.
+    reused: bool,
+}
+
+impl Waiter {
+    fn live(&self) -> Option<&Rc<Handle>> {
+        self.who.as_ref().filter(|h| h.alive())
+    }
+}
+
+/// What a request needs before its command on a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DbStep {
+    /// The connection will be in its database.
+    Stay,
+    /// `SELECT` it (Redis has it).
+    Select(u32),
+    /// Ask whether Redis has it first (`probe`).
+    Probe,
+}
+
+/// A connection's number in the worker (never the same twice).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnId(u64);
+
+pub struct PipeConn {
+    id: ConnId,
+    addr: Vec<u8>,
+    auth: Option<Vec<u8>>,
+    socket: Option<Socket>,
+    state: State,
+    /// Bytes to send, from `out_at` on.
+    out: Vec<u8>,
+    out_at: usize,
+    /// Bytes that went out, and bytes queued, since the connection opened.
+    sent: u64,
+    queued: u64,
+    /// Bytes read, from `in_at` on not used yet.
+    input: Vec<u8>,
+    in_at: usize,
+    waiters: VecDeque<Waiter>,
+    /// The database the connection is in once everything queued has run,
+    /// when that is certain.
+    tail_db: Option<u32>,
+    /// Databases up to this one exist (Redis accepted a SELECT of it here).
+    valid_max: u32,
+    /// Commands that change the database, counted.
+    select_seq: u64,
+    /// No new requests: it closes once nobody waits on it.
+    retired: bool,
+    /// The client of the request being answered is behind: no reading.
+    paused: bool,
+    /// Requests answered on it.
+    served: u64,
+    /// Posted to send what a pass of the event loop queued, in one write.
+    kick: RetryTimer,
+    idle: RetryTimer,
+    out_buf: Vec<Delivery>,
+}
+
+impl PipeConn {
+    pub fn id(&self) -> ConnId {
+        self.id
+    }
+
+    pub fn is_connecting(&self) -> bool {
+        self.state == State::Connecting
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.state == State::Closed
+    }
+
+    /// What a request for database `db` needs here.
+    pub fn select_for(&self, db: u32) -> DbStep {
+        if self.tail_db == Some(db) {
+            DbStep::Stay
+        } else if db <= self.valid_max {
+            DbStep::Select(db)
+        } else {
+            DbStep::Probe
+        }
+    }
+
+    /// Queues a request's commands (`select`: the `SELECT` its plan has,
+    /// a `Select` of `select_for`). `body`: the request body, sent between the
+    /// plan's head and tail.
+    pub fn submit(&mut self, who: Rc<Handle>, plan: Plan, body: &[u8], select: Option<u32>) {
+        if let Some(db) = select {
+            self.tail_db = Some(db);
+            self.select_seq += 1;
+        }
+        let len = plan.head.len() + body.len() + plan.tail.len();
+        self.queue(Some(who), plan.exchange, Kind::Request, len, |out| {
+            out.extend_from_slice(&plan.head);
+            out.extend_from_slice(body);
+            out.extend_from_slice(&plan.tail);
+        });
+    }
+
+    /// Asks whether database `db` exists (`PING`, `SELECT`), for a request
+    /// whose command waits for the answer.
+    pub fn probe(&mut self, who: Rc<Handle>, db: u32) {
+        let (bytes, exchange) = redis::plan_setup(None, Some(db), super::request::next_ping());
+        self.select_seq += 1;
+        let kind = Kind::Probe {
+            db,
+            prev: self.tail_db.take(),
+            seq: self.select_seq,
+        };
+        self.queue(Some(who), exchange, kind, bytes.len(), |out| {
+            out.extend_from_slice(&bytes)
+        });
+    }
+
+    fn queue(
+        &mut self,
+        who: Option<Rc<Handle>>,
+        exchange: Exchange,
+        kind: Kind,
+        len: usize,
+        write: impl FnOnce(&mut Vec<u8>),
+    ) {
+        self.waiters.push_back(Waiter {
+            who,
+            exchange,
+            kind,
+            start: self.queued,
+            since: current_msec(),
+            reused: self.served > 0,
+        });
+        self.out.reserve(len);
+        write(&mut self.out);
+        self.queued += len as u64;
+        self.idle.stop();
+        if let Some(s) = &self.socket {
+            s.set_idle(false);
+        }
+        if self.state == State::Up {
+            self.kick.post();
+        }
+    }
+
+    /// The request leaves its place (its replies will be dropped).
+    pub fn leave(&mut self, who: &Rc<Handle>) {
+        let head = self
+            .waiters
+            .front()
+            .and_then(|w| w.who.as_ref())
+            .is_some_and(|h| Rc::ptr_eq(h, who));
+        for w in self.waiters.iter_mut() {
+            if w.who.as_ref().is_some_and(|h| Rc::ptr_eq(h, who)) {
+                w.who = None;
+            }
+        }
+        if head && self.paused {
+            // Its client held the reading up: go on (later, not inside
+            // the request's own end).
+            self.set_paused(false);
+            self.kick.post();
+        }
+        if self.retired {
+            self.kick.post();
+        }
+    }
+
+    /// No new requests (one of its requests timed out: Redis may be stuck
+    /// on it); it closes once nobody waits.
+    pub fn retire(&mut self) {
+        self.retired = true;
+        self.kick.post();
+    }
+
+    /// The client of the request being answered caught up: read on.
+    pub fn resume(&mut self) {
+        if self.paused {
+            self.set_paused(false);
+            self.kick.post();
+        }
+    }
+
+    /// Reading stops (the socket is not watched) or goes on.
+    fn set_paused(&mut self, on: bool) {
+        self.paused = on;
+        if self.state == State::Up && !self.socket.as_ref().is_some_and(|s| s.watch_read(!on)) {
+            self.broken("cannot watch the connection", false);
+        }
+    }
+
+    fn live_waiters(&self) -> bool {
+        self.waiters.iter().any(|w| w.live().is_some())
+    }
+
+    fn load(&self) -> usize {
+        self.waiters.len()
+    }
+
+    fn slow(&self, now: ngx_msec_t) -> bool {
+        self.paused
+            || self
+                .waiters
+                .front()
+                .is_some_and(|w| now.wrapping_sub(w.since) >= SLOW_MS)
+    }
+
+    fn open(
+        id: ConnId,
+        addr: &[u8],
+        auth: Option<&[u8]>,
+        connect_timeout: ngx_msec_t,
+    ) -> Result<Box<PipeConn>, String> {
+        let mut c = Box::new(PipeConn {
+            id,
+            addr: addr.to_vec(),
+            auth: auth.map(<[u8]>::to_vec),
+            socket: None,
+            state: State::Connecting,
+            out: Vec::new(),
+            out_at: 0,
+            sent: 0,
+            queued: 0,
+            input: Vec::new(),
+            in_at: 0,
+            waiters: VecDeque::new(),
+            tail_db: Some(0),
+            valid_max: 0,
+            select_seq: 0,
+            retired: false,
+            paused: false,
+            served: 0,
+            kick: RetryTimer::new(std::ptr::null_mut(), Some(kick_event)),
+            idle: RetryTimer::new(std::ptr::null_mut(), Some(idle_event)),
+            out_buf: Vec::new(),
+        });
+        let data: *mut PipeConn = &mut *c;
+        c.kick.set_data(data.cast());
+        c.idle.set_data(data.cast());
+        let (fd, rc) = nonblocking_connect(addr).map_err(|e| format!("connect() failed ({e})"))?;
+        let Some(socket) = Socket::get(fd, Log::cycle()) else {
+            // SAFETY: the socket is ours and nothing else holds it.
+            unsafe { libc::close(fd) };
+            return Err("no free connection (worker_connections)".to_owned());
+        };
+        socket.set_data(data.cast());
+        socket.set_handler(Some(conn_event));
+        c.socket = Some(socket);
+        if let Some(pw) = c.auth.clone() {
+            let (bytes, exchange) = redis::plan_setup(Some(&pw), None, super::request::next_ping());
+            c.queue(None, exchange, Kind::Open, bytes.len(), |out| {
+                out.extend_from_slice(&bytes)
+            });
+        }
+        if rc == Connect::Done {
+            c.connected();
+        } else {
+            let watched = c.socket.as_ref().is_some_and(|s| {
+                s.write().add_timer(connect_timeout);
+                s.watch_write(true)
+            });
+            if !watched {
+                c.broken("cannot watch the connection", false);
+            }
+        }
+        Ok(c)
+    }
+
+    fn connected(&mut self) {
+        self.state = State::Up;
+        for w in &self.waiters {
+            if let (Some(h), Kind::Request | Kind::Probe { .. }) = (w.live(), w.kind) {
+                self.out_buf.push(Delivery::Connected(h.clone()));
+            }
+        }
+        if let Some(s) = &self.socket {
+            s.write().del_timer();
+            if !s.watch_read(true) {
+                return self.broken("cannot watch the connection", false);
+            }
+        }
+        self.flush();
+    }
+
+    fn on_event(&mut self, timedout: bool) {
+        if self.socket.as_ref().is_some_and(Socket::close_requested) {
+            // nginx exits (it asks idle connections only).
+            return self.broken("nginx is exiting", false);
+        }
+        match self.state {
+            State::Closed => {}
+            State::Connecting if timedout => self.broken("timed out connecting", false),
+            State::Connecting => match self.socket.as_ref().map(|s| socket_error(s.fd())) {
+                Some(Ok(())) => self.connected(),
+                Some(Err(e)) => self.broken(&format!("connect() failed ({e})"), false),
+                None => {}
+            },
+            State::Up => self.run(),
+        }
+    }
+
+    /// Sends what is queued, reads what came, hands the replies on.
+    fn run(&mut self) {
+        self.flush();
+        if self.state == State::Up {
+            self.process();
+            self.read();
+        }
+        self.settle();
+    }
+
+    /// Sends what is queued, as far as the socket takes it.
+    fn flush(&mut self) {
+        if self.state != State::Up {
+            return;
+        }
+        let Some(fd) = self.socket.as_ref().map(Socket::fd) else {
+            return;
+        };
+        while self.out_at < self.out.len() {
+            let rest = &self.out[self.out_at..];
+            // SAFETY: a send on the connection's own socket from a live buffer of that length.
+            let n = unsafe { libc::send(fd, rest.as_ptr().cast(), rest.len(), libc::MSG_NOSIGNAL) };
+            if n > 0 {
+                self.out_at += n as usize;
+                self.sent += n as u64;
+                continue;
+            }
+            let e = std::io::Error::last_os_error();
+            match e.kind() {
+                std::io::ErrorKind::Interrupted => continue,
+                std::io::ErrorKind::WouldBlock => break,
+                _ => return self.broken(&format!("send() failed ({e})"), false),
+            }
+        }
+        if self.out_at == self.out.len() {
+            self.out.clear();
+            self.out_at = 0;
+        }
+        let more = self.out_at < self.out.len();
+        if !self.socket.as_ref().is_some_and(|s| s.watch_write(more)) {
+            self.broken("cannot watch the connection", false);
+        }
+    }
+
+    /// Reads until the socket has nothing more (or the reading pauses).
+    fn read(&mut self) {
+        let Some(fd) = self.socket.as_ref().map(Socket::fd) else {
+            return;
+        };
+        while self.state == State::Up && !self.paused {
+            if self.in_at == self.input.len() {
+                self.input.clear();
+                self.in_at = 0;
+            } else if self.in_at > 0 {
+                self.input.drain(..self.in_at);
+                self.in_at = 0;
+            }
+            let have = self.input.len();
+            self.input.reserve(READ_CHUNK);
+            let room = self.input.capacity() - have;
+            // SAFETY: a recv on the connection's own socket into the
+            // vector's spare capacity, of that length.
+            let n = unsafe { libc::recv(fd, self.input.as_mut_ptr().add(have).cast(), room, 0) };
+            if n > 0 {
+                // SAFETY: recv wrote n bytes after the initialized ones.
+                unsafe { self.input.set_len(have + n as usize) };
+                self.process();
+                continue;
+            }
+            if n == 0 {
+                return self.broken("upstream prematurely closed connection", false);
+            }
+            let e = std::io::Error::last_os_error();
+            match e.kind() {
+                std::io::ErrorKind::Interrupted => continue,
+                std::io::ErrorKind::WouldBlock => return,
+                _ => return self.broken(&format!("recv() failed ({e})"), false),
+            }
+        }
+    }
+
+    /// Hands the replies read so far to their requests, in order.
+    fn process(&mut self) {
+        while self.state == State::Up && !self.paused {
+            let Some(w) = self.waiters.front_mut() else { break };
+            let buf = &self.input[self.in_at..];
+            if buf.is_empty() {
+                break;
+            }
+            let who = w.live().cloned();
+            let (event, used) = w.exchange.step(buf);
+            self.in_at += used;
+            match event {
+                RedisEvent::More => break,
+                RedisEvent::Answer { status, value } => {
+                    // A value that came whole with its header is checked to
+                    // its end before the status goes out: one not ended by
+                    // CRLF is a malformed reply (502), not a 200 cut short.
+                    if value.is_some() {
+                        if let Err(e) = w.exchange.check_value_end(&self.input[self.in_at..]) {
+                            return self.broken(&e.to_string(), true);
+                        }
+                    }
+                    let count = w.exchange.count();
+                    let done = w.exchange.is_done();
+                    if let (Some(h), Kind::Request) = (&who, w.kind) {
+                        R::answer(h, status, value, count);
+                    }
+                    if done {
+                        self.finish_head();
+                    }
+                }
+                RedisEvent::Value(v) => {
+                    if let Some(h) = &who {
+                        if R::value(h, v) {
+                            self.set_paused(true);
+                        }
+                    }
+                }
+                RedisEvent::Done => self.finish_head(),
+                RedisEvent::Slots(_) | RedisEvent::Redirect(_) => {
+                    return self.broken("redis sent a reply that no command of this connection asks for", true)
+                }
+                RedisEvent::Failed(e) => self.failed_head(e),
+            }
+        }
+        if self.waiters.is_empty() && self.in_at < self.input.len() && self.state == State::Up {
+            self.broken(&ReplyError::Unsolicited.to_string(), true);
+        }
+    }
+
+    /// The first waiter's replies are all in.
+    fn finish_head(&mut self) {
+        let Some(w) = self.waiters.pop_front() else { return };
+        let who = w.live().cloned();
+        match w.kind {
+            Kind::Open => {}
+            Kind::Request => {
+                self.served += 1;
+                if let Some(h) = who {
+                    self.out_buf.push(Delivery::Done(h));
+                }
+            }
+            Kind::Probe { db, seq, .. } => {
+                self.valid_max = self.valid_max.max(db);
+                if self.select_seq == seq {
+                    self.tail_db = Some(db);
+                }
+                if let Some(h) = who {
+                    self.out_buf.push(Delivery::Probed(h, Ok(())));
+                }
+            }
+        }
+    }
+
+    /// The first waiter's exchange failed at the reply that starts at
+    /// `in_at`. A whole error reply that ends its exchange leaves the
+    /// connection as it was; anything else breaks it.
+    fn failed_head(&mut self, e: ReplyError) {
+        let Some(w) = self.waiters.front() else { return };
+        let ends = matches!(
+            (&e, w.kind),
+            (
+                ReplyError::Refused {
+                    setup: Setup::Select,
+                    ..
+                },
+                Kind::Probe { .. }
+            ) | (ReplyError::Failed { .. }, Kind::Request)
+        );
+        let whole = match resp::reply_header(&self.input[self.in_at..]) {
+            (Reply::Error(_), n) => Some(n),
+            _ => None,
+        };
+        let (true, Some(n)) = (ends, whole) else {
+            let invalid = !matches!(e, ReplyError::Refused { setup: Setup::Auth, .. });
+            return self.broken(&e.to_string(), invalid);
+        };
+        self.in_at += n;
+        let Some(w) = self.waiters.pop_front() else { return };
+        let who = w.live().cloned();
+        match (w.kind, e) {
+            (Kind::Probe { prev, seq, .. }, ReplyError::Refused { message, .. }) => {
+                // Redis stays in the database it was in.
+                if self.select_seq == seq {
+                    self.tail_db = prev;
+                }
+                if let Some(h) = who {
+                    self.out_buf.push(Delivery::Probed(h, Err(message)));
+                }
+            }
+            (_, e) => {
+                self.served += 1;
+                if let Some(h) = who {
+                    self.out_buf.push(Delivery::Failed(h, Failure::Answered(e)));
+                }
+            }
+        }
+    }
+
+    /// The connection is closed; every request still on it hears why.
+    fn broken(&mut self, why: &str, invalid: bool) {
+        if self.state == State::Closed {
+            return;
+        }
+        let connecting = self.state == State::Connecting;
+        if invalid && !self.live_waiters() {
+            // Nobody to tell: the connection's own line.
+            log!(
+                NGX_LOG_ERR,
+                Log::cycle(),
+                "cache: {why}; the connection to redis is closed"
+            );
+        }
+        self.state = State::Closed;
+        if let Some(s) = self.socket.take() {
+            s.close();
+        }
+        self.kick.stop();
+        self.idle.stop();
+        self.paused = false;
+        for w in std::mem::take(&mut self.waiters) {
+            let Some(h) = w.live().cloned() else { continue };
+            if w.kind == Kind::Open {
+                continue;
+            }
+            self.out_buf.push(Delivery::Failed(
+                h,
+                Failure::Broken {
+                    why: why.to_owned(),
+                    invalid,
+                    sent: self.sent > w.start,
+                    reused: w.reused,
+                    connecting,
+                },
+            ));
+        }
+        self.out = Vec::new();
+        self.input = Vec::new();
+        self.out_at = 0;
+        self.in_at = 0;
+    }
+
+    /// After a step: an unneeded connection closes, an idle one waits.
+    fn settle(&mut self) {
+        if self.state == State::Closed {
+            return;
+        }
+        if self.retired && !self.live_waiters() {
+            return self.broken("retired", false);
+        }
+        if self.waiters.is_empty() {
+            if exiting() {
+                return self.broken("nginx is exiting", false);
+            }
+            if let Some(s) = &self.socket {
+                // nginx closes idle connections when it exits.
+                s.set_idle(true);
+            }
+            self.idle.start(IDLE_MS);
+        }
+    }
+
+    fn take_deliveries(&mut self) -> Vec<Delivery> {
+        std::mem::take(&mut self.out_buf)
+    }
+}
+
+/// The request side's reader (the cache requests).
+type R = super::shared::Shared;
+
+/// The worker's connections (in the main configuration).
+#[derive(Default)]
+pub struct Pipes {
+    // Boxed: a connection's events point at it, and it must not move when
+    // the list grows.
+    #[allow(clippy::vec_box)]
+    conns: RefCell<Vec<Box<PipeConn>>>,
+    next_id: Cell<u64>,
+}
+
+impl Pipes {
+    /// A connection for a request to `addr` (and `auth`): the least loaded
+    /// one while it is neither deep nor slow, else a new one (up to
+    /// `MAX_CONNS`), else the least loaded.
+    pub fn pick(&self, addr: &[u8], auth: Option<&[u8]>, connect_timeout: ngx_msec_t) -> Result<ConnId, String> {
+        let mut conns = self.conns.borrow_mut();
+        // Closed connections go (nothing refers to them: their requests
+        // heard of it, and their events are off).
+        conns.retain(|c| c.state != State::Closed);
+        let now = current_msec();
+        let mut open = 0;
+        let mut best: Option<(usize, bool, usize)> = None;
+        for (i, c) in conns.iter().enumerate() {
+            if c.retired || c.addr != addr || c.auth.as_deref() != auth {
+                continue;
+            }
+            open += 1;
+            let cand = (c.load(), c.slow(now), i);
+            let better = best.is_none_or(|(load, slow, _)| (cand.1, cand.0) < (slow, load));
+            if better {
+                best = Some(cand);
+            }
+        }
+        match best {
+            Some((load, false, i)) if load < DEPTH => return Ok(conns[i].id),
+            Some((_, _, i)) if open >= MAX_CONNS => return Ok(conns[i].id),
+            _ => {}
+        }
+        let id = ConnId(self.next_id.get());
+        self.next_id.set(id.0 + 1);
+        let c = PipeConn::open(id, addr, auth, connect_timeout)?;
+        conns.push(c);
+        Ok(id)
+    }
+
+    /// Runs `f` on a connection; what its steps deliver is delivered after.
+    pub fn with<T>(&self, id: ConnId, f: impl FnOnce(&mut PipeConn) -> T) -> Option<T> {
+        let (t, out) = {
+            let mut conns = self.conns.borrow_mut();
+            let c = conns.iter_mut().find(|c| c.id == id)?;
+            let t = f(c);
+            (t, c.take_deliveries())
+        };
+        if !out.is_empty() {
+            R::deliver(out);
+        }
+        Some(t)
+    }
+}
+
+/// The connection of an event's data.
+///
+/// # Safety
+/// `data` is a PipeConn's own pointer (set by `open`), which lives until
+/// the connection is dropped from the worker's list, after its events
+/// were stopped.
+unsafe fn conn_of<'a>(data: *mut std::ffi::c_void) -> &'a mut PipeConn {
+    // SAFETY: see above.
+    unsafe { &mut *(data as *mut PipeConn) }
+}
+
+/// Read/write readiness, or the connect timeout.
+extern "C" fn conn_event(ev: *mut ngx_event_t) {
+    guard(Log::cycle(), "cache pipelined connection event", (), || {
+        // SAFETY: the connection's data is its PipeConn (open).
+        let (c, timedout) = unsafe {
+            let Some(ev) = Event::from_raw(ev) else { return };
+            let timedout = ev.take_timedout();
+            let nc = ev.data() as *mut ngx_connection_t;
+            (conn_of((*nc).data), timedout)
+        };
+        c.on_event(timedout);
+        let out = c.take_deliveries();
+        // (The connection is not touched after this: a request that ends
+        // may drop closed connections.)
+        R::deliver(out);
+    })
+}
+
+/// Posted: what was queued goes out, and reading goes on.
+extern "C" fn kick_event(ev: *mut ngx_event_t) {
+    guard(Log::cycle(), "cache pipelined connection", (), || {
+        // SAFETY: the event's data is its PipeConn (open).
+        let c = unsafe {
+            let Some(ev) = Event::from_raw(ev) else { return };
+            conn_of(ev.data())
+        };
+        if c.state == State::Up {
+            c.run();
+        } else {
+            c.settle();
+        }
+        let out = c.take_deliveries();
+        R::deliver(out);
+    })
+}
+
+/// Nobody used the connection for IDLE_MS.
+extern "C" fn idle_event(ev: *mut ngx_event_t) {
+    guard(Log::cycle(), "cache pipelined connection idle", (), || {
+        // SAFETY: the timer's data is its PipeConn (open).
+        let c = unsafe {
+            let Some(ev) = Event::from_raw(ev) else { return };
+            ev.take_timedout();
+            conn_of(ev.data())
+        };
+        if c.waiters.is_empty() {
+            c.broken("idle", false);
+        }
+        let out = c.take_deliveries();
+        R::deliver(out);
+    })
+}

@@ -1,0 +1,768 @@
+//! A cache request on a shared, pipelined connection (pipe.rs): the
+//! balancer of its upstream chooses the server (round robin, `hash`,
+//! `max_fails`, `backup`, as for any upstream), the request queues its
+//! commands on one of the worker's connections to that server, and its
+//! response goes out as its replies come. nginx's upstream code is not
+//! started; its `$upstream_*` states are kept the same way, and a failure
+//! goes to the next server by the rules of `cache_next_upstream`.
+
+use std::ffi::c_void;
+use std::ptr::NonNull;
+use std::rc::Rc;
+
+use gateway_core::pubsub;
+use gateway_core::redis;
+
+use super::config::{Cache, CacheLocConf, CacheMainConf};
+use super::pipe::{ConnId, DbStep, Delivery, Failure, Handle, Reader};
+use super::request::{ctx_of, next_ping};
+use crate::ffi::buf::Reuse;
+use crate::ffi::*;
+use crate::log;
+
+/// Buffers a client may have pending before reading the connection
+/// pauses (a value of any size then takes the client's pace).
+const MAX_PENDING: usize = 8;
+/// The smallest buffer made for value bytes (exactly their size: a small
+/// value takes the request pool's memory, not an allocation of its own).
+const BATCH: usize = 0;
+
+/// The request's part in the shared path.
+pub struct SharedReq {
+    handle: Rc<Handle>,
+    /// The connection its commands are on.
+    conn: Option<ConnId>,
+    /// Its own timer (an event in the request's pool): the reply is late.
+    timer: Option<NonNull<ngx_event_t>>,
+    /// The request body (SET, PUBLISH), read once.
+    body: Vec<u8>,
+    /// The status and headers went out.
+    started: bool,
+    /// HEAD, or the header could not go out: value bytes are dropped.
+    discard: bool,
+    /// A 404 that goes to the next server (`cache_next_upstream not_found`).
+    retry_404: bool,
+    /// PUBLISH's receivers.
+    count: Option<i64>,
+    bufs: Reuse,
+    /// The client is behind: the connection waits for it.
+    paused: bool,
+    saved_write_handler: ngx_http_event_handler_pt,
+    /// The balancer's server is held (to be given back).
+    peer_held: bool,
+    /// The request has ended (finalized, or nginx ended it).
+    done: bool,
+}
+
+impl SharedReq {
+    pub fn new(r: *mut ngx_http_request_t) -> SharedReq {
+        SharedReq {
+            handle: Handle::new(r),
+            conn: None,
+            timer: None,
+            body: Vec::new(),
+            started: false,
+            discard: false,
+            retry_404: false,
+            count: None,
+            bufs: Reuse::new(<Cache as ngx::http::HttpModule>::module()),
+            paused: false,
+            saved_write_handler: None,
+            peer_held: false,
+            done: false,
+        }
+    }
+}
+
+fn shared_of<'a>(r: &Req) -> Option<&'a mut SharedReq> {
+    ctx_of(r)?.shared.as_deref_mut()
+}
+
+fn pipes<'a>(r: &Req) -> &'a super::pipe::Pipes {
+    let mcf: &'static CacheMainConf = r.main_conf::<Cache>();
+    &mcf.pipes
+}
+
+/// The request's timer.
+fn timer(s: &SharedReq) -> Option<Event> {
+    // SAFETY: the event lives in the request's pool; the cleanup clears it
+    // before the pool goes.
+    s.timer.and_then(|t| unsafe { Event::from_raw(t.as_ptr()) })
+}
+
+/// Starts the request (the content handler's part): the balancer, the
+/// body, the first server. What the content handler returns.
+pub fn start(r: &mut Req, block: Option<&ngx_http_upstream_srv_conf_t>) -> Option<ngx_int_t> {
+    if !r.init_upstream_peer(block) {
+        return None;
+    }
+    let pool = r.pool();
+    let ev = pool.calloc::<ngx_event_t>()?;
+    // SAFETY: fresh zeroed memory of the request's pool.
+    unsafe {
+        let e = &mut *ev.as_ptr();
+        e.data = r.as_ptr().cast();
+        e.handler = Some(timer_event);
+        e.log = r.log().as_ptr();
+    }
+    let s = shared_of(r)?;
+    s.timer = Some(ev);
+    if !r.add_cleanup(cleanup, r.as_ptr().cast()) {
+        return None;
+    }
+    let command = ctx_of(r)?.command;
+    if command.sends_body() {
+        let rc = r.read_body(Some(body_read));
+        return Some(if rc >= NGX_HTTP_SPECIAL_RESPONSE as ngx_int_t {
+            rc
+        } else {
+            DONE
+        });
+    }
+    let rc = r.discard_body();
+    if rc != OK {
+        return Some(rc);
+    }
+    if !r.set_content_type_by_extension() {
+        return None;
+    }
+    r.count_up();
+    r.set_read_handler_test_reading();
+    dispatch(r);
+    Some(DONE)
+}
+
+/// The request body is read: the request goes to its server.
+extern "C" fn body_read(r: *mut ngx_http_request_t) {
+    // SAFETY: nginx calls this with the live request whose body it read.
+    let r = unsafe { Req::from_raw(r) };
+    let posted = r.posted();
+    guard_request(r, "cache body_read", |r| {
+        if !r.body_into_memory() {
+            return end(r, HTTP_INTERNAL_SERVER_ERROR);
+        }
+        let (bufs, len) = r.body_bufs();
+        let mut body = Vec::with_capacity(len);
+        for b in bufs {
+            // SAFETY: memory buffers of the request body, in its pool.
+            let b = unsafe { b.as_ref() };
+            if !b.pos.is_null() && b.last > b.pos {
+                // SAFETY: as above: pos..last are the buffer's bytes.
+                body.extend_from_slice(unsafe { std::slice::from_raw_parts(b.pos, b.last as usize - b.pos as usize) });
+            }
+        }
+        let Some(s) = shared_of(r) else { return };
+        s.body = body;
+        r.set_read_handler_test_reading();
+        dispatch(r);
+    });
+    posted.run();
+}
+
+/// Runs the body of an entry point for one request; a panic ends the
+/// request with 500.
+fn guard_request(r: &mut Req, entry: &str, body: impl FnOnce(&mut Req)) {
+    let ok = guard(r.log(), entry, false, || {
+        body(r);
+        true
+    });
+    if !ok {
+        end(r, HTTP_INTERNAL_SERVER_ERROR);
+    }
+}
+
+/// Asks the balancer for a server and queues the request on one of its
+/// connections.
+fn dispatch(r: &mut Req) {
+    let Some(st) = r.push_upstream_state() else {
+        return end(r, HTTP_INTERNAL_SERVER_ERROR);
+    };
+    st.response_time = ngx_msec_t::MAX;
+    st.connect_time = ngx_msec_t::MAX;
+    st.header_time = ngx_msec_t::MAX;
+    let st: *mut ngx_http_upstream_state_t = st;
+    let Some(u) = r.upstream() else { return };
+    // SAFETY: the new state lives in the request's pool's states array.
+    u.set_state(unsafe { &mut *st });
+    u.restart_clock();
+    let rc = u.get_peer();
+    let name = u.peer_name();
+    // SAFETY: as above.
+    unsafe { (*st).peer = name };
+    match rc {
+        OK => {}
+        BUSY => {
+            log!(
+                NGX_LOG_ERR,
+                r.log(),
+                "cache: no live upstreams while connecting to upstream"
+            );
+            return end(r, HTTP_BAD_GATEWAY);
+        }
+        DECLINED => return next(r, NGX_HTTP_UPSTREAM_FT_ERROR, false, false),
+        _ => return end(r, HTTP_INTERNAL_SERVER_ERROR),
+    }
+    let addr = u.peer_addr().map(|(a, _)| a.to_vec());
+    if let Some(s) = shared_of(r) {
+        s.peer_held = true;
+    }
+    let Some(addr) = addr else {
+        return end(r, HTTP_INTERNAL_SERVER_ERROR);
+    };
+    let Some(ctx) = ctx_of(r) else { return };
+    let lcf: &CacheLocConf = r.loc_conf::<Cache>();
+    match pipes(r).pick(&addr, ctx.auth.as_deref(), lcf.upstream.connect_timeout) {
+        Ok(id) => place(r, id),
+        Err(why) => {
+            log!(NGX_LOG_ERR, r.log(), "cache: {why} while connecting to upstream");
+            next(r, NGX_HTTP_UPSTREAM_FT_ERROR, false, false)
+        }
+    }
+}
+
+/// How the request went onto its connection.
+enum Placed {
+    Queued {
+        connecting: bool,
+    },
+    /// Its database is asked about first.
+    Probing {
+        connecting: bool,
+    },
+    /// The connection closed meanwhile.
+    Gone,
+}
+
+/// Queues the request's commands on connection `id` (or asks about its
+/// database first), and starts its timer.
+fn place(r: &mut Req, id: ConnId) {
+    let Some(ctx) = ctx_of(r) else { return };
+    let Some(s) = ctx.shared.as_deref_mut() else { return };
+    let want = ctx.db.unwrap_or(0);
+    let placed = pipes(r).with(id, |c| {
+        if c.is_closed() {
+            return Placed::Gone;
+        }
+        let connecting = c.is_connecting();
+        let select = match c.select_for(want) {
+            DbStep::Probe => {
+                c.probe(s.handle.clone(), want);
+                return Placed::Probing { connecting };
+            }
+            DbStep::Stay => None,
+            DbStep::Select(db) => Some(db),
+        };
+        let plan = redis::plan_pipelined(
+            &redis::Request {
+                command: ctx.command,
+                key: &ctx.key,
+                auth: None,
+                db: select,
+                exptime: ctx.exptime,
+                ping: next_ping(),
+                cluster: None,
+            },
+            s.body.len(),
+        );
+        c.submit(s.handle.clone(), plan, &s.body, select);
+        Placed::Queued { connecting }
+    });
+    let connecting = match placed.unwrap_or(Placed::Gone) {
+        // Not the server's failure: another connection to it.
+        Placed::Gone => return again(r),
+        Placed::Queued { connecting } | Placed::Probing { connecting } => connecting,
+    };
+    s.conn = Some(id);
+    let lcf: &CacheLocConf = r.loc_conf::<Cache>();
+    if let Some(t) = timer(s) {
+        if !t.timer_set() {
+            t.add_timer(if connecting {
+                lcf.upstream.connect_timeout
+            } else {
+                lcf.upstream.read_timeout
+            });
+        }
+    }
+}
+
+/// The connection the request was to use closed before the request's
+/// commands went on it: another one to the same server.
+fn again(r: &mut Req) {
+    let Some(ctx) = ctx_of(r) else { return };
+    let Some(addr) = r.upstream().and_then(|u| u.peer_addr()).map(|(a, _)| a.to_vec()) else {
+        return end(r, HTTP_INTERNAL_SERVER_ERROR);
+    };
+    let lcf: &CacheLocConf = r.loc_conf::<Cache>();
+    match pipes(r).pick(&addr, ctx.auth.as_deref(), lcf.upstream.connect_timeout) {
+        Ok(id) => place(r, id),
+        Err(why) => {
+            log!(NGX_LOG_ERR, r.log(), "cache: {why} while connecting to upstream");
+            next(r, NGX_HTTP_UPSTREAM_FT_ERROR, false, false)
+        }
+    }
+}
+
+/// Leaves the connection (its replies will be dropped) and stops the timer.
+fn leave(r: &mut Req) {
+    let Some(s) = shared_of(r) else { return };
+    if let Some(id) = s.conn.take() {
+        let h = s.handle.clone();
+        pipes(r).with(id, |c| c.leave(&h));
+    }
+    if let Some(t) = timer(s) {
+        t.clear();
+    }
+}
+
+/// The try's `$upstream_*` state, and the server back to the balancer.
+fn finish_try(r: &mut Req, status: ngx_int_t, peer_state: ngx_uint_t) {
+    let held = shared_of(r).is_some_and(|s| std::mem::take(&mut s.peer_held));
+    let Some(u) = r.upstream() else { return };
+    let elapsed = u.elapsed();
+    if let Some(st) = u.state() {
+        st.status = status as ngx_uint_t;
+        if st.response_time == ngx_msec_t::MAX {
+            st.response_time = elapsed;
+        }
+    }
+    if held {
+        u.free_peer(peer_state);
+    }
+}
+
+/// Ends the request with a status (nginx's error page), or cut short
+/// once its header went out.
+fn end(r: &mut Req, status: ngx_int_t) {
+    let Some(s) = shared_of(r) else {
+        r.finalize(status);
+        return;
+    };
+    if s.done {
+        return;
+    }
+    let started = s.started;
+    leave(r);
+    finish_try(r, status, 0);
+    if let Some(s) = shared_of(r) {
+        s.done = true;
+        if s.paused {
+            s.paused = false;
+            r.set_write_handler(s.saved_write_handler);
+        }
+    }
+    r.finalize(if started { ERROR } else { status });
+}
+
+/// Answers with a status and an empty body, as Redis's own answers go out
+/// (the client's connection is kept).
+fn respond_empty(r: &mut Req, status: ngx_int_t) {
+    let Some(s) = shared_of(r) else { return };
+    if s.done {
+        return;
+    }
+    leave(r);
+    finish_try(r, status, 0);
+    if let Some(s) = shared_of(r) {
+        s.done = true;
+    }
+    r.set_status(status as ngx_uint_t);
+    r.set_content_length(0);
+    let rc = r.send_header();
+    if rc == ERROR || rc > OK || r.header_only() {
+        r.finalize(rc);
+        return;
+    }
+    let rc = r.send_last();
+    r.finalize(rc);
+}
+
+/// The try failed: the next server when `cache_next_upstream` and the
+/// balancer allow it, else the status.
+fn next(r: &mut Req, ft: u32, sent: bool, reused: bool) {
+    if shared_of(r).is_none_or(|s| s.done) {
+        return;
+    }
+    let status = if ft == NGX_HTTP_UPSTREAM_FT_TIMEOUT {
+        HTTP_GATEWAY_TIME_OUT
+    } else if ft == NGX_HTTP_UPSTREAM_FT_HTTP_404 {
+        NGX_HTTP_NOT_FOUND as ngx_int_t
+    } else {
+        HTTP_BAD_GATEWAY
+    };
+    leave(r);
+    let peer_state = if ft == NGX_HTTP_UPSTREAM_FT_HTTP_404 {
+        NGX_PEER_NEXT
+    } else {
+        NGX_PEER_FAILED
+    };
+    finish_try(r, status, peer_state as ngx_uint_t);
+    let lcf: &CacheLocConf = r.loc_conf::<Cache>();
+    let conf = &lcf.upstream;
+    let method = r.method();
+    let client_error = r.client_error();
+    let Some(u) = r.upstream() else { return };
+    if reused && ft == NGX_HTTP_UPSTREAM_FT_ERROR {
+        // A kept connection that failed is no sign of the server's: one
+        // more try, as nginx gives its kept connections.
+        *u.tries() += 1;
+    }
+    let timeout = conf.next_upstream_timeout;
+    let non_idempotent = method & (NGX_HTTP_POST | NGX_HTTP_LOCK | NGX_HTTP_PATCH) != 0
+        && conf.next_upstream & NGX_HTTP_UPSTREAM_FT_NON_IDEMPOTENT as ngx_uint_t == 0;
+    let give_up = *u.tries() == 0
+        || conf.next_upstream & ft as ngx_uint_t == 0
+        || (sent && non_idempotent)
+        || (timeout != 0 && current_msec().wrapping_sub(u.first_start()) >= timeout)
+        || client_error;
+    if give_up {
+        let Some(s) = shared_of(r) else { return };
+        s.done = true;
+        r.finalize(status);
+        return;
+    }
+    if let Some(s) = shared_of(r) {
+        s.started = false;
+        s.discard = false;
+        s.retry_404 = false;
+        s.count = None;
+    }
+    dispatch(r);
+}
+
+/// The request's timer: its replies are late.
+extern "C" fn timer_event(ev: *mut ngx_event_t) {
+    // SAFETY: the timer's data is its live request (the cleanup stops the
+    // timer before the request goes).
+    let r = unsafe {
+        let Some(ev) = Event::from_raw(ev) else { return };
+        ev.take_timedout();
+        Req::from_raw(ev.data() as *mut ngx_http_request_t)
+    };
+    r.set_log_request();
+    let posted = r.posted();
+    guard_request(r, "cache timer", |r| {
+        let Some(s) = shared_of(r) else { return };
+        if s.done {
+            return;
+        }
+        let (conn, started) = (s.conn, s.started);
+        if let Some(id) = conn {
+            // Redis may be stuck: no new requests go to that connection.
+            pipes(r).with(id, |c| c.retire());
+        }
+        let lcf: &CacheLocConf = r.loc_conf::<Cache>();
+        let name = r
+            .upstream()
+            .and_then(|u| u.peer_addr())
+            .map(|(_, n)| String::from_utf8_lossy(n.as_bytes()).into_owned())
+            .unwrap_or_default();
+        log!(
+            NGX_LOG_ERR,
+            r.log(),
+            "cache: upstream timed out (no reply within {} ms) while reading the reply from redis {name}",
+            lcf.upstream.read_timeout
+        );
+        if started {
+            return end(r, ERROR);
+        }
+        next(r, NGX_HTTP_UPSTREAM_FT_TIMEOUT, true, false);
+    });
+    posted.run();
+}
+
+/// nginx ends the request (a client gone, say) or frees it.
+extern "C" fn cleanup(data: *mut c_void) {
+    // SAFETY: the data is the request the cleanup was added for; it is
+    // live while its cleanups run.
+    let r = unsafe { Req::from_raw(data as *mut ngx_http_request_t) };
+    guard(r.log(), "cache cleanup", (), || {
+        let Some(s) = shared_of(r) else { return };
+        let was_done = std::mem::replace(&mut s.done, true);
+        s.handle.r.set(std::ptr::null_mut());
+        leave(r);
+        if !was_done {
+            finish_try(r, NGX_HTTP_CLIENT_CLOSED_REQUEST as ngx_int_t, 0);
+        }
+    })
+}
+
+/// The client took what was pending: the connection reads on.
+extern "C" fn client_writable(r: *mut ngx_http_request_t) {
+    // SAFETY: nginx calls the write handler with a live request.
+    let r = unsafe { Req::from_raw(r) };
+    guard_request(r, "cache client_writable", |r| {
+        let Some(s) = shared_of(r) else { return };
+        if s.done {
+            return;
+        }
+        let wev = r.client_write();
+        if wev.take_timedout() {
+            r.set_client_timed_out();
+            log!(NGX_LOG_INFO, r.log(), "cache: client timed out while a value was sent");
+            return end(r, HTTP_REQUEST_TIME_OUT);
+        }
+        let pool = r.pool();
+        // SAFETY: null: only what is pending goes on.
+        let rc = unsafe { r.output_filter(std::ptr::null_mut()) };
+        s.bufs.update(pool, std::ptr::null_mut());
+        if rc == ERROR {
+            return end(r, ERROR);
+        }
+        if s.bufs.busy() > MAX_PENDING {
+            r.wait_client_writable();
+            return;
+        }
+        wev.del_timer();
+        s.paused = false;
+        r.set_write_handler(s.saved_write_handler);
+        let lcf: &CacheLocConf = r.loc_conf::<Cache>();
+        if let Some(t) = timer(s) {
+            t.add_timer(lcf.upstream.read_timeout);
+        }
+        if let Some(id) = s.conn {
+            pipes(r).with(id, |c| c.resume());
+        }
+    });
+}
+
+/// The request of a handle, while it is there.
+fn request_of<'a>(who: &Handle) -> Option<&'a mut Req> {
+    let r = who.r.get();
+    // SAFETY: a handle's request is live until its cleanup clears it.
+    (!r.is_null()).then(|| unsafe { Req::from_raw(r) })
+}
+
+/// The cache requests, as the connections' reader.
+pub struct Shared;
+
+impl Reader for Shared {
+    fn answer(who: &Handle, status: u16, value: Option<u64>, count: Option<i64>) {
+        let Some(r) = request_of(who) else { return };
+        guard(r.log(), "cache answer", (), || {
+            let Some(s) = shared_of(r) else { return };
+            let lcf: &CacheLocConf = r.loc_conf::<Cache>();
+            let tries = r.upstream().map_or(0, |u| *u.tries());
+            if status == 404
+                && lcf.upstream.next_upstream & NGX_HTTP_UPSTREAM_FT_HTTP_404 as ngx_uint_t != 0
+                && tries > 1
+            {
+                s.retry_404 = true;
+                return;
+            }
+            if let Some(u) = r.upstream() {
+                let elapsed = u.elapsed();
+                if let Some(st) = u.state() {
+                    st.header_time = elapsed;
+                    st.status = ngx_uint_t::from(status);
+                    if st.connect_time == ngx_msec_t::MAX {
+                        st.connect_time = 0;
+                    }
+                }
+            }
+            s.started = true;
+            s.count = count;
+            let length = match (value, count) {
+                (Some(n), _) => n as off_t,
+                (None, Some(n)) => pubsub::receivers_json(n).len() as off_t,
+                (None, None) => 0,
+            };
+            r.set_status(ngx_uint_t::from(status));
+            r.set_content_length(length);
+            let rc = r.send_header();
+            if rc == ERROR || rc > OK || r.header_only() {
+                s.discard = true;
+            }
+        })
+    }
+
+    fn value(who: &Handle, bytes: &[u8]) -> bool {
+        let Some(r) = request_of(who) else { return false };
+        guard(r.log(), "cache value", false, || {
+            let Some(s) = shared_of(r) else { return false };
+            if s.discard || !s.started {
+                return false;
+            }
+            let pool = r.pool();
+            let Some(out) = s.bufs.fill(pool, bytes, None, BATCH) else {
+                s.discard = true;
+                return false;
+            };
+            // SAFETY: a chain of the request's pool (fill).
+            let rc = unsafe { r.output_filter(out) };
+            s.bufs.update(pool, out);
+            if rc == ERROR {
+                s.discard = true;
+                return false;
+            }
+            if s.bufs.busy() <= MAX_PENDING {
+                return false;
+            }
+            // The client is behind: its pace now (nginx's send_timeout).
+            s.paused = true;
+            if let Some(t) = timer(s) {
+                t.del_timer();
+            }
+            s.saved_write_handler = r.write_handler();
+            r.set_write_handler(Some(client_writable));
+            r.wait_client_writable();
+            true
+        })
+    }
+
+    fn deliver(out: Vec<Delivery>) {
+        for d in out {
+            let who = match &d {
+                Delivery::Connected(h) | Delivery::Done(h) | Delivery::Probed(h, _) | Delivery::Failed(h, _) => {
+                    h.clone()
+                }
+            };
+            let Some(r) = request_of(&who) else { continue };
+            let posted = r.posted();
+            guard_request(r, "cache reply", |r| match d {
+                Delivery::Connected(_) => connected(r),
+                Delivery::Done(_) => done(r),
+                Delivery::Probed(_, Ok(())) => {
+                    if let Some(id) = shared_of(r).and_then(|s| s.conn) {
+                        place(r, id);
+                    }
+                }
+                Delivery::Probed(_, Err(message)) => {
+                    let db = ctx_of(r).and_then(|c| c.db).unwrap_or_default();
+                    log!(
+                        NGX_LOG_INFO,
+                        r.log(),
+                        "cache: redis refused SELECT {db} (\"$cache_db\"): {}",
+                        String::from_utf8_lossy(&message)
+                    );
+                    // The client's mistake; the server answered.
+                    if let Some(s) = shared_of(r) {
+                        s.conn = None;
+                    }
+                    respond_empty(r, HTTP_BAD_REQUEST);
+                }
+                Delivery::Failed(_, f) => failed(r, f),
+            });
+            posted.run();
+        }
+    }
+}
+
+/// The connection the request waited for is made: its commands go out,
+/// and its reply is due within `cache_read_timeout`.
+fn connected(r: &mut Req) {
+    let Some(s) = shared_of(r) else { return };
+    if s.done || s.paused {
+        return;
+    }
+    let lcf: &CacheLocConf = r.loc_conf::<Cache>();
+    if let Some(t) = timer(s) {
+        t.del_timer();
+        t.add_timer(lcf.upstream.read_timeout);
+    }
+    if let Some(u) = r.upstream() {
+        let elapsed = u.elapsed();
+        if let Some(st) = u.state() {
+            st.connect_time = elapsed;
+        }
+    }
+}
+
+/// Every reply is in: the rest of the response, and the end.
+fn done(r: &mut Req) {
+    let Some(s) = shared_of(r) else { return };
+    if s.done {
+        return;
+    }
+    s.conn = None;
+    if s.retry_404 {
+        return next(r, NGX_HTTP_UPSTREAM_FT_HTTP_404, true, false);
+    }
+    if let Some(t) = timer(s) {
+        t.clear();
+    }
+    let status = r.status() as ngx_int_t;
+    finish_try(r, status, 0);
+    let Some(s) = shared_of(r) else { return };
+    s.done = true;
+    if !s.started {
+        // (Cannot be: every exchange answers before it ends.)
+        r.finalize(HTTP_BAD_GATEWAY);
+        return;
+    }
+    if s.discard {
+        r.finalize(if r.header_only() { OK } else { ERROR });
+        return;
+    }
+    let rc = match s.count {
+        Some(n) => {
+            let pool = r.pool();
+            let main = r.is_main();
+            match s.bufs.fill(pool, &pubsub::receivers_json(n), Some(main), BATCH) {
+                // SAFETY: a chain of the request's pool (fill).
+                Some(out) => unsafe { r.output_filter(out) },
+                None => ERROR,
+            }
+        }
+        None => r.send_last(),
+    };
+    r.finalize(rc);
+}
+
+/// The request's exchange failed.
+fn failed(r: &mut Req, f: Failure) {
+    let Some(s) = shared_of(r) else { return };
+    if s.done {
+        return;
+    }
+    s.conn = None;
+    let started = s.started;
+    match f {
+        Failure::Answered(e) => {
+            log!(NGX_LOG_ERR, r.log(), "cache: {e}");
+            if started {
+                return end(r, ERROR);
+            }
+            next(r, NGX_HTTP_UPSTREAM_FT_INVALID_HEADER, true, false)
+        }
+        Failure::Broken {
+            why,
+            invalid,
+            sent,
+            reused,
+            connecting,
+        } => {
+            let name = r
+                .upstream()
+                .and_then(|u| u.peer_addr())
+                .map(|(_, n)| String::from_utf8_lossy(n.as_bytes()).into_owned())
+                .unwrap_or_default();
+            let doing = if connecting {
+                "connecting to"
+            } else {
+                "reading the reply from"
+            };
+            // A kept connection that the server closed is not worth an
+            // error line when the request goes on to another.
+            let level = if reused && !invalid && !started {
+                NGX_LOG_WARN
+            } else {
+                NGX_LOG_ERR
+            };
+            if started {
+                log!(
+                    NGX_LOG_ERR,
+                    r.log(),
+                    "cache: {why} while {doing} redis {name}; the response is cut short"
+                );
+                return end(r, ERROR);
+            }
+            log!(level, r.log(), "cache: {why} while {doing} redis {name}");
+            let ft = if invalid {
+                NGX_HTTP_UPSTREAM_FT_INVALID_HEADER
+            } else {
+                NGX_HTTP_UPSTREAM_FT_ERROR
+            };
+            next(r, ft, sent, reused)
+        }
+    }
+}
