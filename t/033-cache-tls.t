@@ -69,8 +69,9 @@ server {
     }
     location /plain { cache_ssl off; cache_pass plain; }
     location /put { set \$cache_key written; cache_pass tls_redis; }
-    location /unkept { error_log $d/debug.log debug; cache_pass unkept; }
-    location /no-reuse { error_log $d/debug2.log debug; cache_ssl_session_reuse off; cache_pass unkept2; }
+    location /unkept { error_log $d/debug.log debug; cache_pipeline off; cache_pass unkept; }
+    location /no-reuse { error_log $d/debug2.log debug; cache_pipeline off; cache_ssl_session_reuse off; cache_pass unkept2; }
+    location /shared { cache_pass unkept; }
 }
 HTTP
 
@@ -111,8 +112,18 @@ is($st, 502, 'plain RESP to a TLS port: 502');
 cmp_ok(time - $t0, '<', 3, 'at once, not after cache_read_timeout');
 like(substr(nginx_error_log(), $before), qr{\[error\].*upstream: "redis://127\.0\.0\.1:$tls"}, 'one error line naming the server');
 
-# Without keepalive every request opens a connection; the TLS session of the
-# first is resumed by the next ones (cache_ssl_session_reuse, on by default).
+# Shared, pipelined TLS connections (the default): three requests, one
+# connection (one handshake, however many requests).
+is(join(' ', map { (request('GET', '/shared'))[0, 1] } 1 .. 3), '200 hello over tls 200 hello over tls 200 hello over tls',
+    'shared TLS connections: three answers');
+my ($before_conns) = redis_cli($redis, 'INFO', 'stats') =~ /total_connections_received:(\d+)/;
+request('GET', '/shared') for 1 .. 5;
+my ($after_conns) = redis_cli($redis, 'INFO', 'stats') =~ /total_connections_received:(\d+)/;
+is($after_conns - $before_conns - 1, 0, 'five more on the connection already open (no new handshake)');
+
+# With cache_pipeline off and without keepalive every request opens a
+# connection; the TLS session of the first is resumed by the next ones
+# (cache_ssl_session_reuse, on by default).
 is(join(' ', map { (request('GET', '/unkept'))[0] } 1 .. 3), '200 200 200', 'three requests, three connections');
 SKIP: {
     skip 'nginx is not built --with-debug', 2 if `$ENV{TEST_NGINX_BINARY} -V 2>&1` !~ /--with-debug/;

@@ -432,9 +432,9 @@ is(scalar(grep { (events($_))[-1] eq 'sealed=again' } @subs), 2, 'messages arriv
 my @other_ca = (open_sse('/other'));
 my @wrong_name = (open_sse('/name'));
 pump([@other_ca, @wrong_name], 3, subscribed(@other_ca, @wrong_name));
-ok(wait_until(sub { nginx_error_log() =~ /subscribing connection to \S+ of upstream "other_ca" failed: certificate verify error/ }, 5),
+ok(wait_until(sub { nginx_error_log() =~ /subscribing connection to \S+ of upstream "other_ca" failed: upstream SSL certificate verify error/ }, 5),
     'another authority: an error line');
-ok(wait_until(sub { nginx_error_log() =~ /subscribing connection to \S+ of upstream "wrong_name" failed: certificate does not match "elsewhere"/ }, 5),
+ok(wait_until(sub { nginx_error_log() =~ /subscribing connection to \S+ of upstream "wrong_name" failed: upstream SSL certificate does not match "elsewhere"/ }, 5),
     'another name: an error line');
 is(numsub('o', $tredis) + numsub('n', $tredis), 0, 'and nothing subscribed through them');
 close $_->{s} for @subs, @other_ca, @wrong_name;

@@ -8,6 +8,7 @@
 
 pub mod cluster;
 pub mod config;
+pub mod link;
 pub mod pipe;
 pub mod request;
 pub mod shared;

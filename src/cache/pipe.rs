@@ -24,7 +24,7 @@ use std::rc::Rc;
 use gateway_core::redis::{self, Event as RedisEvent, Exchange, Plan, ReplyError, Setup};
 use gateway_core::resp::{self, Reply};
 
-use super::subscriber::{nonblocking_connect, socket_error, Connect};
+use super::link::{self, nonblocking_connect, socket_error, Connect, Io, IoError, Tls};
 use crate::ffi::*;
 use crate::log;
 
@@ -102,6 +102,8 @@ pub trait Reader {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     Connecting,
+    /// The TLS handshake (`cache_ssl`).
+    Handshaking,
     Up,
     Closed,
 }
@@ -158,8 +160,10 @@ pub struct PipeConn {
     id: ConnId,
     addr: Vec<u8>,
     auth: Option<Vec<u8>>,
+    tls: Option<Tls>,
     socket: Option<Socket>,
     state: State,
+    connect_timeout: ngx_msec_t,
     /// Bytes to send, from `out_at` on.
     out: Vec<u8>,
     out_at: usize,
@@ -169,6 +173,8 @@ pub struct PipeConn {
     /// Bytes read, from `in_at` on not used yet.
     input: Vec<u8>,
     in_at: usize,
+    /// What each read goes into.
+    rbuf: Box<[u8]>,
     waiters: VecDeque<Waiter>,
     /// The database the connection is in once everything queued has run,
     /// when that is certain.
@@ -195,7 +201,7 @@ impl PipeConn {
     }
 
     pub fn is_connecting(&self) -> bool {
-        self.state == State::Connecting
+        matches!(self.state, State::Connecting | State::Handshaking)
     }
 
     pub fn is_closed(&self) -> bool {
@@ -334,24 +340,22 @@ impl PipeConn {
                 .is_some_and(|w| now.wrapping_sub(w.since) >= SLOW_MS)
     }
 
-    fn open(
-        id: ConnId,
-        addr: &[u8],
-        auth: Option<&[u8]>,
-        connect_timeout: ngx_msec_t,
-    ) -> Result<Box<PipeConn>, String> {
+    fn open(id: ConnId, to: &Target<'_>) -> Result<Box<PipeConn>, String> {
         let mut c = Box::new(PipeConn {
             id,
-            addr: addr.to_vec(),
-            auth: auth.map(<[u8]>::to_vec),
+            addr: to.addr.to_vec(),
+            auth: to.auth.map(<[u8]>::to_vec),
+            tls: to.tls.cloned(),
             socket: None,
             state: State::Connecting,
+            connect_timeout: to.connect_timeout,
             out: Vec::new(),
             out_at: 0,
             sent: 0,
             queued: 0,
             input: Vec::new(),
             in_at: 0,
+            rbuf: vec![0; READ_CHUNK].into_boxed_slice(),
             waiters: VecDeque::new(),
             tail_db: Some(0),
             valid_max: 0,
@@ -366,7 +370,7 @@ impl PipeConn {
         let data: *mut PipeConn = &mut *c;
         c.kick.set_data(data.cast());
         c.idle.set_data(data.cast());
-        let (fd, rc) = nonblocking_connect(addr).map_err(|e| format!("connect() failed ({e})"))?;
+        let (fd, rc) = nonblocking_connect(to.addr).map_err(|e| format!("connect() failed ({e})"))?;
         let Some(socket) = Socket::get(fd, Log::cycle()) else {
             // SAFETY: the socket is ours and nothing else holds it.
             unsafe { libc::close(fd) };
@@ -382,10 +386,10 @@ impl PipeConn {
             });
         }
         if rc == Connect::Done {
-            c.connected();
+            c.transport_ready();
         } else {
             let watched = c.socket.as_ref().is_some_and(|s| {
-                s.write().add_timer(connect_timeout);
+                s.write().add_timer(to.connect_timeout);
                 s.watch_write(true)
             });
             if !watched {
@@ -393,6 +397,37 @@ impl PipeConn {
             }
         }
         Ok(c)
+    }
+
+    /// TCP is connected: the TLS handshake, or straight on.
+    fn transport_ready(&mut self) {
+        let (Some(tls), Some(s)) = (self.tls.as_ref(), self.socket.as_ref()) else {
+            return self.connected();
+        };
+        self.state = State::Handshaking;
+        match link::start_tls(s, tls, Some(handshake_done)) {
+            Err(why) => self.broken(&why, false),
+            Ok(true) => self.handshaked(),
+            Ok(false) => {
+                // nginx's handshake handler has the events until it ends,
+                // under the connect timeout.
+                s.write().add_timer(self.connect_timeout);
+            }
+        }
+    }
+
+    /// The TLS handshake ended: the certificate is checked, and the
+    /// events are the connection's again.
+    fn handshaked(&mut self) {
+        let (Some(tls), Some(s)) = (self.tls.as_ref(), self.socket.as_ref()) else {
+            return;
+        };
+        s.write().del_timer();
+        if let Err(why) = link::check_tls(s, tls) {
+            return self.broken(&why, false);
+        }
+        s.set_handler(Some(conn_event));
+        self.connected();
     }
 
     fn connected(&mut self) {
@@ -419,8 +454,10 @@ impl PipeConn {
         match self.state {
             State::Closed => {}
             State::Connecting if timedout => self.broken("timed out connecting", false),
+            // (nginx's handshake handler has the events until it ends.)
+            State::Handshaking => {}
             State::Connecting => match self.socket.as_ref().map(|s| socket_error(s.fd())) {
-                Some(Ok(())) => self.connected(),
+                Some(Ok(())) => self.transport_ready(),
                 Some(Err(e)) => self.broken(&format!("connect() failed ({e})"), false),
                 None => {}
             },
@@ -443,23 +480,16 @@ impl PipeConn {
         if self.state != State::Up {
             return;
         }
-        let Some(fd) = self.socket.as_ref().map(Socket::fd) else {
-            return;
-        };
+        let tls = self.tls.is_some();
         while self.out_at < self.out.len() {
-            let rest = &self.out[self.out_at..];
-            // SAFETY: a send on the connection's own socket from a live buffer of that length.
-            let n = unsafe { libc::send(fd, rest.as_ptr().cast(), rest.len(), libc::MSG_NOSIGNAL) };
-            if n > 0 {
-                self.out_at += n as usize;
-                self.sent += n as u64;
-                continue;
-            }
-            let e = std::io::Error::last_os_error();
-            match e.kind() {
-                std::io::ErrorKind::Interrupted => continue,
-                std::io::ErrorKind::WouldBlock => break,
-                _ => return self.broken(&format!("send() failed ({e})"), false),
+            let Some(s) = self.socket.as_ref() else { return };
+            match link::io(s, tls, Io::Send(&self.out[self.out_at..])) {
+                Ok(0) => break,
+                Ok(n) => {
+                    self.out_at += n;
+                    self.sent += n as u64;
+                }
+                Err(e) => return self.broken(&why(e), false),
             }
         }
         if self.out_at == self.out.len() {
@@ -472,11 +502,10 @@ impl PipeConn {
         }
     }
 
-    /// Reads until the socket has nothing more (or the reading pauses).
+    /// Reads until the socket (and TLS) has nothing more, or the reading
+    /// pauses.
     fn read(&mut self) {
-        let Some(fd) = self.socket.as_ref().map(Socket::fd) else {
-            return;
-        };
+        let tls = self.tls.is_some();
         while self.state == State::Up && !self.paused {
             if self.in_at == self.input.len() {
                 self.input.clear();
@@ -485,26 +514,14 @@ impl PipeConn {
                 self.input.drain(..self.in_at);
                 self.in_at = 0;
             }
-            let have = self.input.len();
-            self.input.reserve(READ_CHUNK);
-            let room = self.input.capacity() - have;
-            // SAFETY: a recv on the connection's own socket into the
-            // vector's spare capacity, of that length.
-            let n = unsafe { libc::recv(fd, self.input.as_mut_ptr().add(have).cast(), room, 0) };
-            if n > 0 {
-                // SAFETY: recv wrote n bytes after the initialized ones.
-                unsafe { self.input.set_len(have + n as usize) };
-                self.process();
-                continue;
-            }
-            if n == 0 {
-                return self.broken("upstream prematurely closed connection", false);
-            }
-            let e = std::io::Error::last_os_error();
-            match e.kind() {
-                std::io::ErrorKind::Interrupted => continue,
-                std::io::ErrorKind::WouldBlock => return,
-                _ => return self.broken(&format!("recv() failed ({e})"), false),
+            let Some(s) = self.socket.as_ref() else { return };
+            match link::io(s, tls, Io::Recv(&mut self.rbuf[..])) {
+                Ok(0) => return,
+                Ok(n) => {
+                    self.input.extend_from_slice(&self.rbuf[..n]);
+                    self.process();
+                }
+                Err(e) => return self.broken(&why(e), false),
             }
         }
     }
@@ -644,7 +661,7 @@ impl PipeConn {
         }
         self.state = State::Closed;
         if let Some(s) = self.socket.take() {
-            s.close();
+            link::close(s);
         }
         self.kick.stop();
         self.idle.stop();
@@ -699,6 +716,23 @@ impl PipeConn {
 /// The request side's reader (the cache requests).
 type R = super::shared::Shared;
 
+/// Where a request's connection goes: the server's address, the password
+/// (`cache_auth`) and TLS (`cache_ssl`) it uses.
+pub struct Target<'a> {
+    pub addr: &'a [u8],
+    pub auth: Option<&'a [u8]>,
+    pub tls: Option<&'a Tls>,
+    pub connect_timeout: ngx_msec_t,
+}
+
+/// What a broken connection says in the log.
+fn why(e: IoError) -> String {
+    match e {
+        IoError::Closed => "upstream prematurely closed connection".to_owned(),
+        IoError::Failed(why) => why,
+    }
+}
+
 /// The worker's connections (in the main configuration).
 #[derive(Default)]
 pub struct Pipes {
@@ -713,7 +747,7 @@ impl Pipes {
     /// A connection for a request to `addr` (and `auth`): the least loaded
     /// one while it is neither deep nor slow, else a new one (up to
     /// `MAX_CONNS`), else the least loaded.
-    pub fn pick(&self, addr: &[u8], auth: Option<&[u8]>, connect_timeout: ngx_msec_t) -> Result<ConnId, String> {
+    pub fn pick(&self, to: &Target<'_>) -> Result<ConnId, String> {
         let mut conns = self.conns.borrow_mut();
         // Closed connections go (nothing refers to them: their requests
         // heard of it, and their events are off).
@@ -722,7 +756,7 @@ impl Pipes {
         let mut open = 0;
         let mut best: Option<(usize, bool, usize)> = None;
         for (i, c) in conns.iter().enumerate() {
-            if c.retired || c.addr != addr || c.auth.as_deref() != auth {
+            if c.retired || c.addr != to.addr || c.auth.as_deref() != to.auth || c.tls.as_ref() != to.tls {
                 continue;
             }
             open += 1;
@@ -739,7 +773,7 @@ impl Pipes {
         }
         let id = ConnId(self.next_id.get());
         self.next_id.set(id.0 + 1);
-        let c = PipeConn::open(id, addr, auth, connect_timeout)?;
+        let c = PipeConn::open(id, to)?;
         conns.push(c);
         Ok(id)
     }
@@ -784,6 +818,19 @@ extern "C" fn conn_event(ev: *mut ngx_event_t) {
         let out = c.take_deliveries();
         // (The connection is not touched after this: a request that ends
         // may drop closed connections.)
+        R::deliver(out);
+    })
+}
+
+/// nginx's TLS handshake ended (well or not, or timed out).
+extern "C" fn handshake_done(nc: *mut ngx_connection_t) {
+    guard(Log::cycle(), "cache pipelined connection handshake", (), || {
+        // SAFETY: the connection's data is its PipeConn (open).
+        let c = unsafe { conn_of((*nc).data) };
+        if c.state == State::Handshaking {
+            c.handshaked();
+        }
+        let out = c.take_deliveries();
         R::deliver(out);
     })
 }

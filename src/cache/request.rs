@@ -235,7 +235,7 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
     // `cache_pipeline off`: there a database is confirmed before any
     // command runs in it (a refused SELECT followed, in the same round
     // trip, by the command would run the command in another database).
-    if (lcf.pipeline != 0 || db.is_some()) && cluster.is_none() && !tls {
+    if (lcf.pipeline != 0 || db.is_some()) && cluster.is_none() {
         u.install(conf, "redis://", <Cache as ngx::http::HttpModule>::module(), CALLBACKS);
         let ctx = Ctx {
             r: r.as_ptr(),

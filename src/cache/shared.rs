@@ -14,7 +14,8 @@ use gateway_core::pubsub;
 use gateway_core::redis;
 
 use super::config::{Cache, CacheLocConf, CacheMainConf};
-use super::pipe::{ConnId, DbStep, Delivery, Failure, Handle, Reader};
+use super::link::Tls;
+use super::pipe::{ConnId, DbStep, Delivery, Failure, Handle, Reader, Target};
 use super::request::{ctx_of, next_ping};
 use crate::ffi::buf::Reuse;
 use crate::ffi::*;
@@ -36,6 +37,8 @@ pub struct SharedReq {
     timer: Option<NonNull<ngx_event_t>>,
     /// The request body (SET, PUBLISH), read once.
     body: Vec<u8>,
+    /// `cache_ssl`: TLS to the server.
+    tls: Option<Tls>,
     /// The status and headers went out.
     started: bool,
     /// HEAD, or the header could not go out: value bytes are dropped.
@@ -61,6 +64,7 @@ impl SharedReq {
             conn: None,
             timer: None,
             body: Vec::new(),
+            tls: None,
             started: false,
             discard: false,
             retry_404: false,
@@ -96,6 +100,15 @@ pub fn start(r: &mut Req, block: Option<&ngx_http_upstream_srv_conf_t>) -> Optio
     if !r.init_upstream_peer(block) {
         return None;
     }
+    // The name TLS verifies and sends: the host part of cache_pass, as
+    // proxy_pass's is for proxy_ssl_name.
+    let host = r
+        .upstream()
+        .and_then(|u| u.resolved_host())
+        .or_else(|| block.map(|us| us.host))
+        .unwrap_or_default();
+    let lcf: &CacheLocConf = r.loc_conf::<Cache>();
+    let tls = Tls::of_location(r, lcf, host.as_bytes())?;
     let pool = r.pool();
     let ev = pool.calloc::<ngx_event_t>()?;
     // SAFETY: fresh zeroed memory of the request's pool.
@@ -107,6 +120,7 @@ pub fn start(r: &mut Req, block: Option<&ngx_http_upstream_srv_conf_t>) -> Optio
     }
     let s = shared_of(r)?;
     s.timer = Some(ev);
+    s.tls = tls;
     if !r.add_cleanup(cleanup, r.as_ptr().cast()) {
         return None;
     }
@@ -206,18 +220,10 @@ fn dispatch(r: &mut Req) {
     if let Some(s) = shared_of(r) {
         s.peer_held = true;
     }
-    let Some(addr) = addr else {
+    if addr.is_none() {
         return end(r, HTTP_INTERNAL_SERVER_ERROR);
-    };
-    let Some(ctx) = ctx_of(r) else { return };
-    let lcf: &CacheLocConf = r.loc_conf::<Cache>();
-    match pipes(r).pick(&addr, ctx.auth.as_deref(), lcf.upstream.connect_timeout) {
-        Ok(id) => place(r, id),
-        Err(why) => {
-            log!(NGX_LOG_ERR, r.log(), "cache: {why} while connecting to upstream");
-            next(r, NGX_HTTP_UPSTREAM_FT_ERROR, false, false)
-        }
     }
+    again(r);
 }
 
 /// How the request went onto its connection.
@@ -285,15 +291,23 @@ fn place(r: &mut Req, id: ConnId) {
     }
 }
 
-/// The connection the request was to use closed before the request's
-/// commands went on it: another one to the same server.
+/// A connection to the balancer's server (again, when the connection the
+/// request was to use closed before its commands went on it: not the
+/// server's failure).
 fn again(r: &mut Req) {
     let Some(ctx) = ctx_of(r) else { return };
+    let Some(s) = ctx.shared.as_deref() else { return };
     let Some(addr) = r.upstream().and_then(|u| u.peer_addr()).map(|(a, _)| a.to_vec()) else {
         return end(r, HTTP_INTERNAL_SERVER_ERROR);
     };
     let lcf: &CacheLocConf = r.loc_conf::<Cache>();
-    match pipes(r).pick(&addr, ctx.auth.as_deref(), lcf.upstream.connect_timeout) {
+    let to = Target {
+        addr: &addr,
+        auth: ctx.auth.as_deref(),
+        tls: s.tls.as_ref(),
+        connect_timeout: lcf.upstream.connect_timeout,
+    };
+    match pipes(r).pick(&to) {
         Ok(id) => place(r, id),
         Err(why) => {
             log!(NGX_LOG_ERR, r.log(), "cache: {why} while connecting to upstream");

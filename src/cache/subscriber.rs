@@ -9,13 +9,12 @@
 //! subscribers get `event: reconnect`: what was published in between is
 //! lost. The request side is crate::subscribe's, shared with `sqldb_listen`.
 
-use std::ffi::c_int;
 use std::ptr::NonNull;
 
 use gateway_core::pubsub::{self, Push};
 
 use super::config::{Cache, CacheLocConf};
-use crate::ffi::conf::ComplexValue;
+use super::link::{self, nonblocking_connect, socket_error, Connect, Io, IoError, Tls};
 use crate::ffi::*;
 use crate::log;
 use crate::sqldb::driver::{Added, Channels, Hub, ListenSink, ReqToken};
@@ -31,16 +30,6 @@ enum State {
     /// The TLS handshake (`cache_ssl`).
     Handshaking,
     Up,
-}
-
-/// TLS to the server (`cache_ssl`): nginx's context, as the location's
-/// requests use it, and what to check.
-struct Tls {
-    ssl: *mut ngx_ssl_t,
-    verify: bool,
-    server_name: bool,
-    /// The name to verify and send (`cache_ssl_name`, else the upstream's).
-    name: Vec<u8>,
 }
 
 /// One address of the upstream's servers.
@@ -127,21 +116,7 @@ fn hub(r: &mut Req, lcf: &CacheLocConf, auth: Option<Vec<u8>>) -> Option<NonNull
     if us.port != 0 {
         name = format!("{name}:{}", us.port);
     }
-    let tls = if lcf.upstream.ssl.is_null() {
-        None
-    } else {
-        // SAFETY: cache_ssl_name, compiled into configuration memory.
-        let name = match unsafe { ComplexValue::from_raw(lcf.upstream.ssl_name) } {
-            Some(cv) => r.complex_value(cv)?.to_vec(),
-            None => us.host.as_bytes().to_vec(),
-        };
-        Some(Tls {
-            ssl: lcf.upstream.ssl,
-            verify: lcf.upstream.ssl_verify == 1,
-            server_name: lcf.upstream.ssl_server_name == 1,
-            name,
-        })
-    };
+    let tls = Tls::of_location(r, lcf, us.host.as_bytes())?;
     let h = RedisHub::new(
         name,
         addrs,
@@ -226,23 +201,8 @@ impl RedisHub {
     /// Closes the socket, and frees its TLS state.
     fn drop_socket(&mut self) {
         self.live = false;
-        let Some(s) = self.socket.take() else { return };
-        // SAFETY: the hub's own connection; its TLS state, if any, is
-        // nginx's, freed at once (no close_notify sent or awaited).
-        let pool = unsafe {
-            let c = s.as_ptr();
-            if let Some(ssl) = (*c).ssl.as_mut() {
-                ssl.set_no_wait_shutdown(1);
-                ssl.set_no_send_shutdown(1);
-                ngx_ssl_shutdown(c);
-            }
-            std::mem::replace(&mut (*c).pool, std::ptr::null_mut())
-        };
-        s.close();
-        if !pool.is_null() {
-            // SAFETY: the pool made for the connection's TLS state, which
-            // is freed; nothing else refers to it.
-            unsafe { ngx_destroy_pool(pool) };
+        if let Some(s) = self.socket.take() {
+            link::close(s);
         }
     }
 
@@ -321,40 +281,16 @@ impl RedisHub {
         let (Some(tls), Some(s)) = (self.tls.as_ref(), self.socket.as_ref()) else {
             return self.connected();
         };
-        let c = s.as_ptr();
         self.state = State::Handshaking;
-        // SAFETY: the hub's own connection and nginx's TLS context, which
-        // lives as long as the configuration; OpenSSL copies the name.
-        let rc = unsafe {
-            // nginx keeps a connection's TLS state in its pool.
-            (*c).pool = ngx_create_pool(256, (*c).log);
-            if (*c).pool.is_null() || ngx_ssl_create_connection(tls.ssl, c, NGX_SSL_CLIENT as ngx_uint_t) != OK {
-                return self.lost("cannot start TLS");
+        match link::start_tls(s, tls, Some(handshake_done)) {
+            Err(why) => self.lost(&why),
+            Ok(true) => self.handshaked(),
+            Ok(false) => {
+                // nginx's handshake handler takes the events until it
+                // ends, under the connect timeout.
+                s.write().add_timer(self.connect_timeout);
             }
-            let conn = (*(*c).ssl).connection;
-            // Writes may be retried with the queue grown (moved).
-            SSL_ctrl(
-                conn,
-                SSL_CTRL_MODE as _,
-                (SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER | SSL_MODE_ENABLE_PARTIAL_WRITE) as _,
-                std::ptr::null_mut(),
-            );
-            if tls.server_name {
-                let Ok(name) = std::ffi::CString::new(tls.name.clone()) else {
-                    return self.lost("the TLS server name holds a NUL");
-                };
-                SSL_ctrl(conn, SSL_CTRL_SET_TLSEXT_HOSTNAME as _, 0, name.as_ptr() as *mut _);
-            }
-            (*(*c).ssl).handler = Some(handshake_done);
-            ngx_ssl_handshake(c)
-        };
-        if rc == AGAIN {
-            // nginx's handshake handler takes the events until it ends,
-            // under the connect timeout.
-            s.write().add_timer(self.connect_timeout);
-            return;
         }
-        self.handshaked();
     }
 
     /// The TLS handshake ended: the server's certificate is checked as
@@ -363,35 +299,8 @@ impl RedisHub {
         let (Some(tls), Some(s)) = (self.tls.as_ref(), self.socket.as_ref()) else {
             return;
         };
-        let c = s.as_ptr();
         s.write().del_timer();
-        // SAFETY: the hub's own connection, whose TLS state nginx made.
-        let verdict = unsafe {
-            match (*c).ssl.as_ref() {
-                Some(ssl) if ssl.handshaked() != 0 => {
-                    let rc = SSL_get_verify_result(ssl.connection);
-                    let mut name = ngx_str_t {
-                        len: tls.name.len(),
-                        data: tls.name.as_ptr() as *mut u8,
-                    };
-                    if !tls.verify {
-                        Ok(())
-                    } else if rc != X509_V_OK as std::ffi::c_long {
-                        let why = std::ffi::CStr::from_ptr(X509_verify_cert_error_string(rc));
-                        Err(format!("certificate verify error: ({rc}:{})", why.to_string_lossy()))
-                    } else if ngx_ssl_check_host(c, &mut name) != OK {
-                        Err(format!(
-                            "certificate does not match \"{}\"",
-                            String::from_utf8_lossy(&tls.name)
-                        ))
-                    } else {
-                        Ok(())
-                    }
-                }
-                _ => Err("the TLS handshake failed or timed out".to_owned()),
-            }
-        };
-        if let Err(why) = verdict {
+        if let Err(why) = link::check_tls(s, tls) {
             return self.lost(&why);
         }
         // The events are the hub's again.
@@ -422,7 +331,8 @@ impl RedisHub {
             return;
         }
         while !self.out.is_empty() {
-            match self.io(Io::Send) {
+            let Some(sock) = self.socket.as_ref() else { break };
+            match link::io(sock, self.tls.is_some(), Io::Send(&self.out)).map_err(why) {
                 Ok(0) => break,
                 Ok(n) => drop(self.out.drain(..n)),
                 Err(e) => return self.lost(&e),
@@ -464,59 +374,14 @@ impl RedisHub {
     fn read(&mut self) {
         let mut buf = vec![0u8; 64 * 1024];
         while self.state == State::Up {
-            match self.io(Io::Recv(&mut buf)) {
+            let Some(sock) = self.socket.as_ref() else { return };
+            match link::io(sock, self.tls.is_some(), Io::Recv(&mut buf)).map_err(why) {
                 Ok(0) => return,
                 Ok(n) => self.input.extend_from_slice(&buf[..n]),
                 Err(e) => return self.lost(&e),
             }
             if let Err(e) = self.take_pushes() {
                 return self.lost(&e);
-            }
-        }
-    }
-
-    /// One send of the queue or one read into a buffer: the bytes moved, 0
-    /// when the socket would block, or why the connection is broken.
-    fn io(&mut self, what: Io<'_>) -> Result<usize, String> {
-        let Some(s) = self.socket.as_ref() else {
-            return Ok(0);
-        };
-        let (c, fd) = (s.as_ptr(), s.fd());
-        let tls = self.tls.is_some();
-        let recv = matches!(what, Io::Recv(_));
-        loop {
-            // SAFETY: plain socket calls on the hub's own socket, or nginx's
-            // TLS calls on its own connection (made by the handshake), each
-            // with a buffer of the length given.
-            let n = unsafe {
-                match (&what, tls) {
-                    (Io::Send, false) => libc::send(fd, self.out.as_ptr().cast(), self.out.len(), libc::MSG_NOSIGNAL),
-                    (Io::Send, true) => ngx_ssl_write(c, self.out.as_mut_ptr(), self.out.len()),
-                    (Io::Recv(b), false) => libc::recv(fd, b.as_ptr() as *mut _, b.len(), 0),
-                    (Io::Recv(b), true) => ngx_ssl_recv(c, b.as_ptr() as *mut u8, b.len()),
-                }
-            };
-            if n > 0 {
-                return Ok(n as usize);
-            }
-            if n == 0 && recv {
-                return Err("redis closed the connection".to_owned());
-            }
-            if tls {
-                return match n as ngx_int_t {
-                    AGAIN => Ok(0),
-                    // (nginx has logged why, at its level.)
-                    _ => Err(format!(
-                        "a TLS error while {}",
-                        if recv { "reading" } else { "sending" }
-                    )),
-                };
-            }
-            let e = std::io::Error::last_os_error();
-            match e.kind() {
-                std::io::ErrorKind::WouldBlock => return Ok(0),
-                std::io::ErrorKind::Interrupted => continue,
-                _ => return Err(format!("{} failed: {e}", if recv { "reading" } else { "sending" })),
             }
         }
     }
@@ -596,81 +461,12 @@ impl Hub for RedisHub {
     }
 }
 
-/// What `io` does.
-enum Io<'a> {
-    Send,
-    Recv(&'a mut [u8]),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Connect {
-    Done,
-    InProgress,
-}
-
-/// A nonblocking socket for the address, and its connect started.
-pub(super) fn nonblocking_connect(sockaddr: &[u8]) -> Result<(c_int, Connect), std::io::Error> {
-    if sockaddr.len() < std::mem::size_of::<libc::sa_family_t>() {
-        return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
+/// What a broken connection says in the log.
+fn why(e: IoError) -> String {
+    match e {
+        IoError::Closed => "redis closed the connection".to_owned(),
+        IoError::Failed(why) => why,
     }
-    // SAFETY: the address starts with its family (any sockaddr does);
-    // read unaligned from the bytes.
-    let family = unsafe { std::ptr::read_unaligned(sockaddr.as_ptr() as *const libc::sa_family_t) };
-    // SAFETY: plain socket calls on a socket of our own, with an address
-    // of its stated length.
-    unsafe {
-        let fd = libc::socket(
-            c_int::from(family),
-            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            0,
-        );
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        if c_int::from(family) != libc::AF_UNIX {
-            let one: c_int = 1;
-            libc::setsockopt(
-                fd,
-                libc::IPPROTO_TCP,
-                libc::TCP_NODELAY,
-                (&one as *const c_int).cast(),
-                std::mem::size_of::<c_int>() as libc::socklen_t,
-            );
-        }
-        let rc = libc::connect(fd, sockaddr.as_ptr().cast(), sockaddr.len() as libc::socklen_t);
-        if rc == 0 {
-            return Ok((fd, Connect::Done));
-        }
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EINPROGRESS) {
-            return Ok((fd, Connect::InProgress));
-        }
-        libc::close(fd);
-        Err(e)
-    }
-}
-
-/// The outcome of a nonblocking connect, once the socket is writable.
-pub(super) fn socket_error(fd: c_int) -> Result<(), std::io::Error> {
-    let mut err: c_int = 0;
-    let mut len = std::mem::size_of::<c_int>() as libc::socklen_t;
-    // SAFETY: a getsockopt into a local int of its size.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_ERROR,
-            (&mut err as *mut c_int).cast(),
-            &mut len,
-        )
-    };
-    if rc < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    if err != 0 {
-        return Err(std::io::Error::from_raw_os_error(err));
-    }
-    Ok(())
 }
 
 /// Read/write readiness (or the connect timeout) of the subscribing connection.
