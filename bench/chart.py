@@ -11,7 +11,7 @@ import sys
 
 CONFIGS = [("default", "no keepalive line", "#1f77b4"), ("max32", "max=32", "#ff7f0e"), ("max2", "max=2", "#2ca02c")]
 SCENARIOS = [("a", "echo"), ("b", "pk lookup"), ("c", "100 rows x 3")]
-CACHE = [("r", "gateway cache_pass", "#1f77b4"), ("m", "memc + memcached", "#9467bd"), ("rb", "redis-benchmark", "#8c564b")]
+CACHE = [("r", "gateway cache_pass", "#1f77b4"), ("roff", "cache_pipeline off", "#aec7e8"), ("m", "memc + memcached", "#9467bd"), ("rb", "redis-benchmark", "#8c564b")]
 
 
 def load(path):

@@ -162,6 +162,7 @@ http {
         location = /c { sqldb_pass bench_db; sqldb_query "select id, label, price from items where id <= 100"; }
         location = /sleep { sqldb_pass bench_db; sqldb_query "select pg_sleep(1)"; }
         location = /r { set \$cache_key "key:__rand_int__"; cache_pass bench_redis; }
+        location = /roff { set \$cache_key "key:__rand_int__"; cache_pipeline off; cache_pass bench_redis; }
         location = /ret { return 200 "$value"; }
         $memc_loc
     }
@@ -281,7 +282,7 @@ for cfg in "${configs[@]}"; do
     done
     if [ "$cfg" = default ]; then
         # The cache and its ceilings, with the default pool's nginx.
-        for s in r ret m; do
+        for s in r roff ret m; do
             [ $s = m ] && [ ! -f "$memc" ] && continue
             g[$s]=$(wrk_run /$s)
             read -r rps p99 bad _ <<<"${g[$s]}"
@@ -324,6 +325,9 @@ stop_nginx
     printf "%-34s %10s/s %8sms\n" "redis-benchmark" "$rbr" "$rbl"
     printf "%-34s %10s/s %8sms   %sx of return 200, %sx of redis-benchmark\n" "gateway cache_pass" "$rr" "$rrl" \
         "$(ratio "$rr" "$rt")" "$(ratio "$rr" "$rbr")"
+    read -r ro rol _ <<<"${g[roff]}"
+    printf "%-34s %10s/s %8sms   %sx of return 200; shared / off %sx\n" "gateway, cache_pipeline off" "$ro" "$rol" \
+        "$(ratio "$ro" "$rt")" "$(ratio "$rr" "$ro")"
     if [ -n "${g[m]:-}" ]; then
         read -r rm rml _ <<<"${g[m]}"
         printf "%-34s %10s/s %8sms   %sx of return 200; gateway / memc %sx\n" "memc module + memcached" "$rm" "$rml" \

@@ -95,6 +95,21 @@ pub fn nonblocking_connect(sockaddr: &[u8]) -> Result<(c_int, Connect), std::io:
     }
 }
 
+/// TCP keepalive on a socket (`cache_socket_keepalive`).
+pub fn set_keepalive(fd: c_int) {
+    let one: c_int = 1;
+    // SAFETY: a setsockopt on the caller's socket with a local int of its size.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_KEEPALIVE,
+            (&one as *const c_int).cast(),
+            std::mem::size_of::<c_int>() as libc::socklen_t,
+        )
+    };
+}
+
 /// The outcome of a nonblocking connect, once the socket is writable.
 pub fn socket_error(fd: c_int) -> Result<(), std::io::Error> {
     let mut err: c_int = 0;

@@ -371,6 +371,9 @@ impl PipeConn {
         c.kick.set_data(data.cast());
         c.idle.set_data(data.cast());
         let (fd, rc) = nonblocking_connect(to.addr).map_err(|e| format!("connect() failed ({e})"))?;
+        if to.so_keepalive {
+            link::set_keepalive(fd);
+        }
         let Some(socket) = Socket::get(fd, Log::cycle()) else {
             // SAFETY: the socket is ours and nothing else holds it.
             unsafe { libc::close(fd) };
@@ -723,6 +726,8 @@ pub struct Target<'a> {
     pub auth: Option<&'a [u8]>,
     pub tls: Option<&'a Tls>,
     pub connect_timeout: ngx_msec_t,
+    /// `cache_socket_keepalive`.
+    pub so_keepalive: bool,
 }
 
 /// What a broken connection says in the log.

@@ -306,6 +306,7 @@ fn again(r: &mut Req) {
         auth: ctx.auth.as_deref(),
         tls: s.tls.as_ref(),
         connect_timeout: lcf.upstream.connect_timeout,
+        so_keepalive: lcf.upstream.socket_keepalive == 1,
     };
     match pipes(r).pick(&to) {
         Ok(id) => place(r, id),
