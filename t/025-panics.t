@@ -31,7 +31,8 @@ add_block_preprocessor(sub {
     $block->set_value(main_config => "env \"NGX_GATEWAY_PANIC=$entry\";");
     $block->set_value(config => ($block->config // '') . "\nlocation = /alive { return 200 \"alive\"; }\n"
         . "location /q { sqldb_pass database; sqldb_output value; sqldb_query \"select 'ok'\"; }\n"
-        . "location /c/ { set \$cache_key \$uri; cache_pass redis; }\n");
+        . "location /c/ { set \$cache_key \$uri; cache_pass redis; }\n"
+        . "location /off/c/ { set \$cache_key /c/there; cache_pipeline off; cache_pass redis; }\n");
     $block->set_value(error_log => "gateway: internal error (panic) in $entry");
 });
 
@@ -159,29 +160,67 @@ location /e { sqldb_escape $v $arg_v; sqldb_pass database; sqldb_query "select $
 
 
 
-=== TEST 11: the cache's request
+=== TEST 11: the cache's (cache_pipeline off) request
 --- entry: cache create_request
 --- request eval
-["GET /c/there", "GET /alive"]
+["GET /off/c/there", "GET /alive"]
 --- error_code eval
 [500, 200]
 
 
 
-=== TEST 12: the cache's reply header
+=== TEST 12: the cache's (cache_pipeline off) reply header
 --- entry: cache process_header
+--- request eval
+["GET /off/c/there", "GET /alive"]
+--- error_code eval
+[500, 200]
+
+
+
+=== TEST 13: the cache's (cache_pipeline off) value filter
+--- entry: cache input_filter_init
+--- request
+GET /off/c/there
+--- ignore_response
+
+
+
+=== TEST 13b: the end of the cache's reply, on a shared connection (after the answer went out)
+--- entry: cache reply
+--- request eval
+["GET /c/there", "GET /c/there", "GET /alive"]
+--- error_code eval
+[200, 200, 200]
+--- response_body eval
+["value", "value", "alive"]
+
+
+
+=== TEST 13c: the cache's answer, on a shared connection (the status is not sent)
+--- entry: cache answer
 --- request eval
 ["GET /c/there", "GET /alive"]
 --- error_code eval
+[502, 200]
+
+
+
+=== TEST 13d: a shared connection's events: the connection closes, its requests get 502
+--- entry: cache pipelined connection event
+--- request eval
+["GET /c/there", "GET /alive"]
+--- error_code eval
+[502, 200]
+
+
+
+=== TEST 13e: the body of a store on a shared connection
+--- entry: cache body_read
+--- request eval
+["PUT /c/stored\nvalue", "GET /alive"]
+--- error_code eval
 [500, 200]
-
-
-
-=== TEST 13: the cache's value filter
---- entry: cache input_filter_init
---- request
-GET /c/there
---- ignore_response
 
 
 

@@ -189,6 +189,8 @@ pub struct PipeConn {
     paused: bool,
     /// Requests answered on it.
     served: u64,
+    /// Why it closed.
+    closed_why: String,
     /// Posted to send what a pass of the event loop queued, in one write.
     kick: RetryTimer,
     idle: RetryTimer,
@@ -363,6 +365,7 @@ impl PipeConn {
             retired: false,
             paused: false,
             served: 0,
+            closed_why: String::new(),
             kick: RetryTimer::new(std::ptr::null_mut(), Some(kick_event)),
             idle: RetryTimer::new(std::ptr::null_mut(), Some(idle_event)),
             out_buf: Vec::new(),
@@ -653,7 +656,8 @@ impl PipeConn {
         if self.state == State::Closed {
             return;
         }
-        let connecting = self.state == State::Connecting;
+        let connecting = self.is_connecting();
+        self.closed_why = why.to_owned();
         if invalid && !self.live_waiters() {
             // Nobody to tell: the connection's own line.
             log!(
@@ -779,6 +783,10 @@ impl Pipes {
         let id = ConnId(self.next_id.get());
         self.next_id.set(id.0 + 1);
         let c = PipeConn::open(id, to)?;
+        if c.is_closed() {
+            // (It failed at once: a TLS setup that could not start, say.)
+            return Err(c.closed_why.clone());
+        }
         conns.push(c);
         Ok(id)
     }
@@ -809,68 +817,78 @@ unsafe fn conn_of<'a>(data: *mut std::ffi::c_void) -> &'a mut PipeConn {
     unsafe { &mut *(data as *mut PipeConn) }
 }
 
+/// Runs a step of a connection for one of its events; a panic in it closes
+/// the connection (its requests hear of it: 502, or the next server). What
+/// the step delivers is delivered after it, the connection untouched since.
+fn conn_entry(data: *mut std::ffi::c_void, entry: &str, step: impl FnOnce(&mut PipeConn)) {
+    let p = data as *mut PipeConn;
+    let ok = guard(Log::cycle(), entry, false, || {
+        // SAFETY: data is a PipeConn's own pointer (conn_of).
+        step(unsafe { conn_of(p.cast()) });
+        true
+    });
+    // SAFETY: as above: a panic in the step does not free it.
+    let c = unsafe { conn_of(p.cast()) };
+    if !ok {
+        c.broken("an internal error (a panic) in the module", false);
+    }
+    let out = c.take_deliveries();
+    R::deliver(out);
+}
+
 /// Read/write readiness, or the connect timeout.
 extern "C" fn conn_event(ev: *mut ngx_event_t) {
-    guard(Log::cycle(), "cache pipelined connection event", (), || {
-        // SAFETY: the connection's data is its PipeConn (open).
-        let (c, timedout) = unsafe {
-            let Some(ev) = Event::from_raw(ev) else { return };
+    // SAFETY: the event is one of a PipeConn's connection (open), whose
+    // data is the PipeConn.
+    let Some((data, timedout)) = (unsafe {
+        Event::from_raw(ev).map(|ev| {
             let timedout = ev.take_timedout();
-            let nc = ev.data() as *mut ngx_connection_t;
-            (conn_of((*nc).data), timedout)
-        };
-        c.on_event(timedout);
-        let out = c.take_deliveries();
-        // (The connection is not touched after this: a request that ends
-        // may drop closed connections.)
-        R::deliver(out);
-    })
+            ((*(ev.data() as *mut ngx_connection_t)).data, timedout)
+        })
+    }) else {
+        return;
+    };
+    conn_entry(data, "cache pipelined connection event", |c| c.on_event(timedout));
 }
 
 /// nginx's TLS handshake ended (well or not, or timed out).
 extern "C" fn handshake_done(nc: *mut ngx_connection_t) {
-    guard(Log::cycle(), "cache pipelined connection handshake", (), || {
-        // SAFETY: the connection's data is its PipeConn (open).
-        let c = unsafe { conn_of((*nc).data) };
+    // SAFETY: the connection's data is its PipeConn (open).
+    let data = unsafe { (*nc).data };
+    conn_entry(data, "cache pipelined connection handshake", |c| {
         if c.state == State::Handshaking {
             c.handshaked();
         }
-        let out = c.take_deliveries();
-        R::deliver(out);
-    })
+    });
 }
 
 /// Posted: what was queued goes out, and reading goes on.
 extern "C" fn kick_event(ev: *mut ngx_event_t) {
-    guard(Log::cycle(), "cache pipelined connection", (), || {
-        // SAFETY: the event's data is its PipeConn (open).
-        let c = unsafe {
-            let Some(ev) = Event::from_raw(ev) else { return };
-            conn_of(ev.data())
-        };
+    // SAFETY: the event's data is its PipeConn (open).
+    let Some(data) = (unsafe { Event::from_raw(ev) }).map(Event::data) else {
+        return;
+    };
+    conn_entry(data, "cache pipelined connection", |c| {
         if c.state == State::Up {
             c.run();
         } else {
             c.settle();
         }
-        let out = c.take_deliveries();
-        R::deliver(out);
-    })
+    });
 }
 
 /// Nobody used the connection for IDLE_MS.
 extern "C" fn idle_event(ev: *mut ngx_event_t) {
-    guard(Log::cycle(), "cache pipelined connection idle", (), || {
-        // SAFETY: the timer's data is its PipeConn (open).
-        let c = unsafe {
-            let Some(ev) = Event::from_raw(ev) else { return };
-            ev.take_timedout();
-            conn_of(ev.data())
-        };
+    // SAFETY: the timer's data is its PipeConn (open).
+    let Some(data) = (unsafe { Event::from_raw(ev) }).map(|ev| {
+        ev.take_timedout();
+        ev.data()
+    }) else {
+        return;
+    };
+    conn_entry(data, "cache pipelined connection idle", |c| {
         if c.waiters.is_empty() {
             c.broken("idle", false);
         }
-        let out = c.take_deliveries();
-        R::deliver(out);
-    })
+    });
 }

@@ -633,7 +633,12 @@ impl Reader for Shared {
             };
             let Some(r) = request_of(&who) else { continue };
             let posted = r.posted();
-            guard_request(r, "cache reply", |r| match d {
+            let entry = if matches!(d, Delivery::Connected(_)) {
+                "cache connected"
+            } else {
+                "cache reply"
+            };
+            guard_request(r, entry, |r| match d {
                 Delivery::Connected(_) => connected(r),
                 Delivery::Done(_) => done(r),
                 Delivery::Probed(_, Ok(())) => {
