@@ -95,7 +95,8 @@ pub trait Reader {
     /// The command's reply: its status and, for a value, its length.
     fn answer(who: &Handle, status: u16, value: Option<u64>, count: Option<i64>);
     /// Value bytes; true when the client is behind (reading pauses).
-    fn value(who: &Handle, bytes: &[u8]) -> bool;
+    /// `behind`: other requests wait for replies after this one.
+    fn value(who: &Handle, bytes: &[u8], behind: bool) -> bool;
     fn deliver(out: Vec<Delivery>);
 }
 
@@ -125,6 +126,8 @@ enum Kind {
 
 struct Waiter {
     who: Option<Rc<Handle>>,
+    /// Requests that wait for a probe's answer too.
+    followers: Vec<Rc<Handle>>,
     exchange: Exchange,
     kind: Kind,
     /// Where its bytes start in what the connection sends.
@@ -139,6 +142,13 @@ impl Waiter {
     fn live(&self) -> Option<&Rc<Handle>> {
         self.who.as_ref().filter(|h| h.alive())
     }
+
+    /// The waiter's request and the followers still there.
+    fn everyone(&self) -> impl Iterator<Item = &Rc<Handle>> {
+        self.live()
+            .into_iter()
+            .chain(self.followers.iter().filter(|h| h.alive()))
+    }
 }
 
 /// What a request needs before its command on a connection.
@@ -150,6 +160,8 @@ pub enum DbStep {
     Select(u32),
     /// Ask whether Redis has it first (`probe`).
     Probe,
+    /// Another request asks already: wait for its answer (`follow`).
+    Wait,
 }
 
 /// A connection's number in the worker (never the same twice).
@@ -216,6 +228,12 @@ impl PipeConn {
             DbStep::Stay
         } else if db <= self.valid_max {
             DbStep::Select(db)
+        } else if self
+            .waiters
+            .iter()
+            .any(|w| matches!(w.kind, Kind::Probe { db: d, .. } if d == db))
+        {
+            DbStep::Wait
         } else {
             DbStep::Probe
         }
@@ -252,6 +270,21 @@ impl PipeConn {
         });
     }
 
+    /// The probe of database `db` on its way, if any.
+    fn probing(&mut self, db: u32) -> Option<&mut Waiter> {
+        self.waiters
+            .iter_mut()
+            .find(|w| matches!(w.kind, Kind::Probe { db: d, .. } if d == db))
+    }
+
+    /// Waits for the answer of the probe of `db` on its way (a `Wait` of
+    /// `select_for`): the request hears it as if it had asked.
+    pub fn follow(&mut self, who: Rc<Handle>, db: u32) {
+        if let Some(w) = self.probing(db) {
+            w.followers.push(who);
+        }
+    }
+
     fn queue(
         &mut self,
         who: Option<Rc<Handle>>,
@@ -262,6 +295,7 @@ impl PipeConn {
     ) {
         self.waiters.push_back(Waiter {
             who,
+            followers: Vec::new(),
             exchange,
             kind,
             start: self.queued,
@@ -291,11 +325,12 @@ impl PipeConn {
             if w.who.as_ref().is_some_and(|h| Rc::ptr_eq(h, who)) {
                 w.who = None;
             }
+            w.followers.retain(|h| !Rc::ptr_eq(h, who));
         }
         if head && self.paused {
             // Its client held the reading up: go on (later, not inside
-            // the request's own end).
-            self.set_paused(false);
+            // the request's own end: `run` watches the socket again).
+            self.paused = false;
             self.kick.post();
         }
         if self.retired {
@@ -313,7 +348,7 @@ impl PipeConn {
     /// The client of the request being answered caught up: read on.
     pub fn resume(&mut self) {
         if self.paused {
-            self.set_paused(false);
+            self.paused = false;
             self.kick.post();
         }
     }
@@ -327,7 +362,7 @@ impl PipeConn {
     }
 
     fn live_waiters(&self) -> bool {
-        self.waiters.iter().any(|w| w.live().is_some())
+        self.waiters.iter().any(|w| w.everyone().next().is_some())
     }
 
     fn load(&self) -> usize {
@@ -439,8 +474,10 @@ impl PipeConn {
     fn connected(&mut self) {
         self.state = State::Up;
         for w in &self.waiters {
-            if let (Some(h), Kind::Request | Kind::Probe { .. }) = (w.live(), w.kind) {
-                self.out_buf.push(Delivery::Connected(h.clone()));
+            if w.kind != Kind::Open {
+                for h in w.everyone() {
+                    self.out_buf.push(Delivery::Connected(h.clone()));
+                }
             }
         }
         if let Some(s) = &self.socket {
@@ -473,6 +510,10 @@ impl PipeConn {
 
     /// Sends what is queued, reads what came, hands the replies on.
     fn run(&mut self) {
+        if !self.paused {
+            // (Reading may have paused for a client.)
+            self.set_paused(false);
+        }
         self.flush();
         if self.state == State::Up {
             self.process();
@@ -565,7 +606,8 @@ impl PipeConn {
                 }
                 RedisEvent::Value(v) => {
                     if let Some(h) = &who {
-                        if R::value(h, v) {
+                        let behind = self.waiters.iter().skip(1).any(|w| w.everyone().next().is_some());
+                        if R::value(h, v, behind) {
                             self.set_paused(true);
                         }
                     }
@@ -599,8 +641,8 @@ impl PipeConn {
                 if self.select_seq == seq {
                     self.tail_db = Some(db);
                 }
-                if let Some(h) = who {
-                    self.out_buf.push(Delivery::Probed(h, Ok(())));
+                for h in w.everyone() {
+                    self.out_buf.push(Delivery::Probed(h.clone(), Ok(())));
                 }
             }
         }
@@ -638,8 +680,8 @@ impl PipeConn {
                 if self.select_seq == seq {
                     self.tail_db = prev;
                 }
-                if let Some(h) = who {
-                    self.out_buf.push(Delivery::Probed(h, Err(message)));
+                for h in w.everyone() {
+                    self.out_buf.push(Delivery::Probed(h.clone(), Err(message.clone())));
                 }
             }
             (_, e) => {
@@ -674,20 +716,23 @@ impl PipeConn {
         self.idle.stop();
         self.paused = false;
         for w in std::mem::take(&mut self.waiters) {
-            let Some(h) = w.live().cloned() else { continue };
             if w.kind == Kind::Open {
                 continue;
             }
-            self.out_buf.push(Delivery::Failed(
-                h,
-                Failure::Broken {
-                    why: why.to_owned(),
-                    invalid,
-                    sent: self.sent > w.start,
-                    reused: w.reused,
-                    connecting,
-                },
-            ));
+            // (A probe runs nothing: its requests' commands were not sent.)
+            let sent = w.kind == Kind::Request && self.sent > w.start;
+            for h in w.everyone() {
+                self.out_buf.push(Delivery::Failed(
+                    h.clone(),
+                    Failure::Broken {
+                        why: why.to_owned(),
+                        invalid,
+                        sent,
+                        reused: w.reused,
+                        connecting,
+                    },
+                ));
+            }
         }
         self.out = Vec::new();
         self.input = Vec::new();

@@ -21,9 +21,18 @@ use crate::ffi::buf::Reuse;
 use crate::ffi::*;
 use crate::log;
 
-/// Buffers a client may have pending before reading the connection
-/// pauses (a value of any size then takes the client's pace).
+/// Buffers a client may have pending before it is behind.
 const MAX_PENDING: usize = 8;
+/// Bytes of values the worker holds for clients that are behind, so that
+/// the requests queued after theirs on a shared connection are not held
+/// up. Past it, reading such a connection pauses until the client catches
+/// up (a value of any size then takes its client's pace).
+const HOLD_MAX: usize = 64 * 1024 * 1024;
+
+thread_local! {
+    /// The bytes held (HOLD_MAX), the worker's.
+    static HELD: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
 /// The smallest buffer made for value bytes (exactly their size: a small
 /// value takes the request pool's memory, not an allocation of its own).
 const BATCH: usize = 0;
@@ -50,6 +59,13 @@ pub struct SharedReq {
     bufs: Reuse,
     /// The client is behind: the connection waits for it.
     paused: bool,
+    /// The client is behind (its write handler is ours).
+    behind: bool,
+    /// Bytes held for it (HOLD_MAX).
+    held: usize,
+    /// A status nginx answers itself (its page, or the location's
+    /// `error_page`), once every reply is in.
+    intercept: Option<ngx_int_t>,
     saved_write_handler: ngx_http_event_handler_pt,
     /// The balancer's server is held (to be given back).
     peer_held: bool,
@@ -71,6 +87,9 @@ impl SharedReq {
             count: None,
             bufs: Reuse::new(<Cache as ngx::http::HttpModule>::module()),
             paused: false,
+            behind: false,
+            held: 0,
+            intercept: None,
             saved_write_handler: None,
             peer_held: false,
             done: false,
@@ -255,6 +274,10 @@ fn place(r: &mut Req, id: ConnId) {
                 c.probe(s.handle.clone(), want);
                 return Placed::Probing { connecting };
             }
+            DbStep::Wait => {
+                c.follow(s.handle.clone(), want);
+                return Placed::Probing { connecting };
+            }
             DbStep::Stay => None,
             DbStep::Select(db) => Some(db),
         };
@@ -360,8 +383,9 @@ fn end(r: &mut Req, status: ngx_int_t) {
     finish_try(r, status, 0);
     if let Some(s) = shared_of(r) {
         s.done = true;
-        if s.paused {
-            s.paused = false;
+        s.paused = false;
+        release_held(s);
+        if std::mem::take(&mut s.behind) {
             r.set_write_handler(s.saved_write_handler);
         }
     }
@@ -494,6 +518,7 @@ extern "C" fn cleanup(data: *mut c_void) {
         let Some(s) = shared_of(r) else { return };
         let was_done = std::mem::replace(&mut s.done, true);
         s.handle.r.set(std::ptr::null_mut());
+        release_held(s);
         leave(r);
         if !was_done {
             finish_try(r, NGX_HTTP_CLIENT_CLOSED_REQUEST as ngx_int_t, 0);
@@ -528,16 +553,25 @@ extern "C" fn client_writable(r: *mut ngx_http_request_t) {
             return;
         }
         wev.del_timer();
-        s.paused = false;
+        release_held(s);
+        s.behind = false;
         r.set_write_handler(s.saved_write_handler);
-        let lcf: &CacheLocConf = r.loc_conf::<Cache>();
-        if let Some(t) = timer(s) {
-            t.add_timer(lcf.upstream.read_timeout);
-        }
-        if let Some(id) = s.conn {
-            pipes(r).with(id, |c| c.resume());
+        if std::mem::take(&mut s.paused) {
+            let lcf: &CacheLocConf = r.loc_conf::<Cache>();
+            if let Some(t) = timer(s) {
+                t.add_timer(lcf.upstream.read_timeout);
+            }
+            if let Some(id) = s.conn {
+                pipes(r).with(id, |c| c.resume());
+            }
         }
     });
+}
+
+/// What was held for the request's client is not any more.
+fn release_held(s: &mut SharedReq) {
+    let held = std::mem::take(&mut s.held);
+    HELD.set(HELD.get().saturating_sub(held));
 }
 
 /// The request of a handle, while it is there.
@@ -564,6 +598,12 @@ impl Reader for Shared {
                 s.retry_404 = true;
                 return;
             }
+            if status == 404 {
+                // As for nginx's upstreams here (intercepted): nginx's own
+                // 404 page, or the location's error_page 404.
+                s.intercept = Some(NGX_HTTP_NOT_FOUND as ngx_int_t);
+                return;
+            }
             if let Some(u) = r.upstream() {
                 let elapsed = u.elapsed();
                 if let Some(st) = u.state() {
@@ -583,6 +623,9 @@ impl Reader for Shared {
             };
             r.set_status(ngx_uint_t::from(status));
             r.set_content_length(length);
+            if value.is_some() {
+                r.allow_ranges();
+            }
             let rc = r.send_header();
             if rc == ERROR || rc > OK || r.header_only() {
                 s.discard = true;
@@ -590,7 +633,7 @@ impl Reader for Shared {
         })
     }
 
-    fn value(who: &Handle, bytes: &[u8]) -> bool {
+    fn value(who: &Handle, bytes: &[u8], others: bool) -> bool {
         let Some(r) = request_of(who) else { return false };
         guard(r.log(), "cache value", false, || {
             let Some(s) = shared_of(r) else { return false };
@@ -612,14 +655,25 @@ impl Reader for Shared {
             if s.bufs.busy() <= MAX_PENDING {
                 return false;
             }
-            // The client is behind: its pace now (nginx's send_timeout).
+            if !s.behind {
+                // The client is behind: its pace now for what is pending
+                // (nginx's send_timeout).
+                s.behind = true;
+                s.saved_write_handler = r.write_handler();
+                r.set_write_handler(Some(client_writable));
+                r.wait_client_writable();
+            }
+            // Others wait after it on the connection: held for the client,
+            // up to the worker's limit.
+            if others && HELD.get() + bytes.len() <= HOLD_MAX {
+                HELD.set(HELD.get() + bytes.len());
+                s.held += bytes.len();
+                return false;
+            }
             s.paused = true;
             if let Some(t) = timer(s) {
                 t.del_timer();
             }
-            s.saved_write_handler = r.write_handler();
-            r.set_write_handler(Some(client_writable));
-            r.wait_client_writable();
             true
         })
     }
@@ -658,7 +712,11 @@ impl Reader for Shared {
                     if let Some(s) = shared_of(r) {
                         s.conn = None;
                     }
-                    respond_empty(r, HTTP_BAD_REQUEST);
+                    if r.has_error_page(HTTP_BAD_REQUEST) {
+                        end(r, HTTP_BAD_REQUEST);
+                    } else {
+                        respond_empty(r, HTTP_BAD_REQUEST);
+                    }
                 }
                 Delivery::Failed(_, f) => failed(r, f),
             });
@@ -699,6 +757,14 @@ fn done(r: &mut Req) {
     }
     if let Some(t) = timer(s) {
         t.clear();
+    }
+    if let Some(status) = s.intercept {
+        finish_try(r, status, 0);
+        if let Some(s) = shared_of(r) {
+            s.done = true;
+        }
+        r.finalize(status);
+        return;
     }
     let status = r.status() as ngx_int_t;
     finish_try(r, status, 0);

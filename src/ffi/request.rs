@@ -555,6 +555,20 @@ impl Req {
         true
     }
 
+    /// The location has an `error_page` for the status.
+    pub fn has_error_page(&self, status: ngx_int_t) -> bool {
+        // SAFETY: the location's error pages, an array of
+        // ngx_http_err_page_t in configuration memory (or null).
+        let pages = unsafe { self.core_loc_conf().error_pages.as_ref() }
+            .map_or(&[][..], |a| unsafe { a.as_slice::<ngx_http_err_page_t>() });
+        pages.iter().any(|p| p.status == status)
+    }
+
+    /// Range requests may take parts of the response.
+    pub fn allow_ranges(&mut self) {
+        self.0.set_allow_ranges(1);
+    }
+
     /// A new entry in `$upstream_*` for another try.
     pub fn push_upstream_state(&mut self) -> Option<&mut ngx_http_upstream_state_t> {
         // SAFETY: the states array lives in the request's pool (created
