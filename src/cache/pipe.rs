@@ -94,6 +94,9 @@ pub enum Delivery {
 pub trait Reader {
     /// The command's reply: its status and, for a value, its length.
     fn answer(who: &Handle, status: u16, value: Option<u64>, count: Option<i64>);
+    /// More of a value came: the requests waiting on the connection see
+    /// it moving (their `cache_read_timeout` starts again).
+    fn progress(who: &Handle);
     /// Value bytes; true when the client is behind (reading pauses).
     /// `behind`: other requests wait for replies after this one.
     fn value(who: &Handle, bytes: &[u8], behind: bool) -> bool;
@@ -617,6 +620,18 @@ impl PipeConn {
                     return self.broken("redis sent a reply that no command of this connection asks for", true)
                 }
                 RedisEvent::Failed(e) => self.failed_head(e),
+            }
+        }
+        let mid_value = self
+            .waiters
+            .front()
+            .is_some_and(|w| w.exchange.answered() && !w.exchange.is_done());
+        if mid_value && self.state == State::Up {
+            // A value still coming: progress, for everyone waiting on it.
+            for w in &self.waiters {
+                for h in w.everyone() {
+                    R::progress(h);
+                }
             }
         }
         if self.waiters.is_empty() && self.in_at < self.input.len() && self.state == State::Up {

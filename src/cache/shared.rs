@@ -66,6 +66,9 @@ pub struct SharedReq {
     /// A status nginx answers itself (its page, or the location's
     /// `error_page`), once every reply is in.
     intercept: Option<ngx_int_t>,
+    /// The answer's status, length, and whether it has a value: its header
+    /// waits for the value's first bytes.
+    head: Option<(u16, off_t, bool)>,
     saved_write_handler: ngx_http_event_handler_pt,
     /// The balancer's server is held (to be given back).
     peer_held: bool,
@@ -90,6 +93,7 @@ impl SharedReq {
             behind: false,
             held: 0,
             intercept: None,
+            head: None,
             saved_write_handler: None,
             peer_held: false,
             done: false,
@@ -358,7 +362,11 @@ fn finish_try(r: &mut Req, status: ngx_int_t, peer_state: ngx_uint_t) {
     let Some(u) = r.upstream() else { return };
     let elapsed = u.elapsed();
     if let Some(st) = u.state() {
-        st.status = status as ngx_uint_t;
+        // (NGX_ERROR, a response cut short, keeps the status that was
+        // answered: $upstream_status has room for 3 digits a try.)
+        if status > 0 {
+            st.status = status as ngx_uint_t;
+        }
         if st.response_time == ngx_msec_t::MAX {
             st.response_time = elapsed;
         }
@@ -464,6 +472,8 @@ fn next(r: &mut Req, ft: u32, sent: bool, reused: bool) {
         s.discard = false;
         s.retry_404 = false;
         s.count = None;
+        s.head = None;
+        s.intercept = None;
     }
     dispatch(r);
 }
@@ -568,6 +578,23 @@ extern "C" fn client_writable(r: *mut ngx_http_request_t) {
     });
 }
 
+/// The status and headers of the answer, once (`head`).
+fn send_head(r: &mut Req, s: &mut SharedReq) {
+    let Some((status, length, value)) = s.head.take() else {
+        return;
+    };
+    s.started = true;
+    r.set_status(ngx_uint_t::from(status));
+    r.set_content_length(length);
+    if value {
+        r.allow_ranges();
+    }
+    let rc = r.send_header();
+    if rc == ERROR || rc > OK || r.header_only() {
+        s.discard = true;
+    }
+}
+
 /// What was held for the request's client is not any more.
 fn release_held(s: &mut SharedReq) {
     let held = std::mem::take(&mut s.held);
@@ -614,29 +641,35 @@ impl Reader for Shared {
                     }
                 }
             }
-            s.started = true;
             s.count = count;
             let length = match (value, count) {
                 (Some(n), _) => n as off_t,
                 (None, Some(n)) => pubsub::receivers_json(n).len() as off_t,
                 (None, None) => 0,
             };
-            r.set_status(ngx_uint_t::from(status));
-            r.set_content_length(length);
-            if value.is_some() {
-                r.allow_ranges();
-            }
-            let rc = r.send_header();
-            if rc == ERROR || rc > OK || r.header_only() {
-                s.discard = true;
-            }
+            // The header goes out with the first bytes of the value (or at
+            // the end): until then a failure is still a status of its own.
+            s.head = Some((status, length, value.is_some()));
         })
+    }
+
+    fn progress(who: &Handle) {
+        let Some(r) = request_of(who) else { return };
+        let Some(s) = shared_of(r) else { return };
+        if s.done || s.paused {
+            return;
+        }
+        let lcf: &CacheLocConf = r.loc_conf::<Cache>();
+        if let Some(t) = timer(s) {
+            t.add_timer(lcf.upstream.read_timeout);
+        }
     }
 
     fn value(who: &Handle, bytes: &[u8], others: bool) -> bool {
         let Some(r) = request_of(who) else { return false };
         guard(r.log(), "cache value", false, || {
             let Some(s) = shared_of(r) else { return false };
+            send_head(r, s);
             if s.discard || !s.started {
                 return false;
             }
@@ -770,6 +803,7 @@ fn done(r: &mut Req) {
     finish_try(r, status, 0);
     let Some(s) = shared_of(r) else { return };
     s.done = true;
+    send_head(r, s);
     if !s.started {
         // (Cannot be: every exchange answers before it ends.)
         r.finalize(HTTP_BAD_GATEWAY);

@@ -176,10 +176,23 @@ impl Upstream {
         // SAFETY: the balancer's own function with the data its init set up.
         let rc = unsafe { get(pc, pc.data) };
         if rc == DONE {
-            if !pc.connection.is_null() {
-                // SAFETY: a connection nginx's keepalive cache handed over.
-                unsafe { ngx_close_connection(pc.connection) };
-                pc.connection = ptr::null_mut();
+            // SAFETY: a connection nginx's keepalive cache handed over,
+            // closed as that cache closes its own: TLS state freed at once,
+            // then its pool, then the connection.
+            unsafe {
+                let c = std::mem::replace(&mut pc.connection, ptr::null_mut());
+                if let Some(conn) = c.as_mut() {
+                    if let Some(ssl) = conn.ssl.as_mut() {
+                        ssl.set_no_wait_shutdown(1);
+                        ssl.set_no_send_shutdown(1);
+                        ngx_ssl_shutdown(c);
+                    }
+                    if !conn.pool.is_null() {
+                        ngx_destroy_pool(conn.pool);
+                        conn.pool = ptr::null_mut();
+                    }
+                    ngx_close_connection(c);
+                }
             }
             return OK;
         }

@@ -120,7 +120,11 @@ sub serve {
             next;
         }
         my $got = sysread($c, my $chunk, 65536);
-        return unless $got;
+        unless ($got) {
+            # The peer closed the connection (or reset it).
+            note($log, "gone $conn");
+            return;
+        }
         $buf .= $chunk;
         for my $st (splice @stale) {
             sleep $st->[0];
