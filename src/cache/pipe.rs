@@ -40,6 +40,8 @@ pub const SLOW_MS: ngx_msec_t = 5;
 pub const IDLE_MS: ngx_msec_t = 60_000;
 /// Bytes asked of the socket per read.
 const READ_CHUNK: usize = 64 * 1024;
+/// The room a connection keeps in its buffers between uses.
+const KEEP_ROOM: usize = 256 * 1024;
 
 /// A request's side of its place on a connection: the request while it is
 /// there, null once it left (its replies are then dropped).
@@ -545,6 +547,8 @@ impl PipeConn {
         if self.out_at == self.out.len() {
             self.out.clear();
             self.out_at = 0;
+            // A large body's room is not kept for the connection's life.
+            self.out.shrink_to(KEEP_ROOM);
         }
         let more = self.out_at < self.out.len();
         if !self.socket.as_ref().is_some_and(|s| s.watch_write(more)) {
@@ -559,6 +563,7 @@ impl PipeConn {
         while self.state == State::Up && !self.paused {
             if self.in_at == self.input.len() {
                 self.input.clear();
+                self.input.shrink_to(KEEP_ROOM);
                 self.in_at = 0;
             } else if self.in_at > 0 {
                 self.input.drain(..self.in_at);
