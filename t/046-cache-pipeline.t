@@ -559,6 +559,27 @@ sub value_for { my ($tag, $len) = @_; my $v = "<$tag>"; $v .= chr(97 + length($v
         or diag(join "\n", @bad, 'connections to that server: ' . nginx_clients($hol));
     cmp_ok($took, '<', stretch(2), sprintf('all twenty within 2 s (%.3f s)', $took));
     close $slow;
+
+    # Twelve slow readers of the 10 MiB value (more than the 8 connections
+    # a server gets, and 120 MiB, past what a worker holds for slow
+    # clients): each holds a connection of its own up, and the others
+    # still get their values at once.
+    my @slow = map {
+        my $c = IO::Socket::INET->new(Proto => 'tcp') or die $!;
+        setsockopt($c, SOL_SOCKET, SO_RCVBUF, 4096) or die "SO_RCVBUF: $!";
+        connect($c, pack_sockaddr_in($port, inet_aton('127.0.0.1'))) or die "connect: $!";
+        binmode $c;
+        syswrite($c, raw_request('GET', '/c/?k=big10'));
+        sleep 0.05;
+        $c
+    } 1 .. 12;
+    sleep 0.5;
+    ($res, $secs) = parallel(10, map { ['GET', '/c/?k=mid' . (1 + $_ % 4)] } 0 .. 19);
+    @wrong = grep { $res->[$_]{status} != 200 || $res->[$_]{body} ne (1 + $_ % 4) . $mid } 0 .. 19;
+    is(scalar @wrong, 0, 'while twelve clients do not read their 10 MiB, twenty others get their own values')
+        or diag(join "\n", map { "#$_: $res->[$_]{status} " . length($res->[$_]{body}) . ' bytes' } @wrong);
+    cmp_ok($secs, '<', stretch(2), sprintf('all twenty within 2 s (%.3f s)', $secs));
+    close $_ for @slow;
 }
 
 # --- 6. a Redis restart ----------------------------------------------------

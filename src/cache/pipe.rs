@@ -36,6 +36,9 @@ pub const DEPTH: usize = 16;
 /// A connection whose oldest waiting request has waited this long (ms) is
 /// slow: another one is opened for new requests.
 pub const SLOW_MS: ngx_msec_t = 5;
+/// A value at least this long (bytes) takes its connection out of the
+/// choice for new requests until it is read.
+pub const HEAVY_VALUE: u64 = 1024 * 1024;
 /// An idle connection closes after this long (ms).
 pub const IDLE_MS: ngx_msec_t = 60_000;
 /// Bytes asked of the socket per read.
@@ -204,6 +207,8 @@ pub struct PipeConn {
     retired: bool,
     /// The client of the request being answered is behind: no reading.
     paused: bool,
+    /// The reply being read is a large value (HEAVY_VALUE or more).
+    heavy: bool,
     /// Requests answered on it.
     served: u64,
     /// Why it closed.
@@ -375,11 +380,9 @@ impl PipeConn {
     }
 
     fn slow(&self, now: ngx_msec_t) -> bool {
-        self.paused
-            || self
-                .waiters
-                .front()
-                .is_some_and(|w| now.wrapping_sub(w.since) >= SLOW_MS)
+        self.waiters
+            .front()
+            .is_some_and(|w| now.wrapping_sub(w.since) >= SLOW_MS)
     }
 
     fn open(id: ConnId, to: &Target<'_>) -> Result<Box<PipeConn>, String> {
@@ -404,6 +407,7 @@ impl PipeConn {
             select_seq: 0,
             retired: false,
             paused: false,
+            heavy: false,
             served: 0,
             closed_why: String::new(),
             kick: RetryTimer::new(std::ptr::null_mut(), Some(kick_event)),
@@ -605,6 +609,7 @@ impl PipeConn {
                     }
                     let count = w.exchange.count();
                     let done = w.exchange.is_done();
+                    self.heavy = value.is_some_and(|n| n >= HEAVY_VALUE);
                     if let (Some(h), Kind::Request) = (&who, w.kind) {
                         R::answer(h, status, value, count);
                     }
@@ -646,6 +651,7 @@ impl PipeConn {
 
     /// The first waiter's replies are all in.
     fn finish_head(&mut self) {
+        self.heavy = false;
         let Some(w) = self.waiters.pop_front() else { return };
         let who = w.live().cloned();
         match w.kind {
@@ -831,6 +837,13 @@ impl Pipes {
         let mut best: Option<(usize, bool, usize)> = None;
         for (i, c) in conns.iter().enumerate() {
             if c.retired || c.addr != to.addr || c.auth.as_deref() != to.auth || c.tls.as_ref() != to.tls {
+                continue;
+            }
+            if c.paused || c.heavy {
+                // Held by a slow client, or streaming a large value: no
+                // request goes behind it, and it does not count against
+                // the limit (one slow client each, as with a connection
+                // per request).
                 continue;
             }
             open += 1;
