@@ -50,6 +50,8 @@ my $fake = FakeRedis->start(sub {
     }
     return (['send', '$' . length($args[0]) . "\r\n$args[0]\r\n"]) if $cmd eq 'PING' && @args;
     return (['send', "+PONG\r\n"]) if $cmd eq 'PING';
+    # Database 9's confirmation comes with bytes nobody asked for.
+    return (['send', "+OK\r\n\$3\r\nBAD\r\n"]) if $cmd eq 'SELECT' && $args[0] eq '9';
     return (['send', "+OK\r\n"]) if $cmd eq 'SELECT';
     return (['send', "-ERR unknown command\r\n"]);
 });
@@ -74,6 +76,13 @@ server {
     location /off/ { set \$cache_key \$arg_k; set \$cache_db \$arg_db; cache_pipeline off; cache_pass nopipe; }
     location /a/   { set \$cache_key \$arg_k; set \$cache_db \$arg_db; cache_auth "se cret"; cache_pass authd; }
     location /f/   { set \$cache_key \$arg_key; cache_read_timeout 2s; cache_pass fake; }
+    location /fdb/ {
+        set \$cache_key \$arg_key;
+        set \$cache_db \$arg_db;
+        cache_read_timeout 2s;
+        cache_next_upstream off;
+        cache_pass fake;
+    }
     location /fl/  {
         set \$cache_key \$arg_key;
         cache_read_timeout 2s;
@@ -435,6 +444,20 @@ sub value_for { my ($tag, $len) = @_; my $v = "<$tag>"; $v .= chr(97 + length($v
     is(($logged{'/fl/?key=r2-stallhdr'} // [])->[3], '504', '$upstream_status of the stalled one: 504');
     is(($logged{'/fl/?key=r3-steady'} // [])->[3], '200', '$upstream_status of the steady one: 200');
     unlike(nginx_error_log(), qr/exited on signal|\[alert\]/, 'no worker trouble');
+
+    # The confirmation of a database followed by bytes nobody asked for:
+    # the stream is broken, and the request gets 502 at once (no endless
+    # round of new connections, each confirming the database again).
+    my $conns = $fake->connections;
+    my $mark = length nginx_error_log();
+    my $t0 = time;
+    $r = req('GET', '/fdb/?key=r4-x&db=9');
+    is($r->{status}, 502, 'a database confirmed with bytes after it: 502');
+    cmp_ok(time - $t0, '<', stretch(1.5), 'at once');
+    cmp_ok($fake->connections - $conns, '<=', 2, 'over one connection (or two)');
+    my @lines = grep { /\[error\]/ } split /\n/, substr(nginx_error_log(), $mark);
+    is(scalar @lines, 1, 'one error line') or diag(join "\n", @lines);
+    like($lines[0] // '', qr/redis sent bytes that no command asked for.*GET \/fdb\//, 'naming the request');
 }
 
 # --- 4. clients that leave ------------------------------------------------

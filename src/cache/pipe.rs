@@ -211,8 +211,9 @@ pub struct PipeConn {
     heavy: bool,
     /// Requests answered on it.
     served: u64,
-    /// Why it closed.
+    /// Why it closed, and whether its replies were wrong.
     closed_why: String,
+    closed_invalid: bool,
     /// Posted to send what a pass of the event loop queued, in one write.
     kick: RetryTimer,
     idle: RetryTimer,
@@ -230,6 +231,12 @@ impl PipeConn {
 
     pub fn is_closed(&self) -> bool {
         self.state == State::Closed
+    }
+
+    /// A closed connection: why, when its replies were wrong (the
+    /// server's failure, not a connection that simply went).
+    pub fn closed_invalid(&self) -> Option<&str> {
+        (self.state == State::Closed && self.closed_invalid).then_some(self.closed_why.as_str())
     }
 
     /// What a request for database `db` needs here.
@@ -410,6 +417,7 @@ impl PipeConn {
             heavy: false,
             served: 0,
             closed_why: String::new(),
+            closed_invalid: false,
             kick: RetryTimer::new(std::ptr::null_mut(), Some(kick_event)),
             idle: RetryTimer::new(std::ptr::null_mut(), Some(idle_event)),
             out_buf: Vec::new(),
@@ -726,8 +734,11 @@ impl PipeConn {
         }
         let connecting = self.is_connecting();
         self.closed_why = why.to_owned();
-        if invalid && !self.live_waiters() {
-            // Nobody to tell: the connection's own line.
+        self.closed_invalid = invalid;
+        let told = self.out_buf.iter().any(|d| matches!(d, Delivery::Probed(..)));
+        if invalid && !self.live_waiters() && !told {
+            // Nobody to tell (a request whose probe just ended will hear
+            // of it when it comes back): the connection's own line.
             log!(
                 NGX_LOG_ERR,
                 Log::cycle(),

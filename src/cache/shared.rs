@@ -72,6 +72,10 @@ pub struct SharedReq {
     saved_write_handler: ngx_http_event_handler_pt,
     /// The balancer's server is held (to be given back).
     peer_held: bool,
+    /// Its timer runs for a connection being made (cache_connect_timeout).
+    timer_connecting: bool,
+    /// Connections it moved to, in this try (MAX_MOVES).
+    moves: u8,
     /// The request has ended (finalized, or nginx ended it).
     done: bool,
 }
@@ -96,6 +100,8 @@ impl SharedReq {
             head: None,
             saved_write_handler: None,
             peer_held: false,
+            timer_connecting: false,
+            moves: 0,
             done: false,
         }
     }
@@ -260,7 +266,13 @@ enum Placed {
     },
     /// The connection closed meanwhile.
     Gone,
+    /// It closed on replies that were wrong.
+    Broken(String),
 }
+
+/// How often a request whose connection closed before its commands went
+/// on it takes another one to the same server.
+const MAX_MOVES: u8 = 4;
 
 /// Queues the request's commands on connection `id` (or asks about its
 /// database first), and starts its timer.
@@ -269,6 +281,9 @@ fn place(r: &mut Req, id: ConnId) {
     let Some(s) = ctx.shared.as_deref_mut() else { return };
     let want = ctx.db.unwrap_or(0);
     let placed = pipes(r).with(id, |c| {
+        if let Some(why) = c.closed_invalid() {
+            return Placed::Broken(why.to_owned());
+        }
         if c.is_closed() {
             return Placed::Gone;
         }
@@ -301,14 +316,43 @@ fn place(r: &mut Req, id: ConnId) {
         Placed::Queued { connecting }
     });
     let connecting = match placed.unwrap_or(Placed::Gone) {
-        // Not the server's failure: another connection to it.
-        Placed::Gone => return again(r),
+        // Not the server's failure: another connection to it (a few times).
+        Placed::Gone if s.moves < MAX_MOVES => {
+            s.moves += 1;
+            return again(r);
+        }
+        Placed::Gone => {
+            return failed(
+                r,
+                Failure::Broken {
+                    why: "the connections to redis keep closing".to_owned(),
+                    invalid: false,
+                    sent: false,
+                    reused: false,
+                    connecting: false,
+                },
+            )
+        }
+        // (After its probe: the connection broke on the replies after it.)
+        Placed::Broken(why) => {
+            return failed(
+                r,
+                Failure::Broken {
+                    why,
+                    invalid: true,
+                    sent: false,
+                    reused: false,
+                    connecting: false,
+                },
+            )
+        }
         Placed::Queued { connecting } | Placed::Probing { connecting } => connecting,
     };
     s.conn = Some(id);
     let lcf: &CacheLocConf = r.loc_conf::<Cache>();
     if let Some(t) = timer(s) {
         if !t.timer_set() {
+            s.timer_connecting = connecting;
             t.add_timer(if connecting {
                 lcf.upstream.connect_timeout
             } else {
@@ -474,6 +518,7 @@ fn next(r: &mut Req, ft: u32, sent: bool, reused: bool) {
         s.count = None;
         s.head = None;
         s.intercept = None;
+        s.moves = 0;
     }
     dispatch(r);
 }
@@ -765,15 +810,21 @@ fn connected(r: &mut Req) {
     if s.done || s.paused {
         return;
     }
-    let lcf: &CacheLocConf = r.loc_conf::<Cache>();
-    if let Some(t) = timer(s) {
-        t.del_timer();
-        t.add_timer(lcf.upstream.read_timeout);
+    // The connect timeout gives way to the read timeout, once per try (a
+    // request that moves to another connection keeps its deadline).
+    if std::mem::take(&mut s.timer_connecting) {
+        let lcf: &CacheLocConf = r.loc_conf::<Cache>();
+        if let Some(t) = timer(s) {
+            t.del_timer();
+            t.add_timer(lcf.upstream.read_timeout);
+        }
     }
     if let Some(u) = r.upstream() {
         let elapsed = u.elapsed();
         if let Some(st) = u.state() {
-            st.connect_time = elapsed;
+            if st.connect_time == ngx_msec_t::MAX {
+                st.connect_time = elapsed;
+            }
         }
     }
 }
