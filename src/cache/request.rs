@@ -235,38 +235,14 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
     // `cache_pipeline off`: there a database is confirmed before any
     // command runs in it (a refused SELECT followed, in the same round
     // trip, by the command would run the command in another database).
-    if (lcf.pipeline != 0 || db.is_some()) && cluster.is_none() {
-        u.install(conf, "redis://", <Cache as ngx::http::HttpModule>::module(), CALLBACKS);
-        let ctx = Ctx {
-            r: r.as_ptr(),
-            command,
-            key,
-            db,
-            exptime,
-            auth,
-            exchange: Exchange::new(Vec::new(), command, Vec::new()),
-            answered: false,
-            carry: Vec::new(),
-            cluster: None,
-            body_len: None,
-            shared: Some(Box::new(super::shared::SharedReq::new(r.as_ptr()))),
-        };
-        r.set_ctx::<Cache>(ctx).ok_or(StartError::Nginx)?;
-        if command == Command::Publish {
-            r.set_content_type("application/json");
-        }
-        // SAFETY: null, or an upstream block of the configuration, which
-        // outlives its requests.
-        let block = unsafe { block.as_ref() };
-        return super::shared::start(r, block).ok_or(StartError::Nginx);
-    }
+    let shared = (lcf.pipeline != 0 || db.is_some()) && cluster.is_none();
     u.install(
         conf,
         if tls { "rediss://" } else { "redis://" },
         <Cache as ngx::http::HttpModule>::module(),
         CALLBACKS,
     );
-    if tls {
+    if tls && !shared {
         // The name to verify and send: the host part of cache_pass, as
         // proxy_pass's is for proxy_ssl_name.
         // SAFETY: a literal cache_pass's upstream block lives in the configuration.
@@ -277,8 +253,9 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
         u.set_ssl(name);
     }
 
+    let rp = r.as_ptr();
     let ctx = Ctx {
-        r: std::ptr::null_mut(),
+        r: rp,
         command,
         key,
         db,
@@ -289,18 +266,21 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
         carry: Vec::new(),
         cluster,
         body_len: None,
-        shared: None,
+        shared: shared.then(|| Box::new(super::shared::SharedReq::new(rp))),
     };
-    let mut ctx = r.set_ctx::<Cache>(ctx).ok_or(StartError::Nginx)?;
-    let rp = r.as_ptr();
-    // SAFETY: just stored in the request's pool; nothing else refers to it yet.
-    unsafe { ctx.as_mut() }.r = rp;
-    let u = r.upstream().ok_or(StartError::Nginx)?;
-    u.set_input_filter(filter_init, filter, ctx.as_ptr().cast());
-
+    let ctx = r.set_ctx::<Cache>(ctx).ok_or(StartError::Nginx)?;
     if command == Command::Publish {
         r.set_content_type("application/json");
     }
+    if shared {
+        // SAFETY: null, or an upstream block of the configuration, which
+        // outlives its requests.
+        let block = unsafe { block.as_ref() };
+        return super::shared::start(r, block).ok_or(StartError::Nginx);
+    }
+    let u = r.upstream().ok_or(StartError::Nginx)?;
+    u.set_input_filter(filter_init, filter, ctx.as_ptr().cast());
+
     if command.sends_body() {
         let rc = r.read_body(Some(ngx_http_upstream_init));
         return Ok(if rc >= NGX_HTTP_SPECIAL_RESPONSE as ngx_int_t {

@@ -217,21 +217,12 @@ fn guard_request(r: &mut Req, entry: &str, body: impl FnOnce(&mut Req)) {
 /// Asks the balancer for a server and queues the request on one of its
 /// connections.
 fn dispatch(r: &mut Req) {
-    let Some(st) = r.push_upstream_state() else {
+    if !r.begin_upstream_try() {
         return end(r, HTTP_INTERNAL_SERVER_ERROR);
-    };
-    st.response_time = ngx_msec_t::MAX;
-    st.connect_time = ngx_msec_t::MAX;
-    st.header_time = ngx_msec_t::MAX;
-    let st: *mut ngx_http_upstream_state_t = st;
+    }
     let Some(u) = r.upstream() else { return };
-    // SAFETY: the new state lives in the request's pool's states array.
-    u.set_state(unsafe { &mut *st });
-    u.restart_clock();
     let rc = u.get_peer();
-    let name = u.peer_name();
-    // SAFETY: as above.
-    unsafe { (*st).peer = name };
+    u.note_peer();
     match rc {
         OK => {}
         BUSY => {

@@ -569,6 +569,24 @@ impl Req {
         self.0.set_allow_ranges(1);
     }
 
+    /// A new try of the request's upstream: a new entry in `$upstream_*`
+    /// (its times unknown yet), the try's clock started. False when no
+    /// entry could be had.
+    pub fn begin_upstream_try(&mut self) -> bool {
+        let Some(st) = self.push_upstream_state() else {
+            return false;
+        };
+        st.response_time = ngx_msec_t::MAX;
+        st.connect_time = ngx_msec_t::MAX;
+        st.header_time = ngx_msec_t::MAX;
+        let st: *mut ngx_http_upstream_state_t = st;
+        let Some(u) = self.upstream() else { return false };
+        // SAFETY: the new state lives in the request's pool's states array.
+        u.set_state(unsafe { &mut *st });
+        u.restart_clock();
+        true
+    }
+
     /// A new entry in `$upstream_*` for another try.
     pub fn push_upstream_state(&mut self) -> Option<&mut ngx_http_upstream_state_t> {
         // SAFETY: the states array lives in the request's pool (created

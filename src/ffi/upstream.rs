@@ -215,9 +215,12 @@ impl Upstream {
         }
     }
 
-    /// The peer's name pointer (for `$upstream_addr`).
-    pub fn peer_name(&self) -> *mut ngx_str_t {
-        self.0.peer.name
+    /// The try's `$upstream_addr`: the server the balancer chose.
+    pub fn note_peer(&mut self) {
+        let name = self.0.peer.name;
+        if let Some(st) = self.state() {
+            st.peer = name;
+        }
     }
 
     /// Tries the balancer has left for the request.

@@ -681,22 +681,13 @@ pub fn next_unfit(r: &mut Req) {
 
 /// Asks the balancer for another server and a connection to it.
 fn reconnect(r: &mut Req, status: ngx_int_t) {
-    let Some(st) = r.push_upstream_state() else {
+    if !r.begin_upstream_try() {
         fail(r, HTTP_INTERNAL_SERVER_ERROR, false);
         return;
-    };
-    st.response_time = ngx_msec_t::MAX;
-    st.connect_time = ngx_msec_t::MAX;
-    st.header_time = ngx_msec_t::MAX;
-    let st: *mut ngx_http_upstream_state_t = st;
+    }
     let Some(u) = r.upstream() else { return };
-    // SAFETY: the new state lives in the request's pool's states array.
-    u.set_state(unsafe { &mut *st });
-    u.restart_clock();
     let rc = u.connect_peer();
-    let name = u.peer().name;
-    // SAFETY: as above.
-    unsafe { (*st).peer = name };
+    u.note_peer();
     match rc {
         AGAIN if ctx_of(r).is_some_and(|c| c.conn.is_some() || c.unmet.is_some() || c.rejected.is_some()) => attach(r),
         BUSY => {
