@@ -781,6 +781,43 @@ sub value_for { my ($tag, $len) = @_; my $v = "<$tag>"; $v .= chr(97 + length($v
     is_deeply([map { "$_->{status} $_->{body}" } @r], ['201 ', '200 yes', '200 in five', '200 value of reload2'],
         'requests after the reload are answered');
     no_worker_trouble(substr(nginx_error_log(), $mark), 'no alert or crash in the reload');
+
+    # A reload while Redis is busy (a script of 2 s) and requests wait on
+    # the confirmation of new databases: the old worker answers them all
+    # once Redis is free (each one's probe ends, then its command goes out
+    # on the connection it left, which must not close as idle meanwhile).
+    my $busy = fork // die "fork: $!";
+    if (!$busy) {
+        redis_cli($main, 'EVAL', "local s = redis.call('time')[1]; while tonumber(redis.call('time')[1]) < s + 2 do end; return 1", '0');
+        POSIX::_exit(0);
+    }
+    sleep 0.3;
+    my @socks = map {
+        my $c = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port) or die $!;
+        binmode $c;
+        syswrite($c, raw_request('GET', "/c/?k=busy$_&db=" . (8 + $_)));
+        $c
+    } 1 .. 4;
+    sleep 0.3;
+    @old = worker_pids();
+    nginx_signal('HUP');
+    my @st;
+    for my $c (@socks) {
+        my $buf = '';
+        while (1) {
+            my $rin = '';
+            vec($rin, fileno($c), 1) = 1;
+            last unless select(my $rout = $rin, undef, undef, stretch(10)) > 0;
+            my $n = sysread($c, my $chunk, 65536);
+            last unless $n;
+            $buf .= $chunk;
+            last if $buf =~ /\r\n\r\n/ && $buf =~ /Content-Length: (\d+)/i && length($buf) >= index($buf, "\r\n\r\n") + 4 + $1;
+        }
+        push @st, (parse_response($buf))[0] // 'none';
+    }
+    waitpid $busy, 0;
+    is("@st", '404 404 404 404', 'a reload while Redis is busy: the waiting requests with new databases are answered');
+    ok(GatewayTest::wait_until(sub { !grep { alive($_) } @old }, stretch(10)), 'and the old worker exits');
 }
 
 no_worker_trouble(nginx_error_log(), 'no alert, crit or crash in the whole run');

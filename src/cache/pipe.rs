@@ -785,7 +785,12 @@ impl PipeConn {
         if self.retired && !self.live_waiters() {
             return self.broken("retired", false);
         }
-        if self.waiters.is_empty() {
+        // (A request whose probe just ended comes back with its command.)
+        let returning = self.out_buf.iter().any(|d| matches!(d, Delivery::Probed(_, Ok(()))));
+        if !self.live_waiters() && !returning {
+            // Nobody waits for anything on it (replies of requests that
+            // left may still come): it closes when nginx exits, and after
+            // IDLE_MS (a server that stays silent does not keep it).
             if exiting() {
                 return self.broken("nginx is exiting", false);
             }
@@ -976,7 +981,7 @@ extern "C" fn idle_event(ev: *mut ngx_event_t) {
         return;
     };
     conn_entry(data, "cache pipelined connection idle", |c| {
-        if c.waiters.is_empty() {
+        if !c.live_waiters() {
             c.broken("idle", false);
         }
     });
