@@ -114,6 +114,23 @@ sub raw_request {
     return "$method $path HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: " . length($body) . "\r\n\r\n$body";
 }
 
+# What a client connection receives until nginx closes it, a whole
+# response has come, or nothing comes for $wait seconds.
+sub read_response {
+    my ($c, $wait) = @_;
+    my $buf = '';
+    while (1) {
+        my $rin = '';
+        vec($rin, fileno($c), 1) = 1;
+        last unless select(my $rout = $rin, undef, undef, $wait) > 0;
+        my $n = sysread($c, my $chunk, 1 << 20);
+        last unless $n;
+        $buf .= $chunk;
+        last if $buf =~ /\r\n\r\n/ && $buf =~ /Content-Length: (\d+)/i && length($buf) >= index($buf, "\r\n\r\n") + 4 + $1;
+    }
+    return $buf;
+}
+
 # One request on a connection of its own: { status, headers, body, error }.
 sub req {
     my ($method, $path, $body) = @_;
@@ -564,15 +581,7 @@ sub value_for { my ($tag, $len) = @_; my $v = "<$tag>"; $v .= chr(97 + length($v
     syswrite($others[$_], raw_request('GET', '/h3/?k=mid' . (1 + $_ % 4))) for 0 .. 19;
     my @bad;
     for my $i (0 .. 19) {
-        my $buf = '';
-        while (1) {
-            my $rin = '';
-            vec($rin, fileno($others[$i]), 1) = 1;
-            last unless select(my $rout = $rin, undef, undef, stretch(10)) > 0;
-            my $n = sysread($others[$i], my $chunk, 1 << 20);
-            last unless $n;
-            $buf .= $chunk;
-        }
+        my $buf = read_response($others[$i], stretch(10));
         close $others[$i];
         my ($st, undef, $b) = parse_response($buf);
         push @bad, "#$i: " . ($st // 'none') . ' ' . length($b // '') . ' bytes' unless ($st // 0) == 200 && $b eq (1 + $i % 4) . $mid;
@@ -619,18 +628,7 @@ sub value_for { my ($tag, $len) = @_; my $v = "<$tag>"; $v .= chr(97 + length($v
     my %old = %$gone;
     kill_redis($gone);
     my $t0 = time;
-    my @st = map {
-        my $buf = '';
-        while (1) {
-            my $rin = '';
-            vec($rin, fileno($_), 1) = 1;
-            last unless select(my $rout = $rin, undef, undef, stretch(5)) > 0;
-            my $n = sysread($_, my $chunk, 65536);
-            last unless $n;
-            $buf .= $chunk;
-        }
-        (parse_response($buf))[0] // 'none'
-    } @inflight;
+    my @st = map { (parse_response(read_response($_, stretch(5))))[0] // 'none' } @inflight;
     is_deeply(\@st, [(502) x 5], 'requests in flight when Redis was killed: 502');
     cmp_ok(time - $t0, '<', stretch(2), 'at once, not after a timeout');
     my $r = req('GET', '/g/?k=before');
@@ -801,20 +799,7 @@ sub value_for { my ($tag, $len) = @_; my $v = "<$tag>"; $v .= chr(97 + length($v
     sleep 0.3;
     @old = worker_pids();
     nginx_signal('HUP');
-    my @st;
-    for my $c (@socks) {
-        my $buf = '';
-        while (1) {
-            my $rin = '';
-            vec($rin, fileno($c), 1) = 1;
-            last unless select(my $rout = $rin, undef, undef, stretch(10)) > 0;
-            my $n = sysread($c, my $chunk, 65536);
-            last unless $n;
-            $buf .= $chunk;
-            last if $buf =~ /\r\n\r\n/ && $buf =~ /Content-Length: (\d+)/i && length($buf) >= index($buf, "\r\n\r\n") + 4 + $1;
-        }
-        push @st, (parse_response($buf))[0] // 'none';
-    }
+    my @st = map { (parse_response(read_response($_, stretch(10))))[0] // 'none' } @socks;
     waitpid $busy, 0;
     is("@st", '404 404 404 404', 'a reload while Redis is busy: the waiting requests with new databases are answered');
     ok(GatewayTest::wait_until(sub { !grep { alive($_) } @old }, stretch(10)), 'and the old worker exits');

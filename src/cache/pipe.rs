@@ -221,10 +221,6 @@ pub struct PipeConn {
 }
 
 impl PipeConn {
-    pub fn id(&self) -> ConnId {
-        self.id
-    }
-
     pub fn is_connecting(&self) -> bool {
         matches!(self.state, State::Connecting | State::Handshaking)
     }

@@ -181,19 +181,9 @@ extern "C" fn body_read(r: *mut ngx_http_request_t) {
     let r = unsafe { Req::from_raw(r) };
     let posted = r.posted();
     guard_request(r, "cache body_read", |r| {
-        if !r.body_into_memory() {
+        let Some(body) = r.body_bytes() else {
             return end(r, HTTP_INTERNAL_SERVER_ERROR);
-        }
-        let (bufs, len) = r.body_bufs();
-        let mut body = Vec::with_capacity(len);
-        for b in bufs {
-            // SAFETY: memory buffers of the request body, in its pool.
-            let b = unsafe { b.as_ref() };
-            if !b.pos.is_null() && b.last > b.pos {
-                // SAFETY: as above: pos..last are the buffer's bytes.
-                body.extend_from_slice(unsafe { std::slice::from_raw_parts(b.pos, b.last as usize - b.pos as usize) });
-            }
-        }
+        };
         let Some(s) = shared_of(r) else { return };
         s.body = body;
         r.set_read_handler_test_reading();
@@ -236,11 +226,11 @@ fn dispatch(r: &mut Req) {
         DECLINED => return next(r, NGX_HTTP_UPSTREAM_FT_ERROR, false, false),
         _ => return end(r, HTTP_INTERNAL_SERVER_ERROR),
     }
-    let addr = u.peer_addr().map(|(a, _)| a.to_vec());
+    let has_addr = u.peer_addr().is_some();
     if let Some(s) = shared_of(r) {
         s.peer_held = true;
     }
-    if addr.is_none() {
+    if !has_addr {
         return end(r, HTTP_INTERNAL_SERVER_ERROR);
     }
     again(r);
@@ -248,13 +238,8 @@ fn dispatch(r: &mut Req) {
 
 /// How the request went onto its connection.
 enum Placed {
-    Queued {
-        connecting: bool,
-    },
-    /// Its database is asked about first.
-    Probing {
-        connecting: bool,
-    },
+    /// Its commands, or the question about its database, are queued.
+    On { connecting: bool },
     /// The connection closed meanwhile.
     Gone,
     /// It closed on replies that were wrong.
@@ -282,11 +267,11 @@ fn place(r: &mut Req, id: ConnId) {
         let select = match c.select_for(want) {
             DbStep::Probe => {
                 c.probe(s.handle.clone(), want);
-                return Placed::Probing { connecting };
+                return Placed::On { connecting };
             }
             DbStep::Wait => {
                 c.follow(s.handle.clone(), want);
-                return Placed::Probing { connecting };
+                return Placed::On { connecting };
             }
             DbStep::Stay => None,
             DbStep::Select(db) => Some(db),
@@ -304,7 +289,7 @@ fn place(r: &mut Req, id: ConnId) {
             s.body.len(),
         );
         c.submit(s.handle.clone(), plan, &s.body, select);
-        Placed::Queued { connecting }
+        Placed::On { connecting }
     });
     let connecting = match placed.unwrap_or(Placed::Gone) {
         // Not the server's failure: another connection to it (a few times).
@@ -337,7 +322,7 @@ fn place(r: &mut Req, id: ConnId) {
                 },
             )
         }
-        Placed::Queued { connecting } | Placed::Probing { connecting } => connecting,
+        Placed::On { connecting } => connecting,
     };
     s.conn = Some(id);
     let lcf: &CacheLocConf = r.loc_conf::<Cache>();
@@ -377,6 +362,14 @@ fn again(r: &mut Req) {
             next(r, NGX_HTTP_UPSTREAM_FT_ERROR, false, false)
         }
     }
+}
+
+/// The balancer's server of the current try, for the log.
+fn server_name(r: &mut Req) -> String {
+    r.upstream()
+        .and_then(|u| u.peer_addr())
+        .map(|(_, n)| String::from_utf8_lossy(n.as_bytes()).into_owned())
+        .unwrap_or_default()
 }
 
 /// Leaves the connection (its replies will be dropped) and stops the timer.
@@ -497,10 +490,7 @@ fn next(r: &mut Req, ft: u32, sent: bool, reused: bool) {
         || (timeout != 0 && current_msec().wrapping_sub(u.first_start()) >= timeout)
         || client_error;
     if give_up {
-        let Some(s) = shared_of(r) else { return };
-        s.done = true;
-        r.finalize(status);
-        return;
+        return end(r, status);
     }
     if let Some(s) = shared_of(r) {
         s.started = false;
@@ -536,11 +526,7 @@ extern "C" fn timer_event(ev: *mut ngx_event_t) {
             pipes(r).with(id, |c| c.retire());
         }
         let lcf: &CacheLocConf = r.loc_conf::<Cache>();
-        let name = r
-            .upstream()
-            .and_then(|u| u.peer_addr())
-            .map(|(_, n)| String::from_utf8_lossy(n.as_bytes()).into_owned())
-            .unwrap_or_default();
+        let name = server_name(r);
         log!(
             NGX_LOG_ERR,
             r.log(),
@@ -834,12 +820,7 @@ fn done(r: &mut Req) {
         t.clear();
     }
     if let Some(status) = s.intercept {
-        finish_try(r, status, 0);
-        if let Some(s) = shared_of(r) {
-            s.done = true;
-        }
-        r.finalize(status);
-        return;
+        return end(r, status);
     }
     let status = r.status() as ngx_int_t;
     finish_try(r, status, 0);
@@ -893,11 +874,7 @@ fn failed(r: &mut Req, f: Failure) {
             reused,
             connecting,
         } => {
-            let name = r
-                .upstream()
-                .and_then(|u| u.peer_addr())
-                .map(|(_, n)| String::from_utf8_lossy(n.as_bytes()).into_owned())
-                .unwrap_or_default();
+            let name = server_name(r);
             let doing = if connecting {
                 "connecting to"
             } else {

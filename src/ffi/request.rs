@@ -357,6 +357,26 @@ impl Req {
         true
     }
 
+    /// The request body's bytes (read back from nginx's temporary file
+    /// when it wrote one). None when they cannot be had.
+    pub fn body_bytes(&mut self) -> Option<Vec<u8>> {
+        if !self.body_into_memory() {
+            return None;
+        }
+        let (bufs, len) = self.body_bufs();
+        let mut body = Vec::with_capacity(len);
+        for b in bufs {
+            // SAFETY: memory buffers of the request body, in its pool
+            // (body_into_memory left none in a file).
+            let b = unsafe { b.as_ref() };
+            if !b.pos.is_null() && b.last > b.pos {
+                // SAFETY: as above: pos..last are the buffer's bytes.
+                body.extend_from_slice(unsafe { std::slice::from_raw_parts(b.pos, b.last as usize - b.pos as usize) });
+            }
+        }
+        Some(body)
+    }
+
     pub fn set_status(&mut self, status: ngx_uint_t) {
         self.0.headers_out.status = status;
     }
