@@ -114,6 +114,16 @@ sub raw_request {
     return "$method $path HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: " . length($body) . "\r\n\r\n$body";
 }
 
+# A client connection with a 4 KiB receive buffer (a client that does not
+# read, or reads slowly).
+sub small_window_client {
+    my $c = IO::Socket::INET->new(Proto => 'tcp') or die $!;
+    setsockopt($c, SOL_SOCKET, SO_RCVBUF, 4096) or die "SO_RCVBUF: $!";
+    connect($c, pack_sockaddr_in($port, inet_aton('127.0.0.1'))) or die "connect: $!";
+    binmode $c;
+    return $c;
+}
+
 # What a client connection receives until nginx closes it, a whole
 # response has come, or nothing comes for $wait seconds.
 sub read_response {
@@ -535,10 +545,7 @@ sub value_for { my ($tag, $len) = @_; my $v = "<$tag>"; $v .= chr(97 + length($v
     my $mid = value_for('sixty-four k', 65536);
     is(req('PUT', "/c/?k=mid$_", "$_$mid")->{status}, 201, "a 64 KiB value $_ stored") for 1 .. 4;
     # A client with a small receive buffer that does not read.
-    my $slow = IO::Socket::INET->new(Proto => 'tcp') or die $!;
-    setsockopt($slow, SOL_SOCKET, SO_RCVBUF, 4096) or die "SO_RCVBUF: $!";
-    connect($slow, pack_sockaddr_in($port, inet_aton('127.0.0.1'))) or die "connect: $!";
-    binmode $slow;
+    my $slow = small_window_client();
     syswrite($slow, raw_request('GET', '/c/?k=big10'));
     sleep 0.5;
     my ($res, $secs) = parallel(10, map { ['GET', '/c/?k=mid' . (1 + $_ % 4)] } 0 .. 19);
@@ -568,9 +575,7 @@ sub value_for { my ($tag, $len) = @_; my $v = "<$tag>"; $v .= chr(97 + length($v
     # there: a request held up gets 504 after 3 s, not 60.)
     is(req('PUT', '/h3/?k=big10', $big)->{status}, 201, '10 MiB stored on another server');
     is(req('PUT', "/h3/?k=mid$_", "$_$mid")->{status}, 201, "a 64 KiB value $_ stored there") for 1 .. 4;
-    $slow = IO::Socket::INET->new(Proto => 'tcp') or die $!;
-    setsockopt($slow, SOL_SOCKET, SO_RCVBUF, 4096) or die "SO_RCVBUF: $!";
-    connect($slow, pack_sockaddr_in($port, inet_aton('127.0.0.1'))) or die "connect: $!";
+    $slow = small_window_client();
     my @others = map {
         my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port) or die $!;
         binmode $s;
@@ -597,10 +602,7 @@ sub value_for { my ($tag, $len) = @_; my $v = "<$tag>"; $v .= chr(97 + length($v
     # clients): each holds a connection of its own up, and the others
     # still get their values at once.
     my @slow = map {
-        my $c = IO::Socket::INET->new(Proto => 'tcp') or die $!;
-        setsockopt($c, SOL_SOCKET, SO_RCVBUF, 4096) or die "SO_RCVBUF: $!";
-        connect($c, pack_sockaddr_in($port, inet_aton('127.0.0.1'))) or die "connect: $!";
-        binmode $c;
+        my $c = small_window_client();
         syswrite($c, raw_request('GET', '/c/?k=big10'));
         sleep 0.05;
         $c
