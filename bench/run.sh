@@ -7,7 +7,8 @@
 #     (the HTTP ceiling of the machine) and Debian's memc module with
 #     memcached;
 #   - a query stuck for a second (pg_sleep) while fast requests run;
-#   - the worker's RSS before and after all the runs;
+#   - the worker's RSS after warm-up and after each run of the default
+#     pool's nginx, with the number of requests it had served by then;
 #   - the primary-key lookup with a bearer token (sqldb_jwt_key, HS256 and
 #     RS256: the query runs as the token's role) next to the same lookup
 #     without one, same nginx, same run; and what PostgreSQL alone pays
@@ -180,6 +181,11 @@ worker_rss_kb() {
     echo $total
 }
 
+# rss_point NAME: "NAME:requests served so far:worker RSS in kB".
+rss_point() {
+    echo "$1:$(awk '{ n += $1 } END { print n }' "$dir/served"):$(worker_rss_kb)"
+}
+
 # wrk_run PATH [SCRIPT]: prints "rps p99_ms non2xx server_conns".
 wrk_run() {
     local path=$1 script=${2:-}
@@ -188,11 +194,12 @@ wrk_run() {
     (sleep $((secs / 2)); psql -X -A -t -h 127.0.0.1 -p $pgport -U demo demo \
         -c "select count(*) - 1 from pg_stat_activity where datname = 'demo'" >"$dir/conns" 2>/dev/null) &
     local probe=$!
-    wrk "${args[@]}" "http://127.0.0.1:$port$path" | awk -v conns="$(cat "$dir/conns" 2>/dev/null)" '
+    wrk "${args[@]}" "http://127.0.0.1:$port$path" | awk -v served="$dir/served" '
+        / requests in / { n = $1 }
         /Requests\/sec/ { rps = $2 }
         /^ +99%/ { v = $2; if (v ~ /us$/) { sub(/us/, "", v); v /= 1000 } else if (v ~ /ms$/) { sub(/ms/, "", v) } else if (v ~ /s$/) { sub(/s/, "", v); v *= 1000 } p99 = v }
         /Non-2xx/ { bad = $NF }
-        END { printf "%.0f %.2f %d\n", rps, p99, bad }'
+        END { printf "%.0f %.2f %d\n", rps, p99, bad; printf "%d\n", n >>served }'
     wait $probe
     echo "$(cat "$dir/conns")" >"$dir/conns.last"
 }
@@ -261,20 +268,23 @@ printf "r\tredis-benchmark\t-\t%s\t%s\t0\t%s\n" $rb "$conns" >>"$tsv"
 
 # The gateway under each pool setting.
 declare -A g
-rss_first="" rss_last=""
+rss_first="" rss_runs=""
 for cfg in "${configs[@]}"; do
     start_nginx "${lines[$cfg]}"
+    : >"$dir/served"
     wrk -t1 -c"$conns" -d1s "http://127.0.0.1:$port/a" >/dev/null 2>&1 || true
     [ -n "$rss_first" ] || rss_first=$(worker_rss_kb)
     for s in a b c; do
         if [ $s = b ]; then r=$(wrk_run /b "$dir/scripts/b.lua"); else r=$(wrk_run /$s); fi
         g[$s.$cfg]="$r $(cat "$dir/conns.last")"
+        if [ "$cfg" = default ]; then rss_runs="$rss_runs $(rss_point $s)"; fi
         read -r rps p99 bad sc <<<"${g[$s.$cfg]}"
         printf "%s\tgateway\t%s\t%s\t%s\t%s\t%s\n" "$s" "$cfg" "$rps" "$p99" "$bad" "$sc" >>"$tsv"
         # Beside the pk lookup, the same with a token (default pool only).
         if [ $s = b ] && [ "$cfg" = default ]; then
             for j in bj bjr; do
                 g[$j]=$(wrk_run /$j "$dir/scripts/$j.lua")
+                rss_runs="$rss_runs $(rss_point $j)"
                 read -r rps p99 bad _ <<<"${g[$j]}"
                 printf "%s\tgateway\t%s\t%s\t%s\t%s\t0\n" "$j" "$cfg" "$rps" "$p99" "$bad" >>"$tsv"
             done
@@ -285,13 +295,13 @@ for cfg in "${configs[@]}"; do
         for s in r roff ret m; do
             [ $s = m ] && [ ! -f "$memc" ] && continue
             g[$s]=$(wrk_run /$s)
+            rss_runs="$rss_runs $(rss_point $s)"
             read -r rps p99 bad _ <<<"${g[$s]}"
             printf "%s\tnginx\t-\t%s\t%s\t%s\t0\n" "$s" "$rps" "$p99" "$bad" >>"$tsv"
         done
         # Fast requests while one query sleeps for a second.
         hol=$(python3 "$here/hol.py" "http://127.0.0.1:$port" 200 8)
         printf "hol\tgateway\tdefault\t0\t%s\t0\t0\n" "$(echo "$hol" | awk '{ print $2 }')" >>"$tsv"
-        rss_last=$(worker_rss_kb)
     fi
 done
 stop_nginx
@@ -345,7 +355,8 @@ stop_nginx
         "$pj/s, $(ratio "$pj" "$pb")x of the lookup alone"
     echo
     echo "Head of line: 200 fast requests (8 at a time) while a pg_sleep(1) runs, default pool: $hol"
-    echo "Worker RSS: ${rss_first} kB after warm-up, ${rss_last} kB after the default pool's runs"
+    echo "Worker RSS (kB), default pool: ${rss_first} after warm-up; after each run, as run:requests served:kB:"
+    echo "   $rss_runs"
 } | tee "$out/results.txt"
 
 python3 "$here/chart.py" "$tsv" "$out/chart.svg"
