@@ -37,7 +37,7 @@ APT_PACKAGES := nginx nginx-dev libpq-dev libclang-dev clang pkg-config \
                 libtest-base-perl libtext-diff-perl libipc-run-perl liburi-perl \
                 libwww-perl libnginx-mod-http-srcache-filter openssl \
                 debhelper dpkg-dev file memcached libnginx-mod-http-memc pgbouncer \
-                python3-prometheus-client chromium
+                python3-prometheus-client chromium libnginx-mod-http-image-filter
 
 FUZZ_RUNS    ?= 10000000
 FUZZ_SECONDS ?= 20

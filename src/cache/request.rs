@@ -155,6 +155,7 @@ fn variable(r: &mut Req, index: ngx_int_t) -> Option<Vec<u8>> {
 fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
     let lcf: &CacheLocConf = r.loc_conf::<Cache>();
     let mcf: &CacheMainConf = r.main_conf::<Cache>();
+    r.disable_not_modified();
     if lcf.subscribe.is_some() {
         return super::subscriber::start(r, lcf).map_err(|e| match e {
             Refused::BadChannel(v) => StartError::BadChannel(v),

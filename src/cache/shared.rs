@@ -52,6 +52,9 @@ pub struct SharedReq {
     started: bool,
     /// HEAD, or the header could not go out: value bytes are dropped.
     discard: bool,
+    /// The status a header filter answered with instead (the range
+    /// filter's 416): nginx's page for it goes out once every reply is in.
+    refused_head: Option<ngx_int_t>,
     /// A 404 that goes to the next server (`cache_next_upstream not_found`).
     retry_404: bool,
     /// PUBLISH's receivers.
@@ -90,6 +93,7 @@ impl SharedReq {
             tls: None,
             started: false,
             discard: false,
+            refused_head: None,
             retry_404: false,
             count: None,
             bufs: Reuse::new(<Cache as ngx::http::HttpModule>::module()),
@@ -615,6 +619,9 @@ fn send_head(r: &mut Req, s: &mut SharedReq) {
     if rc == ERROR || rc > OK || r.header_only() {
         s.discard = true;
     }
+    if rc > OK {
+        s.refused_head = Some(rc);
+    }
 }
 
 /// What was held for the request's client is not any more.
@@ -833,7 +840,12 @@ fn done(r: &mut Req) {
         return;
     }
     if s.discard {
-        r.finalize(if r.header_only() { OK } else { ERROR });
+        let rc = match s.refused_head {
+            Some(status) => status,
+            None if r.header_only() => OK,
+            None => ERROR,
+        };
+        r.finalize(rc);
         return;
     }
     let rc = match s.count {

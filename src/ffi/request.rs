@@ -4,6 +4,7 @@
 use std::ffi::{c_void, CStr};
 use std::mem;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
 
@@ -23,6 +24,21 @@ pub struct Req(ngx_http_request_t);
 pub unsafe trait RequestCtx {
     type Ctx;
     fn module() -> &'static ngx_module_t;
+}
+
+/// The modules whose request contexts set_ctx made: a filter's own error
+/// page must not take them away (see Req::through_filters).
+static KEPT: [AtomicPtr<ngx_module_t>; 4] = [const { AtomicPtr::new(std::ptr::null_mut()) }; 4];
+
+fn keep_across_filters(m: &'static ngx_module_t) {
+    let p = (m as *const ngx_module_t).cast_mut();
+    for slot in &KEPT {
+        match slot.compare_exchange(std::ptr::null_mut(), p, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return,
+            Err(cur) if cur == p => return,
+            Err(_) => {}
+        }
+    }
 }
 
 impl Req {
@@ -238,6 +254,7 @@ impl Req {
 
     /// Moves a context into the request's pool and into the module's slot.
     pub fn set_ctx<M: RequestCtx>(&mut self, ctx: M::Ctx) -> Option<NonNull<M::Ctx>> {
+        keep_across_filters(M::module());
         let p = self.pool().alloc(ctx)?;
         // SAFETY: r->ctx has a slot per http module; the context lives in
         // the request's pool, as long as the request.
@@ -412,9 +429,50 @@ impl Req {
         self.0.set_header_only(1);
     }
 
+    /// Runs nginx's header or body filters. A filter that answers with an
+    /// error page of its own (ngx_http_filter_finalize_request: the
+    /// not-modified filter's 412, image_filter's 415) clears every
+    /// module's context of the request. The contexts set_ctx made are put
+    /// back (where nothing else took the slot), so that the handler that
+    /// holds the request still finds its state to end the request and to
+    /// free what it holds (its timers, its place on a connection).
+    fn through_filters(&mut self, f: impl FnOnce(&mut Self) -> ngx_int_t) -> ngx_int_t {
+        let mut saved = [std::ptr::null_mut::<c_void>(); KEPT.len()];
+        for (slot, m) in saved.iter_mut().zip(&KEPT) {
+            let m = m.load(Ordering::Relaxed);
+            if !m.is_null() {
+                // SAFETY: a module of this library (a static); r->ctx has a
+                // slot per http module of the configuration.
+                *slot = unsafe { *self.0.ctx.add((*m).ctx_index) };
+            }
+        }
+        let rc = f(self);
+        for (saved, m) in saved.iter().zip(&KEPT) {
+            if saved.is_null() {
+                continue;
+            }
+            // SAFETY: as above; the saved context is in the request's pool,
+            // which the filters do not free.
+            unsafe {
+                let slot = self.0.ctx.add((*m.load(Ordering::Relaxed)).ctx_index);
+                if (*slot).is_null() {
+                    *slot = *saved;
+                }
+            }
+        }
+        rc
+    }
+
     pub fn send_header(&mut self) -> ngx_int_t {
         // SAFETY: a live request.
-        unsafe { ngx_http_send_header(self.as_ptr()) }
+        self.through_filters(|r| unsafe { ngx_http_send_header(r.as_ptr()) })
+    }
+
+    /// The answer is not a representation with validators (no ETag, no
+    /// Last-Modified, not cached): If-Match, If-Unmodified-Since and
+    /// If-None-Match are not applied to it, as nginx's proxied answers.
+    pub fn disable_not_modified(&mut self) {
+        self.0.set_disable_not_modified(1);
     }
 
     /// Passes a chain to the output filters (null: only flush).
@@ -424,19 +482,19 @@ impl Req {
     /// request's pool (or longer).
     pub unsafe fn output_filter(&mut self, chain: *mut ngx_chain_t) -> ngx_int_t {
         // SAFETY: a live request; the caller vouches for the chain.
-        unsafe { ngx_http_output_filter(self.as_ptr(), chain) }
+        self.through_filters(|r| unsafe { ngx_http_output_filter(r.as_ptr(), chain) })
     }
 
     /// The response ends with no more body (an empty one included).
     /// Sends what is buffered (the header, say) now.
     pub fn send_flush(&mut self) -> ngx_int_t {
         // SAFETY: a live request.
-        unsafe { ngx_http_send_special(self.as_ptr(), NGX_HTTP_FLUSH as ngx_uint_t) }
+        self.through_filters(|r| unsafe { ngx_http_send_special(r.as_ptr(), NGX_HTTP_FLUSH as ngx_uint_t) })
     }
 
     pub fn send_last(&mut self) -> ngx_int_t {
         // SAFETY: a live request.
-        unsafe { ngx_http_send_special(self.as_ptr(), NGX_HTTP_LAST as ngx_uint_t) }
+        self.through_filters(|r| unsafe { ngx_http_send_special(r.as_ptr(), NGX_HTTP_LAST as ngx_uint_t) })
     }
 
     pub fn finalize(&mut self, rc: ngx_int_t) {
