@@ -196,6 +196,30 @@ cache: PING was refused: NOAUTH
 
 
 
+=== TEST 9b: a cache_auth whose variables make it empty sends no AUTH (on a server with no password, AUTH "" would be refused)
+--- config
+location /p/ {
+    set $cache_key $uri;
+    cache_auth $http_x_pass;
+    cache_pass redis;
+}
+location /q/ {
+    set $cache_key $uri;
+    cache_auth $http_x_pass;
+    cache_pipeline off;
+    cache_pass redis;
+}
+--- request eval
+["PUT /p/k9b\nshared", "GET /p/k9b", "PUT /q/k9b\nown", "GET /q/k9b"]
+--- error_code eval
+[201, 200, 201, 200]
+--- response_body eval
+["", "shared", "", "own"]
+--- no_error_log
+[error]
+
+
+
 === TEST 10: a Redis error reply (WRONGTYPE): 502 and one log line
 --- config
 location /t/ {

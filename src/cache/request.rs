@@ -198,9 +198,10 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
         (Command::Set, Some(v)) => redis::parse_exptime(&v).map_err(|_| StartError::BadExptime(text(&v)))?,
         _ => None,
     };
+    // A password whose variables are all empty is none: no AUTH.
     let auth = match lcf.auth {
         None => None,
-        Some(cv) => Some(r.complex_value(cv).ok_or(StartError::Nginx)?.to_vec()),
+        Some(cv) => Some(r.complex_value(cv).ok_or(StartError::Nginx)?.to_vec()).filter(|p| !p.is_empty()),
     };
     let backend = match lcf.pass_var {
         Some(cv) => Some(r.complex_value(cv).ok_or(StartError::Nginx)?.to_vec()),
