@@ -13,6 +13,16 @@ use Test::More;
 use Time::HiRes qw(sleep time);
 
 psql('create sequence if not exists fault_seq');
+# A query that takes its time to end once cancelled (it catches the cancel
+# and cleans up for 0.6 s).
+psql(q{create or replace function stubborn(s float8) returns text language plpgsql as $$
+begin
+    perform pg_sleep(s);
+    return 'done';
+exception when query_canceled then
+    perform pg_sleep(0.6);
+    return 'cancelled';
+end $$});
 psql('grant usage, select, update on sequence fault_seq to gateway');
 
 my $server = GatewayTest::pg_server_line('faults');
@@ -31,6 +41,7 @@ server {
     location /sleep { sqldb_pass database; sqldb_output value; sqldb_query "select pg_sleep(\$arg_s::float8)::text || 'slept'"; }
     location /short { sqldb_pass database; sqldb_result_timeout 300ms; sqldb_output value; sqldb_query "select pg_sleep(5)::text"; }
     location /echo { sqldb_pass database; sqldb_output value; sqldb_query "select 'echo'"; }
+    location /stubborn { sqldb_pass database; sqldb_output value; sqldb_query "select stubborn(\$arg_s::float8)"; }
     location /many {
         sqldb_pass database;
         sqldb_stream on;
@@ -130,6 +141,24 @@ my @ok = map { (http_get($port, '/echo'))[1] } 1 .. 20;
 is_deeply(\@ok, [('echo') x 20], 'service goes on');
 cmp_ok(gateway_connections(), '<=', 8, 'still within the bound');
 unlike(nginx_error_log(), qr/too many clients|remaining connection slots/, 'the server never ran out of connections');
+
+# 4b. Twelve gone requests pipelined on one connection, each query taking
+# 0.6 s to end once cancelled: 7 s in all. They are cancelled in turn, each
+# with its own time to end; the connection is not closed on them after the
+# first few (which would leave the query running then on the server for
+# its whole 30 s), and it serves the next request.
+stop_nginx();
+$port = start('max=1');
+is((http_get($port, '/echo'))[1], 'echo', 'warm');
+$conns = gateway_connections();
+my @stub = map { http_send($port, '/stubborn?s=30') } 1 .. 12;
+ok(wait_until(sub { running('%stubborn%') == 1 }, 5), 'the first of twelve runs');
+sleep stretch(0.3);
+close $_ for @stub;
+ok(wait_until(sub { running('%stubborn%') == 0 }, 20), 'every one of them ended on the server');
+is((http_get($port, '/echo'))[1], 'echo', 'the next request is served');
+is(gateway_connections(), $conns, 'on the same server connection');
+unlike(nginx_error_log(), qr/did not end within/, 'the connection was not closed on queries that were ending');
 
 # 5. A streamed response whose client stops reading and leaves: the
 # requests behind it are served at once, not after a timeout.

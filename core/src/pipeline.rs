@@ -776,24 +776,30 @@ impl<T: Copy + Eq> Pipeline<T> {
     /// Every request left: cancel what runs, or close a connection still
     /// connecting, or let an idle one settle.
     fn begin_drain(&mut self) -> Vec<Step<T>> {
-        let mut steps = Vec::new();
-        if !self.draining {
-            self.draining = true;
-            steps.push(Step::DrainTimer);
+        let starting = !self.draining;
+        self.draining = true;
+        let steps = self.cancel_running();
+        if starting && steps.is_empty() {
+            return vec![Step::DrainTimer];
         }
-        steps.extend(self.cancel_running());
         steps
     }
 
     /// One cancel request per query that runs (the head's), one at a time.
-    fn cancel_running(&mut self) -> Option<Step<T>> {
-        let head = self.queue.front().filter(|e| !e.internal)?.seq;
+    /// Each query cancelled has the drain's time to end: the timer starts
+    /// again with each, so that a line of them ending in turn is not cut
+    /// off (closing the connection would leave the query that runs then
+    /// running on the server to its end).
+    fn cancel_running(&mut self) -> Vec<Step<T>> {
+        let Some(head) = self.queue.front().filter(|e| !e.internal).map(|e| e.seq) else {
+            return Vec::new();
+        };
         if !self.draining || self.cancel_in_flight || self.cancelled_seq == Some(head) {
-            return None;
+            return Vec::new();
         }
         self.cancelled_seq = Some(head);
         self.cancel_in_flight = true;
-        Some(Step::Cancel)
+        vec![Step::DrainTimer, Step::Cancel]
     }
 
     fn finish_drain(&mut self) -> Vec<Step<T>> {
@@ -811,7 +817,7 @@ impl<T: Copy + Eq> Pipeline<T> {
         if self.queue.is_empty() {
             return self.finish_drain();
         }
-        self.cancel_running().into_iter().collect()
+        self.cancel_running()
     }
 
     /// A cancel request could not be sent: no more are tried on this connection.
