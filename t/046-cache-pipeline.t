@@ -68,12 +68,13 @@ upstream rr      { server 127.0.0.1:$bal[0]{port}; server 127.0.0.1:$bal[1]{port
 upstream bk      { server 127.0.0.1:$bal[0]{port}; server 127.0.0.1:$bal[2]{port} backup; }
 upstream bkdead  { server 127.0.0.1:$closed; server 127.0.0.1:$bal[2]{port} backup; }
 log_format upstream '\$request_uri|\$status|\$upstream_addr|\$upstream_status|\$upstream_response_time';
+log_format bytes '\$request_method \$request_uri|\$upstream_bytes_sent|\$upstream_bytes_received|\$upstream_response_length';
 server {
     listen 127.0.0.1:\$PORT;
     client_max_body_size 20m;
-    location /c/   { set \$cache_key \$arg_k; set \$cache_db \$arg_db; cache_pass main; }
+    location /c/   { set \$cache_key \$arg_k; set \$cache_db \$arg_db; access_log logs/access.log; access_log logs/bytes.log bytes; cache_pass main; }
     location /h3/  { set \$cache_key \$arg_k; cache_read_timeout 3s; cache_pass hol; }
-    location /off/ { set \$cache_key \$arg_k; set \$cache_db \$arg_db; cache_pipeline off; cache_pass nopipe; }
+    location /off/ { set \$cache_key \$arg_k; set \$cache_db \$arg_db; cache_pipeline off; access_log logs/access.log; access_log logs/bytes.log bytes; cache_pass nopipe; }
     location /a/   { set \$cache_key \$arg_k; set \$cache_db \$arg_db; cache_auth "se cret"; cache_pass authd; }
     location /f/   { set \$cache_key \$arg_key; cache_read_timeout 2s; cache_pass fake; }
     location /fdb/ {
@@ -737,6 +738,30 @@ sub value_for { my ($tag, $len) = @_; my $v = "<$tag>"; $v .= chr(97 + length($v
         'cache_pipeline off and on: the same answers to PUT, GET, HEAD, a miss, DELETE and 1 MiB');
     is_deeply([map { (split / /, $_)[2] } @{ $got{off} }], [201, 200, 200, 404, 204, 404, 404, 201, 200],
         'cache_pipeline off: the statuses of each');
+    # $upstream_bytes_sent, $upstream_bytes_received and
+    # $upstream_response_length, from the access log: the value's length,
+    # and the bytes of each command and its replies, which differ from
+    # cache_pipeline off's only by the key's name (off-k, c-k) and the PING
+    # token's length. (nginx's upstream counts as the response length the
+    # bytes it read after the reply's first line, whatever they were: 0
+    # for a small value that came with it, the CRLF for a large one.)
+    open my $bl, '<', "$GatewayTest::NginxRoot/logs/bytes.log" or die $!;
+    my %bytes;
+    for (<$bl>) {    # (the first of each: "GET k" is asked again after the DELETE)
+        chomp;
+        my @f = split /\|/;
+        $bytes{ $f[0] } //= [@f[1 .. 3]];
+    }
+    for my $step (['GET', 'k', 11], ['GET', 'big', 1 << 20], ['PUT', 'big', 0]) {
+        my ($m, $k, $len) = @$step;
+        my ($off, $on) = map { $bytes{"$m /$_/?k=$_-$k"} // ['-', '-', '-'] } 'off', 'c';
+        is($on->[2], $len, "$m $k: \$upstream_response_length $len") if $m eq 'GET';
+        my $sent = $m eq 'PUT' ? 1 << 20 : 20;
+        cmp_ok($on->[0], '>', $sent, "$m $k: \$upstream_bytes_sent ($on->[0], off: $off->[0])");
+        cmp_ok(abs($on->[0] - $off->[0]), '<', 12, "$m $k: within a few bytes of cache_pipeline off's");
+        cmp_ok($on->[1], '>', $len + 6, "$m $k: \$upstream_bytes_received ($on->[1], off: $off->[1])");
+        cmp_ok(abs($on->[1] - $off->[1]), '<', 12, "$m $k: within a few bytes of cache_pipeline off's");
+    }
     my @r = (req('PUT', '/off/?k=cross', 'one'), req('GET', '/c/?k=cross'), req('PUT', '/c/?k=cross', 'two'),
         req('GET', '/off/?k=cross'));
     is_deeply([map { "$_->{status} $_->{body}" } @r], ['201 ', '200 one', '201 ', '200 two'],

@@ -50,11 +50,23 @@ const KEEP_ROOM: usize = 256 * 1024;
 /// there, null once it left (its replies are then dropped).
 pub struct Handle {
     pub r: Cell<*mut ngx_http_request_t>,
+    /// Bytes of its commands queued, and of its replies read, since the
+    /// request last took them (`$upstream_bytes_sent`, `_received`).
+    pub sent: Cell<u64>,
+    pub received: Cell<u64>,
 }
 
 impl Handle {
     pub fn new(r: *mut ngx_http_request_t) -> Rc<Handle> {
-        Rc::new(Handle { r: Cell::new(r) })
+        Rc::new(Handle {
+            r: Cell::new(r),
+            sent: Cell::new(0),
+            received: Cell::new(0),
+        })
+    }
+
+    fn count(n: &Cell<u64>, more: usize) {
+        n.set(n.get() + more as u64);
     }
 
     fn alive(&self) -> bool {
@@ -306,6 +318,9 @@ impl PipeConn {
         len: usize,
         write: impl FnOnce(&mut Vec<u8>),
     ) {
+        if let Some(h) = &who {
+            Handle::count(&h.sent, len);
+        }
         self.waiters.push_back(Waiter {
             who,
             followers: Vec::new(),
@@ -600,6 +615,9 @@ impl PipeConn {
             let who = w.live().cloned();
             let (event, used) = w.exchange.step(buf);
             self.in_at += used;
+            if let Some(h) = &who {
+                Handle::count(&h.received, used);
+            }
             match event {
                 RedisEvent::More => break,
                 RedisEvent::Answer { status, value } => {

@@ -81,6 +81,8 @@ pub struct SharedReq {
     moves: u8,
     /// The request has ended (finalized, or nginx ended it).
     done: bool,
+    /// Value bytes read in this try (`$upstream_response_length`).
+    length: u64,
 }
 
 impl SharedReq {
@@ -107,6 +109,7 @@ impl SharedReq {
             timer_connecting: false,
             moves: 0,
             done: false,
+            length: 0,
         }
     }
 }
@@ -390,10 +393,25 @@ fn leave(r: &mut Req) {
 
 /// The try's `$upstream_*` state, and the server back to the balancer.
 fn finish_try(r: &mut Req, status: ngx_int_t, peer_state: ngx_uint_t) {
-    let held = shared_of(r).is_some_and(|s| std::mem::take(&mut s.peer_held));
+    let s = shared_of(r);
+    let held = s.as_ref().is_some_and(|s| s.peer_held);
+    let (sent, received, length) = match s {
+        Some(s) => {
+            s.peer_held = false;
+            (
+                s.handle.sent.take(),
+                s.handle.received.take(),
+                std::mem::take(&mut s.length),
+            )
+        }
+        None => (0, 0, 0),
+    };
     let Some(u) = r.upstream() else { return };
     let elapsed = u.elapsed();
     if let Some(st) = u.state() {
+        st.bytes_sent = sent as off_t;
+        st.bytes_received = received as off_t;
+        st.response_length = length as off_t;
         // (NGX_ERROR, a response cut short, keeps the status that was
         // answered: $upstream_status has room for 3 digits a try.)
         if status > 0 {
@@ -698,6 +716,7 @@ impl Reader for Shared {
         let Some(r) = request_of(who) else { return false };
         guard(r.log(), "cache value", false, || {
             let Some(s) = shared_of(r) else { return false };
+            s.length += bytes.len() as u64;
             send_head(r, s);
             if s.discard || !s.started {
                 return false;
