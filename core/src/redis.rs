@@ -341,7 +341,7 @@ impl fmt::Display for ReplyError {
             ReplyError::Unsolicited => f.write_str("redis sent bytes that no command asked for"),
             ReplyError::Stale(line) => write!(
                 f,
-                "redis sent \"{}\" where the echo of PING was due: bytes left on the connection from before this request",
+                "redis sent \"{}\" where the echo of PING was due: bytes that are not this request's replies (left on a kept connection, or sent unasked)",
                 line.escape_ascii()
             ),
         }
@@ -944,7 +944,7 @@ mod tests {
     #[test]
     fn anything_before_the_echo_of_ping_is_stale() {
         let stale = |line: &str| {
-            format!("failed redis sent \"{line}\" where the echo of PING was due: bytes left on the connection from before this request")
+            format!("failed redis sent \"{line}\" where the echo of PING was due: bytes that are not this request's replies (left on a kept connection, or sent unasked)")
         };
         let cases: [(bool, &[u8], String); 12] = [
             (
