@@ -43,7 +43,11 @@ server {
     @{[ $have_image ? 'location = /img    { set $cache_key img; image_filter test; cache_pass red; }
     location = /imgoff { set $cache_key img; image_filter test; cache_pipeline off; cache_pass redoff; }
     location = /imgsql { sqldb_pass db; sqldb_output value; sqldb_query "select \'not an image\'"; image_filter test; }
-    location = /imgrows { sqldb_pass db; sqldb_output csv; sqldb_stream on; sqldb_query "select g from generate_series(1, 3) g"; image_filter test; }' : '' ]}
+    location = /imgrows { sqldb_pass db; sqldb_output csv; sqldb_stream on; sqldb_query "select g from generate_series(1, 3) g"; image_filter test; }
+    location = /imgep { set $cache_key img; image_filter test; error_page 415 = /c?k=ten; cache_pass red; }
+    location = /imgsqlep { sqldb_pass db; sqldb_output value; sqldb_query "select \'not an image\'"; image_filter test; error_page 415 = /sql; }
+    location = /imgfb { set $cache_key img; image_filter test; error_page 415 = /fallback; cache_pass red; }
+    location = /fallback { return 200 "fallback"; }' : '' ]}
 }
 HTTP
 
@@ -114,7 +118,7 @@ for my $path ('/sub', '/listen') {
 # request still ends cleanly, its shared connection serves the next one,
 # and nothing of it is left behind (its timer, its place in the queue).
 SKIP: {
-    skip 'Debian nginx with its image_filter module only', 10 unless $have_image;
+    skip 'Debian nginx with its image_filter module only', 17 unless $have_image;
     for my $path ('/img', '/imgoff', '/imgsql', '/imgrows') {
         my $next = $path =~ /sql|rows/ ? '/sql' : '/c?k=ten';
         my @r = keepalive_requests($port, 5, ['GET', $path], ['GET', $next]);
@@ -130,8 +134,27 @@ SKIP: {
         $after{$path} = join ' ', map { $_->{status} // $_->{error} } @r;
     }
     is($after{'/img'}, $after{'/imgoff'}, "the client connection after it: as nginx's upstream ($after{'/imgoff'})");
+    # The filter's error page leads to another location: nginx's own page
+    # or location there; to a gateway location, the request is not served
+    # a second answer while the first is being sent (nginx ends it, as it
+    # does for its upstreams: an empty reply there), and nothing of it is
+    # left behind.
+    my @r = keepalive_requests($port, 5, ['GET', '/imgfb']);
+    is("$r[0]{status} $r[0]{body}", '200 fallback', 'error_page 415 to a location of return 200: its answer');
+    for my $path ('/imgep', '/imgsqlep') {
+        my $next = $path =~ /sql/ ? '/sql' : '/c?k=ten';
+        @r = keepalive_requests($port, 5, ['GET', $path], ['GET', $next]);
+        like($r[0]{status} // $r[0]{error}, qr/^(500|connection closed)$/, "$path: error_page 415 to a gateway location: not served twice")
+            or diag(explain \@r);
+        my @after = map { keepalive_requests($port, 5, ['GET', $next]) } 1 .. 3;
+        is_deeply([map { $_->{status} // $_->{error} } @after], [200, 200, 200], "$path: later requests");
+    }
+    like(nginx_error_log(), qr/\[error\].*cache: an output filter's error page \(error_page\) redirected the request here/,
+        'the cache says why');
+    like(nginx_error_log(), qr/\[error\].*sqldb: an output filter's error page \(error_page\) redirected the request here/,
+        'sqldb says why');
     sleep 0.2;
-    my @r = keepalive_requests($port, 5, ["GET", "/c?k=ten"]);
+    @r = keepalive_requests($port, 5, ["GET", "/c?k=ten"]);
     is($r[0]{status}, 200, 'and the worker serves on');
 }
 

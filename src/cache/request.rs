@@ -70,6 +70,8 @@ enum StartError {
     ClusterDb(u32),
     NoBackend(String),
     SqldbUpstream(String),
+    /// See FILTER_REDIRECT.
+    InsideFilters,
     Nginx,
 }
 
@@ -121,6 +123,7 @@ impl StartError {
                 log,
                 "cache: \"cache_pass\" value \"{v}\" names no known backend"
             ),
+            StartError::InsideFilters => log!(NGX_LOG_ERR, log, "cache: {}", crate::ffi::FILTER_REDIRECT),
             StartError::SqldbUpstream(v) => log!(
                 NGX_LOG_ERR,
                 log,
@@ -156,6 +159,9 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
     let lcf: &CacheLocConf = r.loc_conf::<Cache>();
     let mcf: &CacheMainConf = r.main_conf::<Cache>();
     r.disable_not_modified();
+    if r.inside_own_filters() {
+        return Err(StartError::InsideFilters);
+    }
     if lcf.subscribe.is_some() {
         return super::subscriber::start(r, lcf).map_err(|e| match e {
             Refused::BadChannel(v) => StartError::BadChannel(v),

@@ -23,7 +23,7 @@ pub use conf::{Claim, Conf};
 pub use event::{Event, RetryTimer, Socket, Timer};
 pub use log::Log;
 pub use pool::Pool;
-pub use request::{fill_variable, Req};
+pub use request::{fill_variable, Req, FILTER_REDIRECT};
 pub use upstream::Upstream;
 
 pub const OK: ngx_int_t = 0;

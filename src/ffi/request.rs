@@ -30,6 +30,17 @@ pub unsafe trait RequestCtx {
 /// page must not take them away (see Req::through_filters).
 static KEPT: [AtomicPtr<ngx_module_t>; 4] = [const { AtomicPtr::new(std::ptr::null_mut()) }; 4];
 
+/// Why a gateway location does not answer a request that an output
+/// filter's error page redirected to it while the gateway still sends its
+/// answer to the same request (Req::inside_own_filters).
+pub const FILTER_REDIRECT: &str = "an output filter's error page (error_page) redirected the request here while \
+     the gateway was sending its answer to it: not served; nginx ends the request";
+
+thread_local! {
+    /// The request whose output filters the module runs now (through_filters).
+    static FILTERING: std::cell::Cell<*mut ngx_http_request_t> = const { std::cell::Cell::new(std::ptr::null_mut()) };
+}
+
 fn keep_across_filters(m: &'static ngx_module_t) {
     let p = (m as *const ngx_module_t).cast_mut();
     for slot in &KEPT {
@@ -446,7 +457,9 @@ impl Req {
                 *slot = unsafe { *self.0.ctx.add((*m).ctx_index) };
             }
         }
+        let outer = FILTERING.replace(self.as_ptr());
         let rc = f(self);
+        FILTERING.set(outer);
         for (saved, m) in saved.iter().zip(&KEPT) {
             if saved.is_null() {
                 continue;
@@ -461,6 +474,16 @@ impl Req {
             }
         }
         rc
+    }
+
+    /// The request is inside the module's own call of its output filters:
+    /// a filter's error page (`error_page` of image_filter's 415, say)
+    /// redirected it to this location while the module still sends its
+    /// first answer. A second answer of the module must not start then
+    /// (nginx ends the request when the filter returns, as for its own
+    /// upstreams).
+    pub fn inside_own_filters(&self) -> bool {
+        FILTERING.get() == self.as_ptr()
     }
 
     pub fn send_header(&mut self) -> ngx_int_t {
