@@ -90,9 +90,17 @@ my @s = map { http_send($port, '/seq?s=2') } 1 .. 3;
 ok(wait_until(sub { running('%nextval%') == 1 }, 5), 'the first of three pipelined queries runs');
 psql("select pg_terminate_backend(pid) from pg_stat_activity where application_name = 'faults' and query like '%nextval%'");
 my @st = map { (http_read($_))[0] } @s;
-is_deeply(\@st, [502, 502, 502], 'every request on the killed connection: 502');
+if (under_valgrind()) {
+    # (Slowed down, the later two may come after the first query has run
+    # too long to be pipelined behind it: they wait, and go on a new
+    # connection once it is lost.)
+    is($st[0], 502, 'the query on the killed connection: 502');
+    is(scalar(grep { $_ != 502 && $_ != 200 } @st), 0, "the others 502, or 200 from a new connection (@st)");
+} else {
+    is_deeply(\@st, [502, 502, 502], 'every request on the killed connection: 502');
+}
 sleep stretch(0.5);
-is(seq_value() - $before, 1, 'the first ran, none ran again elsewhere');
+is(seq_value() - $before, 1 + grep({ $_ == 200 } @st), 'the first ran, none ran again elsewhere (each 200 ran once, on a new connection)');
 is((http_get($port, '/echo'))[1], 'echo', 'the next request is served');
 
 # 2. A client that leaves mid-query: its query is cancelled on the server
@@ -150,14 +158,14 @@ unlike(nginx_error_log(), qr/too many clients|remaining connection slots/, 'the 
 stop_nginx();
 $port = start('max=1');
 is((http_get($port, '/echo'))[1], 'echo', 'warm');
-$conns = gateway_connections();
 my @stub = map { http_send($port, '/stubborn?s=30') } 1 .. 12;
 ok(wait_until(sub { running('%stubborn%') == 1 }, 5), 'the first of twelve runs');
+my $backend = psql("select pid from pg_stat_activity where application_name = 'faults' and state = 'active' and query like '%stubborn%'");
 sleep stretch(0.3);
 close $_ for @stub;
-ok(wait_until(sub { running('%stubborn%') == 0 }, 20), 'every one of them ended on the server');
+ok(wait_until(sub { running('%stubborn%') == 0 }, stretch(20)), 'every one of them ended on the server');
 is((http_get($port, '/echo'))[1], 'echo', 'the next request is served');
-is(gateway_connections(), $conns, 'on the same server connection');
+is(psql("select query from pg_stat_activity where pid = $backend"), "select 'echo'", 'on the same server connection');
 unlike(nginx_error_log(), qr/did not end within/, 'the connection was not closed on queries that were ending');
 
 # 5. A streamed response whose client stops reading and leaves: the
