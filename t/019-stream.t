@@ -79,6 +79,35 @@ qr/\[error\].*sqldb: the response was cut short after [1-4]?\d{1,4} rows had gon
 
 
 
+=== TEST 5b: an error before the first batch of rows went out (2,999 rows gathered, under 16 KiB) still gets its own status, and the location's error_page; the log has the error, not a cut-short line
+--- config
+location /early {
+    sqldb_pass database;
+    sqldb_stream on;
+    sqldb_output text;
+    sqldb_query "select 1 / (3000 - g) from generate_series(1, 5000) g";
+}
+location /early_ep {
+    sqldb_pass database;
+    sqldb_stream on;
+    sqldb_output text;
+    sqldb_query "select 1 / (3000 - g) from generate_series(1, 5000) g";
+    error_page 500 = /fallback;
+}
+location /fallback { return 200 "fallback"; }
+--- request eval
+["GET /early", "GET /early_ep", "HEAD /early"]
+--- error_code eval
+[500, 200, 500]
+--- response_body_like eval
+[qr/500 Internal Server Error/, qr/^fallback\z/, qr/^\z/]
+--- error_log
+division by zero (SQLSTATE 22012)
+--- no_error_log
+cut short
+
+
+
 === TEST 6: what needs the whole result does not stream (sqldb_set, value)
 --- config
 location /v {

@@ -103,8 +103,13 @@ fn complete(r: &mut Req) {
     if ctx.done {
         return;
     }
-    if ctx.streaming.as_ref().is_some_and(|s| s.started()) {
-        return super::stream::complete(r);
+    if let Some(s) = ctx.streaming.as_mut().filter(|s| s.begun()) {
+        // Rows went out, or every row is in: the stream ends the response.
+        // An error before any byte went out still gets its own status.
+        if s.started() || ctx.error.is_none() {
+            return super::stream::complete(r);
+        }
+        s.drop_gathered();
     }
     if let Some(err) = ctx.error.take() {
         let summary = err.error_summary();

@@ -26,7 +26,12 @@ pub struct CutShort;
 pub struct Streaming {
     enc: Stream,
     output: Output,
-    /// The response header is out.
+    /// Rows are gathered: the status and headers are set, and the
+    /// format's opening bytes written.
+    begun: bool,
+    /// The response header went to nginx (with the first batch of rows,
+    /// or at the end): the status cannot change any more. Until then an
+    /// error still gets its own status (and the location's error_page).
     started: bool,
     /// HEAD, or the client went away: rows are read and dropped.
     discard: bool,
@@ -42,6 +47,7 @@ impl Streaming {
         Streaming {
             enc: Stream::new(format),
             output,
+            begun: false,
             started: false,
             discard: false,
             out: Vec::new(),
@@ -50,21 +56,22 @@ impl Streaming {
         }
     }
 
+    pub fn begun(&self) -> bool {
+        self.begun
+    }
+
     pub fn started(&self) -> bool {
         self.started
     }
 
-    /// One row (a single-row result), the header first if need be. Ok(true)
-    /// when reading should pause for the client.
+    /// One row (a single-row result), the opening bytes first if need be.
+    /// Ok(true) when reading should pause for the client.
     fn row(&mut self, r: &mut Req, res: &PgResult) -> Result<bool, CutShort> {
         if self.discard {
             return Ok(false);
         }
-        if !self.started {
-            self.start(r, res)?;
-            if self.discard {
-                return Ok(false);
-            }
+        if !self.begun {
+            self.begin(r, res)?;
         }
         self.enc.rows_of(res, &mut self.out).map_err(|_| CutShort)?;
         if self.out.len() < BATCH {
@@ -73,12 +80,19 @@ impl Streaming {
         self.flush(r, false)
     }
 
-    /// Status, headers, and the format's opening bytes (the RDS header and columns).
-    fn start(&mut self, r: &mut Req, res: &PgResult) -> Result<(), CutShort> {
-        self.started = true;
+    /// Status, headers, and the format's opening bytes (the RDS header and
+    /// columns); the header goes out with the first batch.
+    fn begin(&mut self, r: &mut Req, res: &PgResult) -> Result<(), CutShort> {
+        self.begun = true;
         r.set_status(HTTP_OK as ngx_uint_t);
         r.set_content_length(-1);
         super::output::set_content_type(r, self.output.content_type());
+        self.enc.begin(res, &mut self.out).map_err(|_| CutShort)
+    }
+
+    /// The header, before the first batch.
+    fn send_header(&mut self, r: &mut Req) -> Result<(), CutShort> {
+        self.started = true;
         if let Some(u) = r.upstream() {
             u.set_header_sent();
         }
@@ -88,14 +102,20 @@ impl Streaming {
         }
         if r.header_only() {
             self.discard = true;
-            return Ok(());
+            self.out.clear();
         }
-        self.enc.begin(res, &mut self.out).map_err(|_| CutShort)
+        Ok(())
     }
 
     /// Sends what is gathered (and, at the end, the last buffer). Ok(true)
     /// when the client is behind.
     fn flush(&mut self, r: &mut Req, last: bool) -> Result<bool, CutShort> {
+        if !self.started {
+            self.send_header(r)?;
+            if self.discard {
+                return Ok(false);
+            }
+        }
         let pool = r.pool();
         let mut out = std::ptr::null_mut();
         if !self.out.is_empty() || last {
@@ -123,6 +143,13 @@ impl Streaming {
             Ok(_) => OK,
             Err(CutShort) => ERROR,
         }
+    }
+
+    /// Rows that were gathered and had not gone out: dropped, for the
+    /// error's own status.
+    pub fn drop_gathered(&mut self) {
+        self.out.clear();
+        self.begun = false;
     }
 }
 
