@@ -466,8 +466,13 @@ sub value_for { my ($tag, $len) = @_; my $v = "<$tag>"; $v .= chr(97 + length($v
     $r = req('GET', '/fl/?key=r3-steady');
     is($r->{status}, 200, 'a value that keeps coming for 2.4 s (cache_read_timeout 2s): 200');
     is(length($r->{body} // ''), 300000, 'and whole');
-    open my $ul, '<', "$GatewayTest::NginxRoot/logs/upstream.log" or die $!;
-    my %logged = map { chomp; my @f = split /\|/; ($f[0] => \@f) } <$ul>;
+    # (The client may have the last bytes before nginx writes the log line.)
+    my %logged;
+    GatewayTest::wait_until(sub {
+        open my $ul, '<', "$GatewayTest::NginxRoot/logs/upstream.log" or die $!;
+        %logged = map { chomp; my @f = split /\|/; ($f[0] => \@f) } <$ul>;
+        return $logged{'/fl/?key=r3-steady'};
+    }, 2);
     is(($logged{'/fl/?key=r1-cutclose'} // [])->[3], '200', '$upstream_status of the cut value: 200');
     is(($logged{'/fl/?key=r2-stallhdr'} // [])->[3], '504', '$upstream_status of the stalled one: 504');
     is(($logged{'/fl/?key=r3-steady'} // [])->[3], '200', '$upstream_status of the steady one: 200');
@@ -745,13 +750,17 @@ sub value_for { my ($tag, $len) = @_; my $v = "<$tag>"; $v .= chr(97 + length($v
     # token's length. (nginx's upstream counts as the response length the
     # bytes it read after the reply's first line, whatever they were: 0
     # for a small value that came with it, the CRLF for a large one.)
-    open my $bl, '<', "$GatewayTest::NginxRoot/logs/bytes.log" or die $!;
     my %bytes;
-    for (<$bl>) {    # (the first of each: "GET k" is asked again after the DELETE)
-        chomp;
-        my @f = split /\|/;
-        $bytes{ $f[0] } //= [@f[1 .. 3]];
-    }
+    GatewayTest::wait_until(sub {    # (the last line may come just after the last bytes)
+        open my $bl, '<', "$GatewayTest::NginxRoot/logs/bytes.log" or die $!;
+        %bytes = ();
+        for (<$bl>) {    # (the first of each: "GET k" is asked again after the DELETE)
+            chomp;
+            my @f = split /\|/;
+            $bytes{ $f[0] } //= [@f[1 .. 3]];
+        }
+        return $bytes{'GET /c/?k=c-big'};
+    }, 2);
     for my $step (['GET', 'k', 11], ['GET', 'big', 1 << 20], ['PUT', 'big', 0]) {
         my ($m, $k, $len) = @$step;
         my ($off, $on) = map { $bytes{"$m /$_/?k=$_-$k"} // ['-', '-', '-'] } 'off', 'c';
