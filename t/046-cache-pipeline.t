@@ -700,9 +700,14 @@ sub value_for { my ($tag, $len) = @_; my $v = "<$tag>"; $v .= chr(97 + length($v
         my $h = $r[ $retried[0] ]{headers};
         is($h->{'x-status'}, '502, 200', '$upstream_status of the retried request: 502, 200');
     }
-    # The access log, written as each request ended.
-    open my $ul, '<', "$GatewayTest::NginxRoot/logs/upstream.log" or die $!;
-    my %logged = map { chomp; my @f = split /\|/; ($f[0] => \@f) } <$ul>;
+    # The access log, written as each request ended (the last line may
+    # come just after the client has the last bytes).
+    my %logged;
+    GatewayTest::wait_until(sub {
+        open my $ul, '<', "$GatewayTest::NginxRoot/logs/upstream.log" or die $!;
+        %logged = map { chomp; my @f = split /\|/; ($f[0] => \@f) } <$ul>;
+        return $logged{'/rr/?k=same&n=b6'};
+    }, 2);
     my $first = $logged{'/rr/?k=same&n=a1'} // [];
     like($first->[4] // '', qr/^\d+\.\d{3}$/, "\$upstream_response_time of a request (@$first)");
     my @two = grep { ($logged{"/rr/?k=same&n=b$_"}[2] // '') =~ /, / } 1 .. 6;
