@@ -10,16 +10,24 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(nginx_start stop_nginx nginx_error_log start_redis redis_cli psql);
+use GatewayTest qw(nginx_start stop_nginx nginx_error_log start_redis redis_cli psql stretch);
 use HttpClient qw(keepalive_requests);
 use IO::Socket::INET;
 use Test::More;
-use Time::HiRes qw(sleep);
+use Time::HiRes qw(sleep time);
 
 my $server = GatewayTest::pg_server_line('condrange');
 my $redis  = start_redis();
 redis_cli($redis, 'SET', 'ten', '0123456789');
 redis_cli($redis, 'SET', 'img', 'not an image at all');
+my $mb = join '', map { chr(65 + $_ % 26) } 0 .. (1536 * 1024 - 1);
+{
+    open my $fh, '>', "/tmp/047-value-$$" or die $!;
+    print $fh $mb;
+    close $fh;
+    system("redis-cli -p $redis->{port} -x SET big < /tmp/047-value-$$ > /dev/null") == 0 or die 'redis-cli';
+    unlink "/tmp/047-value-$$";
+}
 
 my $image = '/usr/lib/nginx/modules/ngx_http_image_filter_module.so';
 my $nginx_bin = $ENV{TEST_NGINX_BINARY} // '';
@@ -40,6 +48,10 @@ server {
     location = /off   { set \$cache_key \$arg_k; cache_pipeline off; cache_pass redoff; }
     location = /sub   { cache_pass red; cache_subscribe news; }
     location = /listen { sqldb_pass db; sqldb_listen news; }
+    location = /rate/rows { limit_rate 1m; sqldb_pass db; sqldb_output csv; sqldb_stream on;
+        sqldb_query "select repeat('x', 1023) from generate_series(1, 1536)"; }
+    location = /rate/c   { limit_rate 1m; set \$cache_key big; cache_pass red; }
+    location = /rate/off { limit_rate 1m; set \$cache_key big; cache_pipeline off; cache_pass redoff; }
     @{[ $have_image ? 'location = /img    { set $cache_key img; image_filter test; cache_pass red; }
     location = /imgoff { set $cache_key img; image_filter test; cache_pipeline off; cache_pass redoff; }
     location = /imgsql { sqldb_pass db; sqldb_output value; sqldb_query "select \'not an image\'"; image_filter test; }
@@ -110,6 +122,27 @@ for my $path ('/sub', '/listen') {
         like($buf, qr{^HTTP/1\.1 200 .*text/event-stream}s, "$path with $name: the stream starts");
         close $s;
     }
+}
+
+# limit_rate paces an answer of 1.5 MB at 1 MB/s: it arrives whole, in
+# about 1.5 s (nginx's send_timeout, 60 s, must not replace the rate's
+# timer: the answer then came in a chunk a minute, or stopped), and the
+# client connection serves the next request. (With cache_pipeline off,
+# nginx's upstream code turns limit_rate off for the answer, as it does
+# for proxy_pass without buffering: whole, not paced.)
+for my $path ('/rate/rows', '/rate/c', '/rate/off') {
+    my $t0 = time;
+    my @r = keepalive_requests($port, 20, ['GET', $path], ['GET', '/c?k=ten']);
+    my $took = time - $t0;
+    is($r[0]{status}, 200, "$path with limit_rate: 200") or diag(explain [map { $_->{error} } @r]);
+    if ($path eq '/rate/rows') {
+        is(scalar(() = ($r[0]{body} // '') =~ /^x{1023}\r$/mg), 1536, "$path: every row");
+    } else {
+        ok(($r[0]{body} // '') eq $mb, "$path: whole, byte for byte");
+    }
+    cmp_ok($took, '>', 1, sprintf('%s: paced (%.1f s)', $path, $took)) unless $path eq '/rate/off';
+    cmp_ok($took, '<', stretch(8), "$path: not held up by send_timeout");
+    is($r[1]{body}, '0123456789', "$path: then the next request on the connection");
 }
 
 # A filter that replaces the answer with its own error page while the

@@ -606,7 +606,7 @@ extern "C" fn client_writable(r: *mut ngx_http_request_t) {
             r.wait_client_writable();
             return;
         }
-        wev.del_timer();
+        r.client_caught_up();
         release_held(s);
         s.behind = false;
         r.set_write_handler(s.saved_write_handler);

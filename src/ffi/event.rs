@@ -70,6 +70,12 @@ impl Event {
         self.get().timer_set() != 0
     }
 
+    /// A client's write event that `limit_rate` holds back: its timer is
+    /// the rate's, not a timeout.
+    pub fn delayed(self) -> bool {
+        self.get().delayed() != 0
+    }
+
     /// Arms the timer (re-arms it if set).
     pub fn add_timer(self, ms: ngx_msec_t) {
         // SAFETY: a live event; nginx's timer tree is of this thread.

@@ -559,14 +559,26 @@ impl Req {
     }
 
     /// Waits until the client can take more: the write event armed, with
-    /// nginx's send_timeout.
+    /// nginx's send_timeout (unless `limit_rate` holds the output back:
+    /// its timer then runs, as nginx's own writer leaves it).
     pub fn wait_client_writable(&mut self) -> bool {
         let clcf = self.core_loc_conf();
         let wev = self.client_write();
         // SAFETY: the client's write event is live.
         let ok = unsafe { ngx_handle_write_event(wev.as_ptr(), clcf.send_lowat) } == OK;
-        wev.add_timer(clcf.send_timeout);
+        if !wev.delayed() {
+            wev.add_timer(clcf.send_timeout);
+        }
         ok
+    }
+
+    /// The client caught up: no more send_timeout. A `limit_rate` timer
+    /// stays (without it, output held back would never go).
+    pub fn client_caught_up(&mut self) {
+        let wev = self.client_write();
+        if !wev.delayed() {
+            wev.del_timer();
+        }
     }
 
     /// The client did not read within send_timeout: mark the connection.

@@ -227,7 +227,7 @@ fn resume(r: &mut Req) {
         }
         Ok(false) => {}
     }
-    wev.del_timer();
+    r.client_caught_up();
     r.set_write_handler(ctx.saved_write_handler);
     let Some(conn) = ctx.conn else { return };
     let lcf: &LocConf = r.loc_conf::<Sqldb>();
