@@ -677,9 +677,13 @@ impl Req {
         pages.iter().any(|p| p.status == status)
     }
 
-    /// Range requests may take parts of the response.
+    /// Range requests may take one part of the response, as nginx's
+    /// upstreams allow (`force_ranges`): several ranges in a response that
+    /// comes in more than one buffer are an error in nginx's range filter,
+    /// so such a request gets the whole response.
     pub fn allow_ranges(&mut self) {
         self.0.set_allow_ranges(1);
+        self.0.set_single_range(1);
     }
 
     /// A new try of the request's upstream: a new entry in `$upstream_*`
