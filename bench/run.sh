@@ -8,7 +8,8 @@
 #     memcached;
 #   - a query stuck for a second (pg_sleep) while fast requests run;
 #   - the worker's RSS after warm-up and after each run of the default
-#     pool's nginx, with the number of requests it had served by then;
+#     pool's nginx, with the number of requests it had served by then, and
+#     over a million and more requests once every kind has been served;
 #   - the primary-key lookup with a bearer token (sqldb_jwt_key, HS256 and
 #     RS256: the query runs as the token's role) next to the same lookup
 #     without one, same nginx, same run; and what PostgreSQL alone pays
@@ -302,6 +303,16 @@ for cfg in "${configs[@]}"; do
         # Fast requests while one query sleeps for a second.
         hol=$(python3 "$here/hol.py" "http://127.0.0.1:$port" 200 8)
         printf "hol\tgateway\tdefault\t0\t%s\t0\t0\n" "$(echo "$hol" | awk '{ print $2 }')" >>"$tsv"
+        # Then the pk lookup and the cache GET again, twice as long each:
+        # the RSS over the million and more requests after every kind of
+        # request has been served once.
+        steady_from=$(rss_point steady)
+        secs_run=$secs
+        secs=$((secs * 2))
+        wrk_run /b "$dir/scripts/b.lua" >/dev/null
+        wrk_run /r >/dev/null
+        secs=$secs_run
+        steady_to=$(rss_point steady)
     fi
 done
 stop_nginx
@@ -357,6 +368,9 @@ stop_nginx
     echo "Head of line: 200 fast requests (8 at a time) while a pg_sleep(1) runs, default pool: $hol"
     echo "Worker RSS (kB), default pool: ${rss_first} after warm-up; after each run, as run:requests served:kB:"
     echo "   $rss_runs"
+    IFS=: read -r _ n0 k0 <<<"$steady_from"
+    IFS=: read -r _ n1 k1 <<<"$steady_to"
+    echo "    then $((n1 - n0)) more requests (the pk lookup and the cache GET, $((secs * 2)) s each): $k0 kB to $k1 kB ($((k1 - k0)) kB)"
 } | tee "$out/results.txt"
 
 python3 "$here/chart.py" "$tsv" "$out/chart.svg"
