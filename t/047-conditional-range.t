@@ -17,6 +17,9 @@ use Test::More;
 use Time::HiRes qw(sleep time);
 
 my $server = GatewayTest::pg_server_line('condrange');
+psql('drop table if exists cr_writes');
+psql('create table cr_writes (w text)');
+psql('grant insert, select on cr_writes to gateway');
 my $redis  = start_redis();
 redis_cli($redis, 'SET', 'ten', '0123456789');
 redis_cli($redis, 'SET', 'img', 'not an image at all');
@@ -48,6 +51,9 @@ server {
     location = /off   { set \$cache_key \$arg_k; cache_pipeline off; cache_pass redoff; }
     location = /sub   { cache_pass red; cache_subscribe news; }
     location = /listen { sqldb_pass db; sqldb_listen news; }
+    location = /nf     { return 404; }
+    location = /px502  { proxy_pass http://127.0.0.1:$ENV{TEST_NGINX_CLOSED_PORT}; error_page 502 = /sql; }
+    location = /px404  { proxy_pass http://127.0.0.1:\$server_port/nf; proxy_intercept_errors on; error_page 404 = /c?k=ten; }
     location = /rate/rows { limit_rate 1m; sqldb_pass db; sqldb_output csv; sqldb_stream on;
         sqldb_query "select repeat('x', 1023) from generate_series(1, 1536)"; }
     location = /rate/c   { limit_rate 1m; set \$cache_key big; cache_pass red; }
@@ -59,6 +65,11 @@ server {
     location = /imgep { set $cache_key img; image_filter test; error_page 415 = /c?k=ten; cache_pass red; }
     location = /imgsqlep { sqldb_pass db; sqldb_output value; sqldb_query "select \'not an image\'"; image_filter test; error_page 415 = /sql; }
     location = /imgfb { set $cache_key img; image_filter test; error_page 415 = /fallback; cache_pass red; }
+    location = /imgw    { set $cache_key img; image_filter test; error_page 415 = /write; cache_pass red; }
+    location = /imgoffw { set $cache_key img; image_filter test; cache_pipeline off; error_page 415 = /write; cache_pass redoff; }
+    location = /imgoffn { set $cache_key img; image_filter test; cache_pipeline off; error_page 415 = @write; cache_pass redoff; }
+    location = /write { sqldb_pass db; sqldb_query "insert into cr_writes values (\'$arg_w\') returning w"; }
+    location @write { sqldb_pass db; sqldb_query "insert into cr_writes values (\'$arg_w\') returning w"; }
     location = /fallback { return 200 "fallback"; }' : '' ]}
 }
 HTTP
@@ -79,6 +90,14 @@ for my $path (sort keys %full) {
         is($r[1]{status}, 200, "$path with $name: the next request on the connection: 200") or diag(explain $r[1]);
         is($r[1]{body}, $full{$path}, "$path with $name: and its own body");
     }
+}
+
+# An upstream of nginx's that failed, or whose error is intercepted, ends
+# before its error_page: a gateway location there answers (a fallback).
+for my $case (['/px502', '/sql'], ['/px404', '/c?k=ten']) {
+    my ($path, $to) = @$case;
+    my @r = keepalive_requests($port, 5, ['GET', $path], ['GET', $path]);
+    is_deeply([map { "$_->{status} $_->{body}" } @r], [('200 0123456789') x 2], "$path: error_page to $to answers, twice on one connection");
 }
 
 # Range: a cache value is served in part (206, Content-Range), and a range
@@ -160,7 +179,7 @@ for my $path ('/rate/rows', '/rate/c', '/rate/off') {
 # request still ends cleanly, its shared connection serves the next one,
 # and nothing of it is left behind (its timer, its place in the queue).
 SKIP: {
-    skip 'Debian nginx with its image_filter module only', 17 unless $have_image;
+    skip 'Debian nginx with its image_filter module only', 21 unless $have_image;
     for my $path ('/img', '/imgoff', '/imgsql', '/imgrows') {
         my $next = $path =~ /sql|rows/ ? '/sql' : '/c?k=ten';
         my @r = keepalive_requests($port, 5, ['GET', $path], ['GET', $next]);
@@ -191,6 +210,14 @@ SKIP: {
         my @after = map { keepalive_requests($port, 5, ['GET', $next]) } 1 .. 3;
         is_deeply([map { $_->{status} // $_->{error} } @after], [200, 200, 200], "$path: later requests");
     }
+    # A writing location as that error page runs nothing, whether the
+    # first answer came from the shared connections or from nginx's
+    # upstream code (cache_pipeline off), by URI or named location.
+    for my $path ('/imgw?w=a', '/imgoffw?w=b', '/imgoffn?w=c') {
+        @r = keepalive_requests($port, 5, ['GET', $path]);
+        like($r[0]{status} // $r[0]{error}, qr/^(500|connection closed)$/, "$path: error_page 415 to a location that writes: not served");
+    }
+    is(psql('select count(*) from cr_writes'), 0, 'and nothing was written');
     like(nginx_error_log(), qr/\[error\].*cache: an output filter's error page \(error_page\) redirected the request here/,
         'the cache says why');
     like(nginx_error_log(), qr/\[error\].*sqldb: an output filter's error page \(error_page\) redirected the request here/,

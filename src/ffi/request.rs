@@ -34,7 +34,7 @@ static KEPT: [AtomicPtr<ngx_module_t>; 4] = [const { AtomicPtr::new(std::ptr::nu
 /// filter's error page redirected to it while the gateway still sends its
 /// answer to the same request (Req::inside_own_filters).
 pub const FILTER_REDIRECT: &str = "an output filter's error page (error_page) redirected the request here while \
-     the gateway was sending its answer to it: not served; nginx ends the request";
+     an answer to it (the gateway's, or an upstream's) was being sent: not served; nginx ends the request";
 
 thread_local! {
     /// The request whose output filters the module runs now (through_filters).
@@ -476,14 +476,24 @@ impl Req {
         rc
     }
 
-    /// The request is inside the module's own call of its output filters:
-    /// a filter's error page (`error_page` of image_filter's 415, say)
-    /// redirected it to this location while the module still sends its
-    /// first answer. A second answer of the module must not start then
-    /// (nginx ends the request when the filter returns, as for its own
-    /// upstreams).
+    /// The request is inside the module's own call of its output filters,
+    /// or an upstream of nginx's still answers it: a filter's error page
+    /// (`error_page` of image_filter's 415, say) redirected it to this
+    /// location while a first answer is still being sent. A second answer
+    /// must not start then (nginx ends the request when the filter
+    /// returns, as for its own upstreams; a query would run for nobody).
     pub fn inside_own_filters(&self) -> bool {
-        FILTERING.get() == self.as_ptr()
+        FILTERING.get() == self.as_ptr() || self.upstream_in_flight()
+    }
+
+    /// An upstream of nginx's (`proxy_pass`, or the cache's own with
+    /// `cache_pipeline off`) still answers the request: nginx clears its
+    /// cleanup when it ends the upstream, before any error_page of its
+    /// status, so a request that comes here with it set was redirected by
+    /// a filter's error page while that answer was being sent.
+    fn upstream_in_flight(&self) -> bool {
+        // SAFETY: r->upstream is null or nginx's upstream, in the request's pool.
+        unsafe { self.0.upstream.as_ref() }.is_some_and(|u| !u.cleanup.is_null())
     }
 
     pub fn send_header(&mut self) -> ngx_int_t {
