@@ -41,14 +41,15 @@ my $port = nginx_start(<<"HTTP", main => ($have_image ? "load_module $image;" : 
 upstream db    { sqldb_server $server; }
 upstream red   { server 127.0.0.1:$redis->{port}; }
 upstream redoff { server 127.0.0.1:$redis->{port}; keepalive 2; }
+log_format st '\$request_uri \$http_range|\$status|\$upstream_status';
 server {
     listen 127.0.0.1:\$PORT;
     cache_subscribe_heartbeat 1s;
     sqldb_listen_heartbeat 1s;
     location = /sql   { sqldb_pass db; sqldb_output value; sqldb_query "select '0123456789'"; }
     location = /rows  { sqldb_pass db; sqldb_output csv; sqldb_stream on; sqldb_query "select g from generate_series(1, 3) g"; }
-    location = /c     { set \$cache_key \$arg_k; cache_pass red; }
-    location = /off   { set \$cache_key \$arg_k; cache_pipeline off; cache_pass redoff; }
+    location = /c     { set \$cache_key \$arg_k; access_log logs/st.log st; cache_pass red; }
+    location = /off   { set \$cache_key \$arg_k; cache_pipeline off; access_log logs/st.log st; cache_pass redoff; }
     location = /sub   { cache_pass red; cache_subscribe news; }
     location = /listen { sqldb_pass db; sqldb_listen news; }
     location = /nf     { return 404; }
@@ -115,6 +116,20 @@ for my $path ('/c?k=ten', '/off?k=ten') {
     like($r[1]{body} // '', qr/416/, "$path: nginx's 416 page");
     is($r[3]{body}, '789', "$path: the last 3 bytes");
     is($r[4]{body}, '0123456789', "$path: then the whole value on the same connection");
+}
+# $upstream_status is what Redis answered (200), also when the range
+# filter made the client's status 206 or 416, in both modes.
+{
+    my %st;
+    GatewayTest::wait_until(sub {
+        open my $fh, '<', "$GatewayTest::NginxRoot/logs/st.log" or return 0;
+        %st = map { chomp; my @f = split /\|/; ("$f[0]|$f[1]" => $f[2]) } <$fh>;
+        return $st{'/off?k=ten -|200'};
+    }, 2);
+    for my $path ('/c?k=ten', '/off?k=ten') {
+        is($st{"$path bytes=2-5|206"}, '200', "$path: a range (206): \$upstream_status 200");
+        is($st{"$path bytes=100-|416"}, '200', "$path: past the end (416): \$upstream_status 200");
+    }
 }
 # Several ranges: the whole value, as nginx's upstreams answer them (a
 # multipart answer of a value that comes in several buffers would fail in

@@ -395,6 +395,7 @@ fn leave(r: &mut Req) {
 fn finish_try(r: &mut Req, status: ngx_int_t, peer_state: ngx_uint_t) {
     let s = shared_of(r);
     let held = s.as_ref().is_some_and(|s| s.peer_held);
+    let started = s.as_ref().is_some_and(|s| s.started);
     let (sent, received, length) = match s {
         Some(s) => {
             s.peer_held = false;
@@ -412,9 +413,14 @@ fn finish_try(r: &mut Req, status: ngx_int_t, peer_state: ngx_uint_t) {
         st.bytes_sent = sent as off_t;
         st.bytes_received = received as off_t;
         st.response_length = length as off_t;
-        // (NGX_ERROR, a response cut short, keeps the status that was
-        // answered: $upstream_status has room for 3 digits a try.)
-        if status > 0 {
+        // The status Redis answered stays (as nginx's upstreams keep it:
+        // not a range filter's 206, a 500 of the location's, a client's
+        // 499). A try that got no answer, or failed before its answer went
+        // out to the client, takes the failure's (502, 504). (NGX_ERROR
+        // keeps it too: $upstream_status has room for 3 digits a try.)
+        let failure = status == HTTP_BAD_GATEWAY || status == HTTP_GATEWAY_TIME_OUT;
+        let client_closed = status == NGX_HTTP_CLIENT_CLOSED_REQUEST as ngx_int_t;
+        if status > 0 && !client_closed && (st.status == 0 || (failure && !started)) {
             st.status = status as ngx_uint_t;
         }
         if st.response_time == ngx_msec_t::MAX {
@@ -927,6 +933,12 @@ fn failed(r: &mut Req, f: Failure) {
                 return end(r, ERROR);
             }
             log!(level, r.log(), "cache: {why} while {doing} redis {name}");
+            if !sent {
+                // (Queued, never written: not bytes sent to that server.)
+                if let Some(s) = shared_of(r) {
+                    s.handle.sent.set(0);
+                }
+            }
             let ft = if invalid {
                 NGX_HTTP_UPSTREAM_FT_INVALID_HEADER
             } else {
