@@ -67,7 +67,7 @@ upstream gone    { server 127.0.0.1:$gone->{port}; }
 upstream rr      { server 127.0.0.1:$bal[0]{port}; server 127.0.0.1:$bal[1]{port}; }
 upstream bk      { server 127.0.0.1:$bal[0]{port}; server 127.0.0.1:$bal[2]{port} backup; }
 upstream bkdead  { server 127.0.0.1:$closed; server 127.0.0.1:$bal[2]{port} backup; }
-log_format upstream '\$request_uri|\$status|\$upstream_addr|\$upstream_status|\$upstream_response_time';
+log_format upstream '\$request_uri|\$status|\$upstream_addr|\$upstream_status|\$upstream_response_time|\$upstream_bytes_sent';
 log_format bytes '\$request_method \$request_uri|\$upstream_bytes_sent|\$upstream_bytes_received|\$upstream_response_length';
 server {
     listen 127.0.0.1:\$PORT;
@@ -716,6 +716,7 @@ sub value_for { my ($tag, $len) = @_; my $v = "<$tag>"; $v .= chr(97 + length($v
         my $f = $logged{"/rr/?k=same&n=b$two[0]"};
         is("$f->[2]|$f->[3]", "$p0, $p1|502, 200", '$upstream_addr and $upstream_status of the retry');
         like($f->[4], qr/^\d+\.\d{3}, \d+\.\d{3}$/, "\$upstream_response_time: a time for each try ($f->[4])");
+        like($f->[5], qr/^0, [1-9]\d*$/, "\$upstream_bytes_sent: nothing to the server that refused the connection ($f->[5])");
     }
     $r = req('GET', '/bk/?k=who');
     is("$r->{status} $r->{body}", '200 backup', 'with the primary down, the backup answers');
