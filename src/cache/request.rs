@@ -71,7 +71,7 @@ enum StartError {
     NoBackend(String),
     SqldbUpstream(String),
     /// See FILTER_REDIRECT.
-    InsideFilters,
+    AnswerUnderWay,
     Nginx,
 }
 
@@ -123,7 +123,7 @@ impl StartError {
                 log,
                 "cache: \"cache_pass\" value \"{v}\" names no known backend"
             ),
-            StartError::InsideFilters => log!(NGX_LOG_ERR, log, "cache: {}", crate::ffi::FILTER_REDIRECT),
+            StartError::AnswerUnderWay => log!(NGX_LOG_ERR, log, "cache: {}", crate::ffi::FILTER_REDIRECT),
             StartError::SqldbUpstream(v) => log!(
                 NGX_LOG_ERR,
                 log,
@@ -159,8 +159,8 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
     let lcf: &CacheLocConf = r.loc_conf::<Cache>();
     let mcf: &CacheMainConf = r.main_conf::<Cache>();
     r.disable_not_modified();
-    if r.inside_own_filters() {
-        return Err(StartError::InsideFilters);
+    if r.answer_under_way() {
+        return Err(StartError::AnswerUnderWay);
     }
     if lcf.subscribe.is_some() {
         return super::subscriber::start(r, lcf).map_err(|e| match e {

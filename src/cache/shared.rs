@@ -393,19 +393,15 @@ fn leave(r: &mut Req) {
 
 /// The try's `$upstream_*` state, and the server back to the balancer.
 fn finish_try(r: &mut Req, status: ngx_int_t, peer_state: ngx_uint_t) {
-    let s = shared_of(r);
-    let held = s.as_ref().is_some_and(|s| s.peer_held);
-    let started = s.as_ref().is_some_and(|s| s.started);
-    let (sent, received, length) = match s {
-        Some(s) => {
-            s.peer_held = false;
-            (
-                s.handle.sent.take(),
-                s.handle.received.take(),
-                std::mem::take(&mut s.length),
-            )
-        }
-        None => (0, 0, 0),
+    let (held, started, sent, received, length) = match shared_of(r) {
+        Some(s) => (
+            std::mem::take(&mut s.peer_held),
+            s.started,
+            s.handle.sent.take(),
+            s.handle.received.take(),
+            std::mem::take(&mut s.length),
+        ),
+        None => (false, false, 0, 0, 0),
     };
     let Some(u) = r.upstream() else { return };
     let elapsed = u.elapsed();

@@ -31,8 +31,8 @@ pub unsafe trait RequestCtx {
 static KEPT: [AtomicPtr<ngx_module_t>; 4] = [const { AtomicPtr::new(std::ptr::null_mut()) }; 4];
 
 /// Why a gateway location does not answer a request that an output
-/// filter's error page redirected to it while the gateway still sends its
-/// answer to the same request (Req::inside_own_filters).
+/// filter's error page redirected to it while a first answer to the same
+/// request is still being sent (Req::answer_under_way).
 pub const FILTER_REDIRECT: &str = "an output filter's error page (error_page) redirected the request here while \
      an answer to it (the gateway's, or an upstream's) was being sent: not served; nginx ends the request";
 
@@ -476,13 +476,14 @@ impl Req {
         rc
     }
 
-    /// The request is inside the module's own call of its output filters,
-    /// or an upstream of nginx's still answers it: a filter's error page
-    /// (`error_page` of image_filter's 415, say) redirected it to this
-    /// location while a first answer is still being sent. A second answer
-    /// must not start then (nginx ends the request when the filter
-    /// returns, as for its own upstreams; a query would run for nobody).
-    pub fn inside_own_filters(&self) -> bool {
+    /// A first answer to the request is under way: the request is inside
+    /// the module's own call of its output filters, or an upstream of
+    /// nginx's still answers it. A content handler that runs then was
+    /// reached through a filter's error page (`error_page` of
+    /// image_filter's 415, say). A second answer must not start (nginx
+    /// ends the request when the filter returns, as for its own
+    /// upstreams; a query would run for nobody).
+    pub fn answer_under_way(&self) -> bool {
         FILTERING.get() == self.as_ptr() || self.upstream_in_flight()
     }
 

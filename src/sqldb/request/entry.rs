@@ -25,8 +25,8 @@ pub(crate) extern "C" fn content_handler(r: *mut ngx_http_request_t) -> ngx_int_
 fn start(r: &mut Req) -> ngx_int_t {
     let lcf = r.loc_conf::<Sqldb>();
     r.disable_not_modified();
-    if r.inside_own_filters() {
-        let err = StartError::InsideFilters;
+    if r.answer_under_way() {
+        let err = StartError::AnswerUnderWay;
         log_failure(r.log(), &err);
         return err.status();
     }

@@ -37,9 +37,9 @@ pub enum StartError {
         upstream: String,
         max: usize,
     },
-    /// An output filter's error page brought the request here while the
-    /// module still sends its answer to it (Req::inside_own_filters).
-    InsideFilters,
+    /// An output filter's error page brought the request here while a
+    /// first answer to it is still being sent (Req::answer_under_way).
+    AnswerUnderWay,
     /// nginx could not do something (memory); it has said why.
     Nginx,
 }
@@ -120,7 +120,7 @@ impl fmt::Display for StartError {
                 write!(f, "all {max} connections to upstream \"{upstream}\" are busy")
             }
             StartError::Nginx => f.write_str("nginx could not set the request up"),
-            StartError::InsideFilters => f.write_str(crate::ffi::FILTER_REDIRECT),
+            StartError::AnswerUnderWay => f.write_str(crate::ffi::FILTER_REDIRECT),
             StartError::Unauthorized { why, .. } => write!(f, "401: {why}"),
             StartError::SeveralWithRole => f.write_str(
                 "the query holds several statements, which cannot run with \"sqldb_jwt_key\" or \"sqldb_setting\"",
