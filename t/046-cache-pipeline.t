@@ -109,6 +109,20 @@ HTTP
 
 # --- helpers ---------------------------------------------------------------
 
+# The lines of an access log in logs/, each split at "|", once the line
+# whose first field is $last is there (a client can have the last bytes
+# before nginx writes the line).
+sub log_fields {
+    my ($file, $last) = @_;
+    my @lines;
+    GatewayTest::wait_until(sub {
+        open my $fh, '<', "$GatewayTest::NginxRoot/logs/$file" or die $!;
+        @lines = map { chomp; [split /\|/] } <$fh>;
+        return grep { $_->[0] eq $last } @lines;
+    }, 2);
+    return @lines;
+}
+
 sub raw_request {
     my ($method, $path, $body) = @_;
     $body //= '';
@@ -466,13 +480,7 @@ sub value_for { my ($tag, $len) = @_; my $v = "<$tag>"; $v .= chr(97 + length($v
     $r = req('GET', '/fl/?key=r3-steady');
     is($r->{status}, 200, 'a value that keeps coming for 2.4 s (cache_read_timeout 2s): 200');
     is(length($r->{body} // ''), 300000, 'and whole');
-    # (The client may have the last bytes before nginx writes the log line.)
-    my %logged;
-    GatewayTest::wait_until(sub {
-        open my $ul, '<', "$GatewayTest::NginxRoot/logs/upstream.log" or die $!;
-        %logged = map { chomp; my @f = split /\|/; ($f[0] => \@f) } <$ul>;
-        return $logged{'/fl/?key=r3-steady'};
-    }, 2);
+    my %logged = map { ($_->[0] => $_) } log_fields('upstream.log', '/fl/?key=r3-steady');
     is(($logged{'/fl/?key=r1-cutclose'} // [])->[3], '200', '$upstream_status of the cut value: 200');
     is(($logged{'/fl/?key=r2-stallhdr'} // [])->[3], '504', '$upstream_status of the stalled one: 504');
     is(($logged{'/fl/?key=r3-steady'} // [])->[3], '200', '$upstream_status of the steady one: 200');
@@ -700,14 +708,8 @@ sub value_for { my ($tag, $len) = @_; my $v = "<$tag>"; $v .= chr(97 + length($v
         my $h = $r[ $retried[0] ]{headers};
         is($h->{'x-status'}, '502, 200', '$upstream_status of the retried request: 502, 200');
     }
-    # The access log, written as each request ended (the last line may
-    # come just after the client has the last bytes).
-    my %logged;
-    GatewayTest::wait_until(sub {
-        open my $ul, '<', "$GatewayTest::NginxRoot/logs/upstream.log" or die $!;
-        %logged = map { chomp; my @f = split /\|/; ($f[0] => \@f) } <$ul>;
-        return $logged{'/rr/?k=same&n=b6'};
-    }, 2);
+    # The access log, written as each request ended.
+    my %logged = map { ($_->[0] => $_) } log_fields('upstream.log', '/rr/?k=same&n=b6');
     my $first = $logged{'/rr/?k=same&n=a1'} // [];
     like($first->[4] // '', qr/^\d+\.\d{3}$/, "\$upstream_response_time of a request (@$first)");
     my @two = grep { ($logged{"/rr/?k=same&n=b$_"}[2] // '') =~ /, / } 1 .. 6;
@@ -757,16 +759,8 @@ sub value_for { my ($tag, $len) = @_; my $v = "<$tag>"; $v .= chr(97 + length($v
     # bytes it read after the reply's first line, whatever they were: 0
     # for a small value that came with it, the CRLF for a large one.)
     my %bytes;
-    GatewayTest::wait_until(sub {    # (the last line may come just after the last bytes)
-        open my $bl, '<', "$GatewayTest::NginxRoot/logs/bytes.log" or die $!;
-        %bytes = ();
-        for (<$bl>) {    # (the first of each: "GET k" is asked again after the DELETE)
-            chomp;
-            my @f = split /\|/;
-            $bytes{ $f[0] } //= [@f[1 .. 3]];
-        }
-        return $bytes{'GET /c/?k=c-big'};
-    }, 2);
+    # (The first of each: "GET k" is asked again after the DELETE.)
+    $bytes{ $_->[0] } //= [@$_[1 .. 3]] for log_fields('bytes.log', 'GET /c/?k=c-big');
     for my $step (['GET', 'k', 11], ['GET', 'big', 1 << 20], ['PUT', 'big', 0]) {
         my ($m, $k, $len) = @$step;
         my ($off, $on) = map { $bytes{"$m /$_/?k=$_-$k"} // ['-', '-', '-'] } 'off', 'c';
