@@ -32,7 +32,7 @@ use crate::log;
 /// their way out not counted).
 pub const MAX_CONNS: usize = 8;
 /// Requests waiting on a connection before another one is opened.
-pub const DEPTH: usize = 16;
+pub const DEPTH: usize = 64;
 /// A connection whose oldest waiting request has waited this long (ms) is
 /// slow: another one is opened for new requests.
 pub const SLOW_MS: ngx_msec_t = 5;
@@ -580,7 +580,10 @@ impl PipeConn {
     }
 
     /// Reads until the socket (and TLS) has nothing more, or the reading
-    /// pauses.
+    /// pauses. A plain socket that gave less than was asked has nothing
+    /// more for now: the read is level-triggered, so whatever comes after
+    /// (or is left) brings the event back, without one more recv() that
+    /// would only say so.
     fn read(&mut self) {
         let tls = self.tls.is_some();
         while self.state == State::Up && !self.paused {
@@ -598,6 +601,9 @@ impl PipeConn {
                 Ok(n) => {
                     self.input.extend_from_slice(&self.rbuf[..n]);
                     self.process();
+                    if !tls && n < self.rbuf.len() {
+                        return;
+                    }
                 }
                 Err(e) => return self.broken(&why(e), false),
             }
@@ -831,6 +837,8 @@ pub struct Target<'a> {
     pub auth: Option<&'a [u8]>,
     pub tls: Option<&'a Tls>,
     pub connect_timeout: ngx_msec_t,
+    /// The request's database.
+    pub db: u32,
     /// `cache_socket_keepalive`.
     pub so_keepalive: bool,
 }
@@ -854,9 +862,10 @@ pub struct Pipes {
 }
 
 impl Pipes {
-    /// A connection for a request to `addr` (and `auth`): the least loaded
-    /// one while it is neither deep nor slow, else a new one (up to
-    /// `MAX_CONNS`), else the least loaded.
+    /// A connection for a request to `addr` (and `auth`): the oldest one
+    /// that is neither deep nor slow (one in the request's database before
+    /// the others), else a new one (up to `MAX_CONNS`), else the least
+    /// loaded.
     pub fn pick(&self, to: &Target<'_>) -> Result<ConnId, String> {
         let mut conns = self.conns.borrow_mut();
         // Closed connections go (nothing refers to them: their requests
@@ -865,6 +874,7 @@ impl Pipes {
         let now = current_msec();
         let mut open = 0;
         let mut best: Option<(usize, bool, usize)> = None;
+        let mut room = None;
         for (i, c) in conns.iter().enumerate() {
             if c.retired || c.addr != to.addr || c.auth.as_deref() != to.auth || c.tls.as_ref() != to.tls {
                 continue;
@@ -878,13 +888,26 @@ impl Pipes {
             }
             open += 1;
             let cand = (c.load(), c.slow(now), i);
+            if !cand.1 && cand.0 < DEPTH {
+                // The oldest connection with room, one already in the
+                // request's database first: one deep pipeline costs Redis
+                // and the worker fewer reads and writes than several
+                // shallow ones, and a SELECT less.
+                if c.tail_db == Some(to.db) {
+                    room = Some(i);
+                    break;
+                }
+                room = room.or(Some(i));
+            }
             let better = best.is_none_or(|(load, slow, _)| (cand.1, cand.0) < (slow, load));
             if better {
                 best = Some(cand);
             }
         }
+        if let Some(i) = room {
+            return Ok(conns[i].id);
+        }
         match best {
-            Some((load, false, i)) if load < DEPTH => return Ok(conns[i].id),
             Some((_, _, i)) if open >= MAX_CONNS => return Ok(conns[i].id),
             _ => {}
         }

@@ -351,15 +351,22 @@ fn place(r: &mut Req, id: ConnId) {
 fn again(r: &mut Req) {
     let Some(ctx) = ctx_of(r) else { return };
     let Some(s) = ctx.shared.as_deref() else { return };
-    let Some(addr) = r.upstream().and_then(|u| u.peer_addr()).map(|(a, _)| a.to_vec()) else {
+    // (A copy on the stack: a socket address is at most 128 bytes.)
+    let mut room = [0u8; 128];
+    let Some(len) = r.upstream().and_then(|u| u.peer_addr()).and_then(|(a, _)| {
+        let to = room.get_mut(..a.len())?;
+        to.copy_from_slice(a);
+        Some(a.len())
+    }) else {
         return end(r, HTTP_INTERNAL_SERVER_ERROR);
     };
     let lcf: &CacheLocConf = r.loc_conf::<Cache>();
     let to = Target {
-        addr: &addr,
+        addr: &room[..len],
         auth: ctx.auth.as_deref(),
         tls: s.tls.as_ref(),
         connect_timeout: lcf.upstream.connect_timeout,
+        db: ctx.db.unwrap_or(0),
         so_keepalive: lcf.upstream.socket_keepalive == 1,
     };
     match pipes(r).pick(&to) {
