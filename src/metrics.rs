@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
-use gateway_core::metrics::{Slot, Table};
+use gateway_core::metrics::{join_labels, Memo, Slot, Table};
 
 /// The table in the zone, once nginx has mapped it (set in the master
 /// before the workers start; each worker inherits it).
@@ -30,6 +30,20 @@ pub fn table() -> Option<Table<'static>> {
 pub fn add(id: gateway_core::metrics::Id, labels: &[&str], delta: i64) {
     if let Some(t) = table() {
         t.add(id, labels, delta);
+    }
+}
+
+/// Adds `delta` to a counter or gauge that `memo` may know by `key` (see
+/// core's `Memo`): the labels are joined and looked up only the first time.
+pub fn add_known<K: std::hash::Hash + Eq + Copy>(
+    memo: &mut Memo<K>,
+    key: K,
+    id: gateway_core::metrics::Id,
+    labels: &[&str],
+    delta: i64,
+) {
+    if let Some(t) = table() {
+        t.add_known(memo, key, id, || join_labels(labels), delta);
     }
 }
 

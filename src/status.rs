@@ -3,7 +3,8 @@
 //! JSON. The series live in a shared memory zone (core's metrics table),
 //! which every worker updates in place and which outlives reloads.
 
-use gateway_core::metrics::{Id, SLOT_SIZE};
+use gateway_core::metrics::{join_labels, Id, Memo, SLOT_SIZE};
+use std::cell::RefCell;
 use std::ffi::{c_char, c_void};
 
 use crate::ffi::conf::{conf_step, create_conf, directive, ConfError};
@@ -163,6 +164,19 @@ extern "C" fn log_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
     })
 }
 
+thread_local! {
+    /// The series this worker has counted before, by (upstream, status,
+    /// command): a request then builds no label strings.
+    static KNOWN: RefCell<Memo<Key>> = RefCell::new(Memo::default());
+}
+
+/// What stands for a request's label values: its upstream block (see
+/// `Upstream::name_key`; 0 for none), final status, and command (an index
+/// of COMMANDS, 0 for the database gateway).
+type Key = (usize, ngx_uint_t, u8);
+
+const COMMANDS: [&str; 6] = ["-", "GET", "SET", "DEL", "PUBLISH", "SUBSCRIBE"];
+
 fn count(r: &mut Req) {
     let Some(t) = table() else { return };
     let sqldb = std::ptr::addr_of!(crate::ngx_http_gateway_module);
@@ -170,53 +184,64 @@ fn count(r: &mut Req) {
     // The upstream tells which gateway served the request, also after an
     // error_page sent it to another location; a request that ended before
     // it had one (400, 405, ...) is told by its location's handler.
-    let (module, upstream) = match r.upstream_ref() {
-        Some(u) if u.tag() == sqldb || u.tag() == cache => (u.tag(), u.name()),
+    let (module, block) = match r.upstream_ref() {
+        Some(u) if u.tag() == sqldb || u.tag() == cache => (u.tag(), u.name_key()),
         // (An upstream made but not set up yet: a request refused before.)
         _ => {
             let h = r.core_loc_conf().handler.map_or(0, |f| f as usize);
             if h == crate::sqldb::request::content_handler as *const () as usize {
-                (sqldb, String::new())
+                (sqldb, 0)
             } else if h == crate::cache::content_handler as *const () as usize {
-                (cache, String::new())
+                (cache, 0)
             } else {
                 return;
             }
         }
     };
-    let status = r.status().to_string();
-    let us = r.upstream_response_ms().map(|ms| ms as i64 * 1000);
-    if module == sqldb {
-        t.add(Id::SqldbRequests, &[&upstream, &status], 1);
-        if let Some(us) = us {
-            t.observe(Id::SqldbQueryDuration, &[&upstream], us);
-        }
-        return;
-    }
-    let m = r.method();
-    let lcf = r.loc_conf::<crate::cache::config::Cache>();
-    let command = if lcf.publish.is_some() {
-        "PUBLISH"
-    } else if lcf.subscribe.is_some() {
-        "SUBSCRIBE"
-    } else if m & (NGX_HTTP_GET | NGX_HTTP_HEAD) != 0 {
-        "GET"
-    } else if m & (NGX_HTTP_PUT | NGX_HTTP_POST) != 0 {
-        "SET"
-    } else if m & NGX_HTTP_DELETE != 0 {
-        "DEL"
-    } else {
-        "-"
+    let upstream = || match r.upstream_ref() {
+        Some(u) if block != 0 => u.name(),
+        _ => String::new(),
     };
-    t.add(Id::CacheRequests, &[&upstream, command, &status], 1);
-    if command == "GET" {
-        match r.status() {
-            200 => t.add(Id::CacheHits, &[&upstream], 1),
-            404 => t.add(Id::CacheMisses, &[&upstream], 1),
-            _ => {}
+    let status = r.status();
+    let us = r.upstream_response_ms().map(|ms| ms as i64 * 1000);
+    KNOWN.with_borrow_mut(|known| {
+        if module == sqldb {
+            let key = (block, status, 0);
+            let labels = || join_labels(&[&upstream(), &status.to_string()]);
+            t.add_known(known, key, Id::SqldbRequests, labels, 1);
+            if let Some(us) = us {
+                t.observe_known(known, key, Id::SqldbQueryDuration, || join_labels(&[&upstream()]), us);
+            }
+            return;
         }
-    }
-    if let Some(us) = us {
-        t.observe(Id::CacheDuration, &[&upstream, command], us);
-    }
+        let m = r.method();
+        let lcf = r.loc_conf::<crate::cache::config::Cache>();
+        let command: u8 = if lcf.publish.is_some() {
+            4
+        } else if lcf.subscribe.is_some() {
+            5
+        } else if m & (NGX_HTTP_GET | NGX_HTTP_HEAD) != 0 {
+            1
+        } else if m & (NGX_HTTP_PUT | NGX_HTTP_POST) != 0 {
+            2
+        } else if m & NGX_HTTP_DELETE != 0 {
+            3
+        } else {
+            0
+        };
+        let name = COMMANDS[command as usize];
+        let key = (block, status, command);
+        let labels = || join_labels(&[&upstream(), name, &status.to_string()]);
+        t.add_known(known, key, Id::CacheRequests, labels, 1);
+        if command == 1 {
+            match status {
+                200 => t.add_known(known, key, Id::CacheHits, || join_labels(&[&upstream()]), 1),
+                404 => t.add_known(known, key, Id::CacheMisses, || join_labels(&[&upstream()]), 1),
+                _ => {}
+            }
+        }
+        if let Some(us) = us {
+            t.observe_known(known, key, Id::CacheDuration, || join_labels(&[&upstream(), name]), us);
+        }
+    });
 }

@@ -10,7 +10,9 @@
 //! to ready, and readers use only ready slots. A table that is full drops
 //! new series (counted, and shown as `ngx_gateway_metrics_dropped_total`).
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU8, Ordering};
 
 /// What kind of value a family holds.
@@ -160,6 +162,84 @@ pub fn join_labels(values: &[&str]) -> Vec<u8> {
     out
 }
 
+/// FNV-1a for the memo's small integer keys.
+#[derive(Debug, Default)]
+pub struct Fnv(u64);
+
+impl Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        let mut h = if self.0 == 0 { 0xcbf2_9ce4_8422_2325 } else { self.0 };
+        for b in bytes {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        self.0 = h;
+    }
+}
+
+/// Entries a memo holds at most; it starts again empty past that.
+pub const MEMO_MAX: usize = 4096;
+
+/// The series one process has found before, by a key of its own that
+/// stands for the label values (with the family and, for a histogram, the
+/// part): updating a series it knows builds no label bytes and probes no
+/// slots. One key must always stand for the same label values.
+#[derive(Debug)]
+pub struct Memo<K> {
+    /// The address of the slots the entries are of.
+    table: usize,
+    refs: HashMap<(u16, u32, K), SeriesRef, BuildHasherDefault<Fnv>>,
+}
+
+impl<K: Hash + Eq> Default for Memo<K> {
+    fn default() -> Self {
+        Memo {
+            table: 0,
+            refs: HashMap::default(),
+        }
+    }
+}
+
+impl<K: Hash + Eq + Copy> Memo<K> {
+    /// The series of `key` (found with `find` the first time).
+    fn get(
+        &mut self,
+        t: &Table<'_>,
+        id: Id,
+        part: u32,
+        key: K,
+        find: impl FnOnce() -> Option<SeriesRef>,
+    ) -> Option<SeriesRef> {
+        let addr = t.slots.as_ptr() as usize;
+        if self.table != addr {
+            self.refs.clear();
+            self.table = addr;
+        }
+        if let Some(r) = self.refs.get(&(id as u16, part, key)) {
+            return Some(*r);
+        }
+        let r = find()?;
+        if self.refs.len() >= MEMO_MAX {
+            self.refs.clear();
+        }
+        self.refs.insert((id as u16, part, key), r);
+        Some(r)
+    }
+
+    /// Entries held.
+    pub fn len(&self) -> usize {
+        self.refs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.refs.is_empty()
+    }
+}
+
 impl<'a> Table<'a> {
     /// # Safety-free construction
     /// Any slice of slots will do; zeroed memory is an empty table.
@@ -255,6 +335,47 @@ impl<'a> Table<'a> {
         let bucket = BUCKETS_US.iter().position(|b| us <= *b).unwrap_or(BUCKETS_US.len());
         for (part, delta) in [(0, us), (1, 1), (2 + bucket as u32, 1)] {
             match self.find(id as u32, part, &joined) {
+                Some(r) => self.add_to(r, delta),
+                None => self.dropped(),
+            }
+        }
+    }
+
+    /// Adds to a counter or gauge known by `key` in `memo`; `labels` (the
+    /// values joined, see `join_labels`) is asked for only the first time.
+    pub fn add_known<K: Hash + Eq + Copy>(
+        &self,
+        memo: &mut Memo<K>,
+        key: K,
+        id: Id,
+        labels: impl FnOnce() -> Vec<u8>,
+        delta: i64,
+    ) {
+        match memo.get(self, id, 0, key, || self.find(id as u32, 0, &labels())) {
+            Some(r) => self.add_to(r, delta),
+            None => self.dropped(),
+        }
+    }
+
+    /// Records one observation of a histogram known by `key` in `memo`,
+    /// in microseconds (`labels` as for `add_known`).
+    pub fn observe_known<K: Hash + Eq + Copy>(
+        &self,
+        memo: &mut Memo<K>,
+        key: K,
+        id: Id,
+        labels: impl FnOnce() -> Vec<u8>,
+        us: i64,
+    ) {
+        let bucket = BUCKETS_US.iter().position(|b| us <= *b).unwrap_or(BUCKETS_US.len());
+        let mut labels = Some(labels);
+        let mut joined: Option<Vec<u8>> = None;
+        for (part, delta) in [(0, us), (1, 1), (2 + bucket as u32, 1)] {
+            let find = || {
+                let j = joined.get_or_insert_with(|| labels.take().map(|f| f()).unwrap_or_default());
+                self.find(id as u32, part, j)
+            };
+            match memo.get(self, id, part, key, find) {
                 Some(r) => self.add_to(r, delta),
                 None => self.dropped(),
             }
@@ -535,6 +656,90 @@ mod tests {
         assert!(text.contains("# TYPE ngx_gateway_sqldb_requests_total counter\n"));
         assert!(text.contains("# TYPE ngx_gateway_sqldb_connections gauge\n"));
         assert!(text.contains("ngx_gateway_metrics_dropped_total 0\n"));
+    }
+
+    #[test]
+    fn known_series_add_to_the_same_slots_as_by_labels() {
+        let s = slots(64);
+        let t = Table::new(&s);
+        let mut memo: Memo<(usize, u16)> = Memo::default();
+        let asked = std::cell::Cell::new(0);
+        let labels = |v: &'static str| {
+            let asked = &asked;
+            move || {
+                asked.set(asked.get() + 1);
+                join_labels(&["db", v])
+            }
+        };
+        for _ in 0..3 {
+            t.add_known(&mut memo, (1, 200), Id::SqldbRequests, labels("200"), 1);
+        }
+        t.add_known(&mut memo, (1, 502), Id::SqldbRequests, labels("502"), 1);
+        t.add(Id::SqldbRequests, &["db", "200"], 1);
+        // The same key in another family is another series.
+        t.add_known(
+            &mut memo,
+            (1, 200),
+            Id::SqldbConnections,
+            || join_labels(&["db", "x", "idle"]),
+            2,
+        );
+        for us in [300, 3_000] {
+            t.observe_known(&mut memo, (1, 0), Id::SqldbQueryDuration, || join_labels(&["db"]), us);
+        }
+        t.observe(Id::SqldbQueryDuration, &["db"], 700);
+        assert_eq!(asked.get(), 2, "the labels are built once per series");
+        let text = t.prometheus();
+        for w in [
+            "ngx_gateway_sqldb_requests_total{upstream=\"db\",status=\"200\"} 4\n",
+            "ngx_gateway_sqldb_requests_total{upstream=\"db\",status=\"502\"} 1\n",
+            "ngx_gateway_sqldb_connections{upstream=\"db\",server=\"x\",state=\"idle\"} 2\n",
+            "ngx_gateway_sqldb_query_duration_seconds_bucket{upstream=\"db\",le=\"0.001\"} 2\n",
+            "ngx_gateway_sqldb_query_duration_seconds_bucket{upstream=\"db\",le=\"0.005\"} 3\n",
+            "ngx_gateway_sqldb_query_duration_seconds_count{upstream=\"db\"} 3\n",
+            "ngx_gateway_sqldb_query_duration_seconds_sum{upstream=\"db\"} 0.004\n",
+        ] {
+            assert!(text.contains(w), "missing {w} in {text}");
+        }
+        // Another table (another zone): the memo forgets the first one's.
+        let s2 = slots(64);
+        let t2 = Table::new(&s2);
+        t2.add_known(
+            &mut memo,
+            (1, 200),
+            Id::SqldbRequests,
+            || join_labels(&["db", "200"]),
+            1,
+        );
+        assert!(t2
+            .prometheus()
+            .contains("ngx_gateway_sqldb_requests_total{upstream=\"db\",status=\"200\"} 1\n"));
+        assert_eq!(memo.len(), 1);
+    }
+
+    #[test]
+    fn a_memo_of_a_full_table_counts_each_drop_and_stays_bounded() {
+        let s = slots(2);
+        let t = Table::new(&s);
+        let mut memo: Memo<u32> = Memo::default();
+        t.add_known(&mut memo, 1, Id::CacheHits, || join_labels(&["a"]), 1);
+        for k in 2..(MEMO_MAX as u32 + 10) {
+            t.add_known(&mut memo, k, Id::CacheHits, || join_labels(&["b"]), 1);
+        }
+        assert!(t
+            .prometheus()
+            .contains(&format!("ngx_gateway_metrics_dropped_total {}\n", MEMO_MAX + 8)));
+        assert!(memo.len() <= 1);
+        let s3 = slots(MEMO_MAX + 64);
+        let t3 = Table::new(&s3);
+        for k in 0..(MEMO_MAX as u32 + 10) {
+            t3.add_known(&mut memo, k, Id::CacheHits, || join_labels(&["c"]), 1);
+        }
+        assert!(memo.len() <= MEMO_MAX);
+        assert!(t3.prometheus().contains(&format!(
+            "ngx_gateway_cache_hits_total{{upstream=\"c\"}} {}\n",
+            MEMO_MAX + 10
+        )));
     }
 
     #[test]

@@ -73,6 +73,18 @@ impl Upstream {
         }
     }
 
+    /// A number that stands for `name()` in this worker: the upstream
+    /// block's address, 0 where the name is empty.
+    pub fn name_key(&self) -> usize {
+        // SAFETY: as for name().
+        let address = unsafe { self.0.resolved.as_ref() }.is_some_and(|r| !r.sockaddr.is_null());
+        if address {
+            0
+        } else {
+            self.0.upstream as usize
+        }
+    }
+
     /// TLS to the server, with the context of the configuration installed;
     /// `name` is the server's name to verify and to send (SNI), unless the
     /// configuration's `ssl_name` says otherwise.

@@ -5,7 +5,7 @@ use std::ffi::CString;
 use std::ptr::NonNull;
 use std::rc::Rc;
 
-use gateway_core::metrics::Id;
+use gateway_core::metrics::{Id, Memo};
 use gateway_core::pipeline::{Mode, Pipeline, Wire};
 use gateway_core::target::Role;
 
@@ -73,6 +73,8 @@ pub(super) struct Conn {
 struct Shown {
     state: Option<&'static str>,
     depth: i64,
+    /// The connection's series (by state, and the depth's).
+    known: Memo<&'static str>,
 }
 
 impl Conn {
@@ -125,13 +127,20 @@ impl Conn {
         if state != self.shown.state {
             for (s, delta) in [(self.shown.state, -1), (state, 1)] {
                 if let Some(s) = s {
-                    metrics::add(Id::SqldbConnections, &[labels[0], labels[1], s], delta);
+                    metrics::add_known(
+                        &mut self.shown.known,
+                        s,
+                        Id::SqldbConnections,
+                        &[labels[0], labels[1], s],
+                        delta,
+                    );
                 }
             }
             self.shown.state = state;
         }
         if depth != self.shown.depth {
-            metrics::add(Id::SqldbPipelineDepth, &labels, depth - self.shown.depth);
+            let delta = depth - self.shown.depth;
+            metrics::add_known(&mut self.shown.known, "", Id::SqldbPipelineDepth, &labels, delta);
             self.shown.depth = depth;
         }
     }
