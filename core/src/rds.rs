@@ -160,29 +160,37 @@ fn put_u64(out: &mut Vec<u8>, v: u64) {
     out.extend_from_slice(&b);
 }
 
-/// Encodes the whole stream, appending to `out`; returns the bytes written.
-/// `out` is reserved to the exact size first, so it is allocated once.
+/// Encodes the whole stream, appending to `out`; returns the bytes written
+/// (`encoded_len`'s). Each value is asked for once; on an error `out` is
+/// left as it was.
 pub fn encode<R: ResultSet + ?Sized>(
     header: &Header<'_>,
     body: &Body<'_, R>,
     out: &mut Vec<u8>,
 ) -> Result<usize, RdsError> {
-    let len = encoded_len(header, body)?;
-    out.reserve_exact(len);
     let start = out.len();
-    match body {
-        Body::NoRows => encode_prefix(header, &NoColumns, out)?,
-        Body::Rows(rs) => {
-            encode_prefix(header, *rs, out)?;
+    // Room for the header and for rows of short values; longer ones grow it.
+    let rows = match body {
+        Body::Rows(rs) => rs.rows().saturating_mul(1 + rs.columns().saturating_mul(12)),
+        Body::NoRows => 0,
+    };
+    out.reserve(HEADER_FIXED + header.errstr.len() + rows.min(1 << 20));
+    let written = match body {
+        Body::NoRows => encode_prefix(header, &NoColumns, out),
+        Body::Rows(rs) => encode_prefix(header, *rs, out).and_then(|()| {
             if rs.columns() > 0 {
                 for r in 0..rs.rows() {
                     encode_row(*rs, r, out)?;
                 }
                 out.push(0);
             }
-        }
+            Ok(())
+        }),
+    };
+    if let Err(e) = written {
+        out.truncate(start);
+        return Err(e);
     }
-    debug_assert_eq!(out.len() - start, len);
     Ok(out.len() - start)
 }
 
@@ -481,6 +489,37 @@ mod tests {
         let mut out = Vec::new();
         encode::<Table>(&h, &Body::NoRows, &mut out).unwrap();
         assert_eq!(decode(&out).unwrap().errstr, b"boom");
+    }
+
+    #[test]
+    fn encode_writes_what_encoded_len_says_and_nothing_on_an_error() {
+        let t = Table {
+            cols: vec![("id", 23), ("label", 25)],
+            rows: vec![
+                vec![Some(b"1".to_vec()), Some(b"one".to_vec())],
+                vec![None, Some(vec![b'x'; 5000])],
+                vec![Some(Vec::new()), None],
+            ],
+        };
+        let mut out = b"before".to_vec();
+        let n = encode(&tuples_header(), &Body::Rows(&t), &mut out).unwrap();
+        assert_eq!(Ok(n), encoded_len(&tuples_header(), &Body::Rows(&t)));
+        assert_eq!(out.len(), 6 + n);
+        assert_eq!(decode(&out[6..]).unwrap().rows.len(), 3);
+        let long = Table {
+            cols: vec![("v", 25)],
+            rows: vec![vec![Some(b"ok".to_vec())], vec![Some(vec![0u8; NULL_LEN as usize])]],
+        };
+        let mut out = b"before".to_vec();
+        assert_eq!(
+            encode(&tuples_header(), &Body::Rows(&long), &mut out),
+            Err(RdsError::ValueTooLong {
+                row: 1,
+                col: 0,
+                len: NULL_LEN as usize
+            })
+        );
+        assert_eq!(out, b"before");
     }
 
     #[test]

@@ -575,8 +575,12 @@ impl Exchange {
     /// such), decided once its header line is whole, so that how the bytes
     /// are cut never changes the outcome.
     fn ping_reply<'a>(&mut self, buf: &'a [u8], next: impl FnOnce(&mut Self)) -> (Event<'a>, usize) {
-        let mut want = Vec::with_capacity(PING_TOKEN_LEN + 7);
-        resp::bulk(&mut want, &self.ping);
+        // `$16\r\n`, the token, CRLF (on the stack: one per request).
+        const _: () = assert!(PING_TOKEN_LEN == 16);
+        let mut want = [0u8; PING_TOKEN_LEN + 7];
+        want[..5].copy_from_slice(b"$16\r\n");
+        want[5..5 + PING_TOKEN_LEN].copy_from_slice(&self.ping);
+        want[5 + PING_TOKEN_LEN..].copy_from_slice(b"\r\n");
         let n = want.len().min(buf.len());
         if buf[..n] == want[..n] {
             if n < want.len() {
