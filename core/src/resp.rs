@@ -5,14 +5,30 @@
 /// Appends `*N\r\n`.
 pub fn array_header(out: &mut Vec<u8>, n: usize) {
     out.push(b'*');
-    out.extend_from_slice(n.to_string().as_bytes());
+    decimal(out, n);
     out.extend_from_slice(b"\r\n");
+}
+
+/// Appends `n` in decimal (without a String in between: commands are
+/// written for every request).
+pub fn decimal(out: &mut Vec<u8>, mut n: usize) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
 }
 
 /// Appends `$LEN\r\n` (the bytes and their `\r\n` follow).
 pub fn bulk_header(out: &mut Vec<u8>, len: usize) {
     out.push(b'$');
-    out.extend_from_slice(len.to_string().as_bytes());
+    decimal(out, len);
     out.extend_from_slice(b"\r\n");
 }
 
@@ -232,6 +248,15 @@ fn value_at(buf: &[u8], depth: usize) -> Result<Option<(Value, usize)>, NotResp>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn decimals_as_rust_writes_them() {
+        for n in [0, 1, 9, 10, 99, 100, 4096, 65535, 1 << 40, usize::MAX] {
+            let mut out = b"x".to_vec();
+            decimal(&mut out, n);
+            assert_eq!(out, format!("x{n}").into_bytes());
+        }
+    }
 
     #[test]
     fn commands_match_the_redis_crate() {
