@@ -198,6 +198,10 @@ fn count(r: &mut Req) {
             }
         }
     };
+    // What Redis answered (`$upstream_status` of the last try): a miss
+    // that error_page turned into a 200 is still a miss, and a Range of a
+    // value found (206, 416) still a hit.
+    let answered = r.upstream().and_then(|u| u.state()).map(|st| st.status);
     let upstream = || match r.upstream_ref() {
         Some(u) if block != 0 => u.name(),
         _ => String::new(),
@@ -234,7 +238,7 @@ fn count(r: &mut Req) {
         let labels = || join_labels(&[&upstream(), name, &status.to_string()]);
         t.add_known(known, key, Id::CacheRequests, labels, 1);
         if command == 1 {
-            match status {
+            match answered.unwrap_or(0) {
                 200 => t.add_known(known, key, Id::CacheHits, || join_labels(&[&upstream()]), 1),
                 404 => t.add_known(known, key, Id::CacheMisses, || join_labels(&[&upstream()]), 1),
                 _ => {}

@@ -21,6 +21,7 @@ upstream database {
     sqldb_server \$TEST_NGINX_PG_SERVER;
 }
 upstream redis { server 127.0.0.1:$redis->{port}; keepalive 4; }
+upstream redis2 { server 127.0.0.1:$redis->{port}; keepalive 4; }
 server {
     listen 127.0.0.1:\$PORT;
     location = /metrics { gateway_status; }
@@ -29,6 +30,9 @@ server {
     location = /sleep { sqldb_pass database; sqldb_result_timeout 300ms; sqldb_query "select pg_sleep(5)"; }
     location /kv/ { set \$cache_key \$uri; cache_pass redis; }
     location /var/ { set \$cache_key \$uri; cache_pass \$arg_b; }
+    location /fb/ { set \$cache_key \$uri; cache_pass redis2; error_page 404 = /fallback; }
+    location /fboff/ { set \$cache_key \$uri; cache_pipeline off; cache_pass redis2; error_page 404 = /fallback; }
+    location = /fallback { return 200 "fallback"; }
 }
 HTTP
 
@@ -93,6 +97,24 @@ is($m->{"ngx_gateway_cache_requests_total{command=DEL,status=204,$up}"}, 1, 'cac
 is($m->{"ngx_gateway_cache_hits_total{$up}"}, 4, 'hits');
 is($m->{"ngx_gateway_cache_misses_total{$up}"}, 2, 'misses');
 is($m->{"ngx_gateway_cache_request_duration_seconds_count{command=GET,$up}"}, 6, 'cache durations');
+
+# Hits and misses are what Redis answered: a miss that error_page turns
+# into a 200 is a miss, and a Range of a value found (206, 416) is a hit;
+# on the shared connections and with cache_pipeline off alike.
+for my $loc ('/fb', '/fboff') {
+    is((request('PUT', "$loc/here", 'a value'))[0], 201, "$loc: PUT of a key");
+    my @st = map { (request('GET', "$loc/none$_"))[0] } 1 .. 3;
+    is("@st", '200 200 200', "$loc: three misses answered by error_page 404 = /fallback");
+    is((request('GET', "$loc/here", undef, 'Range: bytes=0-2'))[0], 206, "$loc: a Range of the value: 206");
+    is((request('GET', "$loc/here", undef, 'Range: bytes=50-60'))[0], 416, "$loc: a Range past its end: 416");
+    is(join(' ', (request('GET', "$loc/here"))[0, 1]), '200 a value', "$loc: the value whole");
+}
+($m) = metrics();
+my $up2 = 'upstream=redis2';
+is($m->{"ngx_gateway_cache_misses_total{$up2}"}, 6, 'the six misses that error_page answered are misses');
+is($m->{"ngx_gateway_cache_hits_total{$up2}"}, 6, 'the hits: two Ranges and one whole value in each location');
+is($m->{"ngx_gateway_cache_requests_total{command=GET,status=200,$up2}"}, 8,
+    'by status, the misses answered by error_page are 200s (the status the clients got)');
 
 # An address from a variable (here from the client) is no label of its own:
 # a client cannot make series without end.

@@ -597,11 +597,12 @@ sub http_read {
 
 # One request on a connection of its own: (status, body, head).
 sub http_request {
-    my ($port, $method, $path, $body) = @_;
+    my ($port, $method, $path, $body, @headers) = @_;
     my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port) or die "connect: $!";
     binmode $s;
     $body //= '';
-    print $s "$method $path HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: "
+    my $more = join '', map { "$_\r\n" } @headers;
+    print $s "$method $path HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n${more}Content-Length: "
         . length($body) . "\r\n\r\n$body";
     local $/;
     my $resp = <$s> // '';
