@@ -61,6 +61,27 @@ sub wait_ok {
 }
 ok(wait_ok(@nodes), 'cluster_state:ok on all six nodes');
 
+# cluster_state:ok can come before every node has heard which nodes are
+# replicas: until then a replica still looks like a master (without
+# slots) to the others. Wait until each of the six sees three of each.
+sub roles_known {
+    my @which = @_;
+    my $deadline = time + 20;
+    while (time < $deadline) {
+        my $all = 1;
+        for my $r (@which) {
+            my $nodes = redis_cli($r, 'cluster', 'nodes');
+            my $m = () = $nodes =~ /^\S+ \S+ \S*master(?!\S*fail)/mg;
+            my $s = () = $nodes =~ /^\S+ \S+ \S*slave(?!\S*fail)/mg;
+            $all = 0, last unless $m == 3 && $s == 3;
+        }
+        return 1 if $all;
+        sleep 0.1;
+    }
+    return 0;
+}
+ok(roles_known(@nodes), 'each node sees three masters and three replicas');
+
 # The cluster as a node sees it: id => { port, master (bool), of (master id) }.
 sub nodes_seen {
     my ($r) = @_;
