@@ -134,12 +134,11 @@ pub struct SeriesRef(usize);
 fn hash(family: u32, part: u32, labels: &[u8]) -> u64 {
     // FNV-1a: short keys, no adversary choosing them (label values come
     // from the configuration and from nginx's own status codes).
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in family.to_le_bytes().iter().chain(&part.to_le_bytes()).chain(labels) {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
+    let mut h = Fnv::default();
+    h.write(&family.to_le_bytes());
+    h.write(&part.to_le_bytes());
+    h.write(labels);
+    h.finish()
 }
 
 /// Label values joined by NUL, cut to what a slot holds (at a character
@@ -162,9 +161,15 @@ pub fn join_labels(values: &[&str]) -> Vec<u8> {
     out
 }
 
-/// FNV-1a for the memo's small integer keys.
-#[derive(Debug, Default)]
+/// FNV-1a: a series' slot in the table, and the memo's small keys.
+#[derive(Debug)]
 pub struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
 
 impl Hasher for Fnv {
     fn finish(&self) -> u64 {
@@ -172,12 +177,10 @@ impl Hasher for Fnv {
     }
 
     fn write(&mut self, bytes: &[u8]) {
-        let mut h = if self.0 == 0 { 0xcbf2_9ce4_8422_2325 } else { self.0 };
         for b in bytes {
-            h ^= u64::from(*b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
+            self.0 ^= u64::from(*b);
+            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
         }
-        self.0 = h;
     }
 }
 
@@ -656,6 +659,19 @@ mod tests {
         assert!(text.contains("# TYPE ngx_gateway_sqldb_requests_total counter\n"));
         assert!(text.contains("# TYPE ngx_gateway_sqldb_connections gauge\n"));
         assert!(text.contains("ngx_gateway_metrics_dropped_total 0\n"));
+    }
+
+    #[test]
+    fn fnv_is_fnv_1a_and_a_slot_hash_is_its_bytes_in_order() {
+        let of = |b: &[u8]| {
+            let mut h = Fnv::default();
+            h.write(b);
+            h.finish()
+        };
+        assert_eq!(of(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(of(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(of(b"foobar"), 0x8594_4171_f739_67e8);
+        assert_eq!(hash(1, 2, b"db"), of(&[1, 0, 0, 0, 2, 0, 0, 0, b'd', b'b']));
     }
 
     #[test]
