@@ -52,16 +52,22 @@ impl Upstream {
         self.0.output.tag as *const ngx_module_t
     }
 
-    /// The upstream block's name (`host:port` for one made of a literal
-    /// address); empty for an address named at run time (a variable's
-    /// value, which may come from a client: never a label of its own).
-    pub fn name(&self) -> String {
+    /// The upstream block the request's server comes from, unless the
+    /// address was named at run time (a variable's value, which may come
+    /// from a client: never a label of its own).
+    fn named_block(&self) -> Option<&ngx_http_upstream_srv_conf_t> {
         // SAFETY: u->resolved is null or in the request's pool.
         let address = unsafe { self.0.resolved.as_ref() }.is_some_and(|r| !r.sockaddr.is_null());
         // SAFETY: u->upstream is null or an upstream block of the
         // configuration (found by name when a variable named one).
-        match unsafe { self.0.upstream.as_ref() } {
-            Some(us) if !address => {
+        unsafe { self.0.upstream.as_ref() }.filter(|_| !address)
+    }
+
+    /// The upstream block's name (`host:port` for one made of a literal
+    /// address); empty without one (see named_block).
+    pub fn name(&self) -> String {
+        match self.named_block() {
+            Some(us) => {
                 let host = String::from_utf8_lossy(us.host.as_bytes()).into_owned();
                 if us.port != 0 {
                     format!("{host}:{}", us.port)
@@ -69,20 +75,14 @@ impl Upstream {
                     host
                 }
             }
-            _ => String::new(),
+            None => String::new(),
         }
     }
 
     /// A number that stands for `name()` in this worker: the upstream
     /// block's address, 0 where the name is empty.
     pub fn name_key(&self) -> usize {
-        // SAFETY: as for name().
-        let address = unsafe { self.0.resolved.as_ref() }.is_some_and(|r| !r.sockaddr.is_null());
-        if address {
-            0
-        } else {
-            self.0.upstream as usize
-        }
+        self.named_block().map_or(0, |us| us as *const _ as usize)
     }
 
     /// TLS to the server, with the context of the configuration installed;
