@@ -171,11 +171,9 @@ thread_local! {
 }
 
 /// What stands for a request's label values: its upstream block (see
-/// `Upstream::name_key`; 0 for none), final status, and command (an index
-/// of COMMANDS, 0 for the database gateway).
-type Key = (usize, ngx_uint_t, u8);
-
-const COMMANDS: [&str; 6] = ["-", "GET", "SET", "DEL", "PUBLISH", "SUBSCRIBE"];
+/// `Upstream::name_key`; 0 for none), final status, and command ("" for
+/// the database gateway).
+type Key = (usize, ngx_uint_t, &'static str);
 
 fn count(r: &mut Req) {
     let Some(t) = table() else { return };
@@ -210,7 +208,7 @@ fn count(r: &mut Req) {
     let us = r.upstream_response_ms().map(|ms| ms as i64 * 1000);
     KNOWN.with_borrow_mut(|known| {
         if module == sqldb {
-            let key = (block, status, 0);
+            let key = (block, status, "");
             let labels = || join_labels(&[&upstream(), &status.to_string()]);
             t.add_known(known, key, Id::SqldbRequests, labels, 1);
             if let Some(us) = us {
@@ -220,24 +218,23 @@ fn count(r: &mut Req) {
         }
         let m = r.method();
         let lcf = r.loc_conf::<crate::cache::config::Cache>();
-        let command: u8 = if lcf.publish.is_some() {
-            4
+        let command = if lcf.publish.is_some() {
+            "PUBLISH"
         } else if lcf.subscribe.is_some() {
-            5
+            "SUBSCRIBE"
         } else if m & (NGX_HTTP_GET | NGX_HTTP_HEAD) != 0 {
-            1
+            "GET"
         } else if m & (NGX_HTTP_PUT | NGX_HTTP_POST) != 0 {
-            2
+            "SET"
         } else if m & NGX_HTTP_DELETE != 0 {
-            3
+            "DEL"
         } else {
-            0
+            "-"
         };
-        let name = COMMANDS[command as usize];
         let key = (block, status, command);
-        let labels = || join_labels(&[&upstream(), name, &status.to_string()]);
+        let labels = || join_labels(&[&upstream(), command, &status.to_string()]);
         t.add_known(known, key, Id::CacheRequests, labels, 1);
-        if command == 1 {
+        if command == "GET" {
             match answered.unwrap_or(0) {
                 200 => t.add_known(known, key, Id::CacheHits, || join_labels(&[&upstream()]), 1),
                 404 => t.add_known(known, key, Id::CacheMisses, || join_labels(&[&upstream()]), 1),
@@ -245,7 +242,13 @@ fn count(r: &mut Req) {
             }
         }
         if let Some(us) = us {
-            t.observe_known(known, key, Id::CacheDuration, || join_labels(&[&upstream(), name]), us);
+            t.observe_known(
+                known,
+                key,
+                Id::CacheDuration,
+                || join_labels(&[&upstream(), command]),
+                us,
+            );
         }
     });
 }
