@@ -8,7 +8,7 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(nginx_start stop_nginx nginx_error_log start_redis kill_redis redis_cli free_port stretch);
+use GatewayTest qw(nginx_start stop_nginx nginx_error_log start_redis kill_redis redis_cli free_port stretch wait_until);
 use HttpClient qw(keepalive_requests);
 use FakeRedis;
 use Test::More;
@@ -52,12 +52,7 @@ like($create, qr/All 16384 slots covered/, 'redis-cli made the cluster') or diag
 
 sub wait_ok {
     my @which = @_;
-    my $deadline = time + 20;
-    while (time < $deadline) {
-        return 1 unless grep { redis_cli($_, 'cluster', 'info') !~ /cluster_state:ok/ } @which;
-        sleep 0.1;
-    }
-    return 0;
+    return wait_until(sub { !grep { redis_cli($_, 'cluster', 'info') !~ /cluster_state:ok/ } @which }, 20);
 }
 ok(wait_ok(@nodes), 'cluster_state:ok on all six nodes');
 
@@ -66,19 +61,13 @@ ok(wait_ok(@nodes), 'cluster_state:ok on all six nodes');
 # slots) to the others. Wait until each of the six sees three of each.
 sub roles_known {
     my @which = @_;
-    my $deadline = time + 20;
-    while (time < $deadline) {
-        my $all = 1;
-        for my $r (@which) {
-            my $nodes = redis_cli($r, 'cluster', 'nodes');
-            my $m = () = $nodes =~ /^\S+ \S+ \S*master(?!\S*fail)/mg;
-            my $s = () = $nodes =~ /^\S+ \S+ \S*slave(?!\S*fail)/mg;
-            $all = 0, last unless $m == 3 && $s == 3;
-        }
-        return 1 if $all;
-        sleep 0.1;
-    }
-    return 0;
+    my $seen = sub {
+        my $nodes = redis_cli(shift, 'cluster', 'nodes');
+        my $m = () = $nodes =~ /^\S+ \S+ \S*master(?!\S*fail)/mg;
+        my $s = () = $nodes =~ /^\S+ \S+ \S*slave(?!\S*fail)/mg;
+        return $m == 3 && $s == 3;
+    };
+    return wait_until(sub { !grep { !$seen->($_) } @which }, 20);
 }
 ok(roles_known(@nodes), 'each node sees three masters and three replicas');
 
