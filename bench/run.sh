@@ -298,15 +298,12 @@ for cfg in "${configs[@]}"; do
         # to run; each round's ratios are of runs seconds apart). A figure
         # is the round's with the median requests/s; a ratio, the median
         # of the rounds' ratios.
-        secs_run=$secs
-        secs=$(((secs + 1) / 2))
         for round in 1 2 3; do
             for s in ret r m; do
                 [ $s = m ] && [ ! -f "$memc" ] && continue
-                g[$s.$round]=$(wrk_run /$s)
+                g[$s.$round]=$(secs=$(((secs + 1) / 2)) wrk_run /$s)
             done
         done
-        secs=$secs_run
         g[roff]=$(wrk_run /roff)
         for s in ret r m; do
             [ $s = m ] && [ ! -f "$memc" ] && continue
@@ -333,11 +330,8 @@ for cfg in "${configs[@]}"; do
         # the RSS over the million and more requests after every kind of
         # request has been served once.
         steady_from=$(rss_point steady)
-        secs_run=$secs
-        secs=$((secs * 2))
-        wrk_run /b "$dir/scripts/b.lua" >/dev/null
-        wrk_run /r >/dev/null
-        secs=$secs_run
+        secs=$((secs * 2)) wrk_run /b "$dir/scripts/b.lua" >/dev/null
+        secs=$((secs * 2)) wrk_run /r >/dev/null
         steady_to=$(rss_point steady)
     fi
 done
