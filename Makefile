@@ -2,12 +2,14 @@
 #
 #   make          build the module against Debian's nginx (objs/ngx_http_gateway_module.so)
 #   make vendored build nginx 1.28 (--with-debug) and the module against it (objs/vendored/)
-#   make test     install what is missing, unit tests, then the .t suites on both builds
-#   make deb      the Debian package libnginx-mod-http-gateway (objs/deb/)
+#   make deb      the Debian package libnginx-mod-http-gateway (objs/deb/), of the same build as make
+#   make install  the stripped module and its load file under DESTDIR/PREFIX (VENDORED=1: the 1.28 build)
+#   make test-deps  install the Debian packages the suites and benchmarks use (apt-get; root or sudo)
+#   make test     test-deps, unit tests, the .t suites on both builds, the package (about 10 minutes)
 #   make test-package  install the .deb here, a site with both gateways, requests, purge (root)
-#   make install  the module and its load file under DESTDIR/PREFIX (VENDORED=1: the 1.28 build)
-#   make run      a throwaway PostgreSQL + nginx with nginx-conf/demo.conf on 127.0.0.1:8080
-#   make stop     stop what make run started
+#   make run      a throwaway PostgreSQL + nginx with nginx-conf/demo.conf
+#                 (PORT=8080, PGPORT=55432, DIR=/tmp/ngx-gateway-demo)
+#   make stop     stop what make run started (the same DIR=)
 #   make bench    wrk through the gateway next to pgbench in the same run
 #   make bench-scale  the figures behind the README's Scaling out (pool sizes, PgBouncer, a cluster's slot map, a partition)
 #   make bench-fanout one event to 10,000 subscribers (sqldb_listen, cache_subscribe): worker RSS and delivery times
@@ -18,6 +20,11 @@
 #   make fuzz-short  every fuzz target for FUZZ_SECONDS with cargo-fuzz, else the stable fuzztest
 #   make test-valgrind  the .t suites (VALGRIND_TESTS, default t/) with Debian's nginx and the module
 #                 under valgrind memcheck; fails on a memory error, a definite leak or a cut-short report
+#
+# Building (make, make deb, make install) installs nothing: a missing
+# package stops it with the apt-get line to run. No target starts, stops,
+# disables or reconfigures a service of the machine: the suites run their
+# own nginx, PostgreSQL and Redis on free loopback ports.
 
 SHELL        := /bin/bash
 CARGO        ?= cargo
@@ -31,39 +38,67 @@ DEB_MODULE   := $(OBJS)/$(MODULE)
 VEN_MODULE   := $(OBJS)/vendored/$(MODULE)
 VEN_NGINX    := $(OBJS)/vendored/nginx
 
-APT_PACKAGES := nginx nginx-dev libpq-dev libclang-dev clang pkg-config \
-                libpcre2-dev libssl-dev zlib1g-dev make gcc \
-                postgresql postgresql-contrib redis-server wrk \
-                libtest-base-perl libtext-diff-perl libipc-run-perl liburi-perl \
-                libwww-perl libnginx-mod-http-srcache-filter openssl \
-                debhelper dpkg-dev file memcached libnginx-mod-http-memc pgbouncer \
-                python3-prometheus-client chromium libnginx-mod-http-image-filter
+# What building needs; make deb also needs debhelper and dpkg-dev.
+BUILD_PACKAGES := nginx-dev libpq-dev libclang-dev clang pkg-config \
+                  libpcre2-dev libssl-dev zlib1g-dev make gcc binutils
+DEB_PACKAGES   := $(BUILD_PACKAGES) debhelper dpkg-dev
+# What make run uses besides.
+RUN_PACKAGES   := nginx postgresql openssl
+# What the suites and benchmarks use besides (make test-deps).
+TEST_PACKAGES  := $(DEB_PACKAGES) $(RUN_PACKAGES) postgresql-contrib redis-server wrk \
+                  libtest-base-perl libtext-diff-perl libipc-run-perl liburi-perl \
+                  libwww-perl libnginx-mod-http-srcache-filter \
+                  file memcached libnginx-mod-http-memc pgbouncer \
+                  python3-prometheus-client chromium libnginx-mod-http-image-filter
+
+# $(call missing,PACKAGES): those of the list that dpkg has not installed.
+missing = $(strip $(shell for p in $(1); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done))
+# $(call need,PACKAGES,WHAT): stops with the apt-get line when one is missing.
+need = $(if $(call missing,$(1)),$(error $(2) needs Debian packages that are not installed; install them with: apt-get install $(call missing,$(1))))
+
+# One build serves make, make deb and make install: cargo gets the same
+# environment from all three (Debian's build flags, which dpkg-buildpackage
+# sets, for the C that some crates compile; the last commit's time as
+# SOURCE_DATE_EPOCH, which the package's changelog carries too), so that
+# dpkg-buildpackage's environment does not make cargo build it again.
+export CFLAGS   := $(shell dpkg-buildflags --get CFLAGS 2>/dev/null)
+export CXXFLAGS := $(shell dpkg-buildflags --get CXXFLAGS 2>/dev/null)
+export CPPFLAGS := $(shell dpkg-buildflags --get CPPFLAGS 2>/dev/null)
+export LDFLAGS  := $(shell dpkg-buildflags --get LDFLAGS 2>/dev/null)
+SOURCE_DATE_EPOCH ?= $(shell git -C $(CURDIR) log -1 --format=%ct 2>/dev/null || date +%s)
+export SOURCE_DATE_EPOCH
 
 FUZZ_RUNS    ?= 10000000
 FUZZ_SECONDS ?= 20
 FUZZ_TARGET  := $(CURDIR)/fuzz/target
 
-.PHONY: all build fault vendored deps valgrind-deps unittest miri deb install test-package fuzztest fuzz fuzz-short cargo-fuzz test test-debian test-vendored test-valgrind run stop bench bench-scale bench-fanout check clean
+.PHONY: all build fault vendored build-deps deb-deps run-deps test-deps valgrind-deps unittest miri deb install test-package fuzztest fuzz fuzz-short cargo-fuzz test test-debian test-vendored test-valgrind run stop bench bench-scale bench-fanout check clean
 
 all: build
 
 build: $(DEB_MODULE)
 
-# Install the Debian packages that are missing (root or sudo needed only then).
-deps:
-	@missing=""; for p in $(APT_PACKAGES); do \
-	    dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
-	done; \
+build-deps:
+	$(call need,$(BUILD_PACKAGES),building the module)
+deb-deps:
+	$(call need,$(DEB_PACKAGES),make deb)
+run-deps:
+	$(call need,$(BUILD_PACKAGES) $(RUN_PACKAGES),make run)
+
+# Installs the missing packages of the suites and benchmarks (apt-get; root
+# or sudo) and does nothing else: the services some of them bring are left
+# as apt leaves them.
+test-deps:
+	@missing="$(call missing,$(TEST_PACKAGES))"; \
 	if [ -n "$$missing" ]; then \
-	    echo "installing:$$missing"; \
+	    echo "installing: $$missing"; \
 	    sudo=""; [ "$$(id -u)" = 0 ] || sudo=sudo; \
 	    $$sudo env DEBIAN_FRONTEND=noninteractive apt-get update -q && \
 	    $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
-	    $$sudo systemctl disable --now nginx postgresql redis-server >/dev/null 2>&1 || true; \
 	fi
 
 # Debian ships nginx's headers and configure script but no objs/: configure a copy.
-$(DEB_BUILD)/objs/ngx_auto_config.h:
+$(DEB_BUILD)/objs/ngx_auto_config.h: | build-deps
 	rm -rf $(DEB_BUILD) && mkdir -p $(DEB_BUILD)
 	cp -r $(DEB_SRC)/. $(DEB_BUILD)/
 	cd $(DEB_BUILD) && . ./conf_flags && ./configure "$${NGX_CONF_FLAGS[@]}" >configure.log
@@ -83,7 +118,7 @@ fault: $(DEB_BUILD)/objs/ngx_auto_config.h FORCE
 
 # With debug logging (--with-debug), so that the suites see the module's
 # debug traces on one of the two builds.
-vendored: FORCE
+vendored: build-deps FORCE
 	NGX_CONFIGURE_ARGS=--with-debug $(CARGO) build --release --features vendored --target-dir $(VEN_TARGET)
 	mkdir -p $(OBJS)/vendored
 	cp $(VEN_TARGET)/release/lib$(MODULE) $(VEN_MODULE).new && mv -f $(VEN_MODULE).new $(VEN_MODULE)
@@ -118,13 +153,20 @@ fuzz-short:
 	    $(MAKE) fuzztest; \
 	fi
 
-test: deps
+test: test-deps
 	$(MAKE) check unittest fuzztest build fault vendored
 	$(MAKE) test-debian test-vendored test-package
 
 # The .t suites against one nginx build; t/lib/harness holds the runner
-# (an upstream Test::Nginx::Socket earlier in @INC is used instead).
-PROVE := prove -I t/lib/harness $(PROVE_FLAGS) t/
+# (an upstream Test::Nginx::Socket earlier in @INC is used instead). Files
+# run PROVE_JOBS at a time: each has its own nginx, PostgreSQL and Redis on
+# free loopback ports and its own folders under TMPDIR. The longest go
+# first, so that the others fill in beside them (t/run-suite).
+PROVE_JOBS ?= 2
+SLOW_FIRST := t/042-cache-pubsub.t t/008-faults.t t/046-cache-pipeline.t t/035-cluster.t t/038-listen.t \
+              t/024-pg-faults.t t/029-load-and-leave.t
+TESTS      ?= $(SLOW_FIRST) $(filter-out $(SLOW_FIRST),$(sort $(wildcard t/*.t)))
+PROVE       = PROVE_JOBS=$(PROVE_JOBS) PROVE_FLAGS="$(PROVE_FLAGS)" t/run-suite $(TESTS)
 
 test-debian: build fault
 	@echo "=== suites on Debian's nginx: $$(/usr/sbin/nginx -v 2>&1)"
@@ -153,7 +195,7 @@ valgrind-deps:
 	    $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends valgrind; \
 	}
 
-test-valgrind: deps valgrind-deps
+test-valgrind: test-deps valgrind-deps
 	$(MAKE) build fault
 	@echo "=== suites under valgrind on Debian's nginx: $$(/usr/sbin/nginx -v 2>&1), $$(valgrind --version)"
 	rm -rf $(VALGRIND_OUT)
@@ -169,9 +211,9 @@ test-valgrind: deps valgrind-deps
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
 DEB_OUT := $(OBJS)/deb
 
-deb: deps $(DEB_BUILD)/objs/ngx_auto_config.h
+deb: deb-deps $(DEB_BUILD)/objs/ngx_auto_config.h
 	printf 'libnginx-mod-http-gateway (%s) unstable; urgency=medium\n\n  * ngx_gateway %s (the version of Cargo.toml).\n\n -- ngx_gateway developers <maintainers@ngx-gateway.org>  %s\n' \
-	    "$(VERSION)" "$(VERSION)" "$$(date -R)" > debian/changelog
+	    "$(VERSION)" "$(VERSION)" "$$(date -R -d @$(SOURCE_DATE_EPOCH))" > debian/changelog
 	dpkg-buildpackage -us -uc -b -d
 	mkdir -p $(DEB_OUT)
 	mv ../libnginx-mod-http-gateway_$(VERSION)_*.deb ../libnginx-mod-http-gateway-dbgsym_$(VERSION)_*.deb ../libnginx-mod-http-gateway_$(VERSION)_*.buildinfo \
@@ -193,21 +235,26 @@ INSTALL_SO  := $(if $(VENDORED),$(VEN_MODULE),$(DEB_MODULE))
 install: $(if $(VENDORED),vendored,build)
 	install -d $(DESTDIR)$(MODULES_DIR) $(DESTDIR)$(PREFIX)/share/nginx/modules-available
 	install -m 0644 $(INSTALL_SO) $(DESTDIR)$(MODULES_DIR)/$(MODULE)
+	strip --strip-unneeded --remove-section=.comment --remove-section=.note $(DESTDIR)$(MODULES_DIR)/$(MODULE)
 	echo "load_module $(MODULES_DIR)/$(MODULE);" > $(DESTDIR)$(PREFIX)/share/nginx/modules-available/mod-http-gateway.conf
 
-run: deps build
-	bash nginx-conf/run.sh
+PORT   ?= 8080
+PGPORT ?= 55432
+DIR    ?= /tmp/ngx-gateway-demo
+
+run: run-deps build
+	PORT=$(PORT) PGPORT=$(PGPORT) DIR=$(DIR) bash nginx-conf/run.sh
 
 stop:
-	bash nginx-conf/run.sh stop
+	DIR=$(DIR) bash nginx-conf/run.sh stop
 
-bench: deps build
+bench: test-deps build
 	bash bench/run.sh
 
-bench-scale: deps build
+bench-scale: test-deps build
 	python3 bench/scale.py
 
-bench-fanout: deps build
+bench-fanout: test-deps build
 	python3 bench/fanout.py
 
 check: $(DEB_BUILD)/objs/ngx_auto_config.h

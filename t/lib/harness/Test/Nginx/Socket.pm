@@ -29,7 +29,7 @@ use IO::Socket::INET;
 use POSIX qw(WNOHANG);
 use Time::HiRes qw(sleep time);
 use File::Path qw(make_path remove_tree);
-use Cwd qw(getcwd);
+use File::Temp qw(tempdir);
 use File::Basename qw(dirname);
 use lib dirname(__FILE__) . '/../../..';    # t/lib
 use HttpClient ();
@@ -73,7 +73,15 @@ my @EnvToNginx;
 my @Preprocessors;
 
 my $Binary   = $ENV{TEST_NGINX_BINARY} || 'nginx';
-my $ServRoot = $ENV{TEST_NGINX_SERVROOT} || getcwd() . '/t/servroot';
+# nginx's prefix: a folder of its own for each .t file (files may run side by
+# side), under the system's temporary folder and open to all, so that the
+# workers (nobody, when the suite runs as root) reach it wherever the
+# checkout is (a clone in /root, mode 0700, included).
+my $ServRoot = $ENV{TEST_NGINX_SERVROOT} || do {
+    my $d = tempdir('ngx-gateway-servroot-XXXXXX', TMPDIR => 1, CLEANUP => 1);
+    chmod 0755, $d;
+    $d;
+};
 my $Port     = $ENV{TEST_NGINX_SERVER_PORT} || $ENV{TEST_NGINX_PORT} || free_port();
 $ENV{TEST_NGINX_SERVER_PORT} = $Port;
 $ENV{TEST_NGINX_HTML_DIR} = "$ServRoot/html";
@@ -126,6 +134,7 @@ sub write_config ($) {
     my $block = shift;
     remove_tree($ServRoot);
     make_path("$ServRoot/conf", "$ServRoot/logs", "$ServRoot/html", "$ServRoot/tmp");
+    chmod 0755, $ServRoot, map { "$ServRoot/$_" } qw(conf logs html tmp);    # whatever the umask
     my $modules = '';
     for my $m (split /[\s:]+/, $ENV{TEST_NGINX_LOAD_MODULES} || '') {
         $modules .= "load_module $m;\n" if length $m;
