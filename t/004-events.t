@@ -17,9 +17,11 @@ server {
 }
 HTTP
 
-# 1. A 1.5 s query in flight; fast requests on the same worker answer at once.
+# 1. A 3 s query in flight; fast requests on the same worker answer at once
+# (the bounds leave room for a busy machine, and are far below what waiting
+# behind the slow query would take).
 my $t0 = time;
-my $slow = http_send($port, '/slow?s=1.5');
+my $slow = http_send($port, '/slow?s=3');
 sleep 0.1;
 my @lat;
 for (1 .. 10) {
@@ -32,21 +34,21 @@ for (1 .. 10) {
 my $worst = (sort { $b <=> $a } @lat)[0];
 SKIP: {
     skip 'latency bounds: under valgrind every request is tens of times slower', 2 if under_valgrind();
-    cmp_ok($worst, '<', 0.5, sprintf('fast requests did not wait for the slow one (worst %.3f s)', $worst));
-    cmp_ok(time - $t0, '<', 1.5, 'all fast requests were done before the slow query ended');
+    cmp_ok($worst, '<', stretch(1.5), sprintf('fast requests did not wait for the slow one (worst %.3f s)', $worst));
+    cmp_ok(time - $t0, '<', stretch(2.9), 'all fast requests were done before the slow query ended');
 }
 my ($status) = http_read($slow);
 is($status, 200, 'the slow request completed too');
-cmp_ok(time - $t0, '>=', 1.4, 'the slow request really took its time');
+cmp_ok(time - $t0, '>=', 2.9, 'the slow request really took its time');
 
 # 2. Many slow requests at once are all in flight together.
 $t0 = time;
-my @socks = map { http_send($port, '/slow?s=0.5') } 1 .. 8;
+my @socks = map { http_send($port, '/slow?s=1') } 1 .. 8;
 my @codes = map { (http_read($_))[0] } @socks;
 is_deeply(\@codes, [(200) x 8], 'eight concurrent slow requests succeeded');
 SKIP: {
     skip 'a speed bound: under valgrind opening connections alone takes longer than 2 s', 1 if under_valgrind();
-    cmp_ok(time - $t0, '<', 2.0, sprintf('they ran concurrently (%.2f s for 8 x 0.5 s)', time - $t0));
+    cmp_ok(time - $t0, '<', stretch(4), sprintf('they ran concurrently (%.2f s for 8 x 1 s)', time - $t0));
 }
 
 # 3. A client that closes early: its query is cancelled on the server (the

@@ -106,12 +106,13 @@ cmp_ok($status{200} // 0, '>', 0, "and there were successes ($status{200} of the
 pg_restart();
 my $t0 = time;
 my $ok_at;
-while (time - $t0 < 3) {
+while (time - $t0 < stretch(6)) {
     my ($st) = http_get($port, '/echo');
     if ($st == 200) { $ok_at = time; last }
     sleep 0.02;
 }
-ok(defined $ok_at && $ok_at - $t0 < 1, sprintf('service resumed %.3f s after the restart', ($ok_at // 99) - $t0));
+# (About 1 s when the machine is quiet; a busy one gets room.)
+ok(defined $ok_at && $ok_at - $t0 < stretch(2.5), sprintf('service resumed %.3f s after the restart', ($ok_at // 99) - $t0));
 my @after = map { (http_get($port, '/echo'))[0] } 1 .. 20;
 is_deeply(\@after, [(200) x 20], 'and every request after it succeeds');
 unlike(nginx_error_log(), qr/exited on signal|\[alert\]/, 'no worker died');

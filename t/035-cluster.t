@@ -497,7 +497,7 @@ EOF
     my $t0 = time;
     my @r = keepalive_requests($p, 10, ['GET', '/silent/?key=k'], ['GET', '/plain/?key=mine']);
     is($r[0]{status}, 504, 'a silent node: 504');
-    cmp_ok(time - $t0, '<', 3.5, 'after two read timeouts at most (1 s each)');
+    cmp_ok(time - $t0, '<', stretch(4.5), 'after a few read timeouts (1 s each), not one per try');
     cmp_ok($fake{silent}->connections, '<=', 2, 'the silent node was tried at most twice');
     is($r[1]{body}, 'my own answer', 'silent: the next request gets its own answer');
     stop_nginx();
