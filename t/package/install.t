@@ -1,14 +1,18 @@
 # The Debian package on this machine, as a user installs it: apt-get
 # install of the .deb next to Debian's nginx, the module enabled, nginx -t
-# on the stock configuration, a site on loopback with sqldb_* and
-# cache_pass after a reload (or a start, when nginx was not running),
-# answers, then purge: nginx works and no file of the package is left.
-# The machine is left as it was found (nginx running or not, no site file,
-# no package). Run by make test-package (root; TEST_PACKAGE_DEB names the .deb).
+# on the stock configuration, a site with sqldb_* and cache_pass served by
+# an nginx of the test's own (Debian's binary, its own prefix and loopback
+# port) that loads the module as the stock nginx.conf does (include of
+# /etc/nginx/modules-enabled/*.conf), answers, then purge: nginx -t passes
+# and no file of the package is left. The machine's nginx service is not
+# started, stopped or reloaded by the test (apt's own nginx-reload trigger
+# reloads a running one on install and purge, as for any module package),
+# and is running or not as before. Run by make test-package (root;
+# TEST_PACKAGE_DEB names the .deb).
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(free_port start_redis psql);
+use GatewayTest qw(start_redis psql nginx_start stop_nginx);
 use HttpClient qw(keepalive_requests);
 use Test::More;
 use Time::HiRes qw(sleep time);
@@ -18,29 +22,19 @@ plan skip_all => 'needs root and TEST_PACKAGE_DEB (make test-package)' unless $>
 plan skip_all => 'libnginx-mod-http-gateway is installed already: not touching it'
     if `dpkg-query -W -f='\${Status}' libnginx-mod-http-gateway 2>/dev/null` =~ /install ok installed/;
 
-my $site = '/etc/nginx/sites-enabled/ngx-gateway-package-test';
 my $pidfile = '/run/nginx.pid';
 sub nginx_running { open my $f, '<', $pidfile or return 0; my $p = <$f> // ''; chomp $p; return $p =~ /^\d+$/ && kill 0, $p }
 my $was_running = nginx_running();
-my $started;
 my $installed;
 
 sub cleanup {
-    unlink $site;
-    if ($started) {
-        system('nginx', '-s', 'quit');
-        my $t = time + 10;
-        sleep 0.1 while nginx_running() && time < $t;
-        $started = 0;
-    } elsif ($was_running) {
-        system('nginx', '-s', 'reload');
-    }
+    stop_nginx();
     if ($installed) {
         system('env DEBIAN_FRONTEND=noninteractive apt-get purge -y -q libnginx-mod-http-gateway >/dev/null 2>&1');
         $installed = 0;
     }
 }
-END { cleanup() if $started || $installed || -e $site }
+END { cleanup() if $installed }
 
 is(system("env DEBIAN_FRONTEND=noninteractive apt-get install -y -q $deb >/tmp/ngx-gateway-package-install.log 2>&1"), 0,
     'apt-get install of the .deb') or diag(`tail -n 20 /tmp/ngx-gateway-package-install.log`);
@@ -52,44 +46,31 @@ like(`file -L /usr/lib/nginx/modules/ngx_http_gateway_module.so`, qr/stripped/, 
 unlike(`file -L /usr/lib/nginx/modules/ngx_http_gateway_module.so`, qr/not stripped/, 'not with its symbols');
 is(system('nginx -t -q'), 0, 'nginx -t passes with the stock configuration');
 
-# A site on loopback, with a database and a cache location.
+# A site on loopback, with a database and a cache location, in an nginx of
+# the test's own that loads the installed module through its load file.
 psql('drop table if exists pkg_items');
 psql("create table pkg_items (id int primary key, label text); insert into pkg_items values (1, 'from the package')");
 psql('grant select on pkg_items to gateway');
 my $redis = start_redis();
-my $port = free_port();
-open my $fh, '>', $site or die "$site: $!";
-print $fh <<"CONF";
-upstream ngx_gateway_pkg_db { sqldb_server $ENV{TEST_NGINX_PG_SERVER}; }
+my $port = eval {
+    nginx_start(<<"CONF", main => "include /etc/nginx/modules-enabled/*.conf;\n");
+upstream ngx_gateway_pkg_db { sqldb_server \$TEST_NGINX_PG_SERVER; }
 upstream ngx_gateway_pkg_redis { server 127.0.0.1:$redis->{port}; keepalive 2; }
 server {
-    listen 127.0.0.1:$port;
+    listen 127.0.0.1:\$PORT;
     location /item { sqldb_pass ngx_gateway_pkg_db; sqldb_output json; sqldb_query "select id, label from pkg_items where id = \$arg_id::int"; }
     location /kv/ { set \$cache_key \$uri; cache_pass ngx_gateway_pkg_redis; }
 }
 CONF
-close $fh;
-is(system('nginx -t -q'), 0, 'nginx -t passes with the site');
-if ($was_running) {
-    is(system('nginx', '-s', 'reload'), 0, 'nginx -s reload');
-} else {
-    is(system('nginx'), 0, 'nginx started (it was not running)');
-    $started = 1;
-}
-my $up = 0;
-for (1 .. 100) {
-    if (IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port)) { $up = 1; last }
-    sleep 0.05;
-}
-ok($up, 'the site answers');
+};
+ok($port, 'an nginx with the modules the package enabled serves the site') or diag($@);
 my @r = keepalive_requests($port, 5, ['GET', '/item?id=1'], ['PUT', '/kv/k', 'a value'], ['GET', '/kv/k']);
 is($r[0]{status}, 200, 'a database location: 200');
 is($r[0]{body}, '[{"id":1,"label":"from the package"}]', 'with the row as JSON');
 is($r[1]{status}, 201, 'a cache PUT: 201');
 is($r[2]{body}, 'a value', 'and a GET of it');
 
-# Back as it was: the site, nginx, then the package.
-unlink $site;
+# Back as it was: the test's nginx, then the package.
 cleanup();
 ok(!-e $_, "removed: $_") for @files;
 ok(!-e '/etc/nginx/modules-enabled/50-mod-http-gateway.conf', 'the module is no longer enabled');
