@@ -108,9 +108,10 @@ $(DEB_MODULE): $(DEB_BUILD)/objs/ngx_auto_config.h FORCE
 	mkdir -p $(OBJS) && cp $(DEB_TARGET)/release/lib$(MODULE) $(DEB_MODULE).new && mv -f $(DEB_MODULE).new $(DEB_MODULE)
 
 # The Debian build with fault injection (NGX_GATEWAY_PANIC=<entry point>),
-# for the suite that shows every entry point survives a panic. It shares
-# the Debian build's target folder: only the module itself is compiled again.
-FAULT_TARGET := $(DEB_TARGET)
+# for the suite that shows every entry point survives a panic. (Its own
+# target folder: in the Debian build's, each would compile the module again
+# after the other.)
+FAULT_TARGET := $(CURDIR)/target/fault
 FAULT_MODULE := $(OBJS)/fault/$(MODULE)
 
 fault: $(DEB_BUILD)/objs/ngx_auto_config.h FORCE

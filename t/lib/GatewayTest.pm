@@ -549,7 +549,9 @@ sub nginx_start {
         " scgi_temp_path $NginxRoot/scgi;\n$body\n}\n";
     close $fh;
     my $bin = $ENV{TEST_NGINX_BINARY} || 'nginx';
-    my @cmd = ($bin, '-p', "$NginxRoot/", '-c', "$NginxRoot/nginx.conf");
+    # (Option prefix: nginx's prefix, for configurations that name files
+    # relative to it, such as Debian's module load files.)
+    my @cmd = ($bin, '-p', $opt{prefix} // "$NginxRoot/", '-c', "$NginxRoot/nginx.conf");
     if (ValgrindCheck::enabled()) {
         # Master and workers (valgrind follows the forks), a log each.
         $VgDir = "$NginxRoot/valgrind";

@@ -53,7 +53,8 @@ psql("create table pkg_items (id int primary key, label text); insert into pkg_i
 psql('grant select on pkg_items to gateway');
 my $redis = start_redis();
 my $port = eval {
-    nginx_start(<<"CONF", main => "include /etc/nginx/modules-enabled/*.conf;\n");
+    # (Debian's load files name the modules relative to nginx's prefix.)
+    nginx_start(<<"CONF", main => "include /etc/nginx/modules-enabled/*.conf;\n", prefix => '/usr/share/nginx/');
 upstream ngx_gateway_pkg_db { sqldb_server \$TEST_NGINX_PG_SERVER; }
 upstream ngx_gateway_pkg_redis { server 127.0.0.1:$redis->{port}; keepalive 2; }
 server {
