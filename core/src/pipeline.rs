@@ -98,6 +98,14 @@ pub enum Wire {
 /// Statements prepared on one connection at most; later ones run unnamed.
 pub const MAX_PREPARED: usize = 256;
 
+/// How long after a cancel request is through, with the query it was for
+/// still running, another is sent (ms): the server drops a cancel request
+/// that reaches the backend before the query started or between two of
+/// its messages. The pause doubles with each request, up to
+/// `CANCEL_AGAIN_MAX`, until the query ends (or the drain's time is up).
+pub const CANCEL_AGAIN_FIRST: u64 = 100;
+pub const CANCEL_AGAIN_MAX: u64 = 1_000;
+
 /// A statement prepared on the connection: its number and which prepare
 /// of it (a statement deallocated and prepared again is a new one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,6 +166,11 @@ pub enum Step<T> {
     /// Send a cancel request for the query running now (one of a request
     /// that is gone; no other request is on the connection).
     Cancel,
+    /// The cancel request is through, yet the query it was for still runs
+    /// (the request may have been dropped): start the timer (ms) after
+    /// which `cancel_again` is called. Started again, it replaces the one
+    /// running.
+    CancelLater(u64),
     /// Start the timer that bounds how long the connection may drain.
     DrainTimer,
     /// Send these requests' queries now, in this order (they waited while
@@ -246,7 +259,14 @@ pub struct Pipeline<T> {
     /// their results dropped; new requests wait.
     draining: bool,
     cancel_in_flight: bool,
+    /// The query the cancel requests are for (the head's sequence number).
     cancelled_seq: Option<u64>,
+    /// Cancel requests sent for it.
+    cancel_tries: u32,
+    /// A `CancelLater` timer runs for it.
+    cancel_again_due: bool,
+    /// Cancel requests cannot be sent (no key), until the drain is over.
+    cancels_off: bool,
     /// A streamed request's client is behind: the driver stopped reading.
     paused: bool,
     last_seq: u64,
@@ -282,6 +302,9 @@ impl<T: Copy + Eq> Pipeline<T> {
             draining: false,
             cancel_in_flight: false,
             cancelled_seq: None,
+            cancel_tries: 0,
+            cancel_again_due: false,
+            cancels_off: false,
             paused: false,
             last_seq: 0,
             served: 0,
@@ -789,26 +812,47 @@ impl<T: Copy + Eq> Pipeline<T> {
     /// Each query cancelled has the drain's time to end: the timer starts
     /// again with each, so that a line of them ending in turn is not cut
     /// off (closing the connection would leave the query that runs then
-    /// running on the server to its end).
+    /// running on the server to its end). Sending it again (`cancel_again`)
+    /// does not start the drain's time again.
     fn cancel_running(&mut self) -> Vec<Step<T>> {
         let Some(head) = self.queue.front().filter(|e| !e.internal).map(|e| e.seq) else {
             return Vec::new();
         };
-        if !self.draining || self.cancel_in_flight || self.cancelled_seq == Some(head) {
+        if !self.draining || self.cancel_in_flight || self.cancels_off || self.cancelled_seq == Some(head) {
             return Vec::new();
         }
         self.cancelled_seq = Some(head);
+        self.cancel_tries = 1;
+        self.cancel_again_due = false;
         self.cancel_in_flight = true;
         vec![Step::DrainTimer, Step::Cancel]
     }
 
+    /// The query at the head is the one the last cancel request was for.
+    fn head_cancelled(&self) -> bool {
+        !self.cancels_off
+            && self
+                .queue
+                .front()
+                .is_some_and(|e| !e.internal && e.req.is_none() && Some(e.seq) == self.cancelled_seq)
+    }
+
+    /// How long to wait before the next cancel request for the same query.
+    fn cancel_pause(&self) -> u64 {
+        let doublings = self.cancel_tries.saturating_sub(1).min(16);
+        CANCEL_AGAIN_FIRST.saturating_mul(1 << doublings).min(CANCEL_AGAIN_MAX)
+    }
+
     fn finish_drain(&mut self) -> Vec<Step<T>> {
         self.draining = false;
+        self.cancel_again_due = false;
+        self.cancels_off = false;
         self.send_waiting()
     }
 
     /// A cancel request is through (or failed): the next query that runs may
-    /// need one; a drained connection serves again.
+    /// need one; the same one, still running, gets another after a pause
+    /// (`Step::CancelLater`); a drained connection serves again.
     pub fn cancel_done(&mut self) -> Vec<Step<T>> {
         self.cancel_in_flight = false;
         if self.phase != Phase::Ready || !self.draining {
@@ -817,13 +861,53 @@ impl<T: Copy + Eq> Pipeline<T> {
         if self.queue.is_empty() {
             return self.finish_drain();
         }
-        self.cancel_running()
+        let steps = self.cancel_running();
+        if !steps.is_empty() || !self.head_cancelled() {
+            return steps;
+        }
+        self.cancel_again_due = true;
+        vec![Step::CancelLater(self.cancel_pause())]
     }
 
-    /// A cancel request could not be sent: no more are tried on this connection.
+    /// The `CancelLater` timer fired: another cancel request for the query,
+    /// if it still runs (one that ended since needs none; the next one
+    /// running, if not cancelled yet, gets its first).
+    pub fn cancel_again(&mut self) -> Vec<Step<T>> {
+        let due = std::mem::take(&mut self.cancel_again_due);
+        if !due || self.phase != Phase::Ready || !self.draining || self.cancel_in_flight {
+            return Vec::new();
+        }
+        if !self.head_cancelled() {
+            return self.cancel_running();
+        }
+        self.cancel_tries = self.cancel_tries.saturating_add(1);
+        self.cancel_in_flight = true;
+        vec![Step::Cancel]
+    }
+
+    /// Cancel requests sent for the query being cancelled (0: none).
+    pub fn cancel_tries(&self) -> u32 {
+        if self.head_cancelled() {
+            self.cancel_tries
+        } else {
+            0
+        }
+    }
+
+    /// Cancel requests cannot be sent (the session has no key): no more are
+    /// tried until the connection has drained.
     pub fn cancel_unavailable(&mut self) {
         self.cancel_in_flight = false;
-        self.cancelled_seq = Some(u64::MAX);
+        self.cancel_again_due = false;
+        self.cancels_off = true;
+    }
+
+    /// A query of a request that is gone runs (the connection drains):
+    /// closing the connection now would leave it running on the server.
+    pub fn gone_query_runs(&self) -> bool {
+        self.phase == Phase::Ready
+            && self.draining
+            && self.queue.front().is_some_and(|e| e.req.is_none() && !e.internal)
     }
 
     /// The request left (client gone, timeout). Its results, if they come,
@@ -872,6 +956,7 @@ impl<T: Copy + Eq> Pipeline<T> {
         };
         self.phase = Phase::Closed;
         self.draining = false;
+        self.cancel_again_due = false;
         self.paused = false;
         self.alone.clear();
         self.alone_going.clear();

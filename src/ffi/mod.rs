@@ -122,6 +122,21 @@ fn fault_injection(entry: &str) {
 #[inline(always)]
 fn fault_injection(_entry: &str) {}
 
+/// With the `fault-injection` feature (tests only), the value of one of the
+/// environment variables by which a suite makes a fault happen on purpose
+/// (NGX_GATEWAY_HOLD_QUERY, say); None in every other
+/// build, where nothing can set them.
+#[cfg(feature = "fault-injection")]
+pub fn fault_setting(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub fn fault_setting(_name: &str) -> Option<String> {
+    None
+}
+
 /// `ngx_current_msec`, nginx's clock.
 pub fn current_msec() -> ngx_msec_t {
     // SAFETY: a plain read of a global that the event loop of this (single)

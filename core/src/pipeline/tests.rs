@@ -3,8 +3,9 @@
 //! queued), and random event sequences against the invariants: every
 //! request gets exactly one outcome, a query that was sent is never sent
 //! again (unless its statement vanished, which means it did not run), no
-//! outcome reaches a request that has gone, and a cancel request never
-//! reaches a query of a request that is still there.
+//! outcome reaches a request that has gone, a cancel request never
+//! reaches a query of a request that is still there, and one that the
+//! server dropped is sent again while the query runs.
 
 use super::*;
 
@@ -400,7 +401,11 @@ fn each_running_query_of_gone_requests_is_cancelled_in_turn() {
     p.abandon(1);
     p.abandon(2);
     assert_eq!(p.abandon(3), vec![Step::DrainTimer, Step::Cancel]);
-    assert!(p.cancel_done().is_empty(), "the same query: not cancelled twice");
+    assert_eq!(
+        p.cancel_done(),
+        vec![Step::CancelLater(CANCEL_AGAIN_FIRST)],
+        "the same query still runs: cancelled again after a pause, its drain time not started again"
+    );
     feed(&mut p, &[Error(ErrorClass::Statement), End, Sync]);
     // The next one runs now: one cancel request for it, once, and the
     // drain's time starts again for it.
@@ -416,6 +421,108 @@ fn each_running_query_of_gone_requests_is_cancelled_in_turn() {
     assert!(p.after_results().is_empty());
     assert_eq!(p.cancel_done(), vec![Step::Settle]);
     assert!(p.is_idle());
+}
+
+#[test]
+fn a_cancel_request_the_server_dropped_is_sent_again_with_a_growing_pause() {
+    let mut p = ready(&[(1, P)]);
+    assert_eq!(p.abandon(1), vec![Step::DrainTimer, Step::Cancel]);
+    assert!(p.gone_query_runs());
+    assert!(p.cancel_again().is_empty(), "no timer runs: nothing to send again");
+    let mut pauses = Vec::new();
+    for _ in 0..7 {
+        // The query started after the cancel request reached its backend
+        // (which then drops it): it still runs.
+        match p.cancel_done().as_slice() {
+            [Step::CancelLater(ms)] => pauses.push(*ms),
+            other => panic!("{other:?}"),
+        }
+        assert!(p.after_results().is_empty(), "nothing arrived: the timer decides");
+        assert_eq!(
+            p.cancel_again(),
+            vec![Step::Cancel],
+            "sent again, without a new drain time"
+        );
+        assert!(p.cancel_again().is_empty(), "once per timer");
+    }
+    assert_eq!(pauses, [100, 200, 400, 800, 1000, 1000, 1000]);
+    assert_eq!(p.cancel_tries(), 8);
+    // This one lands: the query ends. The timer of a request in flight is
+    // not started; the connection serves once the request is through.
+    assert!(feed(&mut p, &[Error(ErrorClass::Statement), End, Sync]).is_empty());
+    assert!(p.after_results().is_empty());
+    assert!(!p.gone_query_runs());
+    assert_eq!(p.cancel_done(), vec![Step::Settle]);
+    assert!(p.is_idle());
+    assert_eq!(p.cancel_tries(), 0);
+}
+
+#[test]
+fn a_query_that_ended_during_the_pause_gets_no_more_cancel_requests() {
+    let mut p = ready(&[(1, P)]);
+    assert_eq!(p.join(2, false), Join::SendNow);
+    p.sent(2, P, false);
+    assert!(p.abandon(2).is_empty());
+    assert_eq!(p.join(3, false), Join::SendNow);
+    p.sent(3, P, false);
+    assert!(p.abandon(3).is_empty());
+    assert_eq!(p.abandon(1), vec![Step::DrainTimer, Step::Cancel]);
+    assert_eq!(p.cancel_done(), vec![Step::CancelLater(100)]);
+    // Query 1 ends during the pause: query 2 is cancelled at once, with
+    // its own drain time; the timer that was for query 1 then does nothing.
+    feed(&mut p, &[Error(ErrorClass::Statement), End, Sync]);
+    assert_eq!(p.after_results(), vec![Step::DrainTimer, Step::Cancel]);
+    assert!(p.cancel_again().is_empty(), "the timer of query 1");
+    assert_eq!(
+        p.cancel_done(),
+        vec![Step::CancelLater(100)],
+        "the pause starts over for query 2"
+    );
+    // Query 2 ends; query 3 has not been cancelled: the timer sends its first.
+    feed(&mut p, &[Error(ErrorClass::Statement), End, Sync]);
+    assert_eq!(p.after_results(), vec![Step::DrainTimer, Step::Cancel]);
+    assert_eq!(p.cancel_done(), vec![Step::CancelLater(100)]);
+    // Query 3 ends during the pause: the connection serves; the timer that
+    // fires then sends nothing (a new request could be running by then).
+    feed(&mut p, &[Final, End, Sync]);
+    assert_eq!(p.after_results(), vec![Step::Settle]);
+    assert_eq!(p.join(4, false), Join::SendNow);
+    p.sent(4, P, false);
+    assert!(p.cancel_again().is_empty());
+    assert!(!p.gone_query_runs());
+}
+
+#[test]
+fn without_a_cancel_key_nothing_is_sent_until_the_drain_is_over() {
+    let mut p = ready(&[(1, P), (2, P)]);
+    p.abandon(2);
+    assert_eq!(p.abandon(1), vec![Step::DrainTimer, Step::Cancel]);
+    p.cancel_unavailable();
+    assert!(p.gone_query_runs(), "it runs on, uncancelled");
+    feed(&mut p, &[Final, End, Sync]);
+    assert!(
+        p.after_results().is_empty(),
+        "no cancel request for the next query either"
+    );
+    assert!(p.cancel_again().is_empty());
+    feed(&mut p, &[Final, End, Sync]);
+    assert_eq!(p.after_results(), vec![Step::Settle]);
+    // A later drain tries again.
+    assert_eq!(p.join(3, false), Join::SendNow);
+    p.sent(3, P, false);
+    assert_eq!(p.abandon(3), vec![Step::DrainTimer, Step::Cancel]);
+}
+
+#[test]
+fn a_lost_connection_leaves_no_cancel_to_send_again() {
+    let mut p = ready(&[(1, P)]);
+    p.abandon(1);
+    assert_eq!(p.cancel_done(), vec![Step::CancelLater(100)]);
+    assert!(p.gone_query_runs());
+    assert!(p.lost().is_empty());
+    assert!(!p.gone_query_runs());
+    assert!(p.cancel_again().is_empty());
+    assert!(p.cancel_done().is_empty());
 }
 
 #[test]
@@ -531,6 +638,10 @@ struct Seen {
     lost_waiting: u64,
     resent: u64,
     cancels: u64,
+    /// Cancel requests the server dropped (the query had not started).
+    cancels_dropped: u64,
+    /// Cancel requests sent again for the same query.
+    cancels_again: u64,
     gone: u64,
     rows: u64,
     waited: u64,
@@ -550,6 +661,8 @@ struct Sim {
     log: Log,
     next_req: u32,
     cancel_pending: bool,
+    /// A `CancelLater` timer runs.
+    cancel_timer: bool,
     closed: bool,
     session_ending: bool,
     session: Session,
@@ -779,6 +892,17 @@ impl Sim {
                         ends_before_prepare: 0,
                     });
                 }
+                Step::CancelLater(ms) => {
+                    assert!(
+                        (CANCEL_AGAIN_FIRST..=CANCEL_AGAIN_MAX).contains(&ms),
+                        "a pause of {ms} ms"
+                    );
+                    assert!(
+                        self.server.iter().all(|s| self.log.gone.contains(&s.req)),
+                        "a cancel request to come while a request that is there runs"
+                    );
+                    self.cancel_timer = true;
+                }
                 Step::Close => self.closed = true,
                 Step::DrainTimer | Step::Settle | Step::Resume => {}
             }
@@ -857,6 +981,7 @@ impl Sim {
             log: Log::default(),
             next_req: 2,
             cancel_pending: false,
+            cancel_timer: false,
             closed: false,
             session_ending: false,
             session: Session::default(),
@@ -909,9 +1034,15 @@ impl Sim {
                 }
                 3 if sim.cancel_pending => {
                     sim.cancel_pending = false;
+                    // The server drops a cancel request that comes before
+                    // the query started: it runs on.
+                    let dropped = sim.rng.below(3) == 0;
+                    if dropped {
+                        sim.seen.cancels_dropped += 1;
+                    }
                     // A cancelled query ends with an error (a prepare that
                     // had not answered fails: the session does not have it).
-                    if let Some(front) = sim.server.front_mut() {
+                    if let Some(front) = sim.server.front_mut().filter(|_| !dropped) {
                         let simple = front.sent == Sent::Simple;
                         let pending = front.prepare_pending;
                         let results = front.results.get_or_insert_with(|| [Final].into());
@@ -930,6 +1061,22 @@ impl Sim {
                         }
                     }
                     let steps = sim.p.cancel_done();
+                    // A query of a request that is gone, still running
+                    // after its cancel request: another one is due.
+                    if dropped && sim.p.gone_query_runs() {
+                        assert!(
+                            steps.iter().any(|s| matches!(s, Step::Cancel | Step::CancelLater(_))),
+                            "a dropped cancel request is never sent again: {steps:?}"
+                        );
+                    }
+                    sim.steps(steps);
+                }
+                9 if sim.cancel_timer => {
+                    sim.cancel_timer = false;
+                    let steps = sim.p.cancel_again();
+                    if steps == [Step::Cancel] {
+                        sim.seen.cancels_again += 1;
+                    }
                     sim.steps(steps);
                 }
                 4 if sim.rng.below(10) == 0 => sim.lose(),
@@ -952,6 +1099,10 @@ impl Sim {
             if sim.cancel_pending {
                 sim.cancel_pending = false;
                 let steps = sim.p.cancel_done();
+                sim.steps(steps);
+            } else if sim.cancel_timer && sim.rng.below(2) == 0 {
+                sim.cancel_timer = false;
+                let steps = sim.p.cancel_again();
                 sim.steps(steps);
             } else {
                 sim.deliver_one();
@@ -977,6 +1128,8 @@ impl Sim {
         seen.lost_waiting += s.lost_waiting;
         seen.resent += s.resent;
         seen.cancels += s.cancels;
+        seen.cancels_dropped += s.cancels_dropped;
+        seen.cancels_again += s.cancels_again;
         seen.gone += s.gone;
         seen.rows += s.rows;
         seen.waited += s.waited;
@@ -1004,6 +1157,8 @@ fn random_event_sequences_keep_the_invariants() {
         ("lost while waiting", seen.lost_waiting),
         ("sent again", seen.resent),
         ("cancel requests", seen.cancels),
+        ("cancel requests dropped", seen.cancels_dropped),
+        ("cancel requests sent again", seen.cancels_again),
         ("requests gone", seen.gone),
         ("rows", seen.rows),
         ("sent after waiting", seen.waited),

@@ -1,7 +1,7 @@
 //! One database connection: libpq's connection, the nginx connection that
 //! watches its socket, and the routing of its results.
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::ptr::NonNull;
 use std::rc::Rc;
 
@@ -58,6 +58,12 @@ pub(super) struct Conn {
     /// The session's cancel key (None: its queries cannot be cancelled).
     pub cancel_key: Option<CancelKey>,
     pub canceller: Option<Canceller>,
+    /// The timer after which a cancel request is sent again (made when
+    /// first needed; see Pipeline::cancel_again).
+    pub cancel_timer: Option<RetryTimer>,
+    /// Fault injection only (NGX_GATEWAY_HOLD_QUERY): what libpq holds is
+    /// not sent until the next cancel request is through.
+    pub held: bool,
     /// The server's role this session last reported (followed only once
     /// requests with a `sqldb_target` come).
     pub role: Option<Role>,
@@ -109,6 +115,8 @@ impl Conn {
             preambles: Vec::new(),
             cancel_key: None,
             canceller: None,
+            cancel_timer: None,
+            held: false,
             upstream: Rc::from(""),
             shown: Shown::default(),
             role: None,
@@ -170,6 +178,9 @@ impl Conn {
 
     /// Pushes out what libpq holds; watches writability while it cannot.
     pub fn flush(&mut self) -> Result<(), PqError> {
+        if self.held {
+            return Ok(());
+        }
         let more = self.pg.flush()?;
         if self.want_write(more) {
             Ok(())
@@ -314,9 +325,45 @@ impl Conn {
                 (Wire::Execute, Some(s)) => self.pg.send_prepared(&s.name, &q.params, q.binary)?,
                 _ => self.pg.send_unnamed(&q.sql, &q.params, q.binary)?,
             }
+            if self.hold_for_test(&q.sql) {
+                return Ok(());
+            }
             self.pg.pipeline_sync()?;
         }
         self.flush()
+    }
+
+    /// Fault injection (NGX_GATEWAY_HOLD_QUERY=<text>): a pipelined query
+    /// whose text holds <text> is not sent until the next cancel request
+    /// on the connection is through, so that the cancel request reaches an
+    /// idle backend (which drops it) and the query starts after it. libpq
+    /// holds its messages (it sends at the sync point, or past 64 kB): the
+    /// sync point is added then.
+    fn hold_for_test(&mut self, sql: &CStr) -> bool {
+        let hold = fault_setting("NGX_GATEWAY_HOLD_QUERY")
+            .is_some_and(|mark| sql.to_bytes().windows(mark.len()).any(|w| w == mark.as_bytes()));
+        self.held |= hold;
+        hold
+    }
+
+    /// Sends a query held back (see hold_for_test), with its sync point.
+    pub fn release_held(&mut self) -> Result<(), PqError> {
+        if !std::mem::take(&mut self.held) {
+            return Ok(());
+        }
+        self.pg.pipeline_sync()?;
+        self.flush()
+    }
+
+    /// Starts the timer after which a cancel request is sent again (again
+    /// from the start, if it runs).
+    pub fn cancel_later(&mut self, ms: ngx_msec_t) {
+        let data: *mut Conn = self;
+        let timer = self
+            .cancel_timer
+            .get_or_insert_with(|| RetryTimer::new(data.cast(), Some(super::events::cancel_again_event)));
+        timer.stop();
+        timer.start(ms);
     }
 
     /// Escaped values (sqldb_escape) are quoted byte by byte, which is safe

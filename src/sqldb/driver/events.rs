@@ -88,6 +88,43 @@ pub(super) extern "C" fn cancel_event(ev: *mut ngx_event_t) {
     })
 }
 
+/// The connection and pool of a connection's cancel timer (`cancel_again_event`).
+///
+/// # Safety
+/// `ev` must be the event of a `Conn`'s `cancel_timer`, whose data is that
+/// `Conn` (the timer is dropped with it).
+unsafe fn timer_owner(ev: *mut ngx_event_t) -> Option<(Event, &'static mut Pool, ConnId)> {
+    // SAFETY: see above.
+    let ev = unsafe { Event::from_raw(ev) }?;
+    // SAFETY: the timer's data is its live, boxed Conn; the Conn's pool
+    // lives in the upstream's configuration, and nothing else uses it while
+    // a handler runs.
+    unsafe {
+        let conn = &*(ev.data() as *const Conn);
+        Some((ev, &mut *conn.pool.as_ptr(), conn.id))
+    }
+}
+
+/// The pause after a cancel request is over: another one, if the query
+/// still runs.
+pub(super) extern "C" fn cancel_again_event(ev: *mut ngx_event_t) {
+    guard(Log::cycle(), "sqldb cancel timer", (), || {
+        // SAFETY: nginx calls this handler with the event of a cancel timer.
+        let Some((ev, pool, id)) = (unsafe { timer_owner(ev) }) else {
+            return;
+        };
+        ev.take_timedout();
+        let mut out = Vec::new();
+        if let Some(c) = pool.conn(id) {
+            let steps = c.pipeline.cancel_again();
+            pool.apply(id, steps, &mut out);
+        }
+        pool.show(id);
+        let sink = pool.sink;
+        deliver(sink, out);
+    })
+}
+
 impl Pool {
     fn on_event(&mut self, id: ConnId, readable: bool, timed_out: bool, out: &mut Vec<Delivery>) {
         let Some(c) = self.conn(id) else { return };
@@ -536,7 +573,8 @@ impl Pool {
                         }
                     }
                 }
-                Step::Cancel => self.cancel(id),
+                Step::Cancel => self.cancel(id, out),
+                Step::CancelLater(ms) => c.cancel_later(ms as ngx_msec_t),
                 Step::DrainTimer => c.set_timer(Some(DRAIN_TIMEOUT)),
                 Step::Settle => {
                     c.set_timer(None);
@@ -559,7 +597,7 @@ impl Pool {
 
     /// Sends a cancel request for the query running now (one of a request
     /// that is gone).
-    fn cancel(&mut self, id: ConnId) {
+    fn cancel(&mut self, id: ConnId, out: &mut Vec<Delivery>) {
         let Some(c) = self.conn(id) else { return };
         let pid = c.pg.backend_pid();
         let Some(key) = c.cancel_key.clone() else {
@@ -572,16 +610,26 @@ impl Pool {
             c.pipeline.cancel_unavailable();
             return;
         };
+        let tries = c.pipeline.cancel_tries();
         let data: *mut Conn = c;
         match Canceller::start(&key, Some(cancel_event), data.cast()) {
             Ok(canceller) => {
                 metrics::add(Id::SqldbCancels, &[&c.upstream], 1);
-                log!(
-                    NGX_LOG_INFO,
-                    Log::cycle(),
-                    "sqldb: cancelling the query of a request that is gone on {} (backend {pid})",
-                    c.name
-                );
+                if tries > 1 {
+                    log!(
+                        NGX_LOG_INFO,
+                        Log::cycle(),
+                        "sqldb: the query of a request that is gone still runs on {} (backend {pid}): cancel request {tries} sent",
+                        c.name
+                    );
+                } else {
+                    log!(
+                        NGX_LOG_INFO,
+                        Log::cycle(),
+                        "sqldb: cancelling the query of a request that is gone on {} (backend {pid})",
+                        c.name
+                    );
+                }
                 canceller.set_timer(CANCEL_TIMEOUT);
                 c.canceller = Some(canceller);
             }
@@ -592,7 +640,9 @@ impl Pool {
                     "sqldb: cancel request to {} (backend {pid}) failed: {e}",
                     c.name
                 );
-                c.pipeline.cancel_unavailable();
+                // Tried again after a pause, as one that was dropped.
+                let steps = c.pipeline.cancel_done();
+                self.apply(id, steps, out);
             }
         }
     }
@@ -613,6 +663,11 @@ impl Pool {
         }
         if let Some(canceller) = c.canceller.take() {
             canceller.close();
+        }
+        // Fault injection: a query held back until now goes out (after the
+        // cancel request, which its backend, idle, dropped).
+        if let Err(e) = c.release_held() {
+            return self.broken(id, &format!("sending to PostgreSQL failed: {e}"), out);
         }
         let steps = c.pipeline.cancel_done();
         self.apply(id, steps, out);
