@@ -1,12 +1,17 @@
 # Cancels that are never lost. PostgreSQL drops a cancel request that
 # reaches a backend before its query started (or between two of its
 # messages); the gateway sends another while the query still runs, after a
-# pause that doubles from 100 ms up to 1 s.
+# pause that doubles from 100 ms up to 1 s. And a connection closed while a
+# query of a request that is gone still runs on it (no cancel request
+# landed within the drain's 5 s) has its backend ended from a session of
+# its own (pg_terminate_backend), so that no query runs on unseen.
 #
-# The race is made to happen on purpose, every run, with the build with
+# The races are made to happen on purpose, every run, with the build with
 # fault injection (make fault): NGX_GATEWAY_HOLD_QUERY=<text> holds a query
 # whose text has <text> back (not sent) until the first cancel request for
-# it is through, so that it reaches an idle backend, which drops it.
+# it is through, so that it reaches an idle backend, which drops it;
+# NGX_GATEWAY_LOSE_CANCELS=1 sends every cancel request with a key the
+# server does not know, so that it drops them all.
 use strict;
 use warnings;
 use lib 't/lib';
@@ -93,6 +98,32 @@ like(substr(nginx_error_log(), $mark), qr/cancel request 2 sent/, 'after a secon
 is((http_get($port, '/echo'))[1], 'echo', 'the next request is served');
 is(doing($pid), "idle|select 'echo'", 'on the same pooled connection');
 
+# 3. Every cancel request dropped: cancel requests go on, with growing
+# pauses, for the drain's 5 s; then the connection closes, and its backend,
+# still running the query, is ended from a session of the gateway's own.
+stop_nginx();
+$port = start('NGX_GATEWAY_LOSE_CANCELS=1');
+is((http_get($port, '/echo'))[1], 'echo', 'warm');
+$pid = backend();
+$s = http_send($port, '/sleep');
+ok(wait_until(sub { doing($pid) =~ /^active\|select pg_sleep/ }, 5), 'the query runs');
+$mark = length nginx_error_log();
+close $s;
+$t0 = time;
+sleep stretch(2);
+like(doing($pid), qr/^active\|select pg_sleep/, 'its cancel requests are dropped: it runs on');
+ok(wait_until(sub { doing($pid) eq '' }, 8),
+    sprintf('its backend is gone once the drain time is over (%.2f s)', time - $t0));
+cmp_ok(time - $t0, '>', 4.5, 'not before the drain time');
+$log = substr(nginx_error_log(), $mark);
+like($log, qr/cancel request 5 sent/, 'cancel requests went on, again and again');
+like($log, qr/\[warn\].*sqldb: queries of requests that are gone did not end within 5000 ms on \S+ \(backend $pid\)/,
+    'the drain time is over');
+like($log, qr/\[info\].*sqldb: ending backend $pid on \S+: it still runs a query of a request that is gone/,
+    'the log says the backend is ended');
+like($log, qr/\[info\].*sqldb: backend $pid on \S+ was ended \(pg_terminate_backend\)/, 'and that it was');
+is((http_get($port, '/echo'))[1], 'echo', 'the next request is served (on a new connection)');
+unlike(nginx_error_log(), qr/\[alert\]|could not be ended/, 'no trouble');
 stop_nginx();
 
 done_testing();

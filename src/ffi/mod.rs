@@ -124,8 +124,8 @@ fn fault_injection(_entry: &str) {}
 
 /// With the `fault-injection` feature (tests only), the value of one of the
 /// environment variables by which a suite makes a fault happen on purpose
-/// (NGX_GATEWAY_HOLD_QUERY, say); None in every other
-/// build, where nothing can set them.
+/// (NGX_GATEWAY_HOLD_QUERY, NGX_GATEWAY_LOSE_CANCELS); None in every
+/// other build, where nothing can set them.
 #[cfg(feature = "fault-injection")]
 pub fn fault_setting(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())

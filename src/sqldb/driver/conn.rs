@@ -61,6 +61,13 @@ pub(super) struct Conn {
     /// The timer after which a cancel request is sent again (made when
     /// first needed; see Pipeline::cancel_again).
     pub cancel_timer: Option<RetryTimer>,
+    /// The session's PID, asked of the server when it started, was the
+    /// one libpq reported (PostgreSQL's own session, no pooler between):
+    /// its backend can be ended by PID from another session.
+    pub pid_checked: bool,
+    /// The connection string it was opened with (for a session of its own
+    /// that ends its backend, see terminate.rs).
+    pub conninfo: CString,
     /// Fault injection only (NGX_GATEWAY_HOLD_QUERY): what libpq holds is
     /// not sent until the next cancel request is through.
     pub held: bool,
@@ -116,6 +123,8 @@ impl Conn {
             cancel_key: None,
             canceller: None,
             cancel_timer: None,
+            pid_checked: false,
+            conninfo: CString::default(),
             held: false,
             upstream: Rc::from(""),
             shown: Shown::default(),

@@ -2,6 +2,7 @@
 //! the results and route them (core::pipeline), cancel the queries of
 //! requests that are gone, and carry out what the routing asks.
 
+use std::ptr::NonNull;
 use std::rc::Rc;
 
 use gateway_core::metrics::Id;
@@ -10,7 +11,8 @@ use gateway_core::rds::ResultSet as _;
 
 use super::cancel::{Canceller, Progress};
 use super::conn::Conn;
-use super::pq::{Poll, ResultKind};
+use super::pq::{CancelKey, Poll, ResultKind};
+use super::terminate::{Ending, Terminator};
 use super::{ConnId, Delivery, Pool, RowVerdict};
 use crate::ffi::*;
 use crate::{debug, log, metrics};
@@ -122,6 +124,28 @@ pub(super) extern "C" fn cancel_again_event(ev: *mut ngx_event_t) {
         pool.show(id);
         let sink = pool.sink;
         deliver(sink, out);
+    })
+}
+
+/// Events of a session that ends a backend (terminate.rs).
+pub(super) extern "C" fn terminate_event(ev: *mut ngx_event_t) {
+    guard(Log::cycle(), "sqldb terminate event", (), || {
+        // SAFETY: nginx calls this handler with an event of the connection of
+        // a Terminator, whose data is that Terminator, boxed in its pool (the
+        // connection is released before the box is freed). The pool lives in
+        // the upstream's configuration, and nothing else uses it while a
+        // handler runs.
+        let Some((ev, pool, key)) = (unsafe {
+            Event::from_raw(ev).map(|ev| {
+                let c = &*(ev.data() as *const ngx_connection_t);
+                let t = &*(c.data as *const Terminator);
+                (ev, &mut *t.pool.as_ptr(), t.key)
+            })
+        }) else {
+            return;
+        };
+        let timed_out = ev.take_timedout();
+        pool.on_terminate_event(key, timed_out);
     })
 }
 
@@ -297,6 +321,7 @@ impl Pool {
             id.0.as_u64(),
             c.name
         );
+        c.pid_checked = pid == Some(reported);
         if pid != Some(reported) {
             self.pooler = true;
             self.statements_off();
@@ -327,6 +352,7 @@ impl Pool {
     /// The gateway closes a connection it will not use (left inside a
     /// transaction, an unsafe encoding): its requests get their outcome.
     fn give_up(&mut self, id: ConnId, msg: &str, out: &mut Vec<Delivery>) {
+        self.end_gone_query(id, msg);
         let Some(c) = self.conn(id) else { return };
         debug!(
             Log::cycle(),
@@ -610,6 +636,15 @@ impl Pool {
             c.pipeline.cancel_unavailable();
             return;
         };
+        // Fault injection (NGX_GATEWAY_LOSE_CANCELS): a key the server does
+        // not know, so that it drops every cancel request.
+        let key = match fault_setting("NGX_GATEWAY_LOSE_CANCELS") {
+            Some(_) => CancelKey {
+                key: key.key ^ 0x5a5a_5a5a,
+                ..key
+            },
+            None => key,
+        };
         let tries = c.pipeline.cancel_tries();
         let data: *mut Conn = c;
         match Canceller::start(&key, Some(cancel_event), data.cast()) {
@@ -671,6 +706,82 @@ impl Pool {
         }
         let steps = c.pipeline.cancel_done();
         self.apply(id, steps, out);
+    }
+
+    /// A connection closes while a query of a request that is gone still
+    /// runs on it (its cancel requests did not end it in time, or the
+    /// gateway gives the connection up): closing the socket would not stop
+    /// the backend, which would run the query to its end, unseen. It is
+    /// ended from a session of its own (`pg_terminate_backend`, which the
+    /// login role may call on its own backends) when its PID is known to be
+    /// the server's; behind a pooler it is not (the PID is the pooler's
+    /// making, and could be another session's on the server).
+    fn end_gone_query(&mut self, id: ConnId, why: &str) {
+        let pool = NonNull::from(&mut *self);
+        let key = self.terminators.next_key();
+        let Some(c) = self.conn(id) else { return };
+        if !c.pipeline.gone_query_runs() || c.pg.is_bad() {
+            return;
+        }
+        let pid = c.pg.backend_pid();
+        if !c.pid_checked {
+            log!(
+                NGX_LOG_WARN,
+                Log::cycle(),
+                "sqldb: a query of a request that is gone may run on behind {} (backend {pid} as reported) after its connection closes ({why}): \
+                 it cannot be ended, as that PID is not known to be the server's (a pooler between?)",
+                c.name
+            );
+            return;
+        }
+        let name = c.name.clone();
+        match Terminator::start(&c.conninfo, pid, name.clone(), (pool, key), Some(terminate_event)) {
+            Ok(t) => {
+                log!(
+                    NGX_LOG_INFO,
+                    Log::cycle(),
+                    "sqldb: ending backend {pid} on {name}: it still runs a query of a request that is gone, and its connection closes ({why})"
+                );
+                let mut t = Box::new(t);
+                let data: *mut Terminator = &mut *t;
+                t.set_data(data.cast());
+                let got = self.terminators.insert(t);
+                debug_assert_eq!(got, key);
+            }
+            Err(e) => log!(
+                NGX_LOG_WARN,
+                Log::cycle(),
+                "sqldb: backend {pid} on {name} runs on with a query of a request that is gone: it could not be ended: {e}"
+            ),
+        }
+    }
+
+    /// An event of a session that ends a backend.
+    fn on_terminate_event(&mut self, key: gateway_core::slab::Key, timed_out: bool) {
+        let Some(t) = self.terminators.get_mut(key) else { return };
+        let ending = t.on_event(timed_out);
+        let (pid, name) = (t.pid, &t.name);
+        match ending {
+            Ending::Pending => return,
+            Ending::Ended => log!(
+                NGX_LOG_INFO,
+                Log::cycle(),
+                "sqldb: backend {pid} on {name} was ended (pg_terminate_backend)"
+            ),
+            Ending::Gone => log!(
+                NGX_LOG_INFO,
+                Log::cycle(),
+                "sqldb: backend {pid} on {name} had ended already"
+            ),
+            Ending::Failed(why) => log!(
+                NGX_LOG_WARN,
+                Log::cycle(),
+                "sqldb: backend {pid} on {name} runs on with a query of a request that is gone: it could not be ended: {why}"
+            ),
+        }
+        if let Some(t) = self.terminators.remove(key) {
+            t.close();
+        }
     }
 
     /// The queries of requests that are gone did not end in time: the

@@ -11,6 +11,7 @@ mod events;
 mod listen;
 mod pool;
 pub mod pq;
+mod terminate;
 
 use std::cell::Cell;
 use std::ffi::CString;

@@ -12,6 +12,7 @@ use gateway_core::target::{Role, Target, Verdict};
 
 use super::conn::Conn;
 use super::pq::PgConn;
+use super::terminate::Terminator;
 use super::{ConnId, Delivery, Query, ReqToken, Sink};
 use crate::ffi::*;
 use crate::{debug, log};
@@ -125,6 +126,9 @@ pub struct Pool {
     pub(super) track_roles: bool,
     /// What this worker knows of each server's role, by address index.
     roles: Vec<Known>,
+    /// Sessions of their own that end the backends of connections closed
+    /// while a query of a request that is gone ran on them.
+    pub(super) terminators: Slab<Box<Terminator>>,
 }
 
 /// A server's role as last reported to this worker, and when it was
@@ -156,6 +160,7 @@ impl Pool {
             lost: Vec::new(),
             track_roles: false,
             roles: Vec::new(),
+            terminators: Slab::default(),
         }
     }
 
@@ -460,6 +465,7 @@ impl Pool {
         let c = self.conn(id).expect("just inserted");
         c.unnamed = statements_off;
         c.upstream = upstream;
+        c.conninfo = conninfo.to_owned();
         c.show(true);
         // libpq starts as if it had asked for writability; the read side is
         // watched for the connection's whole life.
