@@ -72,7 +72,7 @@ FUZZ_RUNS    ?= 10000000
 FUZZ_SECONDS ?= 20
 FUZZ_TARGET  := $(CURDIR)/fuzz/target
 
-.PHONY: all build fault vendored build-deps deb-deps run-deps test-deps valgrind-deps unittest miri deb install test-package fuzztest fuzz fuzz-short cargo-fuzz test test-debian test-vendored test-valgrind run stop bench bench-scale bench-fanout check clean
+.PHONY: all build fault vendored build-deps deb-deps run-deps test-deps valgrind-deps unittest miri deb install test-package fuzztest fuzz fuzz-short cargo-fuzz test test-builds test-debian test-vendored test-valgrind run stop bench bench-scale bench-fanout check clean
 
 all: build
 
@@ -155,9 +155,17 @@ fuzz-short:
 	    $(MAKE) fuzztest; \
 	fi
 
+# The Debian builds first; then the suites on Debian's nginx while the
+# vendored nginx is built and the checks run beside them (each part's output
+# is printed whole when it ends); then the suites on the vendored nginx and
+# the package.
 test: test-deps
-	$(MAKE) check unittest fuzztest build fault vendored
-	$(MAKE) test-debian test-vendored test-package
+	$(MAKE) build fault
+	$(MAKE) -j2 --output-sync=recurse test-debian test-builds
+	$(MAKE) test-vendored test-package
+
+test-builds:
+	$(MAKE) vendored check unittest fuzztest
 
 # The .t suites against one nginx build; t/lib/harness holds the runner
 # (an upstream Test::Nginx::Socket earlier in @INC is used instead). Files
