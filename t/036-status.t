@@ -5,7 +5,7 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(http_request nginx_start stop_nginx nginx_signal nginx_error_log start_redis redis_cli psql);
+use GatewayTest qw(http_request nginx_start stop_nginx nginx_signal nginx_error_log start_redis redis_cli psql wait_until);
 use IO::Socket::INET;
 use File::Temp;
 use Test::More;
@@ -82,7 +82,17 @@ is(join(' ', map { (request('GET', '/kv/k1'))[0] } 1 .. 4), '200 200 200 200', '
 is(join(' ', map { (request('GET', '/kv/none'))[0] } 1 .. 2), '404 404', 'two misses');
 is((request('DELETE', '/kv/k1'))[0], 204, 'DELETE');
 
-my ($m) = metrics();
+# A request is counted when nginx logs it, which may come after its client
+# has the whole answer (a lingering close ends first): the counts are read
+# once the last of these requests is in.
+my $m;
+wait_until(sub {
+    ($m) = metrics();
+    my $n = 0;
+    $n += $_ // 0 for @$m{map { "ngx_gateway_cache_requests_total{command=$_,upstream=redis}" }
+        ('SET,status=201', 'GET,status=200', 'GET,status=404', 'DEL,status=204')};
+    $n >= 8 && ($m->{'ngx_gateway_sqldb_requests_total{status=500,upstream=database}'} // 0) >= 2;
+}, 5);
 is($m->{'ngx_gateway_sqldb_requests_total{status=200,upstream=database}'}, 10, '200s counted, over both workers');
 is($m->{'ngx_gateway_sqldb_requests_total{status=405,upstream=}'}, 3, '405s (no upstream chosen)');
 is($m->{'ngx_gateway_sqldb_requests_total{status=500,upstream=database}'}, 2, '500s');
@@ -90,7 +100,8 @@ is($m->{'ngx_gateway_sqldb_query_duration_seconds_count{upstream=database}'}, 12
 is($m->{'ngx_gateway_sqldb_query_duration_seconds_bucket{le=+Inf,upstream=database}'}, 12, 'the +Inf bucket holds all');
 cmp_ok($m->{'ngx_gateway_sqldb_query_duration_seconds_sum{upstream=database}'}, '<', 10, 'the sum in seconds');
 my $up = 'upstream=redis';
-is($m->{"ngx_gateway_cache_requests_total{command=SET,status=201,$up}"}, 1, 'cache SET');
+is($m->{"ngx_gateway_cache_requests_total{command=SET,status=201,$up}"}, 1, 'cache SET')
+    or diag(join "\n", map { "$_ $m->{$_}" } grep { /^ngx_gateway_(cache|metrics)/ } sort keys %$m);
 is($m->{"ngx_gateway_cache_requests_total{command=GET,status=200,$up}"}, 4, 'cache GET hits by status');
 is($m->{"ngx_gateway_cache_requests_total{command=GET,status=404,$up}"}, 2, 'cache GET misses by status');
 is($m->{"ngx_gateway_cache_requests_total{command=DEL,status=204,$up}"}, 1, 'cache DEL');
@@ -120,7 +131,7 @@ is($m->{"ngx_gateway_cache_requests_total{command=GET,status=200,$up2}"}, 8,
 # a client cannot make series without end.
 is(join(' ', map { (request('GET', "/var/x?b=127.0.0.1:$redis->{port}&n=$_"))[0] } 1 .. 3), '404 404 404',
     'cache_pass $arg_b');
-($m) = metrics();
+wait_until(sub { ($m) = metrics(); ($m->{'ngx_gateway_cache_requests_total{command=GET,status=404,upstream=}'} // 0) >= 3 }, 5);
 is($m->{'ngx_gateway_cache_requests_total{command=GET,status=404,upstream=}'}, 3, 'counted under upstream=""');
 is(scalar(grep { /upstream=127\.0\.0\.1/ } keys %$m), 0, 'no series names the address');
 cmp_ok(sum_of($m, qr/^ngx_gateway_sqldb_prepared_statements_total\{upstream=database\}/), '>=', 1, 'statements prepared');
