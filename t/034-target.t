@@ -88,6 +88,70 @@ HTTP
     stop_nginx();
 }
 
+# prefer-standby as libpq does it: a server whose role is not known yet is
+# tried before a known primary takes a read, so a fresh worker learns where
+# its standby is first. The primary is listed first (the balancer offers it
+# first): every request, the very first included, is served by the standby,
+# and the primary's session, which only said what the server is, never ran
+# a query. With the standby stopped, the primary serves (on a running nginx
+# and on a fresh one, with sqldb_next_upstream off too: the primary was only
+# skipped, never tried).
+sub prefer_conf {
+    my ($app) = @_;
+    my $k = qq{dbname=gateway_test user=gateway "password=it's a secret" application_name=$app};
+    return <<"HTTP";
+upstream db {
+    sqldb_server 127.0.0.1:$P $k;
+    sqldb_server 127.0.0.1:$S $k;
+}
+server {
+    listen 127.0.0.1:\$PORT;
+    sqldb_output value;
+    add_header X-Addr \$upstream_addr always;
+    location /prefer { sqldb_pass db; sqldb_target prefer-standby; sqldb_query "select $who"; }
+    location /strict { sqldb_pass db; sqldb_target prefer-standby; sqldb_next_upstream off; sqldb_query "select $who"; }
+}
+HTTP
+}
+sub served {
+    my ($port, $path, $n) = @_;
+    return [map { my ($st, $b) = get_addr($port, $path); "$st " . ($b // '') } 1 .. $n];
+}
+# The gateway's sessions on a server whose last query was a request's (not
+# the gateway's own check of its backend PID when a session starts).
+sub ran_on {
+    my ($pg, $app) = @_;
+    return sql_on($pg, "select count(*) from pg_stat_activity where application_name = '$app' and query like '%pg_is_in_recovery%'") + 0;
+}
+for my $workers (1, 2) {
+    my $app = "prefer$workers";
+    my $port0 = nginx_start(prefer_conf($app), workers => $workers);
+    my ($st, $body, $addr) = get_addr($port0, '/prefer');
+    is("$st $body", "200 true $S", "prefer-standby, fresh start ($workers worker(s)): the first request on the standby");
+    like($addr, qr/^(127\.0\.0\.1:$P, )?127\.0\.0\.1:$S$/, "\$upstream_addr shows the servers tried ($addr)");
+    is_deeply(served($port0, '/prefer', 19), [("200 true $S") x 19], 'and the next 19');
+    is(ran_on($primary, $app), 0, 'no request\'s query ran on the primary (pg_stat_activity)');
+    cmp_ok(ran_on($standby, $app), '>=', 1, 'they ran on the standby');
+    if ($workers == 1) {
+        is(gateway_conns($primary, $app), 1, 'the primary, tried and skipped, keeps its connection');
+        like(nginx_error_log(), qr/\[info\].*sqldb: 127\.0\.0\.1:$P is a primary, not what "sqldb_target prefer-standby" asks: trying another server/,
+            'the log says why the first request moved on (info)');
+    }
+    unlike(nginx_error_log(), qr/\[error\]/, 'no error');
+    if ($workers == 2) {
+        pg_stop($standby);
+        is_deeply(served($port0, '/prefer', 6), [("200 false $P") x 6], 'the standby stopped: the primary serves');
+        is_deeply(served($port0, '/strict', 4), [("200 false $P") x 4], 'with sqldb_next_upstream off too');
+        stop_nginx();
+        $port0 = nginx_start(prefer_conf("$app-down"));
+        is_deeply(served($port0, '/strict', 3), [("200 false $P") x 3], 'fresh start, the standby down: the primary serves');
+        is_deeply(served($port0, '/prefer', 3), [("200 false $P") x 3], 'and again');
+        GatewayTest::pg_start($standby);
+        ok(wait_until(sub { (eval { sql_on($standby, 'select pg_is_in_recovery()') } // '') eq 't' }, 20), 'the standby is back');
+    }
+    stop_nginx();
+}
+
 # Requests that need their connection alone (a stream, several statements),
 # and a crowd arriving at once, on a fresh worker: those that waited on a
 # connection to a server that does not fit all go on to the next one; a

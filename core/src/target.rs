@@ -18,7 +18,9 @@ pub enum Target {
     Primary,
     /// A server in hot standby.
     Standby,
-    /// A standby when one is known up, else any server.
+    /// A standby when one can be had: servers whose role is not known
+    /// yet are tried before a known primary (as libpq tries every host for
+    /// a standby first); else any server.
     PreferStandby,
     /// Not in hot standby, and `default_transaction_read_only` off.
     ReadWrite,
@@ -66,31 +68,32 @@ impl Target {
         }
     }
 
-    /// Whether a server of this role meets the target. `standby_known`:
-    /// some server of the upstream is known to be a standby (and up), which
-    /// is what `prefer-standby` prefers.
-    pub fn meets(self, role: Role, standby_known: bool) -> bool {
+    /// Whether a server of this role meets the target. `standby_hope`: a
+    /// standby may yet be had, as some server of the upstream is known to
+    /// be one (and up), or has a role not known yet (it may be one); that
+    /// is what `prefer-standby` prefers to a server known not to be one.
+    pub fn meets(self, role: Role, standby_hope: bool) -> bool {
         let standby = role.hot_standby;
         let read_only = role.read_only;
         match self {
             Target::Any => true,
             Target::Primary => standby == Some(false),
             Target::Standby => standby == Some(true),
-            Target::PreferStandby => standby == Some(true) || !standby_known,
+            Target::PreferStandby => standby == Some(true) || !standby_hope,
             Target::ReadWrite => standby == Some(false) && read_only == Some(false),
             Target::ReadOnly => standby == Some(true) || read_only == Some(true),
         }
     }
 
     /// What the gateway does with a server the balancer offers, knowing
-    /// its role or not.
-    pub fn judge(self, role: Option<Role>, standby_known: bool) -> Verdict {
+    /// its role or not (`standby_hope` as for `meets`).
+    pub fn judge(self, role: Option<Role>, standby_hope: bool) -> Verdict {
         match role {
             _ if self.is_any() => Verdict::Meets,
             None => Verdict::Unknown,
-            Some(r) if self.meets(r, standby_known) => Verdict::Meets,
-            // Only skipped because a standby is known: the server to use
-            // when that standby cannot be had.
+            Some(r) if self.meets(r, standby_hope) => Verdict::Meets,
+            // Only skipped because a standby may be had: the server to use
+            // when it cannot.
             Some(_) => Verdict::Fails {
                 fallback: self == Target::PreferStandby,
             },
@@ -220,12 +223,12 @@ mod tests {
             let got = [PRIMARY, READ_ONLY_PRIMARY, STANDBY, UNREPORTED].map(|r| t.meets(r, true));
             assert_eq!(got, want, "{t}");
             let got = [PRIMARY, READ_ONLY_PRIMARY, STANDBY, UNREPORTED].map(|r| t.meets(r, false));
-            assert_eq!(got, want, "{t} (no standby known changes nothing)");
+            assert_eq!(got, want, "{t} (no standby to be had changes nothing)");
         }
     }
 
     #[test]
-    fn prefer_standby_takes_a_standby_when_one_is_known_else_anything() {
+    fn prefer_standby_takes_a_standby_when_one_may_be_had_else_anything() {
         let t = Target::PreferStandby;
         assert!(t.meets(STANDBY, true));
         assert!(!t.meets(PRIMARY, true));
@@ -235,6 +238,12 @@ mod tests {
         assert!(t.meets(UNREPORTED, false));
         assert_eq!(t.judge(Some(PRIMARY), true), Verdict::Fails { fallback: true });
         assert_eq!(t.judge(Some(PRIMARY), false), Verdict::Meets);
+        // A server whose role is not known yet is tried (it may be the
+        // standby): a known primary is then only the fallback.
+        assert_eq!(t.judge(None, true), Verdict::Unknown);
+        assert_eq!(t.judge(None, false), Verdict::Unknown);
+        assert_eq!(t.judge(Some(UNREPORTED), true), Verdict::Fails { fallback: true });
+        assert_eq!(t.judge(Some(STANDBY), false), Verdict::Meets);
     }
 
     #[test]

@@ -113,6 +113,7 @@ fn server(cf: Conf, srv: &mut SrvConf) -> Result<(), ConfError> {
     }
     cf.add_upstream_server(&url, &params)?;
     srv.servers += 1;
+    srv.pool.servers = srv.addrs.len();
     Ok(())
 }
 

@@ -524,7 +524,9 @@ impl Pool {
     /// `connected`: the connection has just come up (the requests that
     /// waited on it report their connect time).
     fn apply_steps(&mut self, id: ConnId, steps: Vec<Step<super::ReqToken>>, connected: bool, out: &mut Vec<Delivery>) {
-        let standby_known = self.standby_known();
+        // (A prefer-standby request whose server turned out a primary while
+        // another server's role is still to be learned goes there first.)
+        let standby_hope = self.standby_hope();
         // Requests that waited and went elsewhere (their server does not
         // meet their target): those behind them go out, or it settles.
         let mut withdrawn = false;
@@ -582,9 +584,10 @@ impl Pool {
                     c.set_timer(None);
                     for req in reqs {
                         let Some(q) = c.query_of(req) else { continue };
-                        if !q.target.is_any() {
+                        let target = q.target.get();
+                        if !target.is_any() {
                             let role = c.pg.role();
-                            if !q.target.meets(role, standby_known) {
+                            if !target.meets(role, standby_hope) {
                                 c.forget(req);
                                 c.pipeline.withdraw(req);
                                 withdrawn = true;

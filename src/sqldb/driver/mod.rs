@@ -98,8 +98,10 @@ pub struct Query {
     pub template: Rc<Statement>,
     /// The template was slow when the request came: it runs alone.
     pub slow: bool,
-    /// `sqldb_target`: the role its server must have.
-    pub target: Target,
+    /// `sqldb_target`: the role its server must have (`any` once a
+    /// `prefer-standby` request takes the primary it skipped: no standby
+    /// could be had).
+    pub target: Cell<Target>,
     /// Sent before the query in its sync segment (the same implicit
     /// transaction): the role and settings of `sqldb_jwt_key` and
     /// `sqldb_setting`, as `set_config(..., true)`.

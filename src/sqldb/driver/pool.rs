@@ -126,6 +126,9 @@ pub struct Pool {
     pub(super) track_roles: bool,
     /// What this worker knows of each server's role, by address index.
     roles: Vec<Known>,
+    /// How many server addresses the upstream has (address indexes
+    /// 0..servers).
+    pub servers: usize,
     /// Sessions of their own that end the backends of connections closed
     /// while a query of a request that is gone ran on them.
     pub(super) terminators: Slab<Box<Terminator>>,
@@ -160,6 +163,7 @@ impl Pool {
             lost: Vec::new(),
             track_roles: false,
             roles: Vec::new(),
+            servers: 0,
             terminators: Slab::default(),
         }
     }
@@ -211,15 +215,26 @@ impl Pool {
             .any(|k| k.role.is_some_and(|r| r.hot_standby == Some(true)))
     }
 
+    /// A standby may yet be had (what `prefer-standby` waits for): one is
+    /// known, or some server's role is not known yet (never reported to
+    /// this worker, or forgotten when its connection failed). Such a server
+    /// is tried before a known primary takes the request, so that a fresh
+    /// worker learns where its standby is before it sends reads elsewhere;
+    /// whether a server that failed is tried again is nginx's `max_fails`
+    /// and `fail_timeout`.
+    pub fn standby_hope(&mut self) -> bool {
+        self.standby_known() || (0..self.servers).any(|a| self.server_role(a).is_none())
+    }
+
     /// What to do with the server at `addr` for a request's target, and
     /// when its role was learned (now, when not known).
     pub fn verdict(&mut self, addr: usize, target: Target) -> (Verdict, ngx_msec_t) {
         if target.is_any() {
             return (Verdict::Meets, 0);
         }
-        let standby_known = self.standby_known();
+        let standby_hope = self.standby_hope();
         match self.server_role(addr) {
-            Some((role, at)) => (target.judge(Some(role), standby_known), at),
+            Some((role, at)) => (target.judge(Some(role), standby_hope), at),
             None => (Verdict::Unknown, current_msec()),
         }
     }
@@ -304,7 +319,9 @@ impl Pool {
                 return Pick::Share(id);
             }
         }
-        let standby_known = !target.is_any() && self.standby_known();
+        // (Single mode: only the idle connections of servers known to fit;
+        // none, and the balancer's server is tried.)
+        let standby_hope = !target.is_any() && self.standby_hope();
         let fits = |pool: &Pool, id: &ConnId| match addr {
             Some(want) => pool.addr_of(*id) == Some(want),
             None if target.is_any() => true,
@@ -312,7 +329,7 @@ impl Pool {
                 .addr_of(*id)
                 .and_then(|a| pool.roles.get(a))
                 .and_then(|k| k.role)
-                .is_some_and(|r| target.meets(r, standby_known)),
+                .is_some_and(|r| target.meets(r, standby_hope)),
         };
         while let Some(i) = self.idle.iter().rposition(|id| fits(self, id)) {
             let id = self.idle.remove(i);

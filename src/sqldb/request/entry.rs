@@ -204,7 +204,7 @@ fn run(r: &mut Req) -> Result<(), StartError> {
         changes_session: tmpl.changes_session,
         template: tmpl.statement.clone(),
         slow: tmpl.statement.slow.get() > 0,
-        target: lcf.target(r.method()),
+        target: std::cell::Cell::new(lcf.target(r.method())),
         preamble: auth.preamble,
     };
     let token = registry::register(r);

@@ -74,6 +74,9 @@ pub struct PeerData {
     unfit: Vec<usize>,
     /// Those whose old role was checked again for it.
     rechecked: Vec<usize>,
+    /// `prefer-standby`: a server skipped because a standby might be had
+    /// elsewhere, which serves the request when none can.
+    fallback: Option<usize>,
 }
 
 impl Drop for PeerData {
@@ -121,6 +124,7 @@ fn init(r: &mut Req, us: &mut ngx_http_upstream_srv_conf_t) -> ngx_int_t {
         host: us.host,
         unfit: Vec::new(),
         rechecked: Vec::new(),
+        fallback: None,
     };
     let Some(mut pd) = pool.alloc(pd) else { return ERROR };
     // SAFETY: just allocated in the request's pool; nothing else refers to it yet.
@@ -152,7 +156,7 @@ fn get(pc: &mut ngx_peer_connection_t, pd: &mut PeerData, log: Log) -> ngx_int_t
     // its request's peer; no other reference to them is used meanwhile.
     let (srv, ctx) = unsafe { (&mut *pd.srv.as_ptr(), &mut *pd.ctx.as_ptr()) };
     let alone = ctx.query.alone();
-    let target = ctx.query.target;
+    let target = ctx.query.target.get();
     pd.balancer_used = false;
     if !target.is_any() {
         srv.pool.track_roles();
@@ -170,7 +174,14 @@ fn get(pc: &mut ngx_peer_connection_t, pd: &mut PeerData, log: Log) -> ngx_int_t
         }
     } else {
         match choose(pc, pd, srv, target, log) {
-            Ok(Some(chosen)) => chosen,
+            Ok(Some(Chosen::Server(addr))) => (addr, false),
+            Ok(Some(Chosen::Recheck(addr))) => (addr, true),
+            Ok(Some(Chosen::Fallback(addr))) => {
+                // No standby to be had: from now on any server serves it
+                // (its connection does not send it on again).
+                ctx.query.target.set(Target::Any);
+                (addr, false)
+            }
             Ok(None) => {
                 // Servers the balancer did not offer are down, or failed
                 // within their fail_timeout (max_fails): say so, since the
@@ -281,22 +292,32 @@ fn set_peer(pc: &mut ngx_peer_connection_t, srv: &SrvConf, addr: usize) {
     pc.name = std::ptr::addr_of!(a.name).cast_mut();
 }
 
+/// The server `choose` found for a request.
+enum Chosen {
+    /// It meets the target, or its role is to be learned.
+    Server(usize),
+    /// Its role was learned long ago: a new connection asks again.
+    Recheck(usize),
+    /// `prefer-standby` and no standby to be had: the server skipped.
+    Fallback(usize),
+}
+
 /// A server for a request with a `sqldb_target`: the balancer's servers in
 /// its order, past those known not to meet the target; one whose role is
 /// not known is tried (its connection learns the role before the query
 /// goes out). With none left: for `prefer-standby`, a server skipped only
-/// because a standby was known; else the server whose role was learned
-/// longest ago (at least RECHECK), asked again with a new connection
-/// (`true`). Ok(None): no server meets the target.
+/// because a standby might be had (now, or on an earlier try of the
+/// request); else the server whose role was learned longest ago (at least
+/// RECHECK), asked again with a new connection. Ok(None): no server meets
+/// the target.
 fn choose(
     pc: &mut ngx_peer_connection_t,
     pd: &mut PeerData,
     srv: &mut SrvConf,
     target: Target,
     log: Log,
-) -> Result<Option<(usize, bool)>, ngx_int_t> {
+) -> Result<Option<Chosen>, ngx_int_t> {
     let now = current_msec();
-    let mut fallback = None;
     let mut oldest: Option<(usize, ngx_msec_t)> = None;
     for _ in 0..=srv.addrs.len() {
         let addr = match balance(pc, pd, srv, log) {
@@ -311,11 +332,11 @@ fn choose(
             break;
         }
         match srv.pool.verdict(addr, target) {
-            (Verdict::Meets | Verdict::Unknown, _) => return Ok(Some((addr, false))),
+            (Verdict::Meets | Verdict::Unknown, _) => return Ok(Some(Chosen::Server(addr))),
             (Verdict::Fails { fallback: usable }, learned) => {
                 pd.unfit.push(addr);
-                if usable && fallback.is_none() {
-                    fallback = Some(addr);
+                if usable && pd.fallback.is_none() {
+                    pd.fallback = Some(addr);
                 }
                 let age = now.wrapping_sub(learned);
                 if age >= RECHECK && !pd.rechecked.contains(&addr) && oldest.is_none_or(|(_, a)| age > a) {
@@ -325,14 +346,14 @@ fn choose(
             }
         }
     }
-    if let Some(addr) = fallback {
+    if let Some(addr) = pd.fallback.take() {
         set_peer(pc, srv, addr);
-        return Ok(Some((addr, false)));
+        return Ok(Some(Chosen::Fallback(addr)));
     }
     if let Some((addr, _)) = oldest {
         pd.rechecked.push(addr);
         set_peer(pc, srv, addr);
-        return Ok(Some((addr, true)));
+        return Ok(Some(Chosen::Recheck(addr)));
     }
     Ok(None)
 }
@@ -590,22 +611,11 @@ pub fn move_unsent(r: &mut Req) {
     // configuration outlives its requests; nothing else uses them now.
     let (_pd, srv) = unsafe { (&mut *pd.as_ptr(), &mut *srv.as_ptr()) };
     let Some(u) = r.upstream() else { return };
-    let pc = u.peer();
-    if pc.sockaddr.is_null() {
-        return next_after_stale(r);
-    }
-    // SAFETY: the balancer set the peer's address and its name.
-    let (sockaddr, name) = unsafe {
-        (
-            std::slice::from_raw_parts(pc.sockaddr as *const u8, pc.socklen as usize),
-            String::from_utf8_lossy((*pc.name).as_bytes()).into_owned(),
-        )
-    };
-    let Some(addr) = srv.addr_index(pc.sockaddr as usize, sockaddr) else {
+    let Some((addr, name)) = peer_server(u.peer(), srv) else {
         return next_after_stale(r);
     };
     let alone = ctx.query.alone();
-    let (id, fresh) = match srv.pool.pick(Some(addr), alone, ctx.query.target) {
+    let (id, fresh) = match srv.pool.pick(Some(addr), alone, ctx.query.target.get()) {
         Pick::Idle(id) | Pick::Share(id) | Pick::Behind(id) => (id, false),
         Pick::Reject => {
             let e = ConnError::NoConnection(name);
@@ -631,6 +641,21 @@ pub fn move_unsent(r: &mut Req) {
     attach_with(r, false);
 }
 
+/// The server the peer points at (its address index), and its name.
+fn peer_server(pc: &ngx_peer_connection_t, srv: &SrvConf) -> Option<(usize, String)> {
+    if pc.sockaddr.is_null() || pc.name.is_null() {
+        return None;
+    }
+    // SAFETY: the balancer (or set_peer) set the peer's address and its name.
+    let (sockaddr, name) = unsafe {
+        (
+            std::slice::from_raw_parts(pc.sockaddr as *const u8, pc.socklen as usize),
+            String::from_utf8_lossy((*pc.name).as_bytes()).into_owned(),
+        )
+    };
+    Some((srv.addr_index(pc.sockaddr as usize, sockaddr)?, name))
+}
+
 /// The request waited on a connection that closed before its query was
 /// sent: not the server's failure (the balancer is not told so), and one
 /// more try, as nginx gives its cached keepalive connections.
@@ -639,9 +664,14 @@ pub fn next_after_stale(r: &mut Req) {
 }
 
 fn next_peer(r: &mut Req, status: ngx_int_t, ft: u32, stale: bool) {
-    if ctx_of(r).is_none_or(|c| c.done) {
+    let Some(ctx) = ctx_of(r).filter(|c| !c.done) else {
         return;
-    }
+    };
+    // A prefer-standby request that skipped a server for a standby it could
+    // not reach: that server serves it (whatever tries and
+    // sqldb_next_upstream say: it was only skipped, never tried).
+    // SAFETY: the peer data lives in the request's pool; nothing else uses it now.
+    let fallback = ctx.peer.is_some_and(|pd| unsafe { pd.as_ref() }.fallback.is_some());
     let lcf: &LocConf = r.loc_conf::<Sqldb>();
     let client_error = r.client_error();
     let Some(u) = r.upstream() else { return };
@@ -656,10 +686,11 @@ fn next_peer(r: &mut Req, status: ngx_int_t, ft: u32, stale: bool) {
         peer.tries += 1;
     }
     let wanted = lcf.upstream.next_upstream & ft as ngx_uint_t != 0;
-    if peer.tries == 0 || !wanted || client_error {
+    if client_error || (!fallback && (peer.tries == 0 || !wanted)) {
         fail(r, status, false);
         return;
     }
+    peer.tries = peer.tries.max(1);
     reconnect(r, status);
 }
 
@@ -667,10 +698,24 @@ fn next_peer(r: &mut Req, status: ngx_int_t, ft: u32, stale: bool) {
 /// `sqldb_target` (its query was not sent): another server. Not the
 /// server's failure: the balancer is told it went well.
 pub fn next_unfit(r: &mut Req) {
-    if ctx_of(r).is_none_or(|c| c.done) {
+    let Some(ctx) = ctx_of(r).filter(|c| !c.done) else {
         return;
-    }
+    };
+    let prefer = ctx.query.target.get() == Target::PreferStandby;
+    let (Some(mut pd), Some(srv)) = (ctx.peer, ctx.srv) else {
+        return;
+    };
     let Some(u) = r.upstream() else { return };
+    if prefer {
+        // Skipped while another server's role is still to be learned (it
+        // may be the standby): this one serves when none is.
+        // SAFETY: the peer data lives in the request's pool, the upstream's
+        // configuration outlives its requests; nothing else uses them now.
+        let (pd, srv) = unsafe { (pd.as_mut(), srv.as_ref()) };
+        if let Some((addr, _)) = peer_server(u.peer(), srv) {
+            pd.fallback.get_or_insert(addr);
+        }
+    }
     let elapsed = u.elapsed();
     if let Some(st) = u.state() {
         st.response_time = elapsed;

@@ -69,7 +69,7 @@ fn apply(r: &mut Req, d: Delivery) {
                 NGX_LOG_INFO,
                 r.log(),
                 "sqldb: {why}, not what \"sqldb_target {}\" asks: trying another server",
-                ctx.query.target
+                ctx.query.target.get()
             );
             next_unfit(r);
         }
