@@ -74,7 +74,7 @@ impl cache::config::Entries for CacheEntries {
         &[(Some(sqldb::request::content_handler), "\"sqldb_pass\"")];
 }
 
-static mut SQLDB_COMMANDS: [ngx_command_t; 23] = [
+static mut SQLDB_COMMANDS: [ngx_command_t; 24] = [
     command(
         "sqldb_server\0",
         NGX_HTTP_UPS_CONF | NGX_CONF_1MORE,
@@ -179,6 +179,13 @@ static mut SQLDB_COMMANDS: [ngx_command_t; 23] = [
         ngx_conf_set_flag_slot,
         LOC,
         offset_of!(sc::LocConf, stream),
+    ),
+    command(
+        "sqldb_stream_connections\0",
+        LOC_ANY | NGX_CONF_TAKE1,
+        sc::directives::cmd_sqldb_stream_connections,
+        LOC,
+        0,
     ),
     command(
         "sqldb_prepare\0",

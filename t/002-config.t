@@ -709,3 +709,54 @@ location /a {
 GET /a
 --- response_body chomp
 false
+
+
+
+=== TEST 58: nginx -t refuses sqldb_stream_connections 0
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; }
+--- config
+location /a { sqldb_pass database; sqldb_query "select 1"; sqldb_stream on; sqldb_stream_connections 0; }
+--- must_die
+--- error_log eval
+qr/\[emerg\].*invalid value "0" in "sqldb_stream_connections" directive, it must be a number of 1 or more in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 59: nginx -t refuses a sqldb_stream_connections that is not a number
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; }
+--- config
+location /a { sqldb_pass database; sqldb_query "select 1"; sqldb_stream_connections half; }
+--- must_die
+--- error_log eval
+qr/\[emerg\].*invalid value "half" in "sqldb_stream_connections" directive, it must be a number of 1 or more in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 60: nginx -t refuses sqldb_stream_connections twice
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; }
+--- config
+location /a { sqldb_pass database; sqldb_query "select 1"; sqldb_stream_connections 2; sqldb_stream_connections 3; }
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"sqldb_stream_connections" directive is duplicate in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 61: sqldb_stream_connections at the server level, inherited by a streamed location
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; }
+--- config
+sqldb_stream_connections 3;
+location /a {
+    sqldb_pass database;
+    sqldb_stream on;
+    sqldb_output text;
+    sqldb_query "select 'streamed'";
+}
+--- request
+GET /a
+--- response_body chomp
+streamed

@@ -222,6 +222,30 @@ pub(crate) extern "C" fn cmd_sqldb_target(
     unsafe { directive(cf, conf, "cmd_sqldb_target", body) }
 }
 
+/// `sqldb_stream_connections number`
+pub(crate) extern "C" fn cmd_sqldb_stream_connections(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    let body = |cf: Conf, lcf: &mut LocConf| {
+        if lcf.stream_connections.is_some() {
+            return Err("\"sqldb_stream_connections\" directive is duplicate".to_owned().into());
+        }
+        let value = cf.args()[1];
+        let n = super::upstream::atoi(value).filter(|&n| n >= 1).ok_or_else(|| {
+            format!(
+                "invalid value \"{}\" in \"sqldb_stream_connections\" directive, it must be a number of 1 or more",
+                String::from_utf8_lossy(value)
+            )
+        })?;
+        lcf.stream_connections = Some(n);
+        Ok(())
+    };
+    // SAFETY: nginx passes the configuration being read and this module's LocConf.
+    unsafe { directive(cf, conf, "cmd_sqldb_stream_connections", body) }
+}
+
 /// `sqldb_output rds | text | value | binary_value | json | csv | none`
 pub(crate) extern "C" fn cmd_sqldb_output(
     cf: *mut ngx_conf_t,

@@ -229,6 +229,10 @@ pub struct LocConf {
     pub output: Option<Output>,
     /// `sqldb_stream`: send rows as they arrive.
     pub stream: ngx_flag_t,
+    /// `sqldb_stream_connections`: a stream starts only while streams hold
+    /// fewer of its upstream's connections (in the worker) than this
+    /// (None: half of `sqldb_keepalive max`).
+    pub stream_connections: Option<usize>,
     pub sets: Vec<SetRule>,
     pub rewrites: Vec<RewriteRule>,
     pub escapes: Vec<EscapeRule>,
@@ -338,6 +342,7 @@ pub(crate) extern "C" fn create_loc_conf(cf: *mut ngx_conf_t) -> *mut c_void {
         next_upstream: None,
         output: None,
         stream: CONF_UNSET,
+        stream_connections: None,
         sets: Vec::new(),
         rewrites: Vec::new(),
         escapes: Vec::new(),
@@ -396,6 +401,7 @@ impl LocConf {
             DEFAULT_LISTEN_HEARTBEAT,
         );
         merge_flag(&mut self.stream, prev.stream, 0);
+        self.stream_connections = self.stream_connections.or(prev.stream_connections);
         merge_flag(&mut self.prepare, prev.prepare, 1);
         merge_list(&mut self.sets, &prev.sets);
         merge_list(&mut self.rewrites, &prev.rewrites);

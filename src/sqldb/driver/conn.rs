@@ -267,6 +267,12 @@ impl Conn {
         }
     }
 
+    /// A streamed request (sent, or waiting its turn) is on it: until it
+    /// ends the connection serves nothing else.
+    pub fn holds_stream(&self) -> bool {
+        self.queries.iter().any(|(_, q)| q.streaming)
+    }
+
     pub fn query_of(&self, req: ReqToken) -> Option<Rc<Query>> {
         self.queries.iter().find(|(r, _)| *r == req).map(|(_, q)| q.clone())
     }

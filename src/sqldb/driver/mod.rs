@@ -91,6 +91,10 @@ pub struct Query {
     pub binary: bool,
     /// Rows one by one (single-row mode), for a streamed response.
     pub streaming: bool,
+    /// `sqldb_stream_connections` of its location (None: the default, half
+    /// of `sqldb_keepalive max`): a stream starts only while streams hold
+    /// fewer connections of the pool than this.
+    pub stream_connections: Option<usize>,
     /// It may change its session beyond its sync point (a transaction, a
     /// setting, a COPY): it needs the connection to itself.
     pub changes_session: bool,

@@ -308,12 +308,44 @@ impl Pool {
         self.conns.get(id.0).map(|c| c.addr)
     }
 
+    /// How many connections streams hold: a streamed request is on each,
+    /// sent or waiting its turn.
+    pub fn stream_held(&self) -> usize {
+        self.conns.iter().filter(|(_, c)| c.holds_stream()).count()
+    }
+
+    /// The most connections streams may hold for a stream of a location
+    /// with this `sqldb_stream_connections` to start: the value set, else
+    /// half of `max` (at least one). None: no bound (`sqldb_keepalive off`
+    /// and no value set: each request has a connection of its own).
+    pub fn stream_bound(&self, set: Option<usize>) -> Option<usize> {
+        match (set, self.settings.max) {
+            (Some(n), _) => Some(n),
+            (None, 0) => None,
+            (None, max) => Some((max / 2).max(1)),
+        }
+    }
+
     /// Where a request goes. `addr` is the balancer's choice (None: any,
-    /// single mode); `alone`: it needs the connection to itself (several
-    /// statements, a stream).
-    /// `target`: with `addr` None, only a connection to a server known to
-    /// meet it (with an address, the caller chose the server for it).
-    pub fn pick(&mut self, addr: Option<usize>, alone: bool, target: Target) -> Pick {
+    /// single mode). The query says whether it needs the connection to
+    /// itself (several statements, a stream), and its target: with `addr`
+    /// None, only a connection to a server known to meet it (with an
+    /// address, the caller chose the server for it).
+    ///
+    /// A stream starts only while streams hold fewer connections than its
+    /// bound (`stream_bound`), so that slow readers cannot hold the whole
+    /// pool: past it, it waits behind a stream on a connection to its
+    /// server (`overflow=reject`: 503). With no stream on a connection to
+    /// its server (the streams that fill the bound are all on the
+    /// upstream's other servers) it starts: past the bound, streams hold at
+    /// most one more connection per further server.
+    pub fn pick(&mut self, addr: Option<usize>, query: &Query) -> Pick {
+        let (alone, target) = (query.alone(), query.target.get());
+        if query.streaming {
+            if let Some(pick) = self.over_stream_bound(addr, query.stream_connections) {
+                return pick;
+            }
+        }
         if !alone && self.settings.pipelining && self.settings.max != 0 {
             if let Some(id) = self.shallow(addr) {
                 return Pick::Share(id);
@@ -392,6 +424,27 @@ impl Pool {
             }
         }
         Pick::New
+    }
+
+    /// A stream past its bound: where it waits (None: it may start).
+    fn over_stream_bound(&self, addr: Option<usize>, set: Option<usize>) -> Option<Pick> {
+        let bound = self.stream_bound(set)?;
+        let held = self.stream_held();
+        if held < bound {
+            return None;
+        }
+        if self.settings.reject {
+            debug!(
+                Log::cycle(),
+                "sqldb: pool turns a stream away: streams hold {held} connections (bound {bound})"
+            );
+            return Some(Pick::Reject);
+        }
+        // (Single mode, no server chosen yet: the balancer's server is
+        // asked for next.)
+        let id = self.least_busy(addr, current_msec(), |c| c.holds_stream() && !c.pipeline.is_closed())?;
+        self.trace_pick("queues a stream behind the stream on", id);
+        Some(Pick::Behind(id))
     }
 
     /// A busy connection that a pipelined request should join rather than

@@ -201,6 +201,7 @@ fn run(r: &mut Req) -> Result<(), StartError> {
         several,
         binary: output == Output::BinaryValue,
         streaming: stream_format.is_some(),
+        stream_connections: lcf.stream_connections,
         changes_session: tmpl.changes_session,
         template: tmpl.statement.clone(),
         slow: tmpl.statement.slow.get() > 0,

@@ -155,14 +155,13 @@ fn get(pc: &mut ngx_peer_connection_t, pd: &mut PeerData, log: Log) -> ngx_int_t
     // SAFETY: the upstream's configuration outlives its requests, the Ctx
     // its request's peer; no other reference to them is used meanwhile.
     let (srv, ctx) = unsafe { (&mut *pd.srv.as_ptr(), &mut *pd.ctx.as_ptr()) };
-    let alone = ctx.query.alone();
     let target = ctx.query.target.get();
     pd.balancer_used = false;
     if !target.is_any() {
         srv.pool.track_roles();
     }
     if srv.pool.settings.single {
-        if let Pick::Idle(id) = srv.pool.pick(None, alone, target) {
+        if let Pick::Idle(id) = srv.pool.pick(None, &ctx.query) {
             set_peer(pc, srv, srv.pool.addr_of(id).unwrap_or(0));
             return use_conn(pc, pd, ctx, id, false);
         }
@@ -214,7 +213,7 @@ fn get(pc: &mut ngx_peer_connection_t, pd: &mut PeerData, log: Log) -> ngx_int_t
         srv.pool.make_room(addr);
         Pick::New
     } else {
-        srv.pool.pick(Some(addr), alone, target)
+        srv.pool.pick(Some(addr), &ctx.query)
     };
     match pick {
         Pick::Idle(id) | Pick::Share(id) | Pick::Behind(id) => use_conn(pc, pd, ctx, id, false),
@@ -615,7 +614,7 @@ pub fn move_unsent(r: &mut Req) {
         return next_after_stale(r);
     };
     let alone = ctx.query.alone();
-    let (id, fresh) = match srv.pool.pick(Some(addr), alone, ctx.query.target.get()) {
+    let (id, fresh) = match srv.pool.pick(Some(addr), &ctx.query) {
         Pick::Idle(id) | Pick::Share(id) | Pick::Behind(id) => (id, false),
         Pick::Reject => {
             let e = ConnError::NoConnection(name);
