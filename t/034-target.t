@@ -94,8 +94,8 @@ HTTP
 # first): every request, the very first included, is served by the standby,
 # and the primary's session, which only said what the server is, never ran
 # a query. With the standby stopped, the primary serves (on a running nginx
-# and on a fresh one, with sqldb_next_upstream off too: the primary was only
-# skipped, never tried).
+# and on a fresh one, where sqldb_next_upstream off does not stop it: the
+# primary was only skipped, never tried).
 sub prefer_conf {
     my ($app) = @_;
     my $k = qq{dbname=gateway_test user=gateway "password=it's a secret" application_name=$app};
@@ -141,11 +141,14 @@ for my $workers (1, 2) {
     if ($workers == 2) {
         pg_stop($standby);
         is_deeply(served($port0, '/prefer', 6), [("200 false $P") x 6], 'the standby stopped: the primary serves');
-        is_deeply(served($port0, '/strict', 4), [("200 false $P") x 4], 'with sqldb_next_upstream off too');
         stop_nginx();
+        # (One worker: its balancer offers the primary first, which is
+        # skipped, then the standby, refused: the primary serves although
+        # sqldb_next_upstream is off. With the standby offered first and
+        # not skipped over anything, off means its refusal is the answer.)
         $port0 = nginx_start(prefer_conf("$app-down"));
-        is_deeply(served($port0, '/strict', 3), [("200 false $P") x 3], 'fresh start, the standby down: the primary serves');
-        is_deeply(served($port0, '/prefer', 3), [("200 false $P") x 3], 'and again');
+        is_deeply(served($port0, '/strict', 3), [("200 false $P") x 3], 'fresh start, the standby down: the primary serves, with sqldb_next_upstream off too');
+        is_deeply(served($port0, '/prefer', 3), [("200 false $P") x 3], 'and with it on');
         GatewayTest::pg_start($standby);
         ok(wait_until(sub { (eval { sql_on($standby, 'select pg_is_in_recovery()') } // '') eq 't' }, 20), 'the standby is back');
     }
