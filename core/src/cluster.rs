@@ -149,6 +149,8 @@ pub enum SlotsError {
     Hostname(String),
     /// No slot is served at all.
     Empty,
+    /// The reply came from a node that is not a seed (not configured).
+    NotSeed(SocketAddr),
 }
 
 impl fmt::Display for SlotsError {
@@ -160,6 +162,10 @@ impl fmt::Display for SlotsError {
                 "CLUSTER SLOTS names node \"{h}\", which is not an IP address (set cluster-preferred-endpoint-type ip)"
             ),
             SlotsError::Empty => f.write_str("CLUSTER SLOTS says that no slot is served"),
+            SlotsError::NotSeed(a) => write!(
+                f,
+                "CLUSTER SLOTS from {a}, which is not a server of the upstream block, is not used"
+            ),
         }
     }
 }
@@ -206,8 +212,15 @@ pub fn parse_slots(reply: &Value) -> Result<Vec<Range>, SlotsError> {
 const NONE: u16 = u16::MAX;
 
 /// A worker's map of a cluster: its masters and which serves each slot.
+///
+/// The map is trusted only as far as the configuration: the seeds (the
+/// upstream block's `server` addresses) are the only nodes whose
+/// `CLUSTER SLOTS` builds it, and a node is one to go to only when it is a
+/// seed or a master of a map a seed gave. A redirection cannot add a node.
 #[derive(Debug, Clone)]
 pub struct Topology {
+    /// The configured addresses: the only nodes asked for the map.
+    seeds: Vec<SocketAddr>,
     nodes: Vec<SocketAddr>,
     /// Index into `nodes` for each slot, or `NONE`.
     owner: Vec<u16>,
@@ -222,14 +235,36 @@ impl Default for Topology {
 }
 
 impl Topology {
-    /// A map that knows nothing yet.
+    /// A map that knows nothing yet, and no seed.
     pub fn new() -> Topology {
+        Topology::with_seeds(Vec::new())
+    }
+
+    /// A map that knows nothing yet, to be learned from these seeds.
+    pub fn with_seeds(seeds: Vec<SocketAddr>) -> Topology {
         Topology {
+            seeds,
             nodes: Vec::new(),
             owner: vec![NONE; SLOTS],
             known: false,
             stale: false,
         }
+    }
+
+    /// The configured addresses (the upstream block's servers).
+    pub fn set_seeds(&mut self, seeds: Vec<SocketAddr>) {
+        self.seeds = seeds;
+    }
+
+    /// The node is a configured one: its `CLUSTER SLOTS` may build the map.
+    pub fn is_seed(&self, addr: SocketAddr) -> bool {
+        self.seeds.contains(&addr)
+    }
+
+    /// The node may be sent requests (and a password): a seed, or a master
+    /// of the map that a seed gave.
+    pub fn trusts(&self, addr: SocketAddr) -> bool {
+        self.is_seed(addr) || self.nodes.contains(&addr)
     }
 
     /// The master of a slot, when the map has one.
@@ -244,7 +279,7 @@ impl Topology {
     }
 
     /// No map yet, or one known to be out of date: the next request asks
-    /// for `CLUSTER SLOTS`.
+    /// a seed for `CLUSTER SLOTS`.
     pub fn needs_refresh(&self) -> bool {
         !self.known || self.stale
     }
@@ -254,17 +289,22 @@ impl Topology {
         self.stale = true;
     }
 
-    /// Replaces the map with a `CLUSTER SLOTS` reply; `answered` is the
-    /// node that sent it (for masters shown with an empty host). Nodes
-    /// that no longer serve a slot are forgotten.
-    pub fn rebuild(&mut self, ranges: &[Range], answered: Option<SocketAddr>) -> Result<(), SlotsError> {
+    /// Replaces the map with a `CLUSTER SLOTS` reply from `answered`,
+    /// which must be a seed (the reply of any other node is refused and
+    /// changes nothing); masters shown with an empty host are on its host.
+    /// Nodes that no longer serve a slot are forgotten.
+    pub fn rebuild(&mut self, ranges: &[Range], answered: SocketAddr) -> Result<(), SlotsError> {
+        if !self.is_seed(answered) {
+            return Err(SlotsError::NotSeed(answered));
+        }
         if ranges.is_empty() {
             return Err(SlotsError::Empty);
         }
         let mut nodes: Vec<SocketAddr> = Vec::new();
         let mut owner = vec![NONE; SLOTS];
         for r in ranges {
-            let addr = node_addr(&r.host, r.port, answered).ok_or_else(|| SlotsError::Hostname(r.host.clone()))?;
+            let addr =
+                node_addr(&r.host, r.port, Some(answered)).ok_or_else(|| SlotsError::Hostname(r.host.clone()))?;
             let i = match nodes.iter().position(|&n| n == addr) {
                 Some(i) => i,
                 None => {
@@ -286,22 +326,32 @@ impl Topology {
         Ok(())
     }
 
-    /// `-MOVED slot addr`: the slot is served by `addr` now (a node that
-    /// may be new); the rest of the map is likely out of date too.
-    pub fn moved(&mut self, slot: u16, addr: SocketAddr) {
+    /// `-MOVED slot addr`: unless the map says so already (a seed that
+    /// sent the request on to the slot's master), the map is out of date.
+    /// When the node is one the map trusts, the slot is its now (true); a
+    /// node it does not know is not added (false): only a seed's
+    /// `CLUSTER SLOTS` can name it.
+    pub fn moved(&mut self, slot: u16, addr: SocketAddr) -> bool {
+        if self.owner(slot) == Some(addr) {
+            return true;
+        }
+        self.stale = true;
+        if !self.trusts(addr) {
+            return false;
+        }
         let i = match self.nodes.iter().position(|&n| n == addr) {
             Some(i) => i,
-            // (16384 masters at most: one per slot.)
+            // A seed that the map did not list (16384 masters at most: one per slot).
             None if self.nodes.len() < SLOTS => {
                 self.nodes.push(addr);
                 self.nodes.len() - 1
             }
-            None => return,
+            None => return false,
         };
         if let Some(o) = self.owner.get_mut(usize::from(slot)) {
             *o = i as u16;
         }
-        self.stale = true;
+        true
     }
 }
 
@@ -417,24 +467,29 @@ mod tests {
                 port: 7000
             }
         );
-        let mut t = Topology::new();
+        let asked: SocketAddr = "127.0.0.9:7001".parse().unwrap();
+        let mut t = Topology::with_seeds(vec![asked]);
         assert!(t.needs_refresh());
         assert_eq!(t.owner(0), None);
-        let asked: SocketAddr = "127.0.0.9:7001".parse().unwrap();
-        t.rebuild(&ranges, Some(asked)).unwrap();
+        t.rebuild(&ranges, asked).unwrap();
         assert!(!t.needs_refresh());
         assert_eq!(t.owner(0), Some("127.0.0.1:7000".parse().unwrap()));
         assert_eq!(t.owner(5461), Some("127.0.0.1:7001".parse().unwrap()));
         assert_eq!(t.owner(key_slot(b"foo")), Some("127.0.0.9:7002".parse().unwrap()));
         assert_eq!(t.nodes().len(), 3);
-        // MOVED teaches a new node and marks the map out of date.
-        let new: SocketAddr = "127.0.0.1:7006".parse().unwrap();
-        t.moved(12182, new);
-        assert_eq!(t.owner(12182), Some(new));
+        // MOVED to the master the map names (a seed that does not serve
+        // the slot): nothing new.
+        assert!(t.moved(0, "127.0.0.1:7000".parse().unwrap()));
+        assert!(!t.needs_refresh());
+        // MOVED to another master of the map: the slot is its now, and the
+        // map is out of date.
+        let known: SocketAddr = "127.0.0.1:7001".parse().unwrap();
+        assert!(t.moved(12182, known));
+        assert_eq!(t.owner(12182), Some(known));
         assert_eq!(t.owner(12181), Some("127.0.0.9:7002".parse().unwrap()));
         assert!(t.needs_refresh());
         // A new map forgets nodes that serve nothing.
-        t.rebuild(&ranges[..2], None).unwrap();
+        t.rebuild(&ranges[..2], asked).unwrap();
         assert_eq!(t.owner(12182), None);
         assert_eq!(t.nodes().len(), 2);
         // Metadata of Redis 7 or none (Redis 6) alike.
@@ -444,7 +499,7 @@ mod tests {
             vec![Value::Array(vec![Value::Bulk(b"::1".to_vec()), Value::Integer(7000)])],
         )]);
         let r = parse_slots(&old).unwrap();
-        t.rebuild(&r, None).unwrap();
+        t.rebuild(&r, asked).unwrap();
         assert_eq!(t.owner(100), Some("[::1]:7000".parse().unwrap()));
     }
 
@@ -464,20 +519,74 @@ mod tests {
         for v in bad {
             assert!(matches!(parse_slots(&v), Err(SlotsError::Shape(_))), "{v:?}");
         }
-        let mut t = Topology::new();
-        assert_eq!(t.rebuild(&[], None), Err(SlotsError::Empty));
+        let seed: SocketAddr = "127.0.0.1:7000".parse().unwrap();
+        let mut t = Topology::with_seeds(vec![seed]);
+        assert_eq!(t.rebuild(&[], seed), Err(SlotsError::Empty));
         let outside = Range {
             start: 16000,
             end: 16384,
             host: "127.0.0.1".into(),
             port: 1,
         };
-        assert!(matches!(t.rebuild(&[outside], None), Err(SlotsError::Shape(_))));
+        assert!(matches!(t.rebuild(&[outside], seed), Err(SlotsError::Shape(_))));
         let named = parse_slots(&Value::Array(vec![range(0, 1, vec![node("redis-1", 7000, "a")])])).unwrap();
-        assert_eq!(t.rebuild(&named, None), Err(SlotsError::Hostname("redis-1".into())));
-        // An empty host with nobody to take it from.
-        let empty = parse_slots(&Value::Array(vec![range(0, 1, vec![node("", 7000, "a")])])).unwrap();
-        assert_eq!(t.rebuild(&empty, None), Err(SlotsError::Hostname(String::new())));
+        assert_eq!(t.rebuild(&named, seed), Err(SlotsError::Hostname("redis-1".into())));
         assert!(t.needs_refresh());
+    }
+
+    /// The map is trusted as far as the configuration: a node that only a
+    /// redirection named is never one to go to, and only a seed's map counts.
+    #[test]
+    fn trust_comes_from_the_seeds() {
+        let seed: SocketAddr = "127.0.0.1:7000".parse().unwrap();
+        let master: SocketAddr = "127.0.0.1:7001".parse().unwrap();
+        let stranger: SocketAddr = "127.0.0.1:63998".parse().unwrap();
+        let mut t = Topology::with_seeds(vec![seed]);
+        assert!(t.trusts(seed) && t.is_seed(seed));
+        assert!(!t.trusts(master) && !t.trusts(stranger));
+        // A stranger's map, all slots to itself, changes nothing.
+        let all = |host: &str, port| Range {
+            start: 0,
+            end: 16383,
+            host: host.into(),
+            port,
+        };
+        assert_eq!(
+            t.rebuild(&[all("127.0.0.1", 63998)], stranger),
+            Err(SlotsError::NotSeed(stranger))
+        );
+        assert!(t.needs_refresh());
+        assert_eq!(t.owner(1), None);
+        // The seed's map names the masters to go to.
+        let half = |start, end, port| Range {
+            start,
+            end,
+            host: "127.0.0.1".into(),
+            port,
+        };
+        t.rebuild(&[half(0, 8191, 7000), half(8192, 16383, 7001)], seed)
+            .unwrap();
+        assert!(t.trusts(master) && !t.is_seed(master));
+        // A master of the map is not a seed: its map is refused.
+        assert_eq!(
+            t.rebuild(&[all("127.0.0.1", 63998)], master),
+            Err(SlotsError::NotSeed(master))
+        );
+        assert_eq!(t.owner(1), Some(seed));
+        // MOVED to a stranger: not followed, not learned, the map out of date.
+        assert!(!t.moved(1, stranger));
+        assert_eq!(t.owner(1), Some(seed));
+        assert!(!t.trusts(stranger));
+        assert!(t.needs_refresh());
+        // MOVED to a master of the map (or a seed) moves the slot.
+        assert!(t.moved(1, master));
+        assert_eq!(t.owner(1), Some(master));
+        assert!(t.moved(9000, seed));
+        assert_eq!(t.owner(9000), Some(seed));
+        // A refresh from the seed that names the stranger makes it one to go to.
+        t.rebuild(&[half(0, 8191, 7000), half(8192, 16383, 63998)], seed)
+            .unwrap();
+        assert!(t.trusts(stranger) && !t.trusts(master));
+        assert!(!t.needs_refresh());
     }
 }

@@ -350,6 +350,27 @@ impl fmt::Display for ReplyError {
 
 impl std::error::Error for ReplyError {}
 
+impl ReplyError {
+    /// Bytes no working Redis node sends (not RESP, a reply of the wrong
+    /// kind, lengths or ends that do not hold, replies nobody asked for),
+    /// or a cluster step refused: with a Redis Cluster, the node may not be
+    /// what the map says, so the map is out of date. Error replies to the
+    /// command and a refused `AUTH` (the client's or the configuration's
+    /// doing) are not.
+    pub fn breaks_protocol(&self) -> bool {
+        match self {
+            ReplyError::Refused { setup, .. } => matches!(setup, Setup::Slots | Setup::Asking),
+            ReplyError::Failed { .. } => false,
+            ReplyError::Unexpected { .. }
+            | ReplyError::NotResp { .. }
+            | ReplyError::TooLong(_)
+            | ReplyError::BadValueEnd
+            | ReplyError::Unsolicited
+            | ReplyError::Stale(_) => true,
+        }
+    }
+}
+
 /// What reading the replies gives.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event<'a> {
@@ -748,6 +769,36 @@ impl Exchange {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn replies_that_break_the_protocol() {
+        for e in [
+            ReplyError::NotResp { what: "GET" },
+            ReplyError::Unexpected { what: "GET" },
+            ReplyError::TooLong(1 << 40),
+            ReplyError::BadValueEnd,
+            ReplyError::Unsolicited,
+            ReplyError::Stale(b"+OK".to_vec()),
+            ReplyError::Refused {
+                setup: Setup::Slots,
+                message: b"ERR no".to_vec(),
+            },
+        ] {
+            assert!(e.breaks_protocol(), "{e}");
+        }
+        for e in [
+            ReplyError::Refused {
+                setup: Setup::Auth,
+                message: b"WRONGPASS".to_vec(),
+            },
+            ReplyError::Failed {
+                command: Command::Get,
+                message: b"WRONGTYPE".to_vec(),
+            },
+        ] {
+            assert!(!e.breaks_protocol(), "{e}");
+        }
+    }
 
     fn req(command: Command) -> Request<'static> {
         Request {

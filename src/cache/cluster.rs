@@ -5,13 +5,18 @@
 //! slot, from the worker's map of the cluster (core's `cluster::Topology`).
 //!
 //! The map is learned in the requests' own round trips (`CLUSTER SLOTS`
-//! before the command, when the map is missing or out of date), corrected
-//! by `-MOVED`, and marked out of date when a node fails. `-MOVED` and
-//! `-ASK` send the request again through nginx's own next-upstream step
-//! (process_header returns an invalid header), to the node they name; the
-//! peer's free does not count that as the server's failure.
+//! before the command, when the map is missing or out of date), always
+//! from a seed (a `server` of the block: only the configuration is
+//! trusted to say what the cluster is), corrected by `-MOVED`, and marked
+//! out of date when a node fails or answers garbage. `-MOVED` and `-ASK`
+//! send the request again through nginx's own next-upstream step
+//! (process_header returns an invalid header), to the node they name when
+//! the map trusts it; a node it does not know sends the request to a seed
+//! first, for a new map, and is refused when that map does not name it
+//! either. The peer's free does not count these steps as the server's
+//! failure.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::ffi::{c_char, c_void};
 use std::net::SocketAddr;
 use std::ptr::NonNull;
@@ -21,7 +26,7 @@ use gateway_core::redis::ClusterSteps;
 
 use super::config::{Cache, CacheMainConf};
 use super::request::{build_request, ctx_of, Ctx};
-use crate::ffi::conf::{conf_step, directive, socket_addr, ConfError};
+use crate::ffi::conf::{conf_step, directive, socket_addr, upstream_server_addrs, ConfError};
 use crate::ffi::*;
 use crate::log;
 
@@ -41,8 +46,6 @@ pub struct Cluster {
     /// `cache_cluster` would have replaced it).
     initialized: bool,
     pub topology: RefCell<Topology>,
-    /// Spreads map refreshes over the known masters.
-    turn: Cell<usize>,
 }
 
 impl Cluster {
@@ -99,7 +102,6 @@ pub(crate) extern "C" fn cmd_cache_cluster(
             on,
             initialized: false,
             topology: RefCell::new(Topology::new()),
-            turn: Cell::new(0),
         }));
         Ok(())
     };
@@ -119,9 +121,11 @@ extern "C" fn init_upstream(cf: *mut ngx_conf_t, us: *mut ngx_http_upstream_srv_
         // SAFETY: as above; the block lives as long as the configuration.
         let uscf = unsafe { &mut *us };
         uscf.peer.init = Some(init_peer);
+        let seeds = upstream_server_addrs(uscf);
         let mcf = cf.main_conf::<Cache>();
         for c in mcf.clusters.iter_mut().filter(|c| c.uscf == us.cast_const()) {
             c.initialized = true;
+            c.topology.borrow_mut().set_seeds(seeds.clone());
         }
         Ok(())
     };
@@ -221,15 +225,6 @@ extern "C" fn init_peer(r: *mut ngx_http_request_t, us: *mut ngx_http_upstream_s
     })
 }
 
-/// The next known master that this request has not seen fail.
-fn another_node(cluster: &Cluster, topo: &Topology, failed: &[SocketAddr]) -> Option<SocketAddr> {
-    let nodes = topo.nodes();
-    let n = nodes.len();
-    let start = cluster.turn.get();
-    cluster.turn.set(start.wrapping_add(1));
-    (0..n).map(|i| nodes[(start + i) % n]).find(|a| !failed.contains(a))
-}
-
 extern "C" fn peer_get(pc: *mut ngx_peer_connection_t, data: *mut c_void) -> ngx_int_t {
     // SAFETY: the peer's log is the request's.
     let log = unsafe { Log::from_raw((*pc).log) };
@@ -241,23 +236,22 @@ extern "C" fn peer_get(pc: *mut ngx_peer_connection_t, data: *mut c_void) -> ngx
         let (ctx, cluster) = unsafe { (&mut *pd.ctx.as_ptr(), pd.cluster.as_ref()) };
         let Some(cr) = ctx.cluster.as_mut() else { return ERROR };
         let topo = cluster.topology.borrow();
-        let mut steps = ClusterSteps {
-            slots: topo.needs_refresh(),
-            asking: false,
-        };
+        // A map is asked of seeds only. A request that needs one (none yet,
+        // out of date, a redirection to a node the map does not know) goes
+        // to a seed: the slot's master when that is one, else round robin's.
+        let refresh = std::mem::take(&mut cr.refresh) || topo.needs_refresh();
+        let mut steps = ClusterSteps::default();
         let target = match cr.redirect.take() {
+            // (A node the map trusts: process_header checked.)
             Some((addr, kind)) => {
                 steps.asking = kind == RedirectKind::Ask;
                 Some(addr)
             }
-            None => match topo.owner(cr.slot).filter(|a| !cr.failed.contains(a)) {
-                Some(a) => Some(a),
-                None => {
-                    steps.slots = true;
-                    another_node(cluster, &topo, &cr.failed)
-                }
-            },
+            None => topo
+                .owner(cr.slot)
+                .filter(|a| !cr.failed.contains(a) && (!refresh || topo.is_seed(*a))),
         };
+        steps.slots = refresh && target.is_none_or(|a| topo.is_seed(a));
         drop(topo);
         // SAFETY: the request's live peer (the request's upstream's).
         let pc = unsafe { &mut *pc };
@@ -309,7 +303,8 @@ extern "C" fn peer_free(pc: *mut ngx_peer_connection_t, data: *mut c_void, state
         // SAFETY: as in peer_get.
         let (ctx, cluster) = unsafe { (&mut *pd.ctx.as_ptr(), pd.cluster.as_ref()) };
         let Some(cr) = ctx.cluster.as_mut() else { return };
-        let redirected = cr.redirect.is_some();
+        // (A redirection, or a request sent to a seed for a new map.)
+        let redirected = cr.redirect.is_some() || cr.refresh;
         let failed = state & NGX_PEER_FAILED as ngx_uint_t != 0 && !redirected;
         // A node that does not connect or answer: the map may be out of date.
         let silent = failed && !cr.spoke;
@@ -379,8 +374,15 @@ extern "C" fn save_session(pc: *mut ngx_peer_connection_t, data: *mut c_void) {
 pub struct ClusterReq {
     /// The key's hash slot.
     pub slot: u16,
-    /// The node the next try goes to, named by `-MOVED` or `-ASK`.
+    /// The node the next try goes to, named by `-MOVED` or `-ASK` (one
+    /// the map trusts).
     pub redirect: Option<(SocketAddr, RedirectKind)>,
+    /// The next try goes to a seed, with `CLUSTER SLOTS` (a redirection
+    /// named a node the map does not know).
+    pub refresh: bool,
+    /// A seed gave this request a new map: a node that map does not know is
+    /// refused.
+    pub refreshed: bool,
     pub redirects: u32,
     /// What goes before the command on the current try.
     pub steps: ClusterSteps,
@@ -414,4 +416,41 @@ impl ClusterReq {
 /// Logged once per request that cannot be sent on.
 pub fn log_stop(log: Log, what: std::fmt::Arguments<'_>) {
     log!(NGX_LOG_ERR, log, "cache: {what}");
+}
+
+/// The most addresses of refused redirections a worker remembers (to log
+/// each once); past it, one more line says that further ones are not logged.
+const REFUSED_LOGGED: usize = 64;
+
+/// A redirection to a node that not even a new map from a seed names:
+/// refused (the request gets 502). Logged once per address per worker, not
+/// once per request: a hostile node could otherwise fill the log.
+pub fn log_refused(log: Log, addr: SocketAddr, what: std::fmt::Arguments<'_>) {
+    thread_local! {
+        static SEEN: RefCell<Vec<SocketAddr>> = const { RefCell::new(Vec::new()) };
+    }
+    let first = SEEN.with(|seen| {
+        let mut seen = seen.borrow_mut();
+        if seen.contains(&addr) {
+            return None;
+        }
+        if seen.len() > REFUSED_LOGGED {
+            return None;
+        }
+        seen.push(addr);
+        Some(seen.len() > REFUSED_LOGGED)
+    });
+    match first {
+        Some(false) => log!(
+            NGX_LOG_ERR,
+            log,
+            "cache: refused to follow {what}: {addr} is not a node of the cluster map that the upstream's servers give (logged once per address)"
+        ),
+        Some(true) => log!(
+            NGX_LOG_ERR,
+            log,
+            "cache: refused to follow {what}: {addr} is not a node of the cluster map that the upstream's servers give (more than {REFUSED_LOGGED} addresses refused: further ones are not logged)"
+        ),
+        None => {}
+    }
 }

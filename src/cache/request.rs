@@ -12,14 +12,14 @@ use gateway_core::pubsub;
 use gateway_core::redis::{self, Command, Event, Exchange, ReplyError, Setup};
 use gateway_core::resp;
 
-use super::cluster::{cluster_of, log_stop, ClusterReq, MAX_REDIRECTS};
+use super::cluster::{cluster_of, log_refused, log_stop, ClusterReq, MAX_REDIRECTS};
 use super::config::{Cache, CacheLocConf, CacheMainConf};
 use crate::ffi::request::RequestCtx;
 use crate::ffi::upstream::Callbacks;
 use crate::ffi::*;
-use crate::log;
 use crate::sqldb::config::upstream::sqldb_srv_conf;
 use crate::subscribe::Refused;
+use crate::{debug, log};
 
 /// Per-request state.
 pub struct Ctx {
@@ -476,16 +476,19 @@ extern "C" fn process_header(r: *mut ngx_http_request_t) -> ngx_int_t {
                 Event::More => return AGAIN,
                 Event::Slots(reply) => {
                     let Some(cr) = ctx.cluster.as_mut() else { return ERROR };
-                    let rebuilt = kslot::parse_slots(&reply).and_then(|ranges| match cr.topology() {
-                        Some(t) => t.borrow_mut().rebuild(&ranges, cr.current),
-                        None => Ok(()),
-                    });
+                    let Some((t, current)) = cr.topology().zip(cr.current) else {
+                        return ERROR;
+                    };
+                    let rebuilt =
+                        kslot::parse_slots(&reply).and_then(|ranges| t.borrow_mut().rebuild(&ranges, current));
                     if let Err(e) = rebuilt {
+                        t.borrow_mut().mark_stale();
                         log_stop(log, format_args!("{e}, from redis cluster node {}", cr.node()));
                         cr.stop = true;
                         drop_unread(u);
                         return NGX_HTTP_UPSTREAM_INVALID_HEADER as ngx_int_t;
                     }
+                    cr.refreshed = true;
                 }
                 Event::Redirect(rd) => {
                     let Some(cr) = ctx.cluster.as_mut() else { return ERROR };
@@ -512,12 +515,35 @@ extern "C" fn process_header(r: *mut ngx_http_request_t) -> ngx_int_t {
                             cr.stop = true;
                         }
                         Some(addr) => {
-                            if rd.kind == RedirectKind::Moved {
-                                if let Some(t) = cr.topology() {
-                                    t.borrow_mut().moved(rd.slot, addr);
-                                }
+                            let Some(t) = cr.topology() else { return ERROR };
+                            let mut t = t.borrow_mut();
+                            let trusted = match rd.kind {
+                                RedirectKind::Moved => t.moved(rd.slot, addr),
+                                RedirectKind::Ask => t.trusts(addr),
+                            };
+                            drop(t);
+                            if trusted {
+                                cr.redirect = Some((addr, rd.kind));
+                            } else if !cr.refreshed {
+                                // A node the map does not know: no byte goes
+                                // there before a seed's map names it. The
+                                // request goes to a seed, for a new map
+                                // (and its answer: the key's node, or a
+                                // redirection checked against that map).
+                                cr.refresh = true;
+                            } else {
+                                debug!(
+                                    log,
+                                    "cache: redis cluster node {} answered \"{rd}\", refused",
+                                    cr.node()
+                                );
+                                log_refused(
+                                    log,
+                                    addr,
+                                    format_args!("\"{rd}\" from redis cluster node {}", cr.node()),
+                                );
+                                cr.stop = true;
                             }
-                            cr.redirect = Some((addr, rd.kind));
                         }
                     }
                     // The connection goes (nginx's next step closes it).
@@ -532,6 +558,7 @@ extern "C" fn process_header(r: *mut ngx_http_request_t) -> ngx_int_t {
                     if value.is_some() {
                         if let Err(e) = ctx.exchange.check_value_end(u.unread()) {
                             log!(NGX_LOG_ERR, log, "cache: {e}");
+                            cluster_garbage(ctx, &e);
                             if let Some(cr) = ctx.cluster.as_mut() {
                                 cr.stop |= !cr.retry_invalid;
                             }
@@ -557,6 +584,7 @@ extern "C" fn process_header(r: *mut ngx_http_request_t) -> ngx_int_t {
                         u.set_keepalive(ctx.exchange.keeps());
                     } else {
                         log!(NGX_LOG_ERR, log, "cache: {}", ReplyError::Unsolicited);
+                        cluster_garbage(ctx, &ReplyError::Unsolicited);
                         drop_unread(u);
                     }
                     return OK;
@@ -583,6 +611,7 @@ extern "C" fn process_header(r: *mut ngx_http_request_t) -> ngx_int_t {
                 }
                 Event::Failed(e) => {
                     log!(NGX_LOG_ERR, log, "cache: {e}");
+                    cluster_garbage(ctx, &e);
                     if let Some(cr) = ctx.cluster.as_mut() {
                         cr.stop |= !cr.retry_invalid;
                     }
@@ -601,6 +630,16 @@ extern "C" fn process_header(r: *mut ngx_http_request_t) -> ngx_int_t {
             }
         }
     })
+}
+
+/// A cluster node that sent what no working node sends: the map may be
+/// wrong about it, so the next request asks a seed for a new one.
+fn cluster_garbage(ctx: &Ctx, e: &ReplyError) {
+    if let Some(t) = ctx.cluster.as_ref().and_then(|cr| cr.topology()) {
+        if e.breaks_protocol() {
+            t.borrow_mut().mark_stale();
+        }
+    }
 }
 
 /// Drops the bytes read and not used: the connection they came on is not
@@ -691,11 +730,13 @@ extern "C" fn filter(data: *mut c_void, bytes: isize) -> ngx_int_t {
                         u.set_keepalive(ctx.exchange.keeps());
                     } else {
                         log!(NGX_LOG_ERR, log, "cache: {}", ReplyError::Unsolicited);
+                        cluster_garbage(ctx, &ReplyError::Unsolicited);
                     }
                     return OK;
                 }
                 Event::Failed(e) => {
                     log!(NGX_LOG_ERR, log, "cache: {e}");
+                    cluster_garbage(ctx, &e);
                     u.set_length(0);
                     // A value that does not end as announced is cut short.
                     return if e == ReplyError::BadValueEnd { ERROR } else { OK };

@@ -573,6 +573,26 @@ impl Conf {
     }
 }
 
+/// The IP addresses and ports of an upstream block's `server` lines (every
+/// address a name resolved to, backup servers too; unix sockets are left out).
+pub fn upstream_server_addrs(us: &ngx_http_upstream_srv_conf_t) -> Vec<std::net::SocketAddr> {
+    // SAFETY: the block's servers array, of ngx_http_upstream_server_t, in
+    // configuration memory (null for a block made by proxy_pass and the like).
+    let servers =
+        unsafe { us.servers.as_ref() }.map_or(&[][..], |a| unsafe { a.as_slice::<ngx_http_upstream_server_t>() });
+    let mut out = Vec::new();
+    for s in servers.iter().filter(|s| !s.addrs.is_null()) {
+        // SAFETY: naddrs addresses, in configuration memory.
+        let addrs = unsafe { std::slice::from_raw_parts(s.addrs, s.naddrs) };
+        for a in addrs.iter().filter(|a| !a.sockaddr.is_null()) {
+            // SAFETY: socklen bytes of the address, in configuration memory.
+            let sa = unsafe { std::slice::from_raw_parts(a.sockaddr as *const u8, a.socklen as usize) };
+            out.extend(socket_addr(sa));
+        }
+    }
+    out
+}
+
 /// The IP address and port of a sockaddr's bytes (IPv4, IPv6).
 pub fn socket_addr(sa: &[u8]) -> Option<std::net::SocketAddr> {
     use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};

@@ -36,12 +36,13 @@ pub fn cluster_slots(data: &[u8]) {
         "the value depends on bytes after it"
     );
     let Ok(ranges) = parse_slots(v) else { return };
-    let mut t = Topology::new();
-    if t.rebuild(&ranges, "127.0.0.1:1".parse().ok()).is_ok() {
+    let Ok(seed) = "127.0.0.1:1".parse() else { return };
+    let mut t = Topology::with_seeds(vec![seed]);
+    if t.rebuild(&ranges, seed).is_ok() {
         assert!(!t.needs_refresh());
         for slot in 0..SLOTS as u16 {
             if let Some(a) = t.owner(slot) {
-                assert!(t.nodes().contains(&a));
+                assert!(t.nodes().contains(&a) && t.trusts(a));
             }
         }
         for r in &ranges {
