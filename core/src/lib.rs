@@ -3,6 +3,7 @@
 //! libpq connection-string builder. Kept apart from the module so that `cargo
 //! test` can link them: the module itself only links inside an nginx binary.
 
+pub mod authfail;
 pub mod cluster;
 pub mod conninfo;
 pub mod formats;

@@ -6,6 +6,7 @@
 //! the database and `cache_auth` authenticates, in the same round trip, and
 //! the connection is put back the way it was before it is kept.
 
+pub mod authfail;
 pub mod cluster;
 pub mod config;
 pub mod link;

@@ -91,6 +91,8 @@ pub enum Failure {
         reused: bool,
         /// It never connected.
         connecting: bool,
+        /// Redis refused the password (`cache_auth`).
+        auth: bool,
     },
 }
 
@@ -226,6 +228,8 @@ pub struct PipeConn {
     /// Why it closed, and whether its replies were wrong.
     closed_why: String,
     closed_invalid: bool,
+    /// It closed because Redis refused its password.
+    closed_auth: bool,
     /// Posted to send what a pass of the event loop queued, in one write.
     kick: RetryTimer,
     idle: RetryTimer,
@@ -429,6 +433,7 @@ impl PipeConn {
             served: 0,
             closed_why: String::new(),
             closed_invalid: false,
+            closed_auth: false,
             kick: RetryTimer::new(std::ptr::null_mut(), Some(kick_event)),
             idle: RetryTimer::new(std::ptr::null_mut(), Some(idle_event)),
             out_buf: Vec::new(),
@@ -722,8 +727,9 @@ impl PipeConn {
             _ => None,
         };
         let (true, Some(n)) = (ends, whole) else {
-            let invalid = !matches!(e, ReplyError::Refused { setup: Setup::Auth, .. });
-            return self.broken(&e.to_string(), invalid);
+            let auth = matches!(e, ReplyError::Refused { setup: Setup::Auth, .. });
+            self.closed_auth = auth;
+            return self.broken(&e.to_string(), !auth);
         };
         self.in_at += n;
         let Some(w) = self.waiters.pop_front() else { return };
@@ -787,6 +793,7 @@ impl PipeConn {
                         sent,
                         reused: w.reused,
                         connecting,
+                        auth: self.closed_auth,
                     },
                 ));
             }

@@ -12,6 +12,7 @@ use gateway_core::pubsub;
 use gateway_core::redis::{self, Command, Event, Exchange, ReplyError, Setup};
 use gateway_core::resp;
 
+use super::authfail;
 use super::cluster::{cluster_of, log_refused, log_stop, ClusterReq, MAX_REDIRECTS};
 use super::config::{Cache, CacheLocConf, CacheMainConf};
 use crate::ffi::request::RequestCtx;
@@ -29,6 +30,8 @@ pub struct Ctx {
     pub(super) db: Option<u32>,
     pub(super) exptime: Option<u64>,
     pub(super) auth: Option<Vec<u8>>,
+    /// The password's key in the worker's table of refused ones.
+    pub(super) auth_key: Option<u64>,
     /// The reader of the replies (made with the request's bytes).
     exchange: Exchange,
     /// The command's reply is in: its status is known.
@@ -72,6 +75,8 @@ enum StartError {
     SqldbUpstream(String),
     /// See FILTER_REDIRECT.
     AnswerUnderWay,
+    /// Redis refused the `cache_auth` password less than a second ago.
+    AuthRefused,
     Nginx,
 }
 
@@ -84,6 +89,7 @@ impl StartError {
             | StartError::BadDb(_)
             | StartError::BadExptime(_)
             | StartError::ClusterDb(_) => HTTP_BAD_REQUEST,
+            StartError::AuthRefused => HTTP_BAD_GATEWAY,
             _ => HTTP_INTERNAL_SERVER_ERROR,
         }
     }
@@ -92,6 +98,10 @@ impl StartError {
     fn log(&self, log: Log) {
         match self {
             StartError::NotAllowed | StartError::Nginx => {}
+            // (The refusal was logged, once a minute at most.)
+            StartError::AuthRefused => {
+                crate::debug!(log, "cache: redis refused the password less than a second ago")
+            }
             StartError::EmptyKey => log!(NGX_LOG_INFO, log, "cache: the \"$cache_key\" variable is empty"),
             StartError::BadChannel(v) => log!(
                 NGX_LOG_INFO,
@@ -163,6 +173,12 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
         return Err(StartError::AnswerUnderWay);
     }
     if lcf.subscribe.is_some() {
+        if let Some(cv) = lcf.auth {
+            let pw = r.complex_value(cv).ok_or(StartError::Nginx)?;
+            if authfail::blocked(authfail::key(&authfail::block_scope(lcf.upstream.upstream), pw)) {
+                return Err(StartError::AuthRefused);
+            }
+        }
         return super::subscriber::start(r, lcf).map_err(|e| match e {
             Refused::BadChannel(v) => StartError::BadChannel(v),
             Refused::NotAllowed => StartError::NotAllowed,
@@ -216,10 +232,18 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
     let umcf = r.main_conf::<ngx::http::NgxHttpUpstreamModule>();
     let pool = r.pool();
     let u = r.create_upstream().ok_or(StartError::Nginx)?;
-    let block = match backend {
-        Some(name) => resolve(u, pool, umcf, &name)?,
+    let block = match &backend {
+        Some(name) => resolve(u, pool, umcf, name)?,
         None => lcf.upstream.upstream.cast_const(),
     };
+    // A password Redis refused less than a second ago: 502 at once.
+    let auth_key = auth.as_deref().map(|pw| match backend.as_deref() {
+        Some(name) if block.is_null() => authfail::key(name, pw),
+        _ => authfail::key(&authfail::block_scope(block), pw),
+    });
+    if auth_key.is_some_and(authfail::blocked) {
+        return Err(StartError::AuthRefused);
+    }
     let mut conf: *const ngx_http_upstream_conf_t = &lcf.upstream;
     let mut cluster = None;
     if cluster_of(mcf, block).is_some() {
@@ -269,6 +293,7 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
         db,
         exptime,
         auth,
+        auth_key,
         exchange: Exchange::new(Vec::new(), command, Vec::new()),
         answered: false,
         carry: Vec::new(),
@@ -551,6 +576,9 @@ extern "C" fn process_header(r: *mut ngx_http_request_t) -> ngx_int_t {
                     return NGX_HTTP_UPSTREAM_INVALID_HEADER as ngx_int_t;
                 }
                 Event::Answer { status, value } => {
+                    if let Some(k) = ctx.auth_key {
+                        authfail::accepted(k);
+                    }
                     // A value that came whole with its header is checked to
                     // its end before the status goes out: one that does not
                     // end with CRLF is a malformed reply (502), not a 200
@@ -608,6 +636,23 @@ extern "C" fn process_header(r: *mut ngx_http_request_t) -> ngx_int_t {
                     u.set_status(HTTP_BAD_REQUEST as ngx_uint_t);
                     u.set_content_length(0);
                     return OK;
+                }
+                // A refused password: no other server is tried (it would
+                // cost Redis one more connection), and the line comes once
+                // a minute at most.
+                Event::Failed(e @ ReplyError::Refused { setup: Setup::Auth, .. }) => {
+                    let node = u
+                        .peer_addr()
+                        .map(|(_, n)| String::from_utf8_lossy(n.as_bytes()).into_owned());
+                    if let Some(k) = ctx.auth_key {
+                        authfail::refused(k, log, format_args!("{e}, by redis {}", node.as_deref().unwrap_or("?")));
+                    }
+                    if let Some(cr) = ctx.cluster.as_mut() {
+                        cr.stop = true;
+                    }
+                    *u.tries() = 0;
+                    drop_unread(u);
+                    return NGX_HTTP_UPSTREAM_INVALID_HEADER as ngx_int_t;
                 }
                 Event::Failed(e) => {
                     log!(NGX_LOG_ERR, log, "cache: {e}");

@@ -13,6 +13,7 @@ use std::rc::Rc;
 use gateway_core::pubsub;
 use gateway_core::redis;
 
+use super::authfail;
 use super::config::{Cache, CacheLocConf, CacheMainConf};
 use super::link::Tls;
 use super::pipe::{ConnId, DbStep, Delivery, Failure, Handle, Reader, Target};
@@ -313,6 +314,7 @@ fn place(r: &mut Req, id: ConnId) {
                     sent: false,
                     reused: false,
                     connecting: false,
+                    auth: false,
                 },
             )
         }
@@ -326,6 +328,7 @@ fn place(r: &mut Req, id: ConnId) {
                     sent: false,
                     reused: false,
                     connecting: false,
+                    auth: false,
                 },
             )
         }
@@ -360,6 +363,10 @@ fn again(r: &mut Req) {
     }) else {
         return end(r, HTTP_INTERNAL_SERVER_ERROR);
     };
+    // (A password Redis refused meanwhile: no new connection for it.)
+    if ctx.auth_key.is_some_and(authfail::blocked) {
+        return end(r, HTTP_BAD_GATEWAY);
+    }
     let lcf: &CacheLocConf = r.loc_conf::<Cache>();
     let to = Target {
         addr: &room[..len],
@@ -907,12 +914,22 @@ fn failed(r: &mut Req, f: Failure) {
             }
             next(r, NGX_HTTP_UPSTREAM_FT_INVALID_HEADER, true, false)
         }
+        Failure::Broken { why, auth: true, .. } => {
+            // A refused password: logged once a minute at most, and no
+            // other server is tried (one more connection for Redis).
+            let name = server_name(r);
+            if let Some(k) = ctx_of(r).and_then(|c| c.auth_key) {
+                authfail::refused(k, r.log(), format_args!("{why}, by redis {name}"));
+            }
+            end(r, HTTP_BAD_GATEWAY)
+        }
         Failure::Broken {
             why,
             invalid,
             sent,
             reused,
             connecting,
+            auth: false,
         } => {
             let name = server_name(r);
             let doing = if connecting {

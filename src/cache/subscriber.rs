@@ -13,6 +13,7 @@ use std::ptr::NonNull;
 
 use gateway_core::pubsub::{self, Push};
 
+use super::authfail;
 use super::config::{Cache, CacheLocConf};
 use super::link::{self, nonblocking_connect, socket_error, Connect, Io, IoError, Tls};
 use crate::ffi::*;
@@ -45,6 +46,8 @@ pub struct RedisHub {
     /// The address to try next (the one in use, while connected).
     next: usize,
     auth: Option<Vec<u8>>,
+    /// The password's key in the worker's table of refused ones.
+    auth_key: Option<u64>,
     tls: Option<Tls>,
     connect_timeout: ngx_msec_t,
     sink: &'static dyn ListenSink,
@@ -62,6 +65,8 @@ pub struct RedisHub {
     live: bool,
     /// The next status or error is AUTH's.
     auth_pending: bool,
+    /// Redis refused the password (its message).
+    auth_refused: Option<String>,
     /// The timer that makes the connection again.
     retry: RetryTimer,
 }
@@ -117,10 +122,14 @@ fn hub(r: &mut Req, lcf: &CacheLocConf, auth: Option<Vec<u8>>) -> Option<NonNull
         name = format!("{name}:{}", us.port);
     }
     let tls = Tls::of_location(r, lcf, us.host.as_bytes())?;
+    let auth_key = auth
+        .as_deref()
+        .map(|pw| authfail::key(&authfail::block_scope(lcf.upstream.upstream), pw));
     let h = RedisHub::new(
         name,
         addrs,
         auth.clone(),
+        auth_key,
         tls,
         lcf.upstream.connect_timeout,
         &subscribe::CACHE,
@@ -165,6 +174,7 @@ impl RedisHub {
         upstream: String,
         addrs: Vec<Addr>,
         auth: Option<Vec<u8>>,
+        auth_key: Option<u64>,
         tls: Option<Tls>,
         connect_timeout: ngx_msec_t,
         sink: &'static dyn ListenSink,
@@ -174,6 +184,7 @@ impl RedisHub {
             addrs,
             next: 0,
             auth,
+            auth_key,
             tls,
             connect_timeout,
             sink,
@@ -185,6 +196,7 @@ impl RedisHub {
             was_up: false,
             live: false,
             auth_pending: false,
+            auth_refused: None,
             retry: RetryTimer::new(std::ptr::null_mut(), Some(retry_event)),
         });
         let data: *mut RedisHub = &mut *h;
@@ -240,6 +252,28 @@ impl RedisHub {
         );
         self.next = (self.next + 1) % self.addrs.len().max(1);
         self.retry.start(RETRY);
+    }
+
+    /// Redis refused the password: the subscriptions end (the responses
+    /// end), and the connection is not made again for them; a subscriber
+    /// that comes back within a second gets 502 without a connection, and
+    /// the refusal is logged once a minute at most. Idle subscribers with a
+    /// wrong password cost Redis one connection each, not one a second.
+    fn refused(&mut self, why: &str) {
+        if let Some(k) = self.auth_key {
+            authfail::refused(
+                k,
+                Log::cycle(),
+                format_args!(
+                    "{why}, by redis {} of upstream \"{}\" (subscribing); its subscriptions end",
+                    self.server(),
+                    self.upstream
+                ),
+            );
+        }
+        let all = self.channels.everyone();
+        self.close();
+        self.sink.closing(&all);
     }
 
     fn connect(&mut self) {
@@ -381,7 +415,10 @@ impl RedisHub {
                 Err(e) => return self.lost(&e),
             }
             if let Err(e) = self.take_pushes() {
-                return self.lost(&e);
+                return match self.auth_refused.take() {
+                    Some(why) => self.refused(&why),
+                    None => self.lost(&e),
+                };
             }
         }
     }
@@ -413,10 +450,18 @@ impl RedisHub {
                             }
                         }
                         Push::Unsubscribed(_) => {}
-                        Push::Status => self.auth_pending = false,
+                        Push::Status => {
+                            if std::mem::take(&mut self.auth_pending) {
+                                if let Some(k) = self.auth_key {
+                                    authfail::accepted(k);
+                                }
+                            }
+                        }
                         Push::Error(msg) if std::mem::take(&mut self.auth_pending) => {
                             // A wrong password: nothing works on this connection.
-                            break Err(format!("AUTH was refused: {}", String::from_utf8_lossy(&msg)));
+                            let why = format!("AUTH was refused: {}", String::from_utf8_lossy(&msg));
+                            self.auth_refused = Some(why.clone());
+                            break Err(why);
                         }
                         Push::Error(msg) => log!(
                             NGX_LOG_ERR,
