@@ -354,7 +354,12 @@ sub stop_servers {
     @Instances = ();
 }
 
+# The process that started the servers (a child the test forked, whose exec
+# failed and which exits, runs END blocks too: it must not stop them).
+my $Owner = $$;
+
 END {
+    return unless $$ == $Owner;
     my $rc = $?;
     stop_nginx();
     stop_servers();
