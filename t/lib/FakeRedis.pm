@@ -156,6 +156,8 @@ sub stop {
     $self->{pid} = undef;
 }
 
-END { local $?; $_->stop for @Fakes }
+# (Only in the process that started them: not in a fake's own child.)
+my $Owner = $$;
+END { local $?; if ($$ == $Owner) { $_->stop for @Fakes } }
 
 1;

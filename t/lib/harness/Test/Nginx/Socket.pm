@@ -265,7 +265,9 @@ sub valgrind_verdict ($) {
     diag($report);
 }
 
-END { stop_nginx(); valgrind_verdict($CurrentBlock) }
+# (Not in a child the test forked, which exits too.)
+my $Owner = $$;
+END { if ($$ == $Owner) { stop_nginx(); valgrind_verdict($CurrentBlock) } }
 
 sub slurp ($) {
     my $f = shift;
