@@ -38,10 +38,11 @@ DEB_MODULE   := $(OBJS)/$(MODULE)
 VEN_MODULE   := $(OBJS)/vendored/$(MODULE)
 VEN_NGINX    := $(OBJS)/vendored/nginx
 
-# What building needs; make deb also needs debhelper and dpkg-dev.
+# What building needs (dpkg-dev for Debian's build flags, below); make deb
+# also needs debhelper.
 BUILD_PACKAGES := nginx-dev libpq-dev libclang-dev clang pkg-config \
-                  libpcre2-dev libssl-dev zlib1g-dev make gcc binutils
-DEB_PACKAGES   := $(BUILD_PACKAGES) debhelper dpkg-dev
+                  libpcre2-dev libssl-dev zlib1g-dev make gcc binutils dpkg-dev
+DEB_PACKAGES   := $(BUILD_PACKAGES) debhelper
 # What make run uses besides.
 RUN_PACKAGES   := nginx postgresql openssl
 # What the suites and benchmarks use besides (make test-deps).
