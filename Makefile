@@ -31,8 +31,12 @@ CARGO        ?= cargo
 OBJS         := $(CURDIR)/objs
 DEB_SRC      := /usr/share/nginx/src
 DEB_BUILD    := $(CURDIR)/target/nginx-debian
-DEB_TARGET   := $(CURDIR)/target/debian
-VEN_TARGET   := $(CURDIR)/target/vendored
+# One cargo target folder for the three builds of the module (Debian's
+# nginx, the same with fault injection, the vendored nginx): the crates they
+# have in common are compiled once. The module itself is a cdylib, whose
+# file the three share there, so a build after another of the three
+# compiles the module crate again (about 10 s), never its dependencies.
+MODULE_TARGET   := $(CURDIR)/target/module
 MODULE       := ngx_http_gateway_module.so
 DEB_MODULE   := $(OBJS)/$(MODULE)
 VEN_MODULE   := $(OBJS)/vendored/$(MODULE)
@@ -73,7 +77,7 @@ FUZZ_RUNS    ?= 10000000
 FUZZ_SECONDS ?= 20
 FUZZ_TARGET  := $(CURDIR)/fuzz/target
 
-.PHONY: all build fault vendored build-deps deb-deps run-deps test-deps valgrind-deps unittest miri deb install test-package fuzztest fuzz fuzz-short cargo-fuzz test test-builds test-debian test-vendored test-valgrind run stop bench bench-scale bench-fanout check clean
+.PHONY: all build fault vendored build-deps deb-deps run-deps test-deps valgrind-deps unittest miri deb install test-package fuzztest fuzz fuzz-short cargo-fuzz test test-builds test-debian test-vendored suites-debian suites-vendored test-valgrind run stop bench bench-scale bench-fanout check clean
 
 all: build
 
@@ -104,31 +108,34 @@ $(DEB_BUILD)/objs/ngx_auto_config.h: | build-deps
 	cp -r $(DEB_SRC)/. $(DEB_BUILD)/
 	cd $(DEB_BUILD) && . ./conf_flags && ./configure "$${NGX_CONF_FLAGS[@]}" >configure.log
 
+# $(call cargo_module,ENV,FEATURES,FILE): cargo builds the module in the
+# shared target folder and FILE receives it. The build and the copy hold one
+# lock: another of the three builds between them would replace the file.
+define cargo_module
+	mkdir -p $(MODULE_TARGET) $(dir $(3))
+	flock $(MODULE_TARGET)/.build.lock sh -c '$(1) $(CARGO) build --release $(2) --target-dir $(MODULE_TARGET) && \
+	    cp $(MODULE_TARGET)/release/lib$(MODULE) $(3).new'
+	mv -f $(3).new $(3)
+endef
+
 $(DEB_MODULE): $(DEB_BUILD)/objs/ngx_auto_config.h FORCE
-	NGINX_BUILD_DIR=$(DEB_BUILD)/objs $(CARGO) build --release --target-dir $(DEB_TARGET)
-	mkdir -p $(OBJS) && cp $(DEB_TARGET)/release/lib$(MODULE) $(DEB_MODULE).new && mv -f $(DEB_MODULE).new $(DEB_MODULE)
+	$(call cargo_module,NGINX_BUILD_DIR=$(DEB_BUILD)/objs,,$(DEB_MODULE))
 
 # The Debian build with fault injection (NGX_GATEWAY_PANIC=<entry point>),
-# for the suite that shows every entry point survives a panic. (Its own
-# target folder: in the Debian build's, each would compile the module again
-# after the other.)
-FAULT_TARGET := $(CURDIR)/target/fault
+# for the suite that shows every entry point survives a panic.
 FAULT_MODULE := $(OBJS)/fault/$(MODULE)
 
 fault: $(DEB_BUILD)/objs/ngx_auto_config.h FORCE
-	NGINX_BUILD_DIR=$(DEB_BUILD)/objs $(CARGO) build --release --features fault-injection --target-dir $(FAULT_TARGET)
-	mkdir -p $(OBJS)/fault && cp $(FAULT_TARGET)/release/lib$(MODULE) $(FAULT_MODULE).new && mv -f $(FAULT_MODULE).new $(FAULT_MODULE)
+	$(call cargo_module,NGINX_BUILD_DIR=$(DEB_BUILD)/objs,--features fault-injection,$(FAULT_MODULE))
 
 # With debug logging (--with-debug), so that the suites see the module's
 # debug traces on one of the two builds.
 vendored: build-deps FORCE
-	NGX_CONFIGURE_ARGS=--with-debug $(CARGO) build --release --features vendored --target-dir $(VEN_TARGET)
-	mkdir -p $(OBJS)/vendored
-	cp $(VEN_TARGET)/release/lib$(MODULE) $(VEN_MODULE).new && mv -f $(VEN_MODULE).new $(VEN_MODULE)
-	cp "$$(cat $(VEN_TARGET)/release/nginx-build-dir)/nginx" $(VEN_NGINX)
+	$(call cargo_module,NGX_CONFIGURE_ARGS=--with-debug,--features vendored,$(VEN_MODULE))
+	cp "$$(cat $(MODULE_TARGET)/release/nginx-build-dir)/nginx" $(VEN_NGINX)
 
 unittest:
-	$(CARGO) test -p gateway-core --target-dir $(DEB_TARGET)
+	$(CARGO) test -p gateway-core --target-dir $(MODULE_TARGET)
 
 # core's tests under Miri (nightly; the component is added when missing).
 miri:
@@ -156,17 +163,18 @@ fuzz-short:
 	    $(MAKE) fuzztest; \
 	fi
 
-# The Debian builds first; then the suites on Debian's nginx while the
-# vendored nginx is built and the checks run beside them (each part's output
-# is printed whole when it ends); then the suites on the vendored nginx and
-# the package.
+# The builds against Debian's nginx first (the one with fault injection
+# first: the package's build then finds the module built); then the suites
+# on Debian's nginx while, beside them, the package is built and tried, the
+# vendored nginx is built and the checks run (each part's output is printed
+# whole when it ends); then the suites on the vendored nginx.
 test: test-deps
-	$(MAKE) build fault
-	$(MAKE) -j2 --output-sync=recurse test-debian test-builds
-	$(MAKE) test-vendored test-package
+	$(MAKE) fault build
+	$(MAKE) -j2 --output-sync=recurse suites-debian test-builds
+	$(MAKE) suites-vendored
 
 test-builds:
-	$(MAKE) vendored check unittest fuzztest
+	$(MAKE) test-package vendored check unittest fuzztest
 
 # The .t suites against one nginx build; t/lib/harness holds the runner
 # (an upstream Test::Nginx::Socket earlier in @INC is used instead). Files
@@ -180,10 +188,16 @@ TESTS      ?= $(SLOW_FIRST) $(filter-out $(SLOW_FIRST),$(sort $(wildcard t/*.t))
 PROVE       = PROVE_JOBS=$(PROVE_JOBS) PROVE_FLAGS="$(PROVE_FLAGS)" t/run-suite $(TESTS)
 
 test-debian: build fault
+	$(MAKE) suites-debian
+test-vendored: vendored
+	$(MAKE) suites-vendored
+
+# The suites alone, on what the builds above left in objs/.
+suites-debian:
 	@echo "=== suites on Debian's nginx: $$(/usr/sbin/nginx -v 2>&1)"
 	TEST_NGINX_BINARY=/usr/sbin/nginx TEST_NGINX_LOAD_MODULES=$(DEB_MODULE) TEST_NGINX_FAULT_MODULE=$(FAULT_MODULE) $(PROVE)
 
-test-vendored: vendored
+suites-vendored:
 	@echo "=== suites on the vendored nginx: $$($(VEN_NGINX) -v 2>&1)"
 	TEST_NGINX_BINARY=$(VEN_NGINX) TEST_NGINX_LOAD_MODULES=$(VEN_MODULE) $(PROVE)
 
@@ -271,7 +285,7 @@ bench-fanout: test-deps build
 check: $(DEB_BUILD)/objs/ngx_auto_config.h
 	$(CARGO) fmt --all -- --check
 	perl tools/check-entry-points
-	NGINX_BUILD_DIR=$(DEB_BUILD)/objs $(CARGO) clippy --release --target-dir $(DEB_TARGET) --workspace -- -D warnings
+	NGINX_BUILD_DIR=$(DEB_BUILD)/objs $(CARGO) clippy --release --target-dir $(MODULE_TARGET) --workspace -- -D warnings
 	$(CARGO) fmt --manifest-path fuzz/Cargo.toml -- --check
 	$(CARGO) clippy --manifest-path fuzz/Cargo.toml --target-dir $(FUZZ_TARGET) --all-targets -- -D warnings
 

@@ -1,11 +1,16 @@
-//! Records where the nginx build that the module is compiled against lives, so
-//! that the Makefile and the test suites can find the matching nginx binary.
+//! Records where the vendored nginx that the module is compiled against was
+//! built, so that the Makefile can copy the matching nginx binary. (Only the
+//! vendored build writes the file: the builds against Debian's nginx share
+//! the target folder and must not overwrite it.)
 use std::env;
 use std::fs;
 use std::path::PathBuf;
 
 fn main() {
     println!("cargo:rerun-if-env-changed=NGINX_BUILD_DIR");
+    if env::var_os("CARGO_FEATURE_VENDORED").is_none() {
+        return;
+    }
     let Ok(build_dir) = env::var("DEP_NGINX_BUILD_DIR") else {
         return;
     };
