@@ -77,7 +77,7 @@ FUZZ_RUNS    ?= 10000000
 FUZZ_SECONDS ?= 20
 FUZZ_TARGET  := $(CURDIR)/fuzz/target
 
-.PHONY: all build fault vendored build-deps deb-deps run-deps test-deps valgrind-deps unittest miri deb install test-package fuzztest fuzz fuzz-short cargo-fuzz test test-builds test-debian test-vendored suites-debian suites-vendored test-valgrind run stop bench bench-scale bench-fanout check clean
+.PHONY: all build fault vendored build-deps deb-deps run-deps test-deps valgrind-deps unittest miri deb install test-package fuzztest fuzz fuzz-short cargo-fuzz test test-builds test-checks test-debian test-vendored suites-debian suites-vendored test-valgrind run stop bench bench-scale bench-fanout check clean
 
 all: build
 
@@ -165,16 +165,20 @@ fuzz-short:
 
 # The builds against Debian's nginx first (the one with fault injection
 # first: the package's build then finds the module built); then the suites
-# on Debian's nginx while, beside them, the package is built and tried, the
-# vendored nginx is built and the checks run (each part's output is printed
-# whole when it ends); then the suites on the vendored nginx.
+# on Debian's nginx while, beside them, the package is built and tried and
+# the vendored nginx is built; then the suites on the vendored nginx while
+# the checks, unit tests and fuzz checks run beside them. (Each part's
+# output is printed whole when it ends.)
 test: test-deps
 	$(MAKE) fault build
 	$(MAKE) -j2 --output-sync=recurse suites-debian test-builds
-	$(MAKE) suites-vendored
+	$(MAKE) -j2 --output-sync=recurse suites-vendored test-checks
 
 test-builds:
-	$(MAKE) test-package vendored check unittest fuzztest
+	$(MAKE) test-package vendored
+
+test-checks:
+	$(MAKE) check unittest fuzztest
 
 # The .t suites against one nginx build; t/lib/harness holds the runner
 # (an upstream Test::Nginx::Socket earlier in @INC is used instead). Files
