@@ -5,7 +5,7 @@
 #   make deb      the Debian package libnginx-mod-http-gateway (objs/deb/), of the same build as make
 #   make install  the stripped module and its load file under DESTDIR/PREFIX (VENDORED=1: the 1.28 build)
 #   make test-deps  install the Debian packages the suites and benchmarks use (apt-get; root or sudo)
-#   make test     test-deps, unit tests, the .t suites on both builds, the package (about 10 minutes)
+#   make test     test-deps, unit tests, the .t suites on both builds, the package (about 6 minutes)
 #   make test-package  install the .deb here, a site with both gateways, requests, purge (root)
 #   make run      a throwaway PostgreSQL + nginx with nginx-conf/demo.conf
 #                 (PORT=8080, PGPORT=55432, DIR=/tmp/ngx-gateway-demo)
