@@ -83,8 +83,17 @@ all: build
 
 build: $(DEB_MODULE)
 
+# cargo is rustup's (Debian 12's rustc, 1.63, is older than the ngx crate
+# needs); the check says where to get it.
+RUST_MIN := 1.81
 build-deps:
 	$(call need,$(BUILD_PACKAGES),building the module)
+	@v=$$($(CARGO) --version 2>/dev/null | sed -n 's/^cargo \([0-9][0-9.]*\).*/\1/p'); \
+	if [ -z "$$v" ] || [ "$$(printf '%s\n' $(RUST_MIN) "$$v" | sort -V | head -n 1)" != $(RUST_MIN) ]; then \
+	    echo "building the module needs Rust $(RUST_MIN) or later (cargo: $${v:-not found}); install it with rustup:" >&2; \
+	    echo "  curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y && . \"\$$HOME/.cargo/env\"" >&2; \
+	    exit 1; \
+	fi
 deb-deps:
 	$(call need,$(DEB_PACKAGES),make deb)
 run-deps:

@@ -16,7 +16,9 @@ start)
     port=$3 sql=${4:-}
     rm -rf "$dir" && mkdir -p "$dir"
     [ "$(id -u)" = 0 ] && chown postgres "$dir"
-    echo "super-$RANDOM$RANDOM" >"$dir/superpw" && chmod 644 "$dir/superpw"
+    # The superuser's password: for its owner only (initdb reads it).
+    (umask 077 && echo "super-$RANDOM$RANDOM" >"$dir/superpw")
+    [ "$(id -u)" = 0 ] && chown postgres "$dir/superpw"
     as_owner "'$PG_BIN/initdb' -D '$dir/data' -U postgres -A scram-sha-256 --pwfile='$dir/superpw' --no-sync -E UTF8 --locale=C >'$dir/initdb.log' 2>&1"
     cat >>"$dir/data/postgresql.conf" <<CONF
 listen_addresses = '127.0.0.1'
@@ -26,7 +28,11 @@ max_connections = 300
 fsync = off
 synchronous_commit = off
 CONF
-    as_owner "'$PG_BIN/pg_ctl' -D '$dir/data' -l '$dir/server.log' -w -s start"
+    if ! as_owner "'$PG_BIN/pg_ctl' -D '$dir/data' -l '$dir/server.log' -w -s start"; then
+        echo "pg-sandbox.sh: PostgreSQL did not start on 127.0.0.1:$port; the end of its log, $dir/server.log:" >&2
+        tail -n 5 "$dir/server.log" >&2 || true
+        exit 1
+    fi
     export PGPASSWORD=$(cat "$dir/superpw")
     psql -X -q -h 127.0.0.1 -p "$port" -U postgres -c "create role demo login password 'demo pass'" -c "create database demo owner demo"
     if [ -n "$sql" ]; then

@@ -37,6 +37,8 @@ if [ -e "$dir" ] && [ -n "$(ls -A "$dir")" ]; then
 fi
 mkdir -p "$dir" && touch "$dir/.ngx-gateway-demo"
 chmod 0755 "$dir"    # nginx's workers and the postgres user reach their folders in it
+# Whatever fails from here (a port in use, say): what was started stops.
+trap 'echo "run.sh: make run failed (see above); what it started is stopped" >&2; stop' ERR
 "$here/pg-sandbox.sh" start "$dir/pg" "$pgport" "$here/sample.sql"
 # Roles, grants and the row-level security policy of jwt.conf (as the superuser).
 PGPASSWORD=$(cat "$dir/pg/superpw") psql -X -q -h 127.0.0.1 -p "$pgport" -U postgres -d demo -v ON_ERROR_STOP=1 -f "$here/jwt.sql"
@@ -60,6 +62,7 @@ for f in "$here"/*.conf; do
         "$f" >"$dir/nginx/conf/$(basename "$f")"
 done
 "$nginx" -p "$dir/nginx/" -c "$dir/nginx/conf/demo.conf" -g "load_module $module;"
+trap - ERR
 
 cat <<TXT
 
