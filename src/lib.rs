@@ -74,7 +74,7 @@ impl cache::config::Entries for CacheEntries {
         &[(Some(sqldb::request::content_handler), "\"sqldb_pass\"")];
 }
 
-static mut SQLDB_COMMANDS: [ngx_command_t; 24] = [
+static mut SQLDB_COMMANDS: [ngx_command_t; 25] = [
     command(
         "sqldb_server\0",
         NGX_HTTP_UPS_CONF | NGX_CONF_1MORE,
@@ -130,6 +130,13 @@ static mut SQLDB_COMMANDS: [ngx_command_t; 24] = [
         ffi::conf::set_timeout_slot,
         LOC,
         offset_of!(sc::LocConf, listen_heartbeat),
+    ),
+    command(
+        "sqldb_listen_buffers_max\0",
+        NGX_HTTP_MAIN_CONF | NGX_CONF_TAKE1,
+        ffi::conf::set_size_slot,
+        NGX_HTTP_MAIN_CONF_OFFSET,
+        offset_of!(sc::MainConf, listen_buffers_max),
     ),
     command(
         "sqldb_keepalive\0",
@@ -280,7 +287,7 @@ extern "C" fn init_module(cycle: *mut ngx_cycle_t) -> ngx_int_t {
 
 use cache::config as cc;
 
-static mut CACHE_COMMANDS: [ngx_command_t; 23] = [
+static mut CACHE_COMMANDS: [ngx_command_t; 24] = [
     command(
         "cache_pass\0",
         NGX_HTTP_LOC_CONF | NGX_HTTP_LIF_CONF | NGX_CONF_TAKE1,
@@ -302,6 +309,13 @@ static mut CACHE_COMMANDS: [ngx_command_t; 23] = [
         ffi::conf::set_timeout_slot,
         LOC,
         offset_of!(cc::CacheLocConf, subscribe_heartbeat),
+    ),
+    command(
+        "cache_subscribe_buffers_max\0",
+        NGX_HTTP_MAIN_CONF | NGX_CONF_TAKE1,
+        ffi::conf::set_size_slot,
+        NGX_HTTP_MAIN_CONF_OFFSET,
+        offset_of!(cc::CacheMainConf, subscribe_buffers_max),
     ),
     command(
         "cache_publish\0",

@@ -32,6 +32,10 @@ const STALL_MS: ngx_msec_t = 1000;
 /// What may wait for any subscriber, reading or not.
 const BEHIND_HARD: usize = 16 << 20;
 
+/// What may wait for all the subscribers of one source on a worker, unless
+/// `sqldb_listen_buffers_max` / `cache_subscribe_buffers_max` say.
+pub const BUFFERS_MAX: usize = 64 << 20;
+
 /// The smallest buffer an event is written from (so that buffers are
 /// reused from one event to the next).
 const BUF_MIN: usize = 4096;
@@ -45,6 +49,8 @@ struct Sub {
     bufs: Reuse,
     /// Ended here: no event goes to it any more; its request is going.
     ended: bool,
+    /// The bytes it has waiting, as its source's total counts them.
+    counted: usize,
     /// The client connection's bytes sent, and when that last grew.
     sent: i64,
     progress_at: ngx_msec_t,
@@ -61,7 +67,10 @@ impl Drop for Sub {
         if let Some(ev) = unsafe { Event::from_raw(&mut self.heartbeat) } {
             ev.clear();
         }
-        LIVE.with(|l| l.borrow_mut().remove(self.token.0));
+        if !self.ended {
+            LIVE.with(|l| l.borrow_mut().remove(self.token.0));
+        }
+        self.fan.count(std::mem::take(&mut self.counted), 0);
         // The hub may be what ended the request (a write that failed while
         // it fanned out): it hears of the leave after the handler.
         LEAVING.with(|l| {
@@ -83,6 +92,10 @@ thread_local! {
     /// Subscriptions that ended, for their hub.
     static LEAVING: RefCell<Vec<Leaving>> = const { RefCell::new(Vec::new()) };
     static LEAVE_EVENT: Cell<*mut ngx_event_t> = const { Cell::new(std::ptr::null_mut()) };
+    /// Bytes waiting for the subscribers of each source (`Fanout::slot`)
+    /// on this worker, and the bound of each.
+    static WAITING: [Cell<usize>; 2] = const { [Cell::new(0), Cell::new(0)] };
+    static BOUND: [Cell<usize>; 2] = const { [Cell::new(BUFFERS_MAX), Cell::new(BUFFERS_MAX)] };
 }
 
 extern "C" fn apply_leaving(_ev: *mut ngx_event_t) {
@@ -110,6 +123,7 @@ pub fn start(
     channel: &[u8],
     valid: fn(&[u8]) -> bool,
     every: ngx_msec_t,
+    buffers_max: usize,
     fan: &'static Fanout,
     hub: impl FnOnce(&mut Req) -> Option<NonNull<dyn Hub>>,
 ) -> Result<ngx_int_t, Refused> {
@@ -139,11 +153,13 @@ pub fn start(
         return Ok(rc);
     }
     let hub = hub(r).ok_or(Refused::Nginx)?;
+    fan.set_bound(if buffers_max == CONF_UNSET_SIZE { BUFFERS_MAX } else { buffers_max });
     let sub = Sub {
         r: r.as_ptr(),
         token: ReqToken(LIVE.with(|l| l.borrow().next_key())),
         bufs: Reuse::new(fan.tag()),
         ended: false,
+        counted: 0,
         sent: 0,
         progress_at: current_msec(),
         channel: channel.clone(),
@@ -167,7 +183,7 @@ pub fn start(
     // The header now; a first line once the server has the subscription
     // (events reach the client from then on).
     let written = if now {
-        write(s, SUBSCRIBED)
+        write(s, SUBSCRIBED).is_ok()
     } else {
         r.send_flush() != ERROR
     };
@@ -187,22 +203,55 @@ pub fn start(
     Ok(DONE)
 }
 
-/// Writes and flushes bytes to the subscriber; false when it cannot take
-/// them (gone, or too far behind already): it is then to be ended.
-fn write(sub: &mut Sub, bytes: &[u8]) -> bool {
+/// Why a subscriber cannot take more.
+#[derive(Debug, Clone, Copy)]
+enum Cannot {
+    /// Too far behind already (`too_far_behind`).
+    Behind,
+    /// Gone, or nginx failed.
+    Error,
+}
+
+impl Cannot {
+    fn reason(self) -> &'static str {
+        match self {
+            Cannot::Behind => "behind",
+            Cannot::Error => "error",
+        }
+    }
+}
+
+/// Writes and flushes bytes to the subscriber; why it cannot take them
+/// (it is then to be ended).
+fn write(sub: &mut Sub, bytes: &[u8]) -> Result<(), Cannot> {
     // SAFETY: the Sub's request is live while its pool (and so the Sub) is.
     let r = unsafe { Req::from_raw(sub.r) };
-    if sub.ended || too_far_behind(sub, r) {
-        return false;
+    if sub.ended {
+        return Err(Cannot::Error);
+    }
+    if too_far_behind(sub, r) {
+        return Err(Cannot::Behind);
     }
     let pool = r.pool();
     let Some(cl) = sub.bufs.fill(pool, bytes, None, BUF_MIN) else {
-        return false;
+        return Err(Cannot::Error);
     };
     // SAFETY: a chain of the request's pool, of the Sub's own buffers.
     let rc = unsafe { r.output_filter(cl) };
     sub.bufs.update(pool, cl);
-    rc != ERROR && (rc != AGAIN || r.watch_writable())
+    recount(sub);
+    if rc != ERROR && (rc != AGAIN || r.watch_writable()) {
+        Ok(())
+    } else {
+        Err(Cannot::Error)
+    }
+}
+
+/// Brings the source's total up to date with what waits for the subscriber.
+fn recount(sub: &mut Sub) {
+    let behind = sub.bufs.busy_bytes();
+    sub.fan.count(sub.counted, behind);
+    sub.counted = behind;
 }
 
 /// The subscriber has more than `BEHIND_HARD` waiting, or more than
@@ -242,6 +291,9 @@ fn end(sub: &mut Sub, rc: ngx_int_t) {
         return;
     }
     LIVE.with(|l| l.borrow_mut().remove(sub.token.0));
+    // What waits for it goes with its request's pool (now, or once nginx
+    // has closed the connection): the source's total no longer counts it.
+    sub.fan.count(std::mem::take(&mut sub.counted), 0);
     // SAFETY: the Sub's request is live while its pool (and so the Sub) is.
     let r = unsafe { Req::from_raw(sub.r) };
     let c = r.connection_ptr();
@@ -267,8 +319,8 @@ extern "C" fn heartbeat(ev: *mut ngx_event_t) {
             // client's EventSource comes back to a new worker.
             return end(sub, OK);
         }
-        if !write(sub, sse::HEARTBEAT) {
-            sub.fan.dropped(log);
+        if let Err(why) = write(sub, sse::HEARTBEAT) {
+            sub.fan.dropped(log, why);
             return end(sub, ERROR);
         }
         // SAFETY: as above.
@@ -282,6 +334,10 @@ extern "C" fn heartbeat(ev: *mut ngx_event_t) {
 pub struct Fanout {
     /// The metrics' `source` label.
     source: &'static str,
+    /// Its place in the worker's totals (`WAITING`, `BOUND`).
+    slot: usize,
+    /// The directive of its per-worker bound.
+    bound_directive: &'static str,
     /// The gateway, as the log names it.
     gateway: &'static str,
     /// The module whose buffers the events are (its tag).
@@ -291,12 +347,16 @@ pub struct Fanout {
 /// The fan-out of `sqldb_listen`.
 pub static SQLDB: Fanout = Fanout {
     source: "sqldb_listen",
+    slot: 0,
+    bound_directive: "sqldb_listen_buffers_max",
     gateway: "sqldb",
     module: || <crate::sqldb::config::Sqldb as ngx::http::HttpModule>::module(),
 };
 /// The fan-out of `cache_subscribe`.
 pub static CACHE: Fanout = Fanout {
     source: "cache_subscribe",
+    slot: 1,
+    bound_directive: "cache_subscribe_buffers_max",
     gateway: "cache",
     module: || <crate::cache::config::Cache as ngx::http::HttpModule>::module(),
 };
@@ -321,29 +381,92 @@ impl Fanout {
         }
     }
 
-    /// One info line for a subscriber that is dropped.
-    fn dropped(&self, log: Log) {
+    /// One info line for a subscriber that is dropped, and the count.
+    fn dropped(&self, log: Log, why: Cannot) {
         log!(
             NGX_LOG_INFO,
             log,
             "{}: a subscriber that cannot take events (gone, or more than {BEHIND_MAX} bytes behind) is dropped",
             self.gateway
         );
+        metrics::add(Id::SubscribersDropped, &[self.source, why.reason()], 1);
+    }
+
+    /// The bound of what may wait for this source's subscribers on the worker.
+    fn set_bound(&self, bytes: usize) {
+        BOUND.with(|b| b[self.slot].set(bytes));
+    }
+
+    /// What waits for this source's subscribers on the worker.
+    fn waiting(&self) -> usize {
+        WAITING.with(|w| w[self.slot].get())
+    }
+
+    /// A subscriber that had `was` bytes waiting has `now`.
+    fn count(&self, was: usize, now: usize) {
+        WAITING.with(|w| {
+            let t = &w[self.slot];
+            t.set(t.get().saturating_sub(was).saturating_add(now));
+        });
+    }
+
+    /// Past the worker's bound, the subscribers furthest behind are
+    /// dropped until what waits is back under it.
+    fn shed(&self) {
+        let bound = BOUND.with(|b| b[self.slot].get());
+        if self.waiting() <= bound {
+            return;
+        }
+        let mut behind: Vec<(usize, gateway_core::slab::Key)> = LIVE.with(|l| {
+            l.borrow()
+                .iter()
+                // SAFETY: a live Sub is in its live request's pool.
+                .map(|(k, s)| (unsafe { s.as_ref() }, k))
+                .filter(|(s, _)| std::ptr::eq(s.fan, self) && s.counted > 0)
+                .map(|(s, k)| (s.counted, k))
+                .collect()
+        });
+        behind.sort_unstable_by_key(|&(n, _)| std::cmp::Reverse(n));
+        for (_, key) in behind {
+            if self.waiting() <= bound {
+                break;
+            }
+            let Some(sub) = LIVE.with(|l| l.borrow().get(key).copied()) else {
+                continue;
+            };
+            // SAFETY: a live Sub is in its live request's pool.
+            let sub = unsafe { &mut *sub.as_ptr() };
+            // SAFETY: as above.
+            let log = unsafe { Req::from_raw(sub.r) }.log();
+            guard(log, "subscription drop", (), || {
+                log!(
+                    NGX_LOG_INFO,
+                    log,
+                    "{}: a subscriber {} bytes behind is dropped: {} ({bound}) is reached on this worker",
+                    self.gateway,
+                    sub.counted,
+                    self.bound_directive
+                );
+                metrics::add(Id::SubscribersDropped, &[self.source, "buffers_max"], 1);
+                end(sub, ERROR);
+            });
+        }
     }
 
     /// Writes `bytes` to each subscriber of `to`: how many took them (one
-    /// that cannot is dropped).
+    /// that cannot is dropped, and so are those furthest behind past the
+    /// worker's bound).
     fn write_all(&self, to: &[ReqToken], bytes: &[u8]) -> i64 {
         let mut sent = 0;
-        self.each(to, |sub| {
-            if write(sub, bytes) {
-                sent += 1;
-            } else {
+        self.each(to, |sub| match write(sub, bytes) {
+            Ok(()) => sent += 1,
+            Err(why) => {
                 // SAFETY: the Sub's request is live until `end`.
-                self.dropped(unsafe { Req::from_raw(sub.r) }.log());
+                self.dropped(unsafe { Req::from_raw(sub.r) }.log(), why);
                 end(sub, ERROR);
             }
         });
+        self.shed();
         sent
     }
 

@@ -760,3 +760,37 @@ location /a {
 GET /a
 --- response_body chomp
 streamed
+
+
+
+=== TEST 62: nginx -t refuses a sqldb_listen_buffers_max that is not a size
+--- http_config
+sqldb_listen_buffers_max 4q;
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; }
+--- config
+location /a { sqldb_pass database; sqldb_listen a; }
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"sqldb_listen_buffers_max" directive invalid value in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 63: nginx -t refuses cache_subscribe_buffers_max 0
+--- http_config
+cache_subscribe_buffers_max 0;
+--- config
+location /a { return 204; }
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"cache_subscribe_buffers_max" must be more than 0 in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 64: sqldb_listen_buffers_max is for the http level only
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; }
+--- config
+location /a { sqldb_pass database; sqldb_listen a; sqldb_listen_buffers_max 1m; }
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"sqldb_listen_buffers_max" directive is not allowed here in \S+nginx\.conf:\d+/

@@ -80,6 +80,8 @@ families! {
         "Server-sent events written to subscribers.";
     Dropped = "metrics_dropped_total", Counter, [],
         "Series not recorded because the metrics table was full.";
+    SubscribersDropped = "subscribers_dropped_total", Counter, ["source", "reason"],
+        "Subscribers of server-sent events dropped (reason: behind, buffers_max, error).";
 }
 
 /// Histogram bucket bounds, in microseconds (rendered in seconds).

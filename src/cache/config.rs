@@ -98,6 +98,10 @@ pub struct CacheMainConf {
     pub hubs: std::cell::RefCell<Vec<super::subscriber::HubEntry>>,
     /// This worker's shared, pipelined connections (`cache_pipeline`).
     pub pipes: super::pipe::Pipes,
+    /// `cache_subscribe_buffers_max`: bytes that may wait for this
+    /// worker's `cache_subscribe` subscribers, all together
+    /// (NGX_CONF_UNSET_SIZE: the default).
+    pub subscribe_buffers_max: usize,
 }
 
 pub(crate) extern "C" fn create_main_conf(cf: *mut ngx_conf_t) -> *mut c_void {
@@ -105,6 +109,7 @@ pub(crate) extern "C" fn create_main_conf(cf: *mut ngx_conf_t) -> *mut c_void {
         key: -1,
         db: -1,
         exptime: -1,
+        subscribe_buffers_max: CONF_UNSET_SIZE,
         ..CacheMainConf::default()
     };
     // SAFETY: nginx passes the configuration being read.

@@ -85,11 +85,13 @@ pub fn start(r: &mut Req, lcf: &CacheLocConf) -> Result<ngx_int_t, Refused> {
         None => None,
         Some(cv) => Some(r.complex_value(cv).ok_or(Refused::Nginx)?.to_vec()),
     };
+    let buffers_max = r.main_conf::<Cache>().subscribe_buffers_max;
     subscribe::start(
         r,
         &channel,
         pubsub::valid_channel,
         lcf.subscribe_heartbeat,
+        buffers_max,
         &subscribe::CACHE,
         |r| hub(r, lcf, auth).map(|h| h as NonNull<dyn Hub>),
     )

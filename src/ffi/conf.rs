@@ -638,3 +638,27 @@ pub(crate) extern "C" fn set_timeout_slot(
         directive(cf, field, "set_timeout_slot", body)
     }
 }
+
+/// A size directive: nginx's size syntax (`ngx_conf_set_size_slot`:
+/// `65536`, `64k`, `64m`), and more than 0.
+pub(crate) extern "C" fn set_size_slot(cf: *mut ngx_conf_t, cmd: *mut ngx_command_t, conf: *mut c_void) -> *mut c_char {
+    // SAFETY: nginx passes the configuration being read, the command
+    // (whose offset names a size_t of `conf`, NGX_CONF_UNSET_SIZE until
+    // set) and the command's configuration object.
+    let rc = unsafe { ngx_conf_set_size_slot(cf, cmd, conf) };
+    let body = |c: Conf, value: &mut usize| {
+        if *value == 0 {
+            return Err(format!("\"{}\" must be more than 0", c.directive()).into());
+        }
+        Ok(())
+    };
+    if !rc.is_null() {
+        return rc;
+    }
+    // SAFETY: as above; the field at the command's offset is the size
+    // just set.
+    unsafe {
+        let field = (conf as *mut u8).add((*cmd).offset) as *mut c_void;
+        directive(cf, field, "set_size_slot", body)
+    }
+}

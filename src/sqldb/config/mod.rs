@@ -297,6 +297,10 @@ pub struct MainConf {
     pub pending: Vec<PendingPass>,
     /// Indexes of the `$sqldb_*` variables (Var::ALL order).
     pub vars: [ngx_int_t; 5],
+    /// `sqldb_listen_buffers_max`: bytes that may wait for this worker's
+    /// `sqldb_listen` subscribers, all together (NGX_CONF_UNSET_SIZE: the
+    /// default).
+    pub listen_buffers_max: usize,
 }
 
 impl MainConf {
@@ -308,6 +312,7 @@ impl MainConf {
 pub(crate) extern "C" fn create_main_conf(cf: *mut ngx_conf_t) -> *mut c_void {
     let value = || MainConf {
         vars: [-1; 5],
+        listen_buffers_max: CONF_UNSET_SIZE,
         ..MainConf::default()
     };
     // SAFETY: nginx passes the configuration being read.

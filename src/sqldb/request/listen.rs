@@ -7,7 +7,7 @@ use std::ptr::NonNull;
 use gateway_core::sse;
 
 use crate::ffi::*;
-use crate::sqldb::config::{LocConf, SrvConf};
+use crate::sqldb::config::{LocConf, Sqldb, SrvConf};
 use crate::sqldb::driver::Hub;
 use crate::subscribe::{self, Refused};
 
@@ -17,11 +17,13 @@ pub fn subscribe(r: &mut Req, lcf: &LocConf, srv: &mut SrvConf) -> Result<ngx_in
         return Err(Refused::Nginx);
     };
     let channel = r.complex_value(*cv).ok_or(Refused::Nginx)?.to_vec();
+    let buffers_max = r.main_conf::<Sqldb>().listen_buffers_max;
     subscribe::start(
         r,
         &channel,
         sse::valid_channel,
         lcf.listen_heartbeat,
+        buffers_max,
         &subscribe::SQLDB,
         |_| srv.listener(&subscribe::SQLDB).map(|l| l as NonNull<dyn Hub>),
     )

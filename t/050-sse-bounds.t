@@ -1,0 +1,206 @@
+# Event streams cannot exhaust a worker: what waits for the subscribers of
+# a source (sqldb_listen, cache_subscribe) is bounded per worker
+# (sqldb_listen_buffers_max, cache_subscribe_buffers_max); past the bound
+# the subscribers furthest behind are dropped first (an info line each,
+# ngx_gateway_subscribers_dropped_total{reason="buffers_max"}), the
+# worker's memory stays bounded and falls back, and a subscriber that reads
+# gets every event at once. Fanning out costs the same per event however
+# far behind the slow subscribers are (the worker's CPU time for 2N events
+# is about twice that for N).
+use strict;
+use warnings;
+use lib 't/lib';
+BEGIN {
+    if ($ENV{TEST_NGINX_USE_VALGRIND}) {
+        require Test::More;
+        Test::More::plan(skip_all => 'under valgrind: the worker\'s RSS and CPU time are valgrind\'s');
+    }
+}
+use SseClient;
+use GatewayTest qw(http_request wait_until nginx_start stop_nginx nginx_error_log psql stretch start_redis);
+use IO::Socket::INET;
+use Socket ();
+use Test::More;
+use Time::HiRes qw(sleep time);
+
+my $port;
+my $worker;
+my (@fast, $hwm0, $rss0, @got, $grew, $dropped, $log, @lines, $after);
+# (PARTS=13 runs parts 1 and 3 only.)
+sub part { !$ENV{PARTS} || index($ENV{PARTS}, $_[0]) >= 0 }
+
+sub open_sse { SseClient::open_sse($port, @_) }
+sub pump { SseClient::pump(@_) }
+sub events { SseClient::events(@_) }
+
+# The one worker of the nginx just started.
+sub find_worker { my ($w) = grep { /^\d+$/ } split /\s+/, `pgrep -P $GatewayTest::NginxPid`; $w }
+sub status_kb {
+    my ($what) = @_;
+    open my $f, '<', "/proc/$worker/status" or return 0;
+    local $/;
+    my ($v) = <$f> =~ /^$what:\s+(\d+)/m;
+    return $v // 0;
+}
+# The worker's CPU time (user + system), in seconds.
+sub cpu_seconds {
+    open my $f, '<', "/proc/$worker/stat" or return 0;
+    my $stat = <$f> // '';
+    my @f = split / /, substr($stat, rindex($stat, ')') + 2);
+    return ($f[11] + $f[12]) / POSIX::sysconf(POSIX::_SC_CLK_TCK());
+}
+use POSIX ();
+
+# (The servers below listen with sndbuf=32k: the kernel's socket buffers
+# would otherwise grow to take megabytes of what a subscriber does not
+# read, which is the kernel's memory, bounded per socket; the worker's own
+# is what is checked here.)
+
+# A subscriber that never reads, with a small receive window: the worker
+# has to keep what it cannot send.
+sub slow_sub {
+    my ($path) = @_;
+    socket(my $s, Socket::PF_INET(), Socket::SOCK_STREAM(), 0) or die $!;
+    setsockopt($s, Socket::SOL_SOCKET(), Socket::SO_RCVBUF(), 4096) or die $!;
+    connect($s, Socket::pack_sockaddr_in($port, Socket::inet_aton('127.0.0.1'))) or die $!;
+    syswrite($s, "GET $path HTTP/1.1\r\nHost: x\r\n\r\n");
+    return $s;
+}
+
+sub gauge { SseClient::metric($port, 'subscribers', $_[0]) }
+# ngx_gateway_subscribers_dropped_total{source=SOURCE,reason=REASON}
+sub drops {
+    my ($source, $reason) = @_;
+    my (undef, $m) = http_request($port, 'GET', '/metrics');
+    return $m =~ /^ngx_gateway_subscribers_dropped_total\{source="\Q$source\E",reason="\Q$reason\E"\} (\d+)$/m ? $1 : 0;
+}
+# Forgets the events a reader has read (keeps the response header and
+# what follows the last whole chunk).
+sub forget {
+    my ($sub) = @_;
+    my $buf = $sub->{buf};
+    my $at = index($buf, "\r\n\r\n");
+    return if $at < 0;
+    my $head = substr($buf, 0, $at + 4);
+    $at += 4;
+    while (1) {
+        my $eol = index($buf, "\r\n", $at);
+        last if $eol < 0;
+        my $n = hex substr($buf, $at, $eol - $at);
+        last if $n == 0 || length($buf) < $eol + 2 + $n + 2;
+        $at = $eol + 2 + $n + 2;
+    }
+    $sub->{buf} = $head . substr($buf, $at);
+}
+sub subscribed { my @s = @_; sub { !grep { $_->{buf} !~ /: subscribed/ } @s } }
+
+# 1. sqldb_listen, one worker, a 4 MB bound: 15 subscribers that never
+# read (group a), 30 events, 15 more (group b), then a burst of 300 events
+# of 7,900 bytes (2.4 MB for each subscriber, 71 MB for all of them).
+my $server = GatewayTest::pg_server_line('bounds');
+if (part(1)) {
+$port = nginx_start(<<"HTTP", workers => 1);
+upstream db { sqldb_server $server; }
+sqldb_listen_buffers_max 4m;
+server {
+    listen 127.0.0.1:\$PORT sndbuf=32k;
+    sqldb_listen_heartbeat 60s;
+    location /events { sqldb_pass db; sqldb_listen \$arg_channel; }
+    location = /metrics { gateway_status; }
+}
+HTTP
+wait_until(sub { $worker = find_worker() }, 5) or die 'no worker';
+@fast = (open_sse('/events?channel=big&who=fast'));
+pump(\@fast, stretch(5), subscribed(@fast));
+my @a = map { slow_sub("/events?channel=big&who=a$_") } 1 .. 15;
+ok(wait_until(sub { gauge('sqldb_listen') == 16 }, 10), 'a reader and 15 subscribers that do not read');
+my $payload = 'x' x 7900;
+psql("select pg_notify('big', i || '$payload') from generate_series(1, 30) i");
+pump(\@fast, stretch(10), sub { events($fast[0]) >= 30 });
+my @b = map { slow_sub("/events?channel=big&who=b$_") } 1 .. 15;
+ok(wait_until(sub { gauge('sqldb_listen') == 31 }, 10), '15 more that do not read');
+forget($fast[0]);
+$hwm0 = status_kb('VmHWM');
+$rss0 = status_kb('VmRSS');
+my $t0 = time;
+psql("select pg_notify('big', i || '$payload') from generate_series(1, 300) i");
+my $sent = time;
+pump(\@fast, stretch(20), sub { events($fast[0]) >= 300 });
+my $late = time - $sent;
+@got = events($fast[0]);
+is(scalar(@got), 300, 'the reader gets all 300 events');
+is_deeply([map { /^big=(\d+)x/ ? $1 : -1 } @got], [1 .. 300], 'whole, in order');
+cmp_ok($late, '<', stretch(3), sprintf('at once (the last %.2f s after the NOTIFY)', $late));
+$grew = status_kb('VmHWM') - $hwm0;
+cmp_ok($grew, '<', 24_000, "the worker's peak RSS grew by $grew kB (71 MB went to subscribers that do not read)");
+$dropped = drops('sqldb_listen', 'buffers_max');
+cmp_ok($dropped, '>=', 15, "subscribers dropped at the bound: $dropped (the metric)");
+$log = nginx_error_log();
+@lines = $log =~ /^(.*sqldb: a subscriber \d+ bytes behind is dropped: sqldb_listen_buffers_max \(4194304\) is reached on this worker.*)$/mg;
+is(scalar(@lines), $dropped, 'an info line each') and like($lines[0], qr/\[info\]/, 'at info');
+my @who = map { /who=(\w)\d+/ ? $1 : '?' } @lines;
+my $first_b = (grep { $who[$_] eq 'b' } 0 .. $#who)[0] // scalar(@who);
+is(scalar(grep { $_ eq 'a' } @who[0 .. $first_b - 1]), 15, 'those furthest behind (group a) are dropped first: ' . join('', @who));
+unlike($log, qr/who=fast.*dropped|dropped.*who=fast/, 'never the reader');
+# Memory returns when they go.
+close $_ for @a, @b;
+ok(wait_until(sub { gauge('sqldb_listen') == 1 }, 10), 'the others leave');
+my $fell = wait_until(sub { ($after = status_kb('VmRSS')) < $rss0 + 8000 }, 10);
+ok($fell, "the worker's RSS falls back ($rss0 kB before, $after kB after)");
+diag(sprintf('bound 4m: peak RSS +%d kB, reader late %.3f s, %d dropped', $grew, $late, $dropped));
+unlike($log, qr/\[(alert|crit|emerg)\]|exited on signal/, 'no alert, no crash');
+close $fast[0]{s};
+stop_nginx();
+
+}
+
+# 3. cache_subscribe, one worker, a 4 MB bound: 20 subscribers that never
+# read, 40 messages of 256 KB (200 MB for all of them).
+if (part(3)) {
+my $redis = start_redis();
+my $rport = $redis->{port};
+$port = nginx_start(<<"HTTP", workers => 1);
+upstream red { server 127.0.0.1:$rport; }
+cache_subscribe_buffers_max 4m;
+server {
+    listen 127.0.0.1:\$PORT sndbuf=32k;
+    cache_subscribe_heartbeat 60s;
+    location /sub { cache_pass red; cache_subscribe \$arg_channel; }
+    location = /metrics { gateway_status; }
+}
+HTTP
+wait_until(sub { $worker = find_worker() }, 5) or die 'no worker';
+@fast = (open_sse('/sub?channel=big&who=fast'));
+pump(\@fast, stretch(5), subscribed(@fast));
+my @slow = map { slow_sub("/sub?channel=big&who=s$_") } 1 .. 20;
+ok(wait_until(sub { gauge('cache_subscribe') == 21 }, 10), 'a reader and 20 subscribers that do not read');
+$hwm0 = status_kb('VmHWM');
+$rss0 = status_kb('VmRSS');
+my $big = 'z' x (256 * 1024);
+my $rc = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $rport) or die $!;
+forget($fast[0]);
+for my $i (1 .. 40) {
+    my $msg = "$i$big";
+    print $rc "*3\r\n\$7\r\nPUBLISH\r\n\$3\r\nbig\r\n\$" . length($msg) . "\r\n$msg\r\n";
+    pump(\@fast, stretch(10), sub { events($fast[0]) >= $i });
+}
+close $rc;
+@got = events($fast[0]);
+is_deeply([map { /^big=(\d+)(z+)$/ && length($2) == 262144 ? $1 : -1 } @got], [1 .. 40], 'the reader gets all 40 messages, whole, in order');
+$grew = status_kb('VmHWM') - $hwm0;
+cmp_ok($grew, '<', 24_000, "the worker's peak RSS grew by $grew kB (200 MB went to subscribers that do not read)");
+$dropped = drops('cache_subscribe', 'buffers_max');
+cmp_ok($dropped, '>=', 10, "subscribers dropped at the bound: $dropped (the metric)");
+$log = nginx_error_log();
+@lines = $log =~ /^(.*\[info\].*cache: a subscriber \d+ bytes behind is dropped: cache_subscribe_buffers_max \(4194304\) is reached on this worker.*)$/mg;
+is(scalar(@lines), $dropped, 'an info line each');
+close $_ for @slow;
+ok(wait_until(sub { gauge('cache_subscribe') == 1 }, 10), 'the others leave');
+my $fell = wait_until(sub { ($after = status_kb('VmRSS')) < $rss0 + 8000 }, 10);
+ok($fell, "the worker's RSS falls back ($rss0 kB before, $after kB after)");
+diag(sprintf('cache, bound 4m: peak RSS +%d kB, %d dropped', $grew, $dropped));
+unlike($log, qr/\[(alert|crit|emerg)\]|exited on signal/, 'no alert, no crash');
+close $fast[0]{s};
+stop_nginx();
+}
+done_testing();
