@@ -8,13 +8,14 @@
 //! far behind, or when nginx exits.
 
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::ptr::NonNull;
 
 use gateway_core::metrics::Id;
 use gateway_core::slab::Slab;
 use gateway_core::sse;
 
-use crate::ffi::buf::Reuse;
+use crate::ffi::buf::Outbox;
 use crate::ffi::*;
 use crate::sqldb::driver::{Hub, ListenSink, ReqToken};
 use crate::{log, metrics};
@@ -36,17 +37,13 @@ const BEHIND_HARD: usize = 16 << 20;
 /// `sqldb_listen_buffers_max` / `cache_subscribe_buffers_max` say.
 pub const BUFFERS_MAX: usize = 64 << 20;
 
-/// The smallest buffer an event is written from (so that buffers are
-/// reused from one event to the next).
-const BUF_MIN: usize = 4096;
-
 /// A subscription, in the request's pool (dropped with it).
 struct Sub {
     r: *mut ngx_http_request_t,
     token: ReqToken,
-    /// The buffers events are written from, reused once sent: a stream
-    /// that lasts holds no more than what waits for its client.
-    bufs: Reuse,
+    /// What waits for the client: a stream that lasts holds no more than
+    /// that, and an event costs the same however much waits.
+    out: Outbox,
     /// Ended here: no event goes to it any more; its request is going.
     ended: bool,
     /// The bytes it has waiting, as its source's total counts them.
@@ -69,6 +66,7 @@ impl Drop for Sub {
         }
         if !self.ended {
             LIVE.with(|l| l.borrow_mut().remove(self.token.0));
+            BY_REQUEST.with(|b| b.borrow_mut().remove(&(self.r as usize)));
         }
         self.fan.count(std::mem::take(&mut self.counted), 0);
         // The hub may be what ended the request (a write that failed while
@@ -89,6 +87,9 @@ thread_local! {
     /// This worker's subscriptions, by token (each leaves when it ends or
     /// its request's pool goes).
     static LIVE: RefCell<Slab<NonNull<Sub>>> = RefCell::new(Slab::default());
+    /// The token of each live subscription, by its request (for the
+    /// request's write handler).
+    static BY_REQUEST: RefCell<HashMap<usize, ReqToken>> = RefCell::new(HashMap::new());
     /// Subscriptions that ended, for their hub.
     static LEAVING: RefCell<Vec<Leaving>> = const { RefCell::new(Vec::new()) };
     static LEAVE_EVENT: Cell<*mut ngx_event_t> = const { Cell::new(std::ptr::null_mut()) };
@@ -153,11 +154,15 @@ pub fn start(
         return Ok(rc);
     }
     let hub = hub(r).ok_or(Refused::Nginx)?;
-    fan.set_bound(if buffers_max == CONF_UNSET_SIZE { BUFFERS_MAX } else { buffers_max });
+    fan.set_bound(if buffers_max == CONF_UNSET_SIZE {
+        BUFFERS_MAX
+    } else {
+        buffers_max
+    });
     let sub = Sub {
         r: r.as_ptr(),
         token: ReqToken(LIVE.with(|l| l.borrow().next_key())),
-        bufs: Reuse::new(fan.tag()),
+        out: Outbox::new(fan.tag()),
         ended: false,
         counted: 0,
         sent: 0,
@@ -171,6 +176,7 @@ pub fn start(
     };
     let mut sub = r.pool().alloc(sub).ok_or(Refused::Nginx)?;
     let token = ReqToken(LIVE.with(|l| l.borrow_mut().insert(sub)));
+    BY_REQUEST.with(|b| b.borrow_mut().insert(r.as_ptr() as usize, token));
     // SAFETY: just allocated in the request's pool; nothing else uses it now.
     let s = unsafe { sub.as_mut() };
     s.token = token;
@@ -232,24 +238,33 @@ fn write(sub: &mut Sub, bytes: &[u8]) -> Result<(), Cannot> {
     if too_far_behind(sub, r) {
         return Err(Cannot::Behind);
     }
-    let pool = r.pool();
-    let Some(cl) = sub.bufs.fill(pool, bytes, None, BUF_MIN) else {
-        return Err(Cannot::Error);
-    };
-    // SAFETY: a chain of the request's pool, of the Sub's own buffers.
-    let rc = unsafe { r.output_filter(cl) };
-    sub.bufs.update(pool, cl);
+    sub.out.push(bytes);
+    let sent = send(sub, r);
     recount(sub);
-    if rc != ERROR && (rc != AGAIN || r.watch_writable()) {
+    if sent {
         Ok(())
     } else {
         Err(Cannot::Error)
     }
 }
 
+/// Hands what is queued to the output filters, unless what was handed
+/// before is still going out (the write handler hands it then); false
+/// when the connection failed.
+fn send(sub: &mut Sub, r: &mut Req) -> bool {
+    let cl = match sub.out.next(r.pool()) {
+        Ok(Some(cl)) => cl,
+        Ok(None) => return true,
+        Err(_) => return false,
+    };
+    // SAFETY: a chain of the request's pool over the Sub's own buffer.
+    let rc = unsafe { r.output_filter(cl) };
+    rc != ERROR && (rc != AGAIN || r.watch_writable())
+}
+
 /// Brings the source's total up to date with what waits for the subscriber.
 fn recount(sub: &mut Sub) {
-    let behind = sub.bufs.busy_bytes();
+    let behind = sub.out.waiting();
     sub.fan.count(sub.counted, behind);
     sub.counted = behind;
 }
@@ -263,7 +278,7 @@ fn too_far_behind(sub: &mut Sub, r: &Req) -> bool {
         sub.sent = sent;
         sub.progress_at = now;
     }
-    let behind = sub.bufs.busy_bytes();
+    let behind = sub.out.waiting();
     behind > BEHIND_HARD || (behind > BEHIND_MAX && now.wrapping_sub(sub.progress_at) >= STALL_MS)
 }
 
@@ -274,7 +289,27 @@ extern "C" fn flush_pending(r: *mut ngx_http_request_t) {
     guard(r.log(), "subscription write", (), || {
         // SAFETY: no new output, only what the filters hold.
         let rc = unsafe { r.output_filter(std::ptr::null_mut()) };
-        if rc == ERROR || (rc == AGAIN && !r.watch_writable()) {
+        let sub = BY_REQUEST
+            .with(|b| b.borrow().get(&(r.as_ptr() as usize)).copied())
+            .and_then(|t| LIVE.with(|l| l.borrow().get(t.0).copied()));
+        let ok = match sub {
+            // What the filters held is out: what is queued goes next.
+            Some(sub) if rc == OK => {
+                // SAFETY: a live Sub is in its live request's pool; nothing
+                // else uses it while the handler runs.
+                let sub = unsafe { &mut *sub.as_ptr() };
+                let sent = send(sub, r);
+                recount(sub);
+                sent
+            }
+            Some(sub) => {
+                // SAFETY: as above.
+                recount(unsafe { &mut *sub.as_ptr() });
+                rc != ERROR && r.watch_writable()
+            }
+            None => rc != ERROR && (rc != AGAIN || r.watch_writable()),
+        };
+        if !ok {
             // (nginx runs the end of the request after this handler; the
             // Sub leaves with the request's pool.)
             r.finalize(ERROR);
@@ -291,12 +326,20 @@ fn end(sub: &mut Sub, rc: ngx_int_t) {
         return;
     }
     LIVE.with(|l| l.borrow_mut().remove(sub.token.0));
+    BY_REQUEST.with(|b| b.borrow_mut().remove(&(sub.r as usize)));
     // What waits for it goes with its request's pool (now, or once nginx
     // has closed the connection): the source's total no longer counts it.
     sub.fan.count(std::mem::take(&mut sub.counted), 0);
     // SAFETY: the Sub's request is live while its pool (and so the Sub) is.
     let r = unsafe { Req::from_raw(sub.r) };
     let c = r.connection_ptr();
+    if rc == OK {
+        // What is queued goes before the end.
+        if let Some(cl) = sub.out.rest(r.pool()) {
+            // SAFETY: a chain of the request's pool.
+            unsafe { r.output_filter(cl) };
+        }
+    }
     let rc = if rc == OK { r.send_last() } else { rc };
     r.finalize(rc);
     // SAFETY: the client connection outlives the finalizing of its

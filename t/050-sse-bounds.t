@@ -154,6 +154,51 @@ stop_nginx();
 
 }
 
+# 2. The cost of a fan-out does not grow with how far behind the slow
+# subscribers are: 30 subscribers that never read, N then 2N events (small
+# ones, so that nobody is dropped): twice the events cost about twice the
+# worker's CPU time (one walk of what waits per event would make it 4x).
+if (part(2)) {
+$port = nginx_start(<<"HTTP", workers => 1);
+upstream db { sqldb_server $server; }
+server {
+    listen 127.0.0.1:\$PORT sndbuf=32k;
+    sqldb_listen_heartbeat 60s;
+    location /events { sqldb_pass db; sqldb_listen \$arg_channel; }
+    location = /metrics { gateway_status; }
+}
+HTTP
+wait_until(sub { $worker = find_worker() }, 5) or die 'no worker';
+@fast = (open_sse('/events?channel=many'));
+pump(\@fast, stretch(5), subscribed(@fast));
+my $small = 'y' x 200;
+my %cost;
+for my $n (1500, 3000) {
+    my @slow = map { slow_sub("/events?channel=many&who=s$_") } 1 .. 30;
+    ok(wait_until(sub { gauge('sqldb_listen') == 31 }, 10), "$n events: 30 subscribers that do not read");
+    forget($fast[0]);
+    my $cpu0 = cpu_seconds();
+    psql("select pg_notify('many', i || '$small') from generate_series(1, $n) i");
+    my $at = time;
+    pump(\@fast, stretch(60), sub { events($fast[0]) >= $n });
+    my $lag = time - $at;
+    $cost{$n} = cpu_seconds() - $cpu0;
+    is(scalar(events($fast[0])), $n, "$n events: the reader gets them all");
+    cmp_ok($lag, '<', stretch(5), sprintf('%d events: the reader has the last %.2f s after the NOTIFYs', $n, $lag));
+    is(drops('sqldb_listen', 'behind') + drops('sqldb_listen', 'buffers_max'), 0, "$n events: nobody is dropped");
+    diag(sprintf('%d events to 30 slow subscribers and a reader: worker CPU %.2f s, reader late %.2f s',
+        $n, $cost{$n}, $lag));
+    close $_ for @slow;
+    ok(wait_until(sub { gauge('sqldb_listen') == 1 }, 10), "$n events: the slow ones leave");
+}
+# (At least a clock tick for N, so that the ratio means something.)
+my $ratio = $cost{3000} / ($cost{1500} || 0.01);
+cmp_ok($ratio, '<', 3, sprintf('2N events cost %.1fx the CPU time of N (%.2f s, %.2f s)', $ratio, $cost{1500}, $cost{3000}));
+close $fast[0]{s};
+stop_nginx();
+
+}
+
 # 3. cache_subscribe, one worker, a 4 MB bound: 20 subscribers that never
 # read, 40 messages of 256 KB (200 MB for all of them).
 if (part(3)) {

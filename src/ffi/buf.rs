@@ -210,3 +210,108 @@ impl Reuse {
         n
     }
 }
+
+/// What waits for the client of a response that lasts (server-sent
+/// events): bytes are appended to a queue as they come, and handed to the
+/// output filters in one buffer once what was handed before has gone out.
+/// While the client's connection is blocked, more bytes cost only their
+/// copy into the queue, however much waits: nothing walks what waits.
+#[derive(Debug)]
+pub struct Outbox {
+    /// Bytes not handed to nginx yet.
+    queue: Vec<u8>,
+    /// The bytes `buf` is over, handed to nginx (never changed until it
+    /// has sent them all).
+    flight: Vec<u8>,
+    /// The buffer handed to the output filters (in the request's pool;
+    /// null until first used).
+    buf: *mut ngx_buf_t,
+    tag: ngx_buf_tag_t,
+}
+
+/// The pool had no memory for a buffer or a link.
+#[derive(Debug)]
+pub struct NoMemory;
+
+/// A queue that grew larger than this is given back once it is sent.
+const OUTBOX_KEEP: usize = 64 * 1024;
+
+impl Outbox {
+    pub fn new(tag: *const ngx_module_t) -> Outbox {
+        Outbox {
+            queue: Vec::new(),
+            flight: Vec::new(),
+            buf: ptr::null_mut(),
+            tag: tag as ngx_buf_tag_t,
+        }
+    }
+
+    /// Appends bytes to what waits.
+    pub fn push(&mut self, data: &[u8]) {
+        self.queue.extend_from_slice(data);
+    }
+
+    /// Bytes handed to nginx that it has yet to send.
+    fn in_flight(&self) -> usize {
+        // SAFETY: the buffer, when there is one, is this outbox's own, in
+        // the request's pool; nginx moves its pos as it sends.
+        match unsafe { self.buf.as_ref() } {
+            Some(b) => (b.last as usize).saturating_sub(b.pos as usize),
+            None => 0,
+        }
+    }
+
+    /// Bytes the client has yet to take (queued and handed to nginx).
+    pub fn waiting(&self) -> usize {
+        self.queue.len() + self.in_flight()
+    }
+
+    /// A chain of what is queued, for the output filters, once what was
+    /// handed before is all sent (None: nothing to hand now; Err: no
+    /// memory).
+    pub fn next(&mut self, pool: Pool) -> Result<Option<*mut ngx_chain_t>, NoMemory> {
+        if self.queue.is_empty() || self.in_flight() > 0 {
+            return Ok(None);
+        }
+        if self.buf.is_null() {
+            self.buf = pool.calloc::<ngx_buf_t>().ok_or(NoMemory)?.as_ptr();
+        }
+        let cl = pool.chain_link().ok_or(NoMemory)?.as_ptr();
+        // The bytes sent before are not needed any more: their vector
+        // takes what comes next (given back when it grew large).
+        std::mem::swap(&mut self.queue, &mut self.flight);
+        self.queue.clear();
+        if self.queue.capacity() > OUTBOX_KEEP {
+            self.queue = Vec::new();
+        }
+        let start = self.flight.as_ptr() as *mut u8;
+        // SAFETY: buf is this outbox's buffer, in the request's pool, and
+        // nginx has sent all of what it was over (in_flight is 0): nothing
+        // reads its bytes any more. flight is not changed until nginx has
+        // sent it all; cl is a fresh link of the pool.
+        unsafe {
+            let b = &mut *self.buf;
+            *b = std::mem::zeroed();
+            b.start = start;
+            b.pos = start;
+            b.last = start.add(self.flight.len());
+            b.end = b.last;
+            b.set_memory(1);
+            b.set_flush(1);
+            b.tag = self.tag;
+            (*cl).buf = self.buf;
+            (*cl).next = ptr::null_mut();
+        }
+        Ok(Some(cl))
+    }
+
+    /// What is queued, in a buffer of its own that the pool then owns
+    /// (for the end of the response, whatever is in flight); None when
+    /// nothing is queued or no memory.
+    pub fn rest(&mut self, pool: Pool) -> Option<*mut ngx_chain_t> {
+        if self.queue.is_empty() {
+            return None;
+        }
+        memory_chain(pool, std::mem::take(&mut self.queue), None)
+    }
+}
