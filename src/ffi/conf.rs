@@ -622,21 +622,12 @@ pub(crate) extern "C" fn set_timeout_slot(
     // (whose offset names an ngx_msec_t of `conf`) and the command's
     // configuration object.
     let rc = unsafe { ngx_conf_set_msec_slot(cf, cmd, conf) };
-    let body = |c: Conf, value: &mut ngx_msec_t| {
-        if *value == 0 {
-            return Err(format!("\"{}\" must be more than 0", c.directive()).into());
-        }
-        Ok(())
-    };
     if !rc.is_null() {
         return rc;
     }
     // SAFETY: as above; the field at the command's offset is the ngx_msec_t
     // just set.
-    unsafe {
-        let field = (conf as *mut u8).add((*cmd).offset) as *mut c_void;
-        directive(cf, field, "set_timeout_slot", body)
-    }
+    unsafe { directive(cf, field_of(conf, cmd), "set_timeout_slot", more_than_zero) }
 }
 
 /// A size directive: nginx's size syntax (`ngx_conf_set_size_slot`:
@@ -646,19 +637,28 @@ pub(crate) extern "C" fn set_size_slot(cf: *mut ngx_conf_t, cmd: *mut ngx_comman
     // (whose offset names a size_t of `conf`, NGX_CONF_UNSET_SIZE until
     // set) and the command's configuration object.
     let rc = unsafe { ngx_conf_set_size_slot(cf, cmd, conf) };
-    let body = |c: Conf, value: &mut usize| {
-        if *value == 0 {
-            return Err(format!("\"{}\" must be more than 0", c.directive()).into());
-        }
-        Ok(())
-    };
     if !rc.is_null() {
         return rc;
     }
     // SAFETY: as above; the field at the command's offset is the size
     // just set.
-    unsafe {
-        let field = (conf as *mut u8).add((*cmd).offset) as *mut c_void;
-        directive(cf, field, "set_size_slot", body)
+    unsafe { directive(cf, field_of(conf, cmd), "set_size_slot", more_than_zero) }
+}
+
+/// The field of `conf` at the command's offset.
+///
+/// # Safety
+/// `cmd` is a live command whose offset lies within the object `conf`.
+unsafe fn field_of(conf: *mut c_void, cmd: *mut ngx_command_t) -> *mut c_void {
+    // SAFETY: see above.
+    unsafe { (conf as *mut u8).add((*cmd).offset) as *mut c_void }
+}
+
+/// The check of the timeout and size directives (ngx_msec_t and size_t
+/// are both the machine's word): the value is more than 0.
+fn more_than_zero(c: Conf, value: &mut usize) -> Result<(), ConfError> {
+    if *value == 0 {
+        return Err(format!("\"{}\" must be more than 0", c.directive()).into());
     }
+    Ok(())
 }
