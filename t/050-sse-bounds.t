@@ -94,12 +94,22 @@ sub forget {
 }
 sub subscribed { my @s = @_; sub { !grep { $_->{buf} !~ /: subscribed/ } @s } }
 
+# One worker with the http{} body given, and a reader of `$fast_path` that
+# takes every event, once it is subscribed.
+sub start_with_reader {
+    my ($http, $fast_path) = @_;
+    $port = nginx_start($http, workers => 1);
+    wait_until(sub { $worker = find_worker() }, 5) or die 'no worker';
+    @fast = (open_sse($fast_path));
+    pump(\@fast, stretch(5), subscribed(@fast));
+}
+
 # 1. sqldb_listen, one worker, a 4 MB bound: 15 subscribers that never
 # read (group a), 30 events, 15 more (group b), then a burst of 300 events
 # of 7,900 bytes (2.4 MB for each subscriber, 71 MB for all of them).
 my $server = GatewayTest::pg_server_line('bounds');
 if (part(1)) {
-$port = nginx_start(<<"HTTP", workers => 1);
+start_with_reader(<<"HTTP", '/events?channel=big&who=fast');
 upstream db { sqldb_server $server; }
 sqldb_listen_buffers_max 4m;
 server {
@@ -109,9 +119,6 @@ server {
     location = /metrics { gateway_status; }
 }
 HTTP
-wait_until(sub { $worker = find_worker() }, 5) or die 'no worker';
-@fast = (open_sse('/events?channel=big&who=fast'));
-pump(\@fast, stretch(5), subscribed(@fast));
 my @a = map { slow_sub("/events?channel=big&who=a$_") } 1 .. 15;
 ok(wait_until(sub { gauge('sqldb_listen') == 16 }, 10), 'a reader and 15 subscribers that do not read');
 my $payload = 'x' x 7900;
@@ -159,7 +166,7 @@ stop_nginx();
 # ones, so that nobody is dropped): twice the events cost about twice the
 # worker's CPU time (one walk of what waits per event would make it 4x).
 if (part(2)) {
-$port = nginx_start(<<"HTTP", workers => 1);
+start_with_reader(<<"HTTP", '/events?channel=many');
 upstream db { sqldb_server $server; }
 server {
     listen 127.0.0.1:\$PORT sndbuf=32k;
@@ -168,9 +175,6 @@ server {
     location = /metrics { gateway_status; }
 }
 HTTP
-wait_until(sub { $worker = find_worker() }, 5) or die 'no worker';
-@fast = (open_sse('/events?channel=many'));
-pump(\@fast, stretch(5), subscribed(@fast));
 my $small = 'y' x 200;
 my %cost;
 for my $n (1500, 3000) {
@@ -204,7 +208,7 @@ stop_nginx();
 if (part(3)) {
 my $redis = start_redis();
 my $rport = $redis->{port};
-$port = nginx_start(<<"HTTP", workers => 1);
+start_with_reader(<<"HTTP", '/sub?channel=big&who=fast');
 upstream red { server 127.0.0.1:$rport; }
 cache_subscribe_buffers_max 4m;
 server {
@@ -214,9 +218,6 @@ server {
     location = /metrics { gateway_status; }
 }
 HTTP
-wait_until(sub { $worker = find_worker() }, 5) or die 'no worker';
-@fast = (open_sse('/sub?channel=big&who=fast'));
-pump(\@fast, stretch(5), subscribed(@fast));
 my @slow = map { slow_sub("/sub?channel=big&who=s$_") } 1 .. 20;
 ok(wait_until(sub { gauge('cache_subscribe') == 21 }, 10), 'a reader and 20 subscribers that do not read');
 $hwm0 = status_kb('VmHWM');
