@@ -205,7 +205,14 @@ fn count(r: &mut Req) {
         _ => String::new(),
     };
     let status = r.status();
-    let us = r.upstream_response_ms().map(|ms| ms as i64 * 1000);
+    // (An event stream's time is how long its client stayed: not a
+    // duration of the servers'.)
+    let stream = if module == sqldb {
+        r.loc_conf::<crate::sqldb::config::Sqldb>().listen.is_some()
+    } else {
+        r.loc_conf::<crate::cache::config::Cache>().subscribe.is_some()
+    };
+    let us = r.upstream_response_ms().filter(|_| !stream).map(|ms| ms as i64 * 1000);
     KNOWN.with_borrow_mut(|known| {
         if module == sqldb {
             let key = (block, status, "");

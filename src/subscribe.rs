@@ -117,14 +117,23 @@ pub enum Refused {
     Nginx,
 }
 
+/// Where a subscription comes from, as its location configures it.
+pub struct Source {
+    /// The upstream block (for the metrics and `$upstream_*`).
+    pub block: *mut ngx_http_upstream_srv_conf_t,
+    /// The heartbeat's period.
+    pub every: ngx_msec_t,
+    /// The worker's bound (`*_buffers_max`; unset: the default).
+    pub buffers_max: usize,
+}
+
 /// Starts a subscription to `channel` (checked by `valid`) of the hub that
 /// `hub` gives; what the content handler returns.
 pub fn start(
     r: &mut Req,
     channel: &[u8],
     valid: fn(&[u8]) -> bool,
-    every: ngx_msec_t,
-    buffers_max: usize,
+    source: Source,
     fan: &'static Fanout,
     hub: impl FnOnce(&mut Req) -> Option<NonNull<dyn Hub>>,
 ) -> Result<ngx_int_t, Refused> {
@@ -154,10 +163,16 @@ pub fn start(
         return Ok(rc);
     }
     let hub = hub(r).ok_or(Refused::Nginx)?;
-    fan.set_bound(if buffers_max == CONF_UNSET_SIZE {
+    // The metrics and `$upstream_*` name the upstream and its servers.
+    // SAFETY: a hub lives for the worker's life; nothing else uses it now.
+    let servers = unsafe { hub.as_ref() }.servers();
+    if !r.set_stream_upstream(source.block, fan.tag(), &servers) {
+        return Err(Refused::Nginx);
+    }
+    fan.set_bound(if source.buffers_max == CONF_UNSET_SIZE {
         BUFFERS_MAX
     } else {
-        buffers_max
+        source.buffers_max
     });
     let sub = Sub {
         r: r.as_ptr(),
@@ -170,7 +185,7 @@ pub fn start(
         channel: channel.clone(),
         hub,
         fan,
-        every,
+        every: source.every,
         // SAFETY: all-zero is the initial state of an event.
         heartbeat: unsafe { std::mem::zeroed() },
     };

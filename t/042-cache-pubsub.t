@@ -1,10 +1,11 @@
 # cache_subscribe and cache_publish: Redis pub/sub as server-sent events.
 # A POST to a cache_publish location publishes its body and answers with
 # PUBLISH's count; every subscriber of every worker gets every message, in
-# order; one subscribing connection per worker, SUBSCRIBE / UNSUBSCRIBE as
-# channels gain and lose subscribers, closed when nobody is left; a killed
-# connection comes back (event: reconnect), to the next server when one is
-# down; cache_auth; a hostile server; metrics; a reload; nginx -t.
+# order; one subscribing connection per worker and server, SUBSCRIBE /
+# UNSUBSCRIBE as channels gain and lose subscribers, closed when nobody is
+# left; a killed connection comes back (event: reconnect); with one of two
+# servers down, the other carries the subscription; cache_auth; a hostile
+# server; metrics; a reload; nginx -t. (Several servers: t/053.)
 use strict;
 use warnings;
 use lib 't/lib';
@@ -205,7 +206,8 @@ close $_->{s} for @other;
 ok(wait_until(sub { pubsub_clients() == 0 }, 3), 'the connection closes once nobody listens');
 stop_nginx();
 
-# 9. The first server is down: the connection goes to the next one in turn.
+# 9. The first server is down: the connection to the second one carries
+# the subscription (the one to the first is tried again every second).
 my $closed = free_port();
 $port = nginx_start(<<"HTTP", workers => 1);
 upstream red { server 127.0.0.1:$closed; server 127.0.0.1:$rport; }

@@ -663,6 +663,56 @@ impl Req {
         true
     }
 
+    /// For a response that one of the worker's shared connections serves
+    /// (an event stream): the request's upstream is `block` (the metrics'
+    /// upstream label) with the module's `tag`, and `$upstream_addr`,
+    /// `$upstream_status` name the `servers` the stream hears, with 200 (and
+    /// 0 for the connect and header times: the connections were there). The
+    /// response time is the stream's, set when the request ends.
+    pub fn set_stream_upstream(
+        &mut self,
+        block: *mut ngx_http_upstream_srv_conf_t,
+        tag: *const ngx_module_t,
+        servers: &[String],
+    ) -> bool {
+        let pool = self.pool();
+        let Some(u) = self.create_upstream() else {
+            return false;
+        };
+        let u = u.raw_mut();
+        // (The block, or null, lives as long as the configuration.)
+        u.upstream = block;
+        u.output.tag = tag as ngx_buf_tag_t;
+        u.start_time = current_msec();
+        if self.0.upstream_states.is_null() {
+            // SAFETY: a live request; the array goes in its pool.
+            self.0.upstream_states = unsafe {
+                ngx_array_create(
+                    self.0.pool,
+                    servers.len().max(1),
+                    mem::size_of::<ngx_http_upstream_state_t>(),
+                )
+            };
+            if self.0.upstream_states.is_null() {
+                return false;
+            }
+        }
+        for name in servers {
+            let Some(peer) = pool.str(name.as_bytes()).and_then(|s| pool.alloc(s)) else {
+                return false;
+            };
+            let Some(st) = self.push_upstream_state() else {
+                return false;
+            };
+            st.status = 200;
+            st.peer = peer.as_ptr();
+            st.response_time = ngx_msec_t::MAX;
+            st.connect_time = 0;
+            st.header_time = 0;
+        }
+        self.add_cleanup(stream_upstream_end, self.as_ptr().cast())
+    }
+
     /// Runs `handler(data)` when the request ends, however it ends (nginx's
     /// request cleanups: also when it is terminated, a client gone say).
     pub fn add_cleanup(
@@ -750,4 +800,25 @@ pub fn fill_variable(v: &mut ngx_variable_value_t, s: ngx_str_t) {
     v.set_no_cacheable(0);
     v.set_not_found(0);
     v.set_escape(0);
+}
+
+/// The end of a stream that `set_stream_upstream` set up: its servers'
+/// response time is the stream's.
+unsafe extern "C" fn stream_upstream_end(data: *mut std::ffi::c_void) {
+    // SAFETY: the request the cleanup was added to, still live while its
+    // cleanups run; its upstream and states are in its pool.
+    unsafe {
+        let r = &mut *(data as *mut ngx_http_request_t);
+        let (Some(u), Some(a)) = (r.upstream.as_ref(), r.upstream_states.as_ref()) else {
+            return;
+        };
+        if a.elts.is_null() {
+            return;
+        }
+        let took = current_msec().wrapping_sub(u.start_time);
+        let states = std::slice::from_raw_parts_mut(a.elts as *mut ngx_http_upstream_state_t, a.nelts);
+        for st in states.iter_mut().filter(|st| st.response_time == ngx_msec_t::MAX) {
+            st.response_time = took;
+        }
+    }
 }

@@ -24,6 +24,8 @@ pub trait Hub {
     /// `subscribed` tells when it is.
     fn subscribe(&mut self, channel: &str, who: ReqToken) -> bool;
     fn unsubscribe(&mut self, channel: &str, who: ReqToken);
+    /// The servers it hears (for `$upstream_addr`).
+    fn servers(&self) -> Vec<String>;
 }
 
 /// The subscribers of a hub, by channel (a channel is subscribed to while
@@ -88,6 +90,14 @@ impl Channels {
                 std::mem::take(&mut c.waiting)
             }
             None => Vec::new(),
+        }
+    }
+
+    /// The channel is not in effect on every connection any more: new
+    /// subscribers wait for its confirmation.
+    pub fn deactivate_one(&mut self, channel: &str) {
+        if let Some(c) = self.0.get_mut(channel) {
+            c.active = false;
         }
     }
 
@@ -434,6 +444,10 @@ impl Hub for Listener {
 
     fn unsubscribe(&mut self, channel: &str, who: ReqToken) {
         self.remove(channel, who)
+    }
+
+    fn servers(&self) -> Vec<String> {
+        vec![self.name.clone()]
     }
 }
 

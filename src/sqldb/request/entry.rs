@@ -53,11 +53,11 @@ fn start(r: &mut Req) -> ngx_int_t {
 
 /// `sqldb_listen`: the request subscribes (server-sent events).
 fn start_listening(r: &mut Req, lcf: &'static LocConf) -> ngx_int_t {
-    let srv = match upstream_of(r, lcf) {
+    let (block, srv) = match upstream_of(r, lcf) {
         Ok(uscf) => {
             // SAFETY: the upstream configuration lives as long as the configuration.
             match unsafe { uscf.as_ref() }.and_then(sqldb_srv_conf) {
-                Some(srv) => srv,
+                Some(srv) => (uscf, srv),
                 None => return HTTP_INTERNAL_SERVER_ERROR,
             }
         }
@@ -66,7 +66,7 @@ fn start_listening(r: &mut Req, lcf: &'static LocConf) -> ngx_int_t {
             return e.status();
         }
     };
-    match super::listen::subscribe(r, lcf, srv) {
+    match super::listen::subscribe(r, lcf, block, srv) {
         Ok(rc) => rc,
         Err(crate::subscribe::Refused::BadChannel(v)) => {
             log!(

@@ -12,7 +12,12 @@ use crate::sqldb::driver::Hub;
 use crate::subscribe::{self, Refused};
 
 /// Starts a subscription; what the content handler returns.
-pub fn subscribe(r: &mut Req, lcf: &LocConf, srv: &mut SrvConf) -> Result<ngx_int_t, Refused> {
+pub fn subscribe(
+    r: &mut Req,
+    lcf: &LocConf,
+    block: *mut ngx_http_upstream_srv_conf_t,
+    srv: &mut SrvConf,
+) -> Result<ngx_int_t, Refused> {
     let Some((cv, _)) = &lcf.listen else {
         return Err(Refused::Nginx);
     };
@@ -22,8 +27,11 @@ pub fn subscribe(r: &mut Req, lcf: &LocConf, srv: &mut SrvConf) -> Result<ngx_in
         r,
         &channel,
         sse::valid_channel,
-        lcf.listen_heartbeat,
-        buffers_max,
+        subscribe::Source {
+            block,
+            every: lcf.listen_heartbeat,
+            buffers_max,
+        },
         &subscribe::SQLDB,
         |_| srv.listener(&subscribe::SQLDB).map(|l| l as NonNull<dyn Hub>),
     )
