@@ -11,6 +11,7 @@ use lib 't/lib';
 use GatewayTest qw(nginx_start stop_nginx nginx_error_log start_redis kill_redis redis_cli free_port stretch wait_until);
 use HttpClient qw(keepalive_requests);
 use FakeRedis;
+use SseClient;
 use Test::More;
 use Time::HiRes qw(sleep time);
 use POSIX ();
@@ -103,6 +104,11 @@ my $port = nginx_start(<<"EOF");
         server 127.0.0.1:$nodes[1]{port};
         cache_cluster on;
     }
+    upstream redis_two_seeds {
+        cache_cluster on;
+        server 127.0.0.1:$seed;
+        server 127.0.0.1:$nodes[1]{port};
+    }
     server {
         listen 127.0.0.1:\$PORT;
         location /kv/ {
@@ -122,6 +128,8 @@ my $port = nginx_start(<<"EOF");
             set \$cache_db \$arg_db;
             cache_pass redis_cluster;
         }
+        location /sub { cache_pass redis_two_seeds; cache_subscribe \$arg_channel; }
+        location /pub { cache_pass redis_cluster; cache_publish \$arg_channel; }
         location = /metrics { gateway_status; }
     }
 EOF
@@ -150,6 +158,25 @@ for my $i (0 .. 29) {
 is($right, 30, 'each key is on the master that owns its slot');
 is(scalar(keys %owners), 3, 'the keys are spread over all three masters') or diag(explain \%owners);
 is($named, 30, 'GET: each value, and $upstream_addr names the owning master');
+
+# Pub/sub: the cluster passes every PUBLISH to all its nodes, so the hub
+# subscribes on one node (of two seeds); what is published on each master (redis-cli)
+# and through cache_publish reaches the subscriber.
+{
+    my @subs = (SseClient::open_sse($port, '/sub?channel=cl'));
+    SseClient::pump(\@subs, stretch(5), sub { $subs[0]{buf} =~ /: subscribed/ });
+    like($subs[0]{buf}, qr/: subscribed/, 'pub/sub: subscribed');
+    my $on = 0;
+    $on += (split /\n/, redis_cli($_, 'pubsub', 'numsub', 'cl'))[1] // 0 for @nodes;
+    is($on, 1, 'pub/sub: one subscribing connection in the whole cluster');
+    redis_cli($_, 'publish', 'cl', "on $_->{port}") for @masters;
+    my $r = req(['POST', '/pub?channel=cl', 'through the gateway']);
+    is($r->{status}, 200, 'pub/sub: cache_publish on the cluster');
+    SseClient::pump(\@subs, stretch(5), sub { SseClient::events($subs[0]) >= 4 });
+    is_deeply([sort(SseClient::events($subs[0]))], [sort(map({ "cl=on $_->{port}" } @masters), 'cl=through the gateway')],
+        'pub/sub: the subscriber got what was published on each master, and through the gateway');
+    close $subs[0]{s};
+}
 
 # Connections to the nodes are kept (keepalive compares the node's address).
 {
