@@ -805,20 +805,22 @@ pub fn fill_variable(v: &mut ngx_variable_value_t, s: ngx_str_t) {
 /// The end of a stream that `set_stream_upstream` set up: its servers'
 /// response time is the stream's.
 unsafe extern "C" fn stream_upstream_end(data: *mut std::ffi::c_void) {
-    // SAFETY: the request the cleanup was added to, still live while its
-    // cleanups run; its upstream and states are in its pool.
-    unsafe {
-        let r = &mut *(data as *mut ngx_http_request_t);
-        let (Some(u), Some(a)) = (r.upstream.as_ref(), r.upstream_states.as_ref()) else {
-            return;
-        };
-        if a.elts.is_null() {
-            return;
+    guard(Log::cycle(), "stream upstream end", (), || {
+        // SAFETY: the request the cleanup was added to, still live while
+        // its cleanups run; its upstream and states are in its pool.
+        unsafe {
+            let r = &mut *(data as *mut ngx_http_request_t);
+            let (Some(u), Some(a)) = (r.upstream.as_ref(), r.upstream_states.as_ref()) else {
+                return;
+            };
+            if a.elts.is_null() {
+                return;
+            }
+            let took = current_msec().wrapping_sub(u.start_time);
+            let states = std::slice::from_raw_parts_mut(a.elts as *mut ngx_http_upstream_state_t, a.nelts);
+            for st in states.iter_mut().filter(|st| st.response_time == ngx_msec_t::MAX) {
+                st.response_time = took;
+            }
         }
-        let took = current_msec().wrapping_sub(u.start_time);
-        let states = std::slice::from_raw_parts_mut(a.elts as *mut ngx_http_upstream_state_t, a.nelts);
-        for st in states.iter_mut().filter(|st| st.response_time == ngx_msec_t::MAX) {
-            st.response_time = took;
-        }
-    }
+    })
 }
