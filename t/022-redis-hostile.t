@@ -203,10 +203,16 @@ for my $stale (['smuggle', 'a bulk'], ['smuggle-ok', 'a status'], ['smuggle-pong
     is($r[2]{body}, 'ok', "stale bytes ($what): the request after gets its own answer");
     my @cmds = commands_since($from);
     my %conn_of = map { ($_->[1] => $_->[0]) } @cmds;
-    is($conn_of{'GET other'}, $conn_of{"GET $key"}, "stale bytes ($what): they came on the pooled connection");
-    isnt($conn_of{'GET ok'}, $conn_of{'GET other'}, "stale bytes ($what): which was not used again");
-    my @on_it = map { $_->[1] } grep { $_->[0] == $conn_of{'GET other'} } @cmds;
-    is_deeply([@on_it[-2, -1]], ['PING', 'GET other'], "stale bytes ($what): PING went first");
+    my $pooled = $conn_of{"GET $key"} // -1;
+    # What the next request sent on the pooled connection: its PING, then
+    # its GET, unless nginx closed the connection (on the stale bytes)
+    # before the fake had read that far (a busy machine).
+    my @on_it = map { $_->[1] } grep { $_->[0] == $pooled } @cmds;
+    my ($at) = grep { $on_it[$_] eq "GET $key" } 0 .. $#on_it;
+    my $next = join ' ', @on_it[($at // $#on_it) + 1 .. $#on_it];
+    like($next, qr/^PING/, "stale bytes ($what): they came on the pooled connection ($next)");
+    isnt($conn_of{'GET ok'}, $pooled, "stale bytes ($what): which was not used again");
+    like($next, qr/^PING(?: GET other)?$/, "stale bytes ($what): PING went first");
     my $log = substr(nginx_error_log(), $mark);
     my @lines = grep { /\[error\]/ } split /\n/, $log;
     is(scalar @lines, 1, "stale bytes ($what): one error line") or diag($log);
