@@ -1,6 +1,8 @@
 //! Passwords (`cache_auth`) that Redis refused lately, per worker: a
 //! request with one that was refused within the last second fails at once,
-//! without a connection, and a refusal is logged at most once a minute per
+//! without a connection; once the second is over, one request tries it
+//! again and the others keep failing at once until it is answered (or
+//! another second is over); a refusal is logged at most once a minute per
 //! password. Entries are keyed by a keyed hash of the password (and the
 //! server it is for), never the password itself; the table holds at most
 //! `CAPACITY` of them (the oldest refusal goes first).
@@ -22,6 +24,8 @@ struct Entry {
     refused_at: u64,
     /// When its refusal was last logged.
     logged_at: u64,
+    /// When a request last went to try it again (after the block).
+    tried_at: Option<u64>,
 }
 
 /// The recent refusals. Times are milliseconds of a clock that may wrap
@@ -54,11 +58,27 @@ impl AuthFailures {
             .is_some_and(|e| now.wrapping_sub(e.refused_at) < BLOCK_MS)
     }
 
+    /// Whether a new request may use the password: not while it is
+    /// `blocked`, and after that only one request a `BLOCK_MS` tries it
+    /// again (the first to ask); the others fail at once until it is
+    /// answered (`refused` or `accepted`) or the time is over.
+    pub fn may_try(&mut self, key: u64, now: u64) -> bool {
+        let Some(e) = self.entries.get_mut(&key) else {
+            return true;
+        };
+        if now.wrapping_sub(e.refused_at) < BLOCK_MS || e.tried_at.is_some_and(|t| now.wrapping_sub(t) < BLOCK_MS) {
+            return false;
+        }
+        e.tried_at = Some(now);
+        true
+    }
+
     /// Redis refused the password. True when this refusal is to be logged
     /// (none of it was in the last `LOG_EVERY_MS`).
     pub fn refused(&mut self, key: u64, now: u64) -> bool {
         if let Some(e) = self.entries.get_mut(&key) {
             e.refused_at = now;
+            e.tried_at = None;
             let due = now.wrapping_sub(e.logged_at) >= LOG_EVERY_MS;
             if due {
                 e.logged_at = now;
@@ -84,6 +104,7 @@ impl AuthFailures {
             Entry {
                 refused_at: now,
                 logged_at: now,
+                tried_at: None,
             },
         );
         true
@@ -114,7 +135,14 @@ mod tests {
         assert!(t.refused(1, 5));
         assert!(t.blocked(1, 5) && t.blocked(1, 1004));
         assert!(!t.blocked(1, 1005), "a second later: one more try");
-        assert!(!t.blocked(2, 6), "another password is not");
+        assert!(t.may_try(1, 1005), "by the first request that asks");
+        assert!(
+            !t.may_try(1, 1006) && !t.may_try(1, 2004),
+            "and only by it, while it is out"
+        );
+        assert!(!t.blocked(1, 1006), "(which goes on to connect)");
+        assert!(t.may_try(1, 2005), "another a second later, if it never got an answer");
+        assert!(!t.blocked(2, 6) && t.may_try(2, 6), "another password is not");
         // Tried again after the second, refused again: not logged again.
         assert!(!t.refused(1, 1005));
         assert!(t.blocked(1, 2000));

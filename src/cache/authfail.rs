@@ -38,6 +38,13 @@ pub fn blocked(key: u64) -> bool {
     TABLE.with(|t| t.borrow().1.blocked(key, current_msec() as u64))
 }
 
+/// Whether a new request may use the password: not for a second after a
+/// refusal, then one request a second tries it again (the others fail at
+/// once, 502) until Redis answers it.
+pub fn may_try(key: u64) -> bool {
+    TABLE.with(|t| t.borrow_mut().1.may_try(key, current_msec() as u64))
+}
+
 /// Redis refused the password: one error line a minute at most.
 pub fn refused(key: u64, log: Log, what: std::fmt::Arguments<'_>) {
     let due = TABLE.with(|t| t.borrow_mut().1.refused(key, current_msec() as u64));

@@ -175,7 +175,7 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
     if lcf.subscribe.is_some() {
         if let Some(cv) = lcf.auth {
             let pw = r.complex_value(cv).ok_or(StartError::Nginx)?;
-            if authfail::blocked(authfail::key(&authfail::block_scope(lcf.upstream.upstream), pw)) {
+            if !authfail::may_try(authfail::key(&authfail::block_scope(lcf.upstream.upstream), pw)) {
                 return Err(StartError::AuthRefused);
             }
         }
@@ -241,7 +241,7 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
         Some(name) if block.is_null() => authfail::key(name, pw),
         _ => authfail::key(&authfail::block_scope(block), pw),
     });
-    if auth_key.is_some_and(authfail::blocked) {
+    if auth_key.is_some_and(|k| !authfail::may_try(k)) {
         return Err(StartError::AuthRefused);
     }
     let mut conf: *const ngx_http_upstream_conf_t = &lcf.upstream;
