@@ -107,10 +107,12 @@ sub start_with_reader {
 # read (group a), 30 events, 15 more (group b), then a burst of 300 events
 # of 7,900 bytes (2.4 MB for each subscriber, 71 MB for all of them).
 my $server = GatewayTest::pg_server_line('bounds');
-if (part(1)) {
-start_with_reader(<<"HTTP", '/events?channel=big&who=fast');
+# The sqldb_listen server of parts 1 and 2, with a worker's bound.
+sub listen_http {
+    my ($bound) = @_;
+    return <<"HTTP";
 upstream db { sqldb_server $server; }
-sqldb_listen_buffers_max 4m;
+sqldb_listen_buffers_max $bound;
 server {
     listen 127.0.0.1:\$PORT sndbuf=32k;
     sqldb_listen_heartbeat 60s;
@@ -118,6 +120,9 @@ server {
     location = /metrics { gateway_status; }
 }
 HTTP
+}
+if (part(1)) {
+start_with_reader(listen_http('4m'), '/events?channel=big&who=fast');
 my @a = map { slow_sub("/events?channel=big&who=a$_") } 1 .. 15;
 ok(wait_until(sub { gauge('sqldb_listen') == 16 }, 10), 'a reader and 15 subscribers that do not read');
 my $payload = 'x' x 7900;
@@ -171,16 +176,7 @@ stop_nginx();
 # how PostgreSQL's notifications happen to be cut into packets, hence the
 # medians).
 if (part(2)) {
-start_with_reader(<<"HTTP", '/events?channel=many');
-upstream db { sqldb_server $server; }
-sqldb_listen_buffers_max 256m;
-server {
-    listen 127.0.0.1:\$PORT sndbuf=32k;
-    sqldb_listen_heartbeat 60s;
-    location /events { sqldb_pass db; sqldb_listen \$arg_channel; }
-    location = /metrics { gateway_status; }
-}
-HTTP
+start_with_reader(listen_http('256m'), '/events?channel=many');
 my $n = 2500;
 my @slow = map { slow_sub("/events?channel=many&who=s$_") } 1 .. 100;
 ok(wait_until(sub { gauge('sqldb_listen') == 101 }, 10), '100 subscribers that do not read');
