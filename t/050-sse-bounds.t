@@ -91,7 +91,7 @@ sub forget {
     }
     $sub->{buf} = $head . substr($buf, $at);
 }
-sub subscribed { my @s = @_; sub { !grep { $_->{buf} !~ /: subscribed/ } @s } }
+sub subscribed { SseClient::subscribed(@_) }
 
 # One worker with the http{} body given, and a reader of `$fast_path` that
 # takes every event, once it is subscribed.

@@ -23,7 +23,7 @@ my $port;
 sub open_sse { SseClient::open_sse($port, @_) }
 sub pump { SseClient::pump(@_) }
 sub events { SseClient::events(@_) }
-sub subscribed { my @s = @_; return sub { !grep { $_->{buf} !~ /: subscribed/ } @s } }
+sub subscribed { SseClient::subscribed(@_) }
 
 sub numsub {
     my ($r, $ch) = @_;

@@ -90,4 +90,11 @@ sub metric {
     return $n;
 }
 
+
+# A check for pump: every one of the subscribers has its ": subscribed" line.
+sub subscribed {
+    my @s = @_;
+    return sub { !grep { $_->{buf} !~ /: subscribed/ } @s };
+}
+
 1;
