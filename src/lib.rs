@@ -17,11 +17,11 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod cache;
+pub mod common;
 pub mod ffi;
 pub mod metrics;
 pub mod sqldb;
 pub mod status;
-pub mod subscribe;
 
 use std::mem::offset_of;
 use std::ptr;
@@ -69,6 +69,7 @@ impl sc::Entries for SqldbEntries {
 struct CacheEntries;
 
 impl cache::config::Entries for CacheEntries {
+    const OWNER_OF: common::upstream::OwnerOf = sqldb::config::upstream::owner_of;
     const CONTENT: ngx_http_handler_pt = Some(cache::content_handler);
     const OTHERS: &'static [(ngx_http_handler_pt, &'static str)] =
         &[(Some(sqldb::request::content_handler), "\"sqldb_pass\"")];
@@ -449,7 +450,7 @@ static mut CACHE_COMMANDS: [ngx_command_t; 24] = [
 static CACHE_CTX: ngx_http_module_t = ngx_http_module_t {
     preconfiguration: None,
     postconfiguration: Some(cc::postconfiguration),
-    create_main_conf: Some(cc::create_main_conf),
+    create_main_conf: Some(cc::create_main_conf::<CacheEntries>),
     init_main_conf: None,
     create_srv_conf: None,
     merge_srv_conf: None,

@@ -146,10 +146,11 @@ pub fn check(mcf: &CacheMainConf) -> Result<(), ConfError> {
             let file = unsafe { std::ffi::CStr::from_ptr(u.file_name as *const c_char) }.to_string_lossy();
             format!("{file}:{}", u.line)
         };
-        if crate::sqldb::config::upstream::sqldb_srv_conf(u).is_some() {
+        if let Some(owner) = mcf.foreign_owner(u) {
             return Err(format!(
-                "\"cache_cluster\" in upstream \"{}\", which has \"sqldb_server\" lines, in {}",
+                "\"cache_cluster\" in upstream \"{}\", which has \"{}\" lines, in {}",
                 c.name(),
+                owner.server,
                 where_()
             )
             .into());

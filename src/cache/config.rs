@@ -7,11 +7,11 @@ use std::ptr::NonNull;
 
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
 
+use crate::common::upstream::OwnerOf;
 use crate::ffi::conf::{conf_step, create_conf, directive, merge_conf, ComplexValue, ConfError};
 use crate::ffi::ssl::SslFiles;
 use crate::ffi::*;
 use crate::log;
-use crate::sqldb::config::upstream::sqldb_srv_conf;
 
 extern "C" {
     // The module's static, defined (#[no_mangle]) in lib.rs with its
@@ -43,6 +43,8 @@ unsafe impl HttpModuleLocationConf for Cache {
 /// The request side's content handler, and those of other modules a
 /// location cannot have beside it (linked in lib.rs).
 pub trait Entries {
+    /// The owner of a block that another gateway's lines make.
+    const OWNER_OF: OwnerOf;
     const CONTENT: ngx_http_handler_pt;
     const OTHERS: &'static [(ngx_http_handler_pt, &'static str)];
 }
@@ -102,14 +104,24 @@ pub struct CacheMainConf {
     /// worker's `cache_subscribe` subscribers, all together
     /// (NGX_CONF_UNSET_SIZE: the default).
     pub subscribe_buffers_max: usize,
+    /// Blocks another gateway owns (Entries::OWNER_OF).
+    pub owner_of: Option<OwnerOf>,
 }
 
-pub(crate) extern "C" fn create_main_conf(cf: *mut ngx_conf_t) -> *mut c_void {
+impl CacheMainConf {
+    /// The other gateway that owns a block, if one does.
+    pub fn foreign_owner(&self, uscf: &ngx_http_upstream_srv_conf_t) -> Option<crate::common::upstream::Owner> {
+        self.owner_of.and_then(|f| f(uscf))
+    }
+}
+
+pub(crate) extern "C" fn create_main_conf<E: Entries>(cf: *mut ngx_conf_t) -> *mut c_void {
     let value = || CacheMainConf {
         key: -1,
         db: -1,
         exptime: -1,
         subscribe_buffers_max: CONF_UNSET_SIZE,
+        owner_of: Some(E::OWNER_OF),
         ..CacheMainConf::default()
     };
     // SAFETY: nginx passes the configuration being read.
@@ -560,12 +572,14 @@ fn postconfigure(cf: Conf) -> Result<(), ConfError> {
     for p in &mcf.pending {
         // SAFETY: the upstream module's configurations live as long as the configuration.
         if let Some(u) = unsafe { p.upstream.as_ref() } {
-            if sqldb_srv_conf(u).is_some() {
+            if let Some(owner) = mcf.foreign_owner(u) {
                 log!(
                     NGX_LOG_EMERG,
                     cf.log(),
-                    "\"cache_pass\" names upstream \"{}\", which has \"sqldb_server\" lines (use \"sqldb_pass\") in {}:{}",
+                    "\"cache_pass\" names upstream \"{}\", which has \"{}\" lines (use \"{}\") in {}:{}",
                     String::from_utf8_lossy(u.host.as_bytes()),
+                    owner.server,
+                    owner.pass,
                     p.claim.file(),
                     p.claim.line()
                 );

@@ -15,11 +15,10 @@ use gateway_core::resp;
 use super::authfail;
 use super::cluster::{cluster_of, log_refused, log_stop, ClusterReq, MAX_REDIRECTS};
 use super::config::{Cache, CacheLocConf, CacheMainConf};
+use crate::common::sse::Refused;
 use crate::ffi::request::RequestCtx;
 use crate::ffi::upstream::Callbacks;
 use crate::ffi::*;
-use crate::sqldb::config::upstream::sqldb_srv_conf;
-use crate::subscribe::Refused;
 use crate::{debug, log};
 
 /// Per-request state.
@@ -72,7 +71,8 @@ enum StartError {
     BadExptime(String),
     ClusterDb(u32),
     NoBackend(String),
-    SqldbUpstream(String),
+    /// An upstream another gateway owns (its value, and the owner's lines).
+    ForeignUpstream(String, &'static str),
     /// See FILTER_REDIRECT.
     AnswerUnderWay,
     /// Redis refused the `cache_auth` password less than a second ago.
@@ -134,10 +134,10 @@ impl StartError {
                 "cache: \"cache_pass\" value \"{v}\" names no known backend"
             ),
             StartError::AnswerUnderWay => log!(NGX_LOG_ERR, log, "cache: {}", crate::ffi::FILTER_REDIRECT),
-            StartError::SqldbUpstream(v) => log!(
+            StartError::ForeignUpstream(v, lines) => log!(
                 NGX_LOG_ERR,
                 log,
-                "cache: \"cache_pass\" value \"{v}\" names an upstream of \"sqldb_server\" lines"
+                "cache: \"cache_pass\" value \"{v}\" names an upstream of \"{lines}\" lines"
             ),
         }
     }
@@ -233,7 +233,7 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
     let pool = r.pool();
     let u = r.create_upstream().ok_or(StartError::Nginx)?;
     let block = match &backend {
-        Some(name) => resolve(u, pool, umcf, name)?,
+        Some(name) => resolve(u, pool, umcf, name, mcf.owner_of)?,
         None => lcf.upstream.upstream.cast_const(),
     };
     // A password Redis refused less than a second ago: 502 at once.
@@ -350,6 +350,7 @@ fn resolve(
     pool: Pool,
     umcf: &ngx_http_upstream_main_conf_t,
     name: &[u8],
+    owner_of: Option<crate::common::upstream::OwnerOf>,
 ) -> Result<*const ngx_http_upstream_srv_conf_t, StartError> {
     let text = || String::from_utf8_lossy(name).into_owned();
     // SAFETY: the upstream module's array of upstream configurations.
@@ -359,8 +360,9 @@ fn resolve(
         .iter()
         .filter_map(|&u| unsafe { u.as_ref() })
         .find(|u| u.port == 0 && u.host.as_bytes().eq_ignore_ascii_case(name));
+    let owner = block.and_then(|b| owner_of.and_then(|f| f(b)));
     match block {
-        Some(b) if sqldb_srv_conf(b).is_some() => Err(StartError::SqldbUpstream(text())),
+        Some(_) if owner.is_some() => Err(StartError::ForeignUpstream(text(), owner.map_or("", |o| o.server))),
         Some(b) => {
             let host = pool.str(name).ok_or(StartError::Nginx)?;
             u.set_resolved(pool, host, None, 0)

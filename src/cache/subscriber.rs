@@ -15,7 +15,7 @@
 //! `RETRY` ms (to the next address, for a cluster), subscribes to every
 //! channel again, and the subscribers get `event: reconnect`: what was
 //! published on that server in between is lost. The request side is
-//! crate::subscribe's, shared with `sqldb_listen`.
+//! crate::common::sse's, shared with `sqldb_listen`.
 
 use std::collections::BTreeSet;
 use std::ptr::NonNull;
@@ -26,13 +26,11 @@ use super::authfail;
 use super::cluster::cluster_of;
 use super::config::{Cache, CacheLocConf};
 use super::link::{self, nonblocking_connect, socket_error, Connect, Io, IoError, Tls};
+use crate::common::hub::{Added, Channels, Hub, HubSink, RETRY};
+use crate::common::sse::{self as subscribe, Fanout, Refused};
+use crate::common::token::ReqToken;
 use crate::ffi::*;
 use crate::log;
-use crate::sqldb::driver::{Added, Channels, Hub, ListenSink, ReqToken};
-use crate::subscribe::{self, Refused};
-
-/// How long after a lost connection another is tried (ms).
-const RETRY: ngx_msec_t = 1000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -43,6 +41,11 @@ enum State {
     /// Connected; AUTH and the SUBSCRIBEs are sent.
     Up,
 }
+
+/// The fan-out of `cache_subscribe`'s events.
+pub static FANOUT: Fanout = Fanout::new("cache_subscribe", 1, "cache_subscribe_buffers_max", "cache", || {
+    <Cache as ngx::http::HttpModule>::module()
+});
 
 /// One address of the upstream's servers.
 #[derive(Clone)]
@@ -92,7 +95,7 @@ pub struct RedisHub {
     auth_key: Option<u64>,
     tls: Option<Tls>,
     connect_timeout: ngx_msec_t,
-    sink: &'static dyn ListenSink,
+    sink: &'static dyn HubSink,
     channels: Channels,
     /// Runs `settle_all` after a connection that was up is lost (posted:
     /// a loss may come while a request subscribes, which the subscribers'
@@ -124,7 +127,7 @@ pub fn start(r: &mut Req, lcf: &CacheLocConf) -> Result<ngx_int_t, Refused> {
             every: lcf.subscribe_heartbeat,
             buffers_max,
         },
-        &subscribe::CACHE,
+        &FANOUT,
         |r| hub(r, lcf, auth).map(|h| h as NonNull<dyn Hub>),
     )
 }
@@ -173,7 +176,7 @@ fn hub(r: &mut Req, lcf: &CacheLocConf, auth: Option<Vec<u8>>) -> Option<NonNull
         auth_key,
         tls,
         lcf.upstream.connect_timeout,
-        &subscribe::CACHE,
+        &FANOUT,
     );
     let ptr = NonNull::from(&mut *h);
     hubs.borrow_mut().push((key, auth, h));
@@ -218,7 +221,7 @@ impl RedisHub {
         auth_key: Option<u64>,
         tls: Option<Tls>,
         connect_timeout: ngx_msec_t,
-        sink: &'static dyn ListenSink,
+        sink: &'static dyn HubSink,
     ) -> Box<RedisHub> {
         let mut h = Box::new(RedisHub {
             upstream,

@@ -15,7 +15,8 @@ use gateway_core::rewrite::Rule as RewriteRule;
 use gateway_core::target::Target;
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, HttpModuleServerConf, NgxHttpCoreModule};
 
-use super::driver::{ListenSink, Listener, Pool, Settings, Statement};
+use super::driver::{Listener, Pool, Settings, Statement};
+use crate::common::hub::HubSink;
 use crate::ffi::conf::{create_conf, merge_conf, ComplexValue, ConfError, Position};
 use crate::ffi::*;
 
@@ -140,7 +141,7 @@ pub struct SrvConf {
 impl SrvConf {
     /// The listening connection of this worker (to the upstream's first
     /// server: notifications are a server's own), made on first use.
-    pub fn listener(&mut self, sink: &'static dyn ListenSink) -> Option<NonNull<Listener>> {
+    pub fn listener(&mut self, sink: &'static dyn HubSink) -> Option<NonNull<Listener>> {
         if self.listener.is_none() {
             let first = self.addrs.first()?;
             self.listener = Some(Listener::new(first.conninfo.clone(), first.name_text(), sink));

@@ -7,6 +7,7 @@ use std::ffi::{c_char, c_void, CString};
 use gateway_core::conninfo::{self, Keywords, Target};
 
 use super::{Entries, MainConf, Sqldb, SrvConf, Var};
+use crate::common::upstream::Owner;
 use crate::ffi::conf::{conf_step, directive, socket_addr, ConfError, ServerParams};
 use crate::ffi::*;
 use crate::log;
@@ -247,6 +248,15 @@ pub(crate) extern "C" fn cmd_sqldb_pipeline(
 pub fn sqldb_srv_conf(uscf: &ngx_http_upstream_srv_conf_t) -> Option<&'static mut SrvConf> {
     use ngx::http::HttpModuleServerConf;
     Sqldb::server_conf_mut(uscf).filter(|s| s.servers > 0)
+}
+
+/// The database gateway as the owner of a block of `sqldb_server` lines
+/// (for the cache gateway's checks, through lib.rs).
+pub fn owner_of(uscf: &ngx_http_upstream_srv_conf_t) -> Option<Owner> {
+    sqldb_srv_conf(uscf).map(|_| Owner {
+        server: "sqldb_server",
+        pass: "sqldb_pass",
+    })
 }
 
 /// The upstream block a name refers to, if it has `sqldb_server` lines.

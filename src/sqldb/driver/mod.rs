@@ -21,15 +21,13 @@ use gateway_core::pipeline::Lost;
 use gateway_core::slab::Key;
 use gateway_core::target::Target;
 
+pub use crate::common::token::ReqToken;
+
 use crate::ffi::ngx_msec_t;
 
-pub use listen::{Added, Channels, Hub, ListenSink, Listener};
+pub use listen::Listener;
 pub use pool::{OpenError, Pick, Pool, Settings, Submitted, RECHECK};
 pub use pq::{check_conninfo, PgResult, PqError, ResultKind};
-
-/// A request, as the driver knows it (a key of the request side's registry).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReqToken(pub Key);
 
 /// A connection of a pool (stale once the connection is closed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

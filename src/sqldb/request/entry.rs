@@ -7,7 +7,8 @@ use std::rc::Rc;
 use gateway_core::sql::has_several_statements;
 
 use super::error::{log_failure, Failure, StartError};
-use super::{peer, registry, vars, Ctx};
+use super::{peer, vars, Ctx};
+use crate::common::token as registry;
 use crate::ffi::upstream::Callbacks;
 use crate::ffi::*;
 use crate::log;
@@ -68,7 +69,7 @@ fn start_listening(r: &mut Req, lcf: &'static LocConf) -> ngx_int_t {
     };
     match super::listen::subscribe(r, lcf, block, srv) {
         Ok(rc) => rc,
-        Err(crate::subscribe::Refused::BadChannel(v)) => {
+        Err(crate::common::sse::Refused::BadChannel(v)) => {
             log!(
                 NGX_LOG_INFO,
                 r.log(),
@@ -77,8 +78,8 @@ fn start_listening(r: &mut Req, lcf: &'static LocConf) -> ngx_int_t {
             );
             HTTP_BAD_REQUEST
         }
-        Err(crate::subscribe::Refused::NotAllowed) => HTTP_NOT_ALLOWED,
-        Err(crate::subscribe::Refused::Nginx) => HTTP_INTERNAL_SERVER_ERROR,
+        Err(crate::common::sse::Refused::NotAllowed) => HTTP_NOT_ALLOWED,
+        Err(crate::common::sse::Refused::Nginx) => HTTP_INTERNAL_SERVER_ERROR,
     }
 }
 

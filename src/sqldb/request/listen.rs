@@ -1,15 +1,20 @@
 //! `sqldb_listen CHANNEL`: the request subscribes to a channel of the
 //! upstream's listening connection (driver::listen) and gets each NOTIFY on
-//! it as a server-sent event while it stays (crate::subscribe).
+//! it as a server-sent event while it stays (crate::common::sse).
 
 use std::ptr::NonNull;
 
-use gateway_core::sse;
+use gateway_core::sse as format;
 
+use crate::common::hub::Hub;
+use crate::common::sse::{self, Fanout, Refused};
 use crate::ffi::*;
 use crate::sqldb::config::{LocConf, Sqldb, SrvConf};
-use crate::sqldb::driver::Hub;
-use crate::subscribe::{self, Refused};
+
+/// The fan-out of `sqldb_listen`'s events.
+pub static FANOUT: Fanout = Fanout::new("sqldb_listen", 0, "sqldb_listen_buffers_max", "sqldb", || {
+    <Sqldb as ngx::http::HttpModule>::module()
+});
 
 /// Starts a subscription; what the content handler returns.
 pub fn subscribe(
@@ -23,16 +28,16 @@ pub fn subscribe(
     };
     let channel = r.complex_value(*cv).ok_or(Refused::Nginx)?.to_vec();
     let buffers_max = r.main_conf::<Sqldb>().listen_buffers_max;
-    subscribe::start(
+    sse::start(
         r,
         &channel,
-        sse::valid_channel,
-        subscribe::Source {
+        format::valid_channel,
+        sse::Source {
             block,
             every: lcf.listen_heartbeat,
             buffers_max,
         },
-        &subscribe::SQLDB,
-        |_| srv.listener(&subscribe::SQLDB).map(|l| l as NonNull<dyn Hub>),
+        &FANOUT,
+        |_| srv.listener(&FANOUT).map(|l| l as NonNull<dyn Hub>),
     )
 }

@@ -1,7 +1,7 @@
 //! The request side of the database gateway: a request's way from the
 //! content handler (entry) through nginx's upstream and balancer (peer) to
 //! the driver, and back from its results to the response (respond, output,
-//! stream). Requests are known to the driver by tokens of `registry`.
+//! stream). Requests are known to the driver by tokens (common::token).
 
 mod auth;
 mod entry;
@@ -9,7 +9,7 @@ mod error;
 mod listen;
 mod output;
 mod peer;
-mod registry;
+
 mod respond;
 mod stream;
 mod vars;
@@ -22,6 +22,7 @@ use gateway_core::formats::StreamFormat;
 
 use super::config::{Sqldb, SrvConf};
 use super::driver::{ConnId, Delivery, PgResult, Query, ReqToken, RowVerdict, Sink};
+use crate::common::token as registry;
 use crate::ffi::request::RequestCtx;
 use crate::ffi::*;
 

@@ -5,7 +5,8 @@ use gateway_core::pipeline::Lost;
 
 use super::error::{log_failure, ConnError, Failure, ResultError, BAD_PARAMETER, ROLE_DENIED};
 use super::peer::{fail, finish_upstream, guard_request, move_unsent, next, next_unfit, started};
-use super::{ctx_of, output, registry, vars};
+use super::{ctx_of, output, vars};
+use crate::common::token as registry;
 use crate::debug;
 use crate::ffi::*;
 use crate::sqldb::config::{LocConf, Sqldb, Var};

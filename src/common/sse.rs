@@ -12,12 +12,12 @@ use std::collections::HashMap;
 use std::ptr::NonNull;
 
 use gateway_core::metrics::Id;
-use gateway_core::slab::Slab;
 use gateway_core::sse;
 
+use super::hub::{Hub, HubSink};
+use super::token::{Registry, ReqToken};
 use crate::ffi::buf::Outbox;
 use crate::ffi::*;
-use crate::sqldb::driver::{Hub, ListenSink, ReqToken};
 use crate::{log, metrics};
 
 /// The comment line that tells a client its subscription is in effect.
@@ -65,7 +65,7 @@ impl Drop for Sub {
             ev.clear();
         }
         if !self.ended {
-            LIVE.with(|l| l.borrow_mut().remove(self.token.0));
+            LIVE.with(|l| l.unregister(self.token));
             BY_REQUEST.with(|b| b.borrow_mut().remove(&(self.r as usize)));
         }
         self.fan.count(std::mem::take(&mut self.counted), 0);
@@ -86,7 +86,7 @@ type Leaving = (NonNull<dyn Hub>, String, ReqToken);
 thread_local! {
     /// This worker's subscriptions, by token (each leaves when it ends or
     /// its request's pool goes).
-    static LIVE: RefCell<Slab<NonNull<Sub>>> = RefCell::new(Slab::default());
+    static LIVE: Registry<Sub> = Registry::default();
     /// The token of each live subscription, by its request (for the
     /// request's write handler).
     static BY_REQUEST: RefCell<HashMap<usize, ReqToken>> = RefCell::new(HashMap::new());
@@ -176,7 +176,7 @@ pub fn start(
     });
     let sub = Sub {
         r: r.as_ptr(),
-        token: ReqToken(LIVE.with(|l| l.borrow().next_key())),
+        token: LIVE.with(Registry::next),
         out: Outbox::new(fan.tag()),
         ended: false,
         counted: 0,
@@ -190,7 +190,7 @@ pub fn start(
         heartbeat: unsafe { std::mem::zeroed() },
     };
     let mut sub = r.pool().alloc(sub).ok_or(Refused::Nginx)?;
-    let token = ReqToken(LIVE.with(|l| l.borrow_mut().insert(sub)));
+    let token = LIVE.with(|l| l.register(sub));
     BY_REQUEST.with(|b| b.borrow_mut().insert(r.as_ptr() as usize, token));
     // SAFETY: just allocated in the request's pool; nothing else uses it now.
     let s = unsafe { sub.as_mut() };
@@ -306,7 +306,7 @@ extern "C" fn flush_pending(r: *mut ngx_http_request_t) {
         let rc = unsafe { r.output_filter(std::ptr::null_mut()) };
         let sub = BY_REQUEST
             .with(|b| b.borrow().get(&(r.as_ptr() as usize)).copied())
-            .and_then(|t| LIVE.with(|l| l.borrow().get(t.0).copied()));
+            .and_then(|t| LIVE.with(|l| l.lookup(t)));
         let ok = match sub {
             // What the filters held is out: what is queued goes next.
             Some(sub) if rc == OK => {
@@ -340,7 +340,7 @@ fn end(sub: &mut Sub, rc: ngx_int_t) {
     if std::mem::replace(&mut sub.ended, true) {
         return;
     }
-    LIVE.with(|l| l.borrow_mut().remove(sub.token.0));
+    LIVE.with(|l| l.unregister(sub.token));
     BY_REQUEST.with(|b| b.borrow_mut().remove(&(sub.r as usize)));
     // What waits for it goes with its request's pool (now, or once nginx
     // has closed the connection): the source's total no longer counts it.
@@ -402,24 +402,27 @@ pub struct Fanout {
     module: fn() -> *const ngx_module_t,
 }
 
-/// The fan-out of `sqldb_listen`.
-pub static SQLDB: Fanout = Fanout {
-    source: "sqldb_listen",
-    slot: 0,
-    bound_directive: "sqldb_listen_buffers_max",
-    gateway: "sqldb",
-    module: || <crate::sqldb::config::Sqldb as ngx::http::HttpModule>::module(),
-};
-/// The fan-out of `cache_subscribe`.
-pub static CACHE: Fanout = Fanout {
-    source: "cache_subscribe",
-    slot: 1,
-    bound_directive: "cache_subscribe_buffers_max",
-    gateway: "cache",
-    module: || <crate::cache::config::Cache as ngx::http::HttpModule>::module(),
-};
-
 impl Fanout {
+    /// The fan-out of a gateway's hubs: `source` is the metrics' label,
+    /// `slot` its place in the worker's totals (0 or 1), `bound_directive`
+    /// the directive of its per-worker bound, `gateway` the log's prefix,
+    /// `module` the module whose buffers its events are.
+    pub const fn new(
+        source: &'static str,
+        slot: usize,
+        bound_directive: &'static str,
+        gateway: &'static str,
+        module: fn() -> *const ngx_module_t,
+    ) -> Fanout {
+        Fanout {
+            source,
+            slot,
+            bound_directive,
+            gateway,
+            module,
+        }
+    }
+
     fn tag(&self) -> *const ngx_module_t {
         (self.module)()
     }
@@ -427,7 +430,7 @@ impl Fanout {
     /// Runs `f` on each subscription of `to` that is still there.
     fn each(&self, to: &[ReqToken], mut f: impl FnMut(&mut Sub)) {
         for &t in to {
-            let Some(sub) = LIVE.with(|l| l.borrow().get(t.0).copied()) else {
+            let Some(sub) = LIVE.with(|l| l.lookup(t)) else {
                 continue;
             };
             // SAFETY: a live Sub is in its live request's pool (it leaves
@@ -475,21 +478,20 @@ impl Fanout {
         if self.waiting() <= bound {
             return;
         }
-        let mut behind: Vec<(usize, gateway_core::slab::Key)> = LIVE.with(|l| {
-            l.borrow()
-                .iter()
-                // SAFETY: a live Sub is in its live request's pool.
-                .map(|(k, s)| (unsafe { s.as_ref() }, k))
-                .filter(|(s, _)| std::ptr::eq(s.fan, self) && s.counted > 0)
-                .map(|(s, k)| (s.counted, k))
-                .collect()
-        });
+        let mut behind: Vec<(usize, ReqToken)> = LIVE
+            .with(Registry::all)
+            .into_iter()
+            // SAFETY: a live Sub is in its live request's pool.
+            .map(|(k, s)| (unsafe { s.as_ref() }, k))
+            .filter(|(s, _)| std::ptr::eq(s.fan, self) && s.counted > 0)
+            .map(|(s, k)| (s.counted, k))
+            .collect();
         behind.sort_unstable_by_key(|&(n, _)| std::cmp::Reverse(n));
         for (_, key) in behind {
             if self.waiting() <= bound {
                 break;
             }
-            let Some(sub) = LIVE.with(|l| l.borrow().get(key).copied()) else {
+            let Some(sub) = LIVE.with(|l| l.lookup(key)) else {
                 continue;
             };
             // SAFETY: a live Sub is in its live request's pool.
@@ -535,7 +537,7 @@ impl Fanout {
     }
 }
 
-impl ListenSink for Fanout {
+impl HubSink for Fanout {
     fn notify(&self, to: &[ReqToken], channel: &str, payload: &[u8]) {
         self.send(to, &sse::event(channel, payload));
     }

@@ -1,0 +1,146 @@
+//! Subscription hubs: one shared connection per worker and upstream that
+//! subscribers come to and leave, by channel (`sqldb_listen`'s listener,
+//! `cache_subscribe`'s subscribing connections). The hub speaks to its
+//! server; what it hears goes to the subscribers through a `HubSink`
+//! (common::sse's fan-out).
+
+use std::collections::BTreeMap;
+
+use super::token::ReqToken;
+use crate::ffi::ngx_msec_t;
+
+/// How long after a lost connection another is tried (ms).
+pub const RETRY: ngx_msec_t = 1000;
+
+/// A shared connection that subscribers come to and leave, by channel
+/// (this listener, and the cache gateway's subscribing connection).
+pub trait Hub {
+    /// True when the subscription is in effect now; else the sink's
+    /// `subscribed` tells when it is.
+    fn subscribe(&mut self, channel: &str, who: ReqToken) -> bool;
+    fn unsubscribe(&mut self, channel: &str, who: ReqToken);
+    /// The servers it hears (for `$upstream_addr`).
+    fn servers(&self) -> Vec<String>;
+}
+
+/// The subscribers of a hub, by channel (a channel is subscribed to while
+/// it has any). A channel is active once the server confirmed its
+/// subscription on the current connection; subscribers that came before
+/// wait for that.
+#[derive(Default)]
+pub struct Channels(BTreeMap<String, Channel>);
+
+#[derive(Default)]
+struct Channel {
+    subs: Vec<ReqToken>,
+    waiting: Vec<ReqToken>,
+    active: bool,
+}
+
+/// What adding a subscriber gives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Added {
+    /// The channel's first: it must be subscribed to.
+    First,
+    /// The channel is subscribed to already, on a connection that is up.
+    Active,
+    /// Its subscription is on the way.
+    Waiting,
+}
+
+impl Channels {
+    pub fn add(&mut self, channel: &str, who: ReqToken) -> Added {
+        let c = self.0.entry(channel.to_owned()).or_default();
+        c.subs.push(who);
+        if c.active {
+            return Added::Active;
+        }
+        c.waiting.push(who);
+        if c.subs.len() == 1 {
+            Added::First
+        } else {
+            Added::Waiting
+        }
+    }
+
+    /// Removes a subscriber; true when it was the channel's last.
+    pub fn remove(&mut self, channel: &str, who: ReqToken) -> bool {
+        let Some(c) = self.0.get_mut(channel) else {
+            return false;
+        };
+        c.subs.retain(|t| *t != who);
+        c.waiting.retain(|t| *t != who);
+        if !c.subs.is_empty() {
+            return false;
+        }
+        self.0.remove(channel);
+        true
+    }
+
+    /// The server confirmed the channel: the subscribers that waited.
+    pub fn confirm(&mut self, channel: &str) -> Vec<ReqToken> {
+        match self.0.get_mut(channel) {
+            Some(c) => {
+                c.active = true;
+                std::mem::take(&mut c.waiting)
+            }
+            None => Vec::new(),
+        }
+    }
+
+    /// The channel is not in effect on every connection any more: new
+    /// subscribers wait for its confirmation.
+    pub fn deactivate_one(&mut self, channel: &str) {
+        if let Some(c) = self.0.get_mut(channel) {
+            c.active = false;
+        }
+    }
+
+    /// The connection is gone: no channel is active until confirmed again.
+    pub fn deactivate(&mut self) {
+        for c in self.0.values_mut() {
+            c.active = false;
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.0.keys().map(String::as_str)
+    }
+
+    /// The channel's own name and its subscribers, if it has any.
+    pub fn get(&self, channel: &str) -> Option<(&str, &[ReqToken])> {
+        self.0
+            .get_key_value(channel)
+            .map(|(k, c)| (k.as_str(), c.subs.as_slice()))
+    }
+
+    /// The subscribers whose subscription was in effect before (those
+    /// that wait for one are not).
+    pub fn settled(&self) -> Vec<ReqToken> {
+        self.0
+            .values()
+            .flat_map(|c| c.subs.iter().filter(|t| !c.waiting.contains(t)))
+            .copied()
+            .collect()
+    }
+
+    /// Every subscriber of every channel.
+    pub fn everyone(&self) -> Vec<ReqToken> {
+        self.0.values().flat_map(|c| c.subs.iter()).copied().collect()
+    }
+}
+
+/// Where notifications go (the request side).
+pub trait HubSink {
+    fn notify(&self, to: &[ReqToken], channel: &str, payload: &[u8]);
+    /// The connection was lost and is back: what was sent in between is lost.
+    fn reconnected(&self, to: &[ReqToken]);
+    /// The server confirmed these subscriptions: events reach them from now on.
+    fn subscribed(&self, to: &[ReqToken]);
+    /// nginx is exiting: the subscriptions end.
+    fn closing(&self, to: &[ReqToken]);
+}
