@@ -7,11 +7,18 @@
 //!
 //! Layout, each part using only those below it:
 //! - `ffi`: raw nginx pointers turned into safe types, once.
-//! - `sqldb::driver`: database connections (libpq on nginx's events) and
-//!   the routing of their results (core::pipeline).
+//! - `common`: what both gateways use (request tokens, subscription hubs
+//!   and their server-sent events, upstream ownership).
+//! - `sqldb::driver`, `cache::driver`: connections to PostgreSQL (libpq on
+//!   nginx's events) and to Redis, and the routing of their replies; they
+//!   know requests only as tokens.
 //! - `sqldb::config`, `cache::config`: what the directives build.
 //! - `sqldb::request`, `cache::request`: requests, from the content handler
 //!   to the response.
+//!
+//! `sqldb` and `cache` import nothing from each other: this file links
+//! them where one must know of the other (content handlers a location
+//! cannot have together, upstream blocks one of them owns).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -71,6 +78,7 @@ struct CacheEntries;
 impl cache::config::Entries for CacheEntries {
     const OWNER_OF: common::upstream::OwnerOf = sqldb::config::upstream::owner_of;
     const CONTENT: ngx_http_handler_pt = Some(cache::content_handler);
+    const PEER_INIT: ngx_http_upstream_init_peer_pt = Some(cache::request::balancer::init_peer);
     const OTHERS: &'static [(ngx_http_handler_pt, &'static str)] =
         &[(Some(sqldb::request::content_handler), "\"sqldb_pass\"")];
 }
@@ -363,7 +371,7 @@ static mut CACHE_COMMANDS: [ngx_command_t; 24] = [
     command(
         "cache_cluster\0",
         NGX_HTTP_UPS_CONF | NGX_CONF_TAKE1,
-        cache::cluster::cmd_cache_cluster,
+        cc::cluster::cmd_cache_cluster::<CacheEntries>,
         NGX_HTTP_MAIN_CONF_OFFSET,
         0,
     ),

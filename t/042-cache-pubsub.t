@@ -113,7 +113,7 @@ like($subs[0]{buf}, qr/: heartbeat\n\n/, 'comment lines keep the stream alive');
 redis_cli($redis, 'client', 'kill', 'type', 'pubsub');
 pump(\@subs, 6, sub { !grep { !grep { $_ eq 'reconnect=' } events($_) } @subs });
 is(scalar(grep { my @e = events($_); grep { $_ eq 'reconnect=' } @e } @subs), 6, 'every subscriber is told of the reconnect');
-like(nginx_error_log(), qr/\[error\].*cache: the subscribing connection to 127\.0\.0\.1:$rport of upstream "red" was lost: redis closed the connection; trying again in 1000 ms/,
+like(nginx_error_log(), qr/\[error\].*cache: the subscribing connection to 127\.0\.0\.1:$rport of upstream "red" was lost: upstream prematurely closed connection; trying again in 1000 ms/,
     'one error line says the connection was lost');
 ok(wait_until(sub { numsub('news') == $workers }, 5), 'it subscribes again');
 publish('news', 'after');
@@ -216,7 +216,7 @@ HTTP
 @subs = (open_sse('/sub?channel=turn'));
 pump(\@subs, 3, subscribed(@subs));
 ok(wait_until(sub { numsub('turn') == 1 }, 5), 'subscribed through the second server');
-like(nginx_error_log(), qr/\[error\].*cache: the subscribing connection to 127\.0\.0\.1:$closed of upstream "red" failed: connecting failed: .*refused/i,
+like(nginx_error_log(), qr/\[error\].*cache: the subscribing connection to 127\.0\.0\.1:$closed of upstream "red" failed: connect\(\) failed .*refused/i,
     'the first one refused, logged');
 redis_cli($redis, 'publish', 'turn', 'arrived');
 pump(\@subs, 3, sub { scalar(events($subs[0])) >= 1 });
@@ -276,7 +276,7 @@ is_deeply([events($subs[0])], ['h=ok', 'h=d|r', 'reconnect=', 'h=last'],
 my $log = nginx_error_log();
 like($log, qr/was lost: redis sent bytes that are not RESP/, 'garbage: an error line');
 like($log, qr/was lost: redis sent a "message" array to a subscribing connection/, 'an integer payload: an error line');
-like($log, qr/was lost: redis closed the connection/, 'cut mid-reply: an error line');
+like($log, qr/was lost: upstream prematurely closed connection/, 'cut mid-reply: an error line');
 unlike($log, qr/\[(alert|emerg)\]|exited on signal/, 'no alert, no worker died');
 close $subs[0]{s};
 stop_nginx();

@@ -576,18 +576,31 @@ impl Conf {
 /// The IP addresses and ports of an upstream block's `server` lines (every
 /// address a name resolved to, backup servers too; unix sockets are left out).
 pub fn upstream_server_addrs(us: &ngx_http_upstream_srv_conf_t) -> Vec<std::net::SocketAddr> {
+    upstream_servers(us, true)
+        .into_iter()
+        .filter_map(|(sa, _)| socket_addr(&sa))
+        .collect()
+}
+
+/// The addresses of an upstream block's `server` lines, in order (backup
+/// ones too, last, as they are written last), as sockaddr bytes and the
+/// name nginx gives each; those marked `down` too when `with_down`.
+pub fn upstream_servers(us: &ngx_http_upstream_srv_conf_t, with_down: bool) -> Vec<(Vec<u8>, String)> {
     // SAFETY: the block's servers array, of ngx_http_upstream_server_t, in
     // configuration memory (null for a block made by proxy_pass and the like).
     let servers =
         unsafe { us.servers.as_ref() }.map_or(&[][..], |a| unsafe { a.as_slice::<ngx_http_upstream_server_t>() });
     let mut out = Vec::new();
-    for s in servers.iter().filter(|s| !s.addrs.is_null()) {
+    for s in servers
+        .iter()
+        .filter(|s| !s.addrs.is_null() && (with_down || s.down == 0))
+    {
         // SAFETY: naddrs addresses, in configuration memory.
         let addrs = unsafe { std::slice::from_raw_parts(s.addrs, s.naddrs) };
         for a in addrs.iter().filter(|a| !a.sockaddr.is_null()) {
             // SAFETY: socklen bytes of the address, in configuration memory.
             let sa = unsafe { std::slice::from_raw_parts(a.sockaddr as *const u8, a.socklen as usize) };
-            out.extend(socket_addr(sa));
+            out.push((sa.to_vec(), String::from_utf8_lossy(a.name.as_bytes()).into_owned()));
         }
     }
     out

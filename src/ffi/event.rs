@@ -54,6 +54,15 @@ impl Event {
         self.get().data
     }
 
+    /// The data of the connection the event belongs to.
+    ///
+    /// # Safety
+    /// The event is a live connection's read or write event.
+    pub unsafe fn connection_data(self) -> *mut c_void {
+        // SAFETY: as the caller promises: its data is its connection.
+        unsafe { (*(self.data() as *mut ngx_connection_t)).data }
+    }
+
     pub fn set_data(self, data: *mut c_void) {
         self.get().data = data;
     }
@@ -149,6 +158,15 @@ impl Socket {
 
     pub fn as_ptr(&self) -> *mut ngx_connection_t {
         self.0.as_ptr()
+    }
+
+    /// The data of a connection nginx passes to a handler.
+    ///
+    /// # Safety
+    /// `c` is null or a live connection.
+    pub unsafe fn data_of_raw(c: *mut ngx_connection_t) -> Option<*mut c_void> {
+        // SAFETY: as the caller promises.
+        unsafe { c.as_ref() }.map(|c| c.data)
     }
 
     pub fn fd(&self) -> c_int {

@@ -9,6 +9,7 @@ pub mod buf;
 pub mod conf;
 pub mod event;
 pub mod log;
+pub mod net;
 pub mod pool;
 pub mod request;
 pub mod ssl;

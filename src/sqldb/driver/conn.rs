@@ -371,12 +371,13 @@ impl Conn {
     }
 
     /// Starts the timer after which a cancel request is sent again (again
-    /// from the start, if it runs).
-    pub fn cancel_later(&mut self, ms: ngx_msec_t) {
+    /// from the start, if it runs): `handler` runs then, with this Conn as
+    /// the timer's data.
+    pub fn cancel_later(&mut self, ms: ngx_msec_t, handler: ngx_event_handler_pt) {
         let data: *mut Conn = self;
         let timer = self
             .cancel_timer
-            .get_or_insert_with(|| RetryTimer::new(data.cast(), Some(super::events::cancel_again_event)));
+            .get_or_insert_with(|| RetryTimer::new(data.cast(), handler));
         timer.stop();
         timer.start(ms);
     }

@@ -109,7 +109,7 @@ unsafe fn timer_owner(ev: *mut ngx_event_t) -> Option<(Event, &'static mut Pool,
 
 /// The pause after a cancel request is over: another one, if the query
 /// still runs.
-pub(super) extern "C" fn cancel_again_event(ev: *mut ngx_event_t) {
+extern "C" fn cancel_again_event(ev: *mut ngx_event_t) {
     guard(Log::cycle(), "sqldb cancel timer", (), || {
         // SAFETY: nginx calls this handler with the event of a cancel timer.
         let Some((ev, pool, id)) = (unsafe { timer_owner(ev) }) else {
@@ -603,7 +603,7 @@ impl Pool {
                     }
                 }
                 Step::Cancel => self.cancel(id, out),
-                Step::CancelLater(ms) => c.cancel_later(ms as ngx_msec_t),
+                Step::CancelLater(ms) => c.cancel_later(ms as ngx_msec_t, Some(cancel_again_event)),
                 Step::DrainTimer => c.set_timer(Some(DRAIN_TIMEOUT)),
                 Step::Settle => {
                     c.set_timer(None);

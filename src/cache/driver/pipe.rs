@@ -19,12 +19,15 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
+use std::ffi::c_void;
 use std::rc::Rc;
 
 use gateway_core::redis::{self, Event as RedisEvent, Exchange, Plan, ReplyError, Setup};
 use gateway_core::resp::{self, Reply};
 
-use super::link::{self, nonblocking_connect, socket_error, Connect, Io, IoError, Tls};
+use super::conn::{run_owner, Dial, Owner, RedisConn, Step};
+use super::{next_ping, ConnId, DbStep, Delivery, Endpoint, Failure, Handle, Sink};
+use crate::ffi::net::TlsClient;
 use crate::ffi::*;
 use crate::log;
 
@@ -41,95 +44,6 @@ pub const SLOW_MS: ngx_msec_t = 5;
 pub const HEAVY_VALUE: u64 = 1024 * 1024;
 /// An idle connection closes after this long (ms).
 pub const IDLE_MS: ngx_msec_t = 60_000;
-/// Bytes asked of the socket per read.
-const READ_CHUNK: usize = 64 * 1024;
-/// The room a connection keeps in its buffers between uses.
-const KEEP_ROOM: usize = 256 * 1024;
-
-/// A request's side of its place on a connection: the request while it is
-/// there, null once it left (its replies are then dropped).
-pub struct Handle {
-    pub r: Cell<*mut ngx_http_request_t>,
-    /// Bytes of its commands queued, and of its replies read, since the
-    /// request last took them (`$upstream_bytes_sent`, `_received`).
-    pub sent: Cell<u64>,
-    pub received: Cell<u64>,
-}
-
-impl Handle {
-    pub fn new(r: *mut ngx_http_request_t) -> Rc<Handle> {
-        Rc::new(Handle {
-            r: Cell::new(r),
-            sent: Cell::new(0),
-            received: Cell::new(0),
-        })
-    }
-
-    fn count(n: &Cell<u64>, more: usize) {
-        n.set(n.get() + more as u64);
-    }
-
-    fn alive(&self) -> bool {
-        !self.r.get().is_null()
-    }
-}
-
-/// Why a request's exchange ended without its answer.
-#[derive(Debug)]
-pub enum Failure {
-    /// Redis answered the command with an error (`WRONGTYPE` ...): the
-    /// connection goes on.
-    Answered(ReplyError),
-    /// The connection broke: closed, or replies that cannot be read.
-    Broken {
-        why: String,
-        /// The replies were wrong (not the connection lost).
-        invalid: bool,
-        /// Some of the request's bytes had gone out.
-        sent: bool,
-        /// The connection had served requests before this one.
-        reused: bool,
-        /// It never connected.
-        connecting: bool,
-        /// Redis refused the password (`cache_auth`).
-        auth: bool,
-    },
-}
-
-/// What a request hears once the connection's event handler is done with
-/// the connection (its steps may end the request, and a request that ends
-/// may touch the connections).
-pub enum Delivery {
-    /// The connection is made: the request's commands go out.
-    Connected(Rc<Handle>),
-    Done(Rc<Handle>),
-    /// The database exists (Ok) or Redis refused it (its message).
-    Probed(Rc<Handle>, Result<(), Vec<u8>>),
-    Failed(Rc<Handle>, Failure),
-}
-
-/// What a connection's reader calls while it reads (the request's
-/// response goes out as its replies arrive).
-pub trait Reader {
-    /// The command's reply: its status and, for a value, its length.
-    fn answer(who: &Handle, status: u16, value: Option<u64>, count: Option<i64>);
-    /// More of a value came: the requests waiting on the connection see
-    /// it moving (their `cache_read_timeout` starts again).
-    fn progress(who: &Handle);
-    /// Value bytes; true when the client is behind (reading pauses).
-    /// `behind`: other requests wait for replies after this one.
-    fn value(who: &Handle, bytes: &[u8], behind: bool) -> bool;
-    fn deliver(out: Vec<Delivery>);
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
-    Connecting,
-    /// The TLS handshake (`cache_ssl`).
-    Handshaking,
-    Up,
-    Closed,
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -173,42 +87,19 @@ impl Waiter {
     }
 }
 
-/// What a request needs before its command on a connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DbStep {
-    /// The connection will be in its database.
-    Stay,
-    /// `SELECT` it (Redis has it).
-    Select(u32),
-    /// Ask whether Redis has it first (`probe`).
-    Probe,
-    /// Another request asks already: wait for its answer (`follow`).
-    Wait,
-}
-
-/// A connection's number in the worker (never the same twice).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConnId(u64);
-
 pub struct PipeConn {
     id: ConnId,
     addr: Vec<u8>,
     auth: Option<Vec<u8>>,
-    tls: Option<Tls>,
-    socket: Option<Socket>,
-    state: State,
-    connect_timeout: ngx_msec_t,
-    /// Bytes to send, from `out_at` on.
-    out: Vec<u8>,
-    out_at: usize,
+    tls: Option<TlsClient>,
+    conn: RedisConn,
+    /// It closed (for good: a pipelined connection is not made again).
+    closed: bool,
+    /// Where the request side hears of its requests.
+    sink: &'static dyn Sink,
     /// Bytes that went out, and bytes queued, since the connection opened.
     sent: u64,
     queued: u64,
-    /// Bytes read, from `in_at` on not used yet.
-    input: Vec<u8>,
-    in_at: usize,
-    /// What each read goes into.
-    rbuf: Box<[u8]>,
     waiters: VecDeque<Waiter>,
     /// The database the connection is in once everything queued has run,
     /// when that is certain.
@@ -238,17 +129,17 @@ pub struct PipeConn {
 
 impl PipeConn {
     pub fn is_connecting(&self) -> bool {
-        matches!(self.state, State::Connecting | State::Handshaking)
+        self.conn.is_connecting()
     }
 
     pub fn is_closed(&self) -> bool {
-        self.state == State::Closed
+        self.closed
     }
 
     /// A closed connection: why, when its replies were wrong (the
     /// server's failure, not a connection that simply went).
     pub fn closed_invalid(&self) -> Option<&str> {
-        (self.state == State::Closed && self.closed_invalid).then_some(self.closed_why.as_str())
+        (self.closed && self.closed_invalid).then_some(self.closed_why.as_str())
     }
 
     /// What a request for database `db` needs here.
@@ -287,7 +178,7 @@ impl PipeConn {
     /// Asks whether database `db` exists (`PING`, `SELECT`), for a request
     /// whose command waits for the answer.
     pub fn probe(&mut self, who: Rc<Handle>, db: u32) {
-        let (bytes, exchange) = redis::plan_setup(None, Some(db), super::request::next_ping());
+        let (bytes, exchange) = redis::plan_setup(None, Some(db), next_ping());
         self.select_seq += 1;
         let kind = Kind::Probe {
             db,
@@ -334,14 +225,14 @@ impl PipeConn {
             since: current_msec(),
             reused: self.served > 0,
         });
-        self.out.reserve(len);
-        write(&mut self.out);
+        self.conn.out.reserve(len);
+        write(&mut self.conn.out);
         self.queued += len as u64;
         self.idle.stop();
-        if let Some(s) = &self.socket {
+        if let Some(s) = self.conn.socket() {
             s.set_idle(false);
         }
-        if self.state == State::Up {
+        if self.conn.is_up() {
             self.kick.post();
         }
     }
@@ -388,7 +279,7 @@ impl PipeConn {
     /// Reading stops (the socket is not watched) or goes on.
     fn set_paused(&mut self, on: bool) {
         self.paused = on;
-        if self.state == State::Up && !self.socket.as_ref().is_some_and(|s| s.watch_read(!on)) {
+        if self.conn.is_up() && !self.conn.watch_read(!on) {
             self.broken("cannot watch the connection", false);
         }
     }
@@ -407,22 +298,17 @@ impl PipeConn {
             .is_some_and(|w| now.wrapping_sub(w.since) >= SLOW_MS)
     }
 
-    fn open(id: ConnId, to: &Target<'_>) -> Result<Box<PipeConn>, String> {
+    fn open(id: ConnId, to: &Endpoint<'_>, sink: &'static dyn Sink) -> Result<Box<PipeConn>, String> {
         let mut c = Box::new(PipeConn {
             id,
             addr: to.addr.to_vec(),
             auth: to.auth.map(<[u8]>::to_vec),
             tls: to.tls.cloned(),
-            socket: None,
-            state: State::Connecting,
-            connect_timeout: to.connect_timeout,
-            out: Vec::new(),
-            out_at: 0,
+            conn: RedisConn::new(),
+            closed: false,
+            sink,
             sent: 0,
             queued: 0,
-            input: Vec::new(),
-            in_at: 0,
-            rbuf: vec![0; READ_CHUNK].into_boxed_slice(),
             waiters: VecDeque::new(),
             tail_db: Some(0),
             valid_max: 0,
@@ -441,71 +327,29 @@ impl PipeConn {
         let data: *mut PipeConn = &mut *c;
         c.kick.set_data(data.cast());
         c.idle.set_data(data.cast());
-        let (fd, rc) = nonblocking_connect(to.addr).map_err(|e| format!("connect() failed ({e})"))?;
-        if to.so_keepalive {
-            link::set_keepalive(fd);
-        }
-        let Some(socket) = Socket::get(fd, Log::cycle()) else {
-            // SAFETY: the socket is ours and nothing else holds it.
-            unsafe { libc::close(fd) };
-            return Err("no free connection (worker_connections)".to_owned());
-        };
-        socket.set_data(data.cast());
-        socket.set_handler(Some(conn_event));
-        c.socket = Some(socket);
         if let Some(pw) = c.auth.clone() {
-            let (bytes, exchange) = redis::plan_setup(Some(&pw), None, super::request::next_ping());
+            let (bytes, exchange) = redis::plan_setup(Some(&pw), None, next_ping());
             c.queue(None, exchange, Kind::Open, bytes.len(), |out| {
                 out.extend_from_slice(&bytes)
             });
         }
-        if rc == Connect::Done {
-            c.transport_ready();
-        } else {
-            let watched = c.socket.as_ref().is_some_and(|s| {
-                s.write().add_timer(to.connect_timeout);
-                s.watch_write(true)
-            });
-            if !watched {
-                c.broken("cannot watch the connection", false);
+        let dial = Dial {
+            addr: to.addr,
+            tls: to.tls,
+            connect_timeout: to.connect_timeout,
+            keepalive: to.so_keepalive,
+        };
+        match c.conn.open::<PipeConn>(&dial, data.cast()) {
+            Step::Lost(why) => {
+                c.conn.close();
+                return Err(why);
             }
+            step => c.step(0, step),
         }
         Ok(c)
     }
 
-    /// TCP is connected: the TLS handshake, or straight on.
-    fn transport_ready(&mut self) {
-        let (Some(tls), Some(s)) = (self.tls.as_ref(), self.socket.as_ref()) else {
-            return self.connected();
-        };
-        self.state = State::Handshaking;
-        match link::start_tls(s, tls, Some(handshake_done)) {
-            Err(why) => self.broken(&why, false),
-            Ok(true) => self.handshaked(),
-            Ok(false) => {
-                // nginx's handshake handler has the events until it ends,
-                // under the connect timeout.
-                s.write().add_timer(self.connect_timeout);
-            }
-        }
-    }
-
-    /// The TLS handshake ended: the certificate is checked, and the
-    /// events are the connection's again.
-    fn handshaked(&mut self) {
-        let (Some(tls), Some(s)) = (self.tls.as_ref(), self.socket.as_ref()) else {
-            return;
-        };
-        s.write().del_timer();
-        if let Err(why) = link::check_tls(s, tls) {
-            return self.broken(&why, false);
-        }
-        s.set_handler(Some(conn_event));
-        self.connected();
-    }
-
     fn connected(&mut self) {
-        self.state = State::Up;
         for w in &self.waiters {
             if w.kind != Kind::Open {
                 for h in w.everyone() {
@@ -513,32 +357,7 @@ impl PipeConn {
                 }
             }
         }
-        if let Some(s) = &self.socket {
-            s.write().del_timer();
-            if !s.watch_read(true) {
-                return self.broken("cannot watch the connection", false);
-            }
-        }
         self.flush();
-    }
-
-    fn on_event(&mut self, timedout: bool) {
-        if self.socket.as_ref().is_some_and(Socket::close_requested) {
-            // nginx exits (it asks idle connections only).
-            return self.broken("nginx is exiting", false);
-        }
-        match self.state {
-            State::Closed => {}
-            State::Connecting if timedout => self.broken("timed out connecting", false),
-            // (nginx's handshake handler has the events until it ends.)
-            State::Handshaking => {}
-            State::Connecting => match self.socket.as_ref().map(|s| socket_error(s.fd())) {
-                Some(Ok(())) => self.transport_ready(),
-                Some(Err(e)) => self.broken(&format!("connect() failed ({e})"), false),
-                None => {}
-            },
-            State::Up => self.run(),
-        }
     }
 
     /// Sends what is queued, reads what came, hands the replies on.
@@ -548,7 +367,7 @@ impl PipeConn {
             self.set_paused(false);
         }
         self.flush();
-        if self.state == State::Up {
+        if self.conn.is_up() {
             self.process();
             self.read();
         }
@@ -557,30 +376,9 @@ impl PipeConn {
 
     /// Sends what is queued, as far as the socket takes it.
     fn flush(&mut self) {
-        if self.state != State::Up {
-            return;
-        }
-        let tls = self.tls.is_some();
-        while self.out_at < self.out.len() {
-            let Some(s) = self.socket.as_ref() else { return };
-            match link::io(s, tls, Io::Send(&self.out[self.out_at..])) {
-                Ok(0) => break,
-                Ok(n) => {
-                    self.out_at += n;
-                    self.sent += n as u64;
-                }
-                Err(e) => return self.broken(&why(e), false),
-            }
-        }
-        if self.out_at == self.out.len() {
-            self.out.clear();
-            self.out_at = 0;
-            // A large body's room is not kept for the connection's life.
-            self.out.shrink_to(KEEP_ROOM);
-        }
-        let more = self.out_at < self.out.len();
-        if !self.socket.as_ref().is_some_and(|s| s.watch_write(more)) {
-            self.broken("cannot watch the connection", false);
+        match self.conn.flush() {
+            Ok(n) => self.sent += n as u64,
+            Err(why) => self.broken(&why, false),
         }
     }
 
@@ -590,42 +388,31 @@ impl PipeConn {
     /// (or is left) brings the event back, without one more recv() that
     /// would only say so.
     fn read(&mut self) {
-        let tls = self.tls.is_some();
-        while self.state == State::Up && !self.paused {
-            if self.in_at == self.input.len() {
-                self.input.clear();
-                self.input.shrink_to(KEEP_ROOM);
-                self.in_at = 0;
-            } else if self.in_at > 0 {
-                self.input.drain(..self.in_at);
-                self.in_at = 0;
-            }
-            let Some(s) = self.socket.as_ref() else { return };
-            match link::io(s, tls, Io::Recv(&mut self.rbuf[..])) {
+        while self.conn.is_up() && !self.paused {
+            match self.conn.read() {
                 Ok(0) => return,
                 Ok(n) => {
-                    self.input.extend_from_slice(&self.rbuf[..n]);
                     self.process();
-                    if !tls && n < self.rbuf.len() {
+                    if !self.conn.read_was_full(n) {
                         return;
                     }
                 }
-                Err(e) => return self.broken(&why(e), false),
+                Err(why) => return self.broken(&why, false),
             }
         }
     }
 
     /// Hands the replies read so far to their requests, in order.
     fn process(&mut self) {
-        while self.state == State::Up && !self.paused {
+        while self.conn.is_up() && !self.paused {
             let Some(w) = self.waiters.front_mut() else { break };
-            let buf = &self.input[self.in_at..];
+            let buf = &self.conn.input[self.conn.in_at..];
             if buf.is_empty() {
                 break;
             }
             let who = w.live().cloned();
             let (event, used) = w.exchange.step(buf);
-            self.in_at += used;
+            self.conn.in_at += used;
             if let Some(h) = &who {
                 Handle::count(&h.received, used);
             }
@@ -636,7 +423,7 @@ impl PipeConn {
                     // its end before the status goes out: one not ended by
                     // CRLF is a malformed reply (502), not a 200 cut short.
                     if value.is_some() {
-                        if let Err(e) = w.exchange.check_value_end(&self.input[self.in_at..]) {
+                        if let Err(e) = w.exchange.check_value_end(&self.conn.input[self.conn.in_at..]) {
                             return self.broken(&e.to_string(), true);
                         }
                     }
@@ -644,7 +431,7 @@ impl PipeConn {
                     let done = w.exchange.is_done();
                     self.heavy = value.is_some_and(|n| n >= HEAVY_VALUE);
                     if let (Some(h), Kind::Request) = (&who, w.kind) {
-                        R::answer(h, status, value, count);
+                        self.sink.answer(h, status, value, count);
                     }
                     if done {
                         self.finish_head();
@@ -653,7 +440,7 @@ impl PipeConn {
                 RedisEvent::Value(v) => {
                     if let Some(h) = &who {
                         let behind = self.waiters.iter().skip(1).any(|w| w.everyone().next().is_some());
-                        if R::value(h, v, behind) {
+                        if self.sink.value(h, v, behind) {
                             self.set_paused(true);
                         }
                     }
@@ -669,15 +456,15 @@ impl PipeConn {
             .waiters
             .front()
             .is_some_and(|w| w.exchange.answered() && !w.exchange.is_done());
-        if mid_value && self.state == State::Up {
+        if mid_value && self.conn.is_up() {
             // A value still coming: progress, for everyone waiting on it.
             for w in &self.waiters {
                 for h in w.everyone() {
-                    R::progress(h);
+                    self.sink.progress(h);
                 }
             }
         }
-        if self.waiters.is_empty() && self.in_at < self.input.len() && self.state == State::Up {
+        if self.waiters.is_empty() && self.conn.in_at < self.conn.input.len() && self.conn.is_up() {
             self.broken(&ReplyError::Unsolicited.to_string(), true);
         }
     }
@@ -722,7 +509,7 @@ impl PipeConn {
                 Kind::Probe { .. }
             ) | (ReplyError::Failed { .. }, Kind::Request)
         );
-        let whole = match resp::reply_header(&self.input[self.in_at..]) {
+        let whole = match resp::reply_header(&self.conn.input[self.conn.in_at..]) {
             (Reply::Error(_), n) => Some(n),
             _ => None,
         };
@@ -731,7 +518,7 @@ impl PipeConn {
             self.closed_auth = auth;
             return self.broken(&e.to_string(), !auth);
         };
-        self.in_at += n;
+        self.conn.in_at += n;
         let Some(w) = self.waiters.pop_front() else { return };
         let who = w.live().cloned();
         match (w.kind, e) {
@@ -755,7 +542,7 @@ impl PipeConn {
 
     /// The connection is closed; every request still on it hears why.
     fn broken(&mut self, why: &str, invalid: bool) {
-        if self.state == State::Closed {
+        if self.closed {
             return;
         }
         let connecting = self.is_connecting();
@@ -771,10 +558,8 @@ impl PipeConn {
                 "cache: {why}; the connection to redis is closed"
             );
         }
-        self.state = State::Closed;
-        if let Some(s) = self.socket.take() {
-            link::close(s);
-        }
+        self.closed = true;
+        self.conn.close();
         self.kick.stop();
         self.idle.stop();
         self.paused = false;
@@ -798,15 +583,11 @@ impl PipeConn {
                 ));
             }
         }
-        self.out = Vec::new();
-        self.input = Vec::new();
-        self.out_at = 0;
-        self.in_at = 0;
     }
 
     /// After a step: an unneeded connection closes, an idle one waits.
     fn settle(&mut self) {
-        if self.state == State::Closed {
+        if self.closed {
             return;
         }
         if self.retired && !self.live_waiters() {
@@ -821,7 +602,7 @@ impl PipeConn {
             if exiting() {
                 return self.broken("nginx is exiting", false);
             }
-            if let Some(s) = &self.socket {
+            if let Some(s) = self.conn.socket() {
                 // nginx closes idle connections when it exits.
                 s.set_idle(true);
             }
@@ -834,31 +615,7 @@ impl PipeConn {
     }
 }
 
-/// The request side's reader (the cache requests).
-type R = super::shared::Shared;
-
-/// Where a request's connection goes: the server's address, the password
-/// (`cache_auth`) and TLS (`cache_ssl`) it uses.
-pub struct Target<'a> {
-    pub addr: &'a [u8],
-    pub auth: Option<&'a [u8]>,
-    pub tls: Option<&'a Tls>,
-    pub connect_timeout: ngx_msec_t,
-    /// The request's database.
-    pub db: u32,
-    /// `cache_socket_keepalive`.
-    pub so_keepalive: bool,
-}
-
-/// What a broken connection says in the log.
-fn why(e: IoError) -> String {
-    match e {
-        IoError::Closed => "upstream prematurely closed connection".to_owned(),
-        IoError::Failed(why) => why,
-    }
-}
-
-/// The worker's connections (in the main configuration).
+/// The worker's pipelined connections (driver::pipes).
 #[derive(Default)]
 pub struct Pipes {
     // Boxed: a connection's events point at it, and it must not move when
@@ -873,11 +630,11 @@ impl Pipes {
     /// that is neither deep nor slow (one in the request's database before
     /// the others), else a new one (up to `MAX_CONNS`), else the least
     /// loaded.
-    pub fn pick(&self, to: &Target<'_>) -> Result<ConnId, String> {
+    pub fn pick(&self, to: &Endpoint<'_>, sink: &'static dyn Sink) -> Result<ConnId, String> {
         let mut conns = self.conns.borrow_mut();
         // Closed connections go (nothing refers to them: their requests
         // heard of it, and their events are off).
-        conns.retain(|c| c.state != State::Closed);
+        conns.retain(|c| !c.closed);
         let now = current_msec();
         let mut open = 0;
         let mut best: Option<(usize, bool, usize)> = None;
@@ -920,7 +677,7 @@ impl Pipes {
         }
         let id = ConnId(self.next_id.get());
         self.next_id.set(id.0 + 1);
-        let c = PipeConn::open(id, to)?;
+        let c = PipeConn::open(id, to, sink)?;
         if c.is_closed() {
             // (It failed at once: a TLS setup that could not start, say.)
             return Err(c.closed_why.clone());
@@ -931,83 +688,67 @@ impl Pipes {
 
     /// Runs `f` on a connection; what its steps deliver is delivered after.
     pub fn with<T>(&self, id: ConnId, f: impl FnOnce(&mut PipeConn) -> T) -> Option<T> {
-        let (t, out) = {
+        let (t, out, sink) = {
             let mut conns = self.conns.borrow_mut();
             let c = conns.iter_mut().find(|c| c.id == id)?;
             let t = f(c);
-            (t, c.take_deliveries())
+            (t, c.take_deliveries(), c.sink)
         };
         if !out.is_empty() {
-            R::deliver(out);
+            sink.deliver(out);
         }
         Some(t)
     }
 }
 
-/// The connection of an event's data.
-///
-/// # Safety
-/// `data` is a PipeConn's own pointer (set by `open`), which lives until
-/// the connection is dropped from the worker's list, after its events
-/// were stopped.
-unsafe fn conn_of<'a>(data: *mut std::ffi::c_void) -> &'a mut PipeConn {
-    // SAFETY: see above.
-    unsafe { &mut *(data as *mut PipeConn) }
-}
+impl Owner for PipeConn {
+    const EVENT: &'static str = "cache pipelined connection event";
+    const HANDSHAKE: &'static str = "cache pipelined connection handshake";
 
-/// Runs a step of a connection for one of its events; a panic in it closes
-/// the connection (its requests hear of it: 502, or the next server). What
-/// the step delivers is delivered after it, the connection untouched since.
-fn conn_entry(data: *mut std::ffi::c_void, entry: &str, step: impl FnOnce(&mut PipeConn)) {
-    let p = data as *mut PipeConn;
-    let ok = guard(Log::cycle(), entry, false, || {
-        // SAFETY: data is a PipeConn's own pointer (conn_of).
-        step(unsafe { conn_of(p.cast()) });
-        true
-    });
-    // SAFETY: as above: a panic in the step does not free it.
-    let c = unsafe { conn_of(p.cast()) };
-    if !ok {
-        c.broken("an internal error (a panic) in the module", false);
+    unsafe fn from_data<'a>(data: *mut c_void) -> (&'a mut PipeConn, usize) {
+        // SAFETY: data is a PipeConn's own pointer (set by `open`), which
+        // lives until the connection is dropped from the worker's list,
+        // after its events were stopped.
+        (unsafe { &mut *(data as *mut PipeConn) }, 0)
     }
-    let out = c.take_deliveries();
-    R::deliver(out);
-}
 
-/// Read/write readiness, or the connect timeout.
-extern "C" fn conn_event(ev: *mut ngx_event_t) {
-    // SAFETY: the event is one of a PipeConn's connection (open), whose
-    // data is the PipeConn.
-    let Some((data, timedout)) = (unsafe {
-        Event::from_raw(ev).map(|ev| {
-            let timedout = ev.take_timedout();
-            ((*(ev.data() as *mut ngx_connection_t)).data, timedout)
-        })
-    }) else {
-        return;
-    };
-    conn_entry(data, "cache pipelined connection event", |c| c.on_event(timedout));
-}
+    fn conn(&mut self, _: usize) -> &mut RedisConn {
+        &mut self.conn
+    }
 
-/// nginx's TLS handshake ended (well or not, or timed out).
-extern "C" fn handshake_done(nc: *mut ngx_connection_t) {
-    // SAFETY: the connection's data is its PipeConn (open).
-    let data = unsafe { (*nc).data };
-    conn_entry(data, "cache pipelined connection handshake", |c| {
-        if c.state == State::Handshaking {
-            c.handshaked();
+    fn step(&mut self, _: usize, step: Step) {
+        match step {
+            Step::Wait => {}
+            Step::Up => self.connected(),
+            Step::Ready => self.run(),
+            Step::Lost(why) => self.broken(&why, false),
+            // nginx exits (it asks idle connections only).
+            Step::Exit => self.broken("nginx is exiting", false),
         }
-    });
+    }
+
+    fn panicked(&mut self, _: usize) {
+        self.broken("an internal error (a panic) in the module", false);
+    }
+
+    /// What the steps delivered is delivered after them, the connection
+    /// untouched since.
+    fn after(&mut self) {
+        let out = self.take_deliveries();
+        if !out.is_empty() {
+            self.sink.deliver(out);
+        }
+    }
 }
 
 /// Posted: what was queued goes out, and reading goes on.
 extern "C" fn kick_event(ev: *mut ngx_event_t) {
-    // SAFETY: the event's data is its PipeConn (open).
+    // SAFETY: the event is a PipeConn's timer (open).
     let Some(data) = (unsafe { Event::from_raw(ev) }).map(Event::data) else {
         return;
     };
-    conn_entry(data, "cache pipelined connection", |c| {
-        if c.state == State::Up {
+    run_owner::<PipeConn>(data, "cache pipelined connection", |c, _| {
+        if c.conn.is_up() {
             c.run();
         } else {
             c.settle();
@@ -1017,14 +758,14 @@ extern "C" fn kick_event(ev: *mut ngx_event_t) {
 
 /// Nobody used the connection for IDLE_MS.
 extern "C" fn idle_event(ev: *mut ngx_event_t) {
-    // SAFETY: the timer's data is its PipeConn (open).
+    // SAFETY: the event is a PipeConn's timer (open).
     let Some(data) = (unsafe { Event::from_raw(ev) }).map(|ev| {
         ev.take_timedout();
         ev.data()
     }) else {
         return;
     };
-    conn_entry(data, "cache pipelined connection idle", |c| {
+    run_owner::<PipeConn>(data, "cache pipelined connection idle", |c, _| {
         if !c.live_waiters() {
             c.broken("idle", false);
         }

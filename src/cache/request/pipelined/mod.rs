@@ -1,4 +1,4 @@
-//! A cache request on a shared, pipelined connection (pipe.rs): the
+//! A cache request on a shared, pipelined connection (driver::pipe): the
 //! balancer of its upstream chooses the server (round robin, `hash`,
 //! `max_fails`, `backup`, as for any upstream), the request queues its
 //! commands on one of the worker's connections to that server, and its
@@ -13,14 +13,19 @@ use std::rc::Rc;
 use gateway_core::pubsub;
 use gateway_core::redis;
 
-use super::authfail;
-use super::config::{Cache, CacheLocConf, CacheMainConf};
-use super::link::Tls;
-use super::pipe::{ConnId, DbStep, Delivery, Failure, Handle, Reader, Target};
-use super::request::{ctx_of, next_ping};
+use super::{ctx_of, tls_of_location};
+use crate::cache::config::{Cache, CacheLocConf};
+use crate::cache::driver::{
+    self, authfail, next_ping, ConnId, DbStep, Delivery, Endpoint, Failure, Handle, Pipes, Sink,
+};
+use crate::common::token::{self, ReqToken};
 use crate::ffi::buf::Reuse;
+use crate::ffi::net::TlsClient;
 use crate::ffi::*;
 use crate::log;
+use replies::{failed, release_held, REQUEST_SIDE};
+
+mod replies;
 
 /// Buffers a client may have pending before it is behind.
 const MAX_PENDING: usize = 8;
@@ -48,7 +53,7 @@ pub struct SharedReq {
     /// The request body (SET, PUBLISH), read once.
     body: Vec<u8>,
     /// `cache_ssl`: TLS to the server.
-    tls: Option<Tls>,
+    tls: Option<TlsClient>,
     /// The status and headers went out.
     started: bool,
     /// HEAD, or the header could not go out: value bytes are dropped.
@@ -87,9 +92,11 @@ pub struct SharedReq {
 }
 
 impl SharedReq {
-    pub fn new(r: *mut ngx_http_request_t) -> SharedReq {
+    /// `who`: the request's token (registered; it leaves the registry
+    /// with the SharedReq).
+    pub fn new(who: ReqToken) -> SharedReq {
         SharedReq {
-            handle: Handle::new(r),
+            handle: Handle::new(who),
             conn: None,
             timer: None,
             body: Vec::new(),
@@ -119,9 +126,17 @@ fn shared_of<'a>(r: &Req) -> Option<&'a mut SharedReq> {
     ctx_of(r)?.shared.as_deref_mut()
 }
 
-fn pipes<'a>(r: &Req) -> &'a super::pipe::Pipes {
-    let mcf: &'static CacheMainConf = r.main_conf::<Cache>();
-    &mcf.pipes
+impl Drop for SharedReq {
+    fn drop(&mut self) {
+        if let Some(t) = self.handle.who.get() {
+            token::unregister(t);
+        }
+        self.handle.leave();
+    }
+}
+
+fn pipes(_: &Req) -> &'static Pipes {
+    driver::pipes()
 }
 
 /// The request's timer.
@@ -145,7 +160,7 @@ pub fn start(r: &mut Req, block: Option<&ngx_http_upstream_srv_conf_t>) -> Optio
         .or_else(|| block.map(|us| us.host))
         .unwrap_or_default();
     let lcf: &CacheLocConf = r.loc_conf::<Cache>();
-    let tls = Tls::of_location(r, lcf, host.as_bytes())?;
+    let tls = tls_of_location(r, lcf, host.as_bytes())?;
     let pool = r.pool();
     let ev = pool.calloc::<ngx_event_t>()?;
     // SAFETY: fresh zeroed memory of the request's pool.
@@ -368,7 +383,7 @@ fn again(r: &mut Req) {
         return end(r, HTTP_BAD_GATEWAY);
     }
     let lcf: &CacheLocConf = r.loc_conf::<Cache>();
-    let to = Target {
+    let to = Endpoint {
         addr: &room[..len],
         auth: ctx.auth.as_deref(),
         tls: s.tls.as_ref(),
@@ -376,7 +391,7 @@ fn again(r: &mut Req) {
         db: ctx.db.unwrap_or(0),
         so_keepalive: lcf.upstream.socket_keepalive == 1,
     };
-    match pipes(r).pick(&to) {
+    match pipes(r).pick(&to, &REQUEST_SIDE) {
         Ok(id) => place(r, id),
         Err(why) => {
             log!(NGX_LOG_ERR, r.log(), "cache: {why} while connecting to upstream");
@@ -587,384 +602,14 @@ extern "C" fn cleanup(data: *mut c_void) {
     guard(r.log(), "cache cleanup", (), || {
         let Some(s) = shared_of(r) else { return };
         let was_done = std::mem::replace(&mut s.done, true);
-        s.handle.r.set(std::ptr::null_mut());
+        if let Some(t) = s.handle.who.get() {
+            token::unregister(t);
+        }
+        s.handle.leave();
         release_held(s);
         leave(r);
         if !was_done {
             finish_try(r, NGX_HTTP_CLIENT_CLOSED_REQUEST as ngx_int_t, 0);
         }
     })
-}
-
-/// The client took what was pending: the connection reads on.
-extern "C" fn client_writable(r: *mut ngx_http_request_t) {
-    // SAFETY: nginx calls the write handler with a live request.
-    let r = unsafe { Req::from_raw(r) };
-    guard_request(r, "cache client_writable", |r| {
-        let Some(s) = shared_of(r) else { return };
-        if s.done {
-            return;
-        }
-        let wev = r.client_write();
-        if wev.take_timedout() {
-            r.set_client_timed_out();
-            log!(NGX_LOG_INFO, r.log(), "cache: client timed out while a value was sent");
-            return end(r, HTTP_REQUEST_TIME_OUT);
-        }
-        let pool = r.pool();
-        // SAFETY: null: only what is pending goes on.
-        let rc = unsafe { r.output_filter(std::ptr::null_mut()) };
-        s.bufs.update(pool, std::ptr::null_mut());
-        if rc == ERROR {
-            return end(r, ERROR);
-        }
-        if s.bufs.busy() > MAX_PENDING {
-            r.wait_client_writable();
-            return;
-        }
-        r.client_caught_up();
-        release_held(s);
-        s.behind = false;
-        r.set_write_handler(s.saved_write_handler);
-        if std::mem::take(&mut s.paused) {
-            let lcf: &CacheLocConf = r.loc_conf::<Cache>();
-            if let Some(t) = timer(s) {
-                t.add_timer(lcf.upstream.read_timeout);
-            }
-            if let Some(id) = s.conn {
-                pipes(r).with(id, |c| c.resume());
-            }
-        }
-    });
-}
-
-/// The status and headers of the answer, once (`head`).
-fn send_head(r: &mut Req, s: &mut SharedReq) {
-    let Some((status, length, value)) = s.head.take() else {
-        return;
-    };
-    s.started = true;
-    r.set_status(ngx_uint_t::from(status));
-    r.set_content_length(length);
-    if value {
-        r.allow_ranges();
-    }
-    let rc = r.send_header();
-    if rc == ERROR || rc > OK || r.header_only() {
-        s.discard = true;
-    }
-    if rc > OK {
-        s.refused_head = Some(rc);
-    }
-}
-
-/// What was held for the request's client is not any more.
-fn release_held(s: &mut SharedReq) {
-    let held = std::mem::take(&mut s.held);
-    HELD.set(HELD.get().saturating_sub(held));
-}
-
-/// The request of a handle, while it is there.
-fn request_of<'a>(who: &Handle) -> Option<&'a mut Req> {
-    let r = who.r.get();
-    // SAFETY: a handle's request is live until its cleanup clears it.
-    (!r.is_null()).then(|| unsafe { Req::from_raw(r) })
-}
-
-/// The cache requests, as the connections' reader.
-pub struct Shared;
-
-impl Reader for Shared {
-    fn answer(who: &Handle, status: u16, value: Option<u64>, count: Option<i64>) {
-        let Some(r) = request_of(who) else { return };
-        guard(r.log(), "cache answer", (), || {
-            let Some(s) = shared_of(r) else { return };
-            let lcf: &CacheLocConf = r.loc_conf::<Cache>();
-            let tries = r.upstream().map_or(0, |u| *u.tries());
-            if status == 404
-                && lcf.upstream.next_upstream & NGX_HTTP_UPSTREAM_FT_HTTP_404 as ngx_uint_t != 0
-                && tries > 1
-            {
-                s.retry_404 = true;
-                return;
-            }
-            if status == 404 {
-                // As for nginx's upstreams here (intercepted): nginx's own
-                // 404 page, or the location's error_page 404.
-                s.intercept = Some(NGX_HTTP_NOT_FOUND as ngx_int_t);
-                return;
-            }
-            if let Some(u) = r.upstream() {
-                let elapsed = u.elapsed();
-                if let Some(st) = u.state() {
-                    st.header_time = elapsed;
-                    st.status = ngx_uint_t::from(status);
-                    if st.connect_time == ngx_msec_t::MAX {
-                        st.connect_time = 0;
-                    }
-                }
-            }
-            s.count = count;
-            let length = match (value, count) {
-                (Some(n), _) => n as off_t,
-                (None, Some(n)) => pubsub::receivers_json(n).len() as off_t,
-                (None, None) => 0,
-            };
-            // The header goes out with the first bytes of the value (or at
-            // the end): until then a failure is still a status of its own.
-            s.head = Some((status, length, value.is_some()));
-        })
-    }
-
-    fn progress(who: &Handle) {
-        let Some(r) = request_of(who) else { return };
-        let Some(s) = shared_of(r) else { return };
-        if s.done || s.paused {
-            return;
-        }
-        let lcf: &CacheLocConf = r.loc_conf::<Cache>();
-        if let Some(t) = timer(s) {
-            t.add_timer(lcf.upstream.read_timeout);
-        }
-    }
-
-    fn value(who: &Handle, bytes: &[u8], others: bool) -> bool {
-        let Some(r) = request_of(who) else { return false };
-        guard(r.log(), "cache value", false, || {
-            let Some(s) = shared_of(r) else { return false };
-            s.length += bytes.len() as u64;
-            send_head(r, s);
-            if s.discard || !s.started {
-                return false;
-            }
-            let pool = r.pool();
-            let Some(out) = s.bufs.fill(pool, bytes, None, BATCH) else {
-                s.discard = true;
-                return false;
-            };
-            // SAFETY: a chain of the request's pool (fill).
-            let rc = unsafe { r.output_filter(out) };
-            s.bufs.update(pool, out);
-            if rc == ERROR {
-                s.discard = true;
-                return false;
-            }
-            if s.bufs.busy() <= MAX_PENDING {
-                return false;
-            }
-            if !s.behind {
-                // The client is behind: its pace now for what is pending
-                // (nginx's send_timeout).
-                s.behind = true;
-                s.saved_write_handler = r.write_handler();
-                r.set_write_handler(Some(client_writable));
-                r.wait_client_writable();
-            }
-            // Others wait after it on the connection: held for the client,
-            // up to the worker's limit.
-            if others && HELD.get() + bytes.len() <= HOLD_MAX {
-                HELD.set(HELD.get() + bytes.len());
-                s.held += bytes.len();
-                return false;
-            }
-            s.paused = true;
-            if let Some(t) = timer(s) {
-                t.del_timer();
-            }
-            true
-        })
-    }
-
-    fn deliver(out: Vec<Delivery>) {
-        for d in out {
-            let who = match &d {
-                Delivery::Connected(h) | Delivery::Done(h) | Delivery::Probed(h, _) | Delivery::Failed(h, _) => {
-                    h.clone()
-                }
-            };
-            let Some(r) = request_of(&who) else { continue };
-            let posted = r.posted();
-            let entry = if matches!(d, Delivery::Connected(_)) {
-                "cache connected"
-            } else {
-                "cache reply"
-            };
-            guard_request(r, entry, |r| match d {
-                Delivery::Connected(_) => connected(r),
-                Delivery::Done(_) => done(r),
-                Delivery::Probed(_, Ok(())) => {
-                    if let Some(id) = shared_of(r).and_then(|s| s.conn) {
-                        place(r, id);
-                    }
-                }
-                Delivery::Probed(_, Err(message)) => {
-                    let db = ctx_of(r).and_then(|c| c.db).unwrap_or_default();
-                    log!(
-                        NGX_LOG_INFO,
-                        r.log(),
-                        "cache: redis refused SELECT {db} (\"$cache_db\"): {}",
-                        String::from_utf8_lossy(&message)
-                    );
-                    // The client's mistake; the server answered.
-                    if let Some(s) = shared_of(r) {
-                        s.conn = None;
-                    }
-                    if r.has_error_page(HTTP_BAD_REQUEST) {
-                        end(r, HTTP_BAD_REQUEST);
-                    } else {
-                        respond_empty(r, HTTP_BAD_REQUEST);
-                    }
-                }
-                Delivery::Failed(_, f) => failed(r, f),
-            });
-            posted.run();
-        }
-    }
-}
-
-/// The connection the request waited for is made: its commands go out,
-/// and its reply is due within `cache_read_timeout`.
-fn connected(r: &mut Req) {
-    let Some(s) = shared_of(r) else { return };
-    if s.done || s.paused {
-        return;
-    }
-    // The connect timeout gives way to the read timeout, once per try (a
-    // request that moves to another connection keeps its deadline).
-    if std::mem::take(&mut s.timer_connecting) {
-        let lcf: &CacheLocConf = r.loc_conf::<Cache>();
-        if let Some(t) = timer(s) {
-            t.del_timer();
-            t.add_timer(lcf.upstream.read_timeout);
-        }
-    }
-    if let Some(u) = r.upstream() {
-        let elapsed = u.elapsed();
-        if let Some(st) = u.state() {
-            if st.connect_time == ngx_msec_t::MAX {
-                st.connect_time = elapsed;
-            }
-        }
-    }
-}
-
-/// Every reply is in: the rest of the response, and the end.
-fn done(r: &mut Req) {
-    let Some(s) = shared_of(r) else { return };
-    if s.done {
-        return;
-    }
-    s.conn = None;
-    if s.retry_404 {
-        return next(r, NGX_HTTP_UPSTREAM_FT_HTTP_404, true, false);
-    }
-    if let Some(t) = timer(s) {
-        t.clear();
-    }
-    if let Some(status) = s.intercept {
-        return end(r, status);
-    }
-    let status = r.status() as ngx_int_t;
-    finish_try(r, status, 0);
-    let Some(s) = shared_of(r) else { return };
-    s.done = true;
-    send_head(r, s);
-    if !s.started {
-        // (Cannot be: every exchange answers before it ends.)
-        r.finalize(HTTP_BAD_GATEWAY);
-        return;
-    }
-    if s.discard {
-        let rc = match s.refused_head {
-            Some(status) => status,
-            None if r.header_only() => OK,
-            None => ERROR,
-        };
-        r.finalize(rc);
-        return;
-    }
-    let rc = match s.count {
-        Some(n) => {
-            let pool = r.pool();
-            let main = r.is_main();
-            match s.bufs.fill(pool, &pubsub::receivers_json(n), Some(main), BATCH) {
-                // SAFETY: a chain of the request's pool (fill).
-                Some(out) => unsafe { r.output_filter(out) },
-                None => ERROR,
-            }
-        }
-        None => r.send_last(),
-    };
-    r.finalize(rc);
-}
-
-/// The request's exchange failed.
-fn failed(r: &mut Req, f: Failure) {
-    let Some(s) = shared_of(r) else { return };
-    if s.done {
-        return;
-    }
-    s.conn = None;
-    let started = s.started;
-    match f {
-        Failure::Answered(e) => {
-            log!(NGX_LOG_ERR, r.log(), "cache: {e}");
-            if started {
-                return end(r, ERROR);
-            }
-            next(r, NGX_HTTP_UPSTREAM_FT_INVALID_HEADER, true, false)
-        }
-        Failure::Broken { why, auth: true, .. } => {
-            // A refused password: logged once a minute at most, and no
-            // other server is tried (one more connection for Redis).
-            let name = server_name(r);
-            if let Some(k) = ctx_of(r).and_then(|c| c.auth_key) {
-                authfail::refused(k, r.log(), format_args!("{why}, by redis {name}"));
-            }
-            end(r, HTTP_BAD_GATEWAY)
-        }
-        Failure::Broken {
-            why,
-            invalid,
-            sent,
-            reused,
-            connecting,
-            auth: false,
-        } => {
-            let name = server_name(r);
-            let doing = if connecting {
-                "connecting to"
-            } else {
-                "reading the reply from"
-            };
-            // A kept connection that the server closed is not worth an
-            // error line when the request goes on to another.
-            let level = if reused && !invalid && !started {
-                NGX_LOG_WARN
-            } else {
-                NGX_LOG_ERR
-            };
-            if started {
-                log!(
-                    NGX_LOG_ERR,
-                    r.log(),
-                    "cache: {why} while {doing} redis {name}; the response is cut short"
-                );
-                return end(r, ERROR);
-            }
-            log!(level, r.log(), "cache: {why} while {doing} redis {name}");
-            if !sent {
-                // (Queued, never written: not bytes sent to that server.)
-                if let Some(s) = shared_of(r) {
-                    s.handle.sent.set(0);
-                }
-            }
-            let ft = if invalid {
-                NGX_HTTP_UPSTREAM_FT_INVALID_HEADER
-            } else {
-                NGX_HTTP_UPSTREAM_FT_ERROR
-            };
-            next(r, ft, sent, reused)
-        }
-    }
 }

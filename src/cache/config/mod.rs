@@ -2,6 +2,8 @@
 //! timeouts and buffer, `cache_next_upstream`, and the `$cache_*`
 //! variables it reads.
 
+pub mod cluster;
+
 use std::ffi::{c_char, c_void};
 use std::ptr::NonNull;
 
@@ -43,6 +45,8 @@ unsafe impl HttpModuleLocationConf for Cache {
 /// The request side's content handler, and those of other modules a
 /// location cannot have beside it (linked in lib.rs).
 pub trait Entries {
+    /// The peer init of `cache_cluster` blocks.
+    const PEER_INIT: ngx_http_upstream_init_peer_pt;
     /// The owner of a block that another gateway's lines make.
     const OWNER_OF: OwnerOf;
     const CONTENT: ngx_http_handler_pt;
@@ -93,13 +97,8 @@ pub struct CacheMainConf {
     pub key: ngx_int_t,
     pub db: ngx_int_t,
     pub exptime: ngx_int_t,
-    /// Upstream blocks with `cache_cluster` (boxed: requests keep pointers).
-    pub clusters: Vec<Box<super::cluster::Cluster>>,
-    /// This worker's subscribing connections (`cache_subscribe`; boxed:
-    /// subscriptions keep pointers).
-    pub hubs: std::cell::RefCell<Vec<super::subscriber::HubEntry>>,
-    /// This worker's shared, pipelined connections (`cache_pipeline`).
-    pub pipes: super::pipe::Pipes,
+    /// Upstream blocks with `cache_cluster`.
+    pub clusters: Vec<Box<cluster::Cluster>>,
     /// `cache_subscribe_buffers_max`: bytes that may wait for this
     /// worker's `cache_subscribe` subscribers, all together
     /// (NGX_CONF_UNSET_SIZE: the default).
@@ -553,7 +552,7 @@ fn same_tls_per_upstream(cf: &Conf, pending: &[PendingPass]) -> Result<(), ConfE
 
 fn postconfigure(cf: Conf) -> Result<(), ConfError> {
     let mcf = cf.main_conf::<Cache>();
-    super::cluster::check(mcf)?;
+    cluster::check(mcf)?;
     // SAFETY: locations' configurations live as long as the configuration.
     let keyed = |p: &&PendingPass| unsafe { (*p.lcf).subscribe.is_none() && (*p.lcf).publish.is_none() };
     if let Some(first) = mcf

@@ -1,0 +1,146 @@
+//! `cache_cluster on`: an upstream block whose `server` lines are seeds of
+//! a Redis Cluster. The block's balancer is wrapped (request::cluster);
+//! the worker's map of the cluster is the driver's (driver::cluster_map),
+//! made from the seeds this block names.
+
+use std::ffi::{c_char, c_void};
+use std::net::SocketAddr;
+
+use super::{Cache, CacheMainConf};
+use crate::ffi::conf::{conf_step, directive, upstream_server_addrs, ConfError};
+use crate::ffi::*;
+
+/// An upstream block with `cache_cluster`.
+pub struct Cluster {
+    pub uscf: *const ngx_http_upstream_srv_conf_t,
+    pub on: bool,
+    /// Its peer init is in place (a balancing method read after
+    /// `cache_cluster` would have replaced it).
+    initialized: bool,
+    /// The block's servers: the only nodes trusted to say what the cluster is.
+    pub seeds: Vec<SocketAddr>,
+}
+
+impl Cluster {
+    fn name(&self) -> String {
+        // SAFETY: the upstream block lives as long as the configuration.
+        unsafe { self.uscf.as_ref() }
+            .map_or_else(String::new, |u| String::from_utf8_lossy(u.host.as_bytes()).into_owned())
+    }
+}
+
+impl CacheMainConf {
+    /// The cluster of an upstream block, when it has `cache_cluster on`.
+    pub fn cluster_of(&self, uscf: *const ngx_http_upstream_srv_conf_t) -> Option<&Cluster> {
+        self.clusters.iter().map(|c| &**c).find(|c| c.on && c.uscf == uscf)
+    }
+}
+
+/// `cache_cluster on | off` (upstream).
+pub(crate) extern "C" fn cmd_cache_cluster<E: super::Entries>(
+    cf: *mut ngx_conf_t,
+    _cmd: *mut ngx_command_t,
+    conf: *mut c_void,
+) -> *mut c_char {
+    let body = |cf: Conf, mcf: &mut CacheMainConf| {
+        let value = cf.args()[1].to_ascii_lowercase();
+        let on = match value.as_slice() {
+            b"on" => true,
+            b"off" => false,
+            _ => {
+                return Err(format!(
+                    "invalid value \"{}\" in \"cache_cluster\" directive, it must be \"on\" or \"off\"",
+                    String::from_utf8_lossy(cf.args()[1])
+                )
+                .into())
+            }
+        };
+        let uscf = cf.upstream_block();
+        let ptr: *const ngx_http_upstream_srv_conf_t = &*uscf;
+        if mcf.clusters.iter().any(|c| c.uscf == ptr) {
+            return Err("\"cache_cluster\" directive is duplicate".to_owned().into());
+        }
+        if on && uscf.peer.init_upstream.is_some() {
+            // keepalive wraps the balancer that is set when it is read:
+            // it must find ours. Any balancing method would be replaced.
+            return Err(
+                "\"cache_cluster\" must come before \"keepalive\" in its upstream block, and takes no balancing method (\"hash\", \"least_conn\", ...)"
+                    .to_owned()
+                    .into(),
+            );
+        }
+        if on {
+            uscf.peer.init_upstream = Some(init_upstream::<E>);
+        }
+        mcf.clusters.push(Box::new(Cluster {
+            uscf: ptr,
+            on,
+            initialized: false,
+            seeds: Vec::new(),
+        }));
+        Ok(())
+    };
+    // SAFETY: nginx passes the configuration being read and this module's
+    // CacheMainConf (the directive's configuration is the main one).
+    unsafe { directive(cf, conf, "cmd_cache_cluster", body) }
+}
+
+/// The block's balancer, at the end of the http block: nginx's round robin
+/// over the seeds, and our per-request init in front of it.
+extern "C" fn init_upstream<E: super::Entries>(
+    cf: *mut ngx_conf_t,
+    us: *mut ngx_http_upstream_srv_conf_t,
+) -> ngx_int_t {
+    let body = |cf: Conf| {
+        // SAFETY: nginx passes the block being initialized and the configuration.
+        if unsafe { ngx_http_upstream_init_round_robin(cf.raw_ptr(), us) } != OK {
+            return Err(ConfError::Logged);
+        }
+        // SAFETY: as above; the block lives as long as the configuration.
+        let uscf = unsafe { &mut *us };
+        uscf.peer.init = E::PEER_INIT;
+        let seeds = upstream_server_addrs(uscf);
+        let mcf = cf.main_conf::<Cache>();
+        for c in mcf.clusters.iter_mut().filter(|c| c.uscf == us.cast_const()) {
+            c.initialized = true;
+            c.seeds = seeds.clone();
+        }
+        Ok(())
+    };
+    // SAFETY: nginx passes the configuration being initialized.
+    unsafe { conf_step(cf, "cache_cluster init_upstream", body) }
+}
+
+/// Every `cache_cluster on` kept its balancer, and names a block of
+/// `server` lines.
+pub fn check(mcf: &CacheMainConf) -> Result<(), ConfError> {
+    for c in mcf.clusters.iter().filter(|c| c.on) {
+        // SAFETY: the upstream block lives as long as the configuration.
+        let Some(u) = (unsafe { c.uscf.as_ref() }) else {
+            continue;
+        };
+        let where_ = || {
+            // SAFETY: nginx keeps the block's file name, NUL-terminated.
+            let file = unsafe { std::ffi::CStr::from_ptr(u.file_name as *const c_char) }.to_string_lossy();
+            format!("{file}:{}", u.line)
+        };
+        if let Some(owner) = mcf.foreign_owner(u) {
+            return Err(format!(
+                "\"cache_cluster\" in upstream \"{}\", which has \"{}\" lines, in {}",
+                c.name(),
+                owner.server,
+                where_()
+            )
+            .into());
+        }
+        if !c.initialized {
+            return Err(format!(
+                "a balancing method after \"cache_cluster\" replaced it in upstream \"{}\" in {}",
+                c.name(),
+                where_()
+            )
+            .into());
+        }
+    }
+    Ok(())
+}

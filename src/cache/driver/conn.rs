@@ -1,0 +1,359 @@
+//! One connection to Redis, as the driver's users share it: the pipelined
+//! connections (pipe.rs) and the subscribing hubs (hub.rs). It connects
+//! (nonblocking, under `cache_connect_timeout`), makes TLS when
+//! `cache_ssl` asks for it, sends what its owner queued and reads what
+//! came; its owner reads the replies out of `input` and says what they
+//! mean. Its events go to its owner through `Owner`.
+
+use std::ffi::c_void;
+
+use crate::ffi::net::{Connect, Outbound, TlsClient};
+use crate::ffi::*;
+
+/// Bytes asked of the socket per read.
+const READ_CHUNK: usize = 64 * 1024;
+/// The room a connection keeps in its buffers between uses.
+const KEEP_ROOM: usize = 256 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// No socket: not made yet, or lost.
+    Down,
+    Connecting,
+    /// The TLS handshake (`cache_ssl`).
+    Handshaking,
+    Up,
+}
+
+/// What a step of the transport comes to, for its owner.
+#[derive(Debug)]
+pub enum Step {
+    /// Nothing for the owner (a handshake under way).
+    Wait,
+    /// Connected (and TLS checked): the owner's first bytes may go.
+    Up,
+    /// Readable or writable while up.
+    Ready,
+    /// The connection failed or was lost: why, in the log's words.
+    Lost(String),
+    /// nginx is exiting and asks its idle connections to close.
+    Exit,
+}
+
+/// Where a connection goes.
+pub struct Dial<'a> {
+    pub addr: &'a [u8],
+    pub tls: Option<&'a TlsClient>,
+    pub connect_timeout: ngx_msec_t,
+    /// SO_KEEPALIVE (`cache_socket_keepalive`).
+    pub keepalive: bool,
+}
+
+pub struct RedisConn {
+    sock: Option<Outbound>,
+    tls: Option<TlsClient>,
+    state: State,
+    connect_timeout: ngx_msec_t,
+    /// Bytes to send, from `out_at` on.
+    pub out: Vec<u8>,
+    out_at: usize,
+    /// Bytes read, from `in_at` on not used yet.
+    pub input: Vec<u8>,
+    pub in_at: usize,
+    /// What each read goes into.
+    rbuf: Box<[u8]>,
+}
+
+impl RedisConn {
+    pub fn new() -> RedisConn {
+        RedisConn {
+            sock: None,
+            tls: None,
+            state: State::Down,
+            connect_timeout: 0,
+            out: Vec::new(),
+            out_at: 0,
+            input: Vec::new(),
+            in_at: 0,
+            rbuf: vec![0; READ_CHUNK].into_boxed_slice(),
+        }
+    }
+
+    pub fn state(&self) -> State {
+        self.state
+    }
+
+    pub fn is_up(&self) -> bool {
+        self.state == State::Up
+    }
+
+    pub fn is_connecting(&self) -> bool {
+        matches!(self.state, State::Connecting | State::Handshaking)
+    }
+
+    pub fn socket(&self) -> Option<&Socket> {
+        self.sock.as_ref().map(Outbound::socket)
+    }
+
+    /// Starts a connection; its events go to owner `O` with `data`. Up when
+    /// it connected at once (and needs no TLS handshake), else Wait, or
+    /// Lost (why) when it cannot start.
+    /// What its owner queued before stays queued.
+    pub fn open<O: Owner>(&mut self, to: &Dial<'_>, data: *mut c_void) -> Step {
+        if let Some(s) = self.sock.take() {
+            s.close();
+        }
+        self.tls = to.tls.cloned();
+        self.connect_timeout = to.connect_timeout;
+        let (sock, rc) = match Outbound::connect(to.addr, to.keepalive, Some(socket_event::<O>), data) {
+            Ok(v) => v,
+            Err(why) => return Step::Lost(why),
+        };
+        self.sock = Some(sock);
+        self.state = State::Connecting;
+        if rc == Connect::Done {
+            return self.transport_ready::<O>();
+        }
+        let timeout = self.connect_timeout;
+        let watched = self.socket().is_some_and(|s| {
+            s.write().add_timer(timeout);
+            s.watch_write(true)
+        });
+        if !watched {
+            return self.lost("cannot watch the connection");
+        }
+        Step::Wait
+    }
+
+    /// A failure: the owner, told, closes the connection (its state says
+    /// until then what the connection was doing).
+    fn lost(&mut self, why: &str) -> Step {
+        Step::Lost(why.to_owned())
+    }
+
+    /// TCP is connected: the TLS handshake, or straight on.
+    fn transport_ready<O: Owner>(&mut self) -> Step {
+        let (Some(tls), Some(sock)) = (self.tls.as_ref(), self.sock.as_mut()) else {
+            return self.connected();
+        };
+        self.state = State::Handshaking;
+        match sock.start_tls(tls, Some(handshake_done::<O>)) {
+            Err(why) => self.lost(&why),
+            Ok(true) => self.handshaked::<O>(),
+            Ok(false) => {
+                // nginx's handshake handler has the events until it ends,
+                // under the connect timeout.
+                sock.socket().write().add_timer(self.connect_timeout);
+                Step::Wait
+            }
+        }
+    }
+
+    /// The TLS handshake ended: the certificate is checked, and the
+    /// events are the connection's again.
+    fn handshaked<O: Owner>(&mut self) -> Step {
+        let (Some(tls), Some(sock)) = (self.tls.as_ref(), self.sock.as_ref()) else {
+            return Step::Wait;
+        };
+        sock.socket().write().del_timer();
+        if let Err(why) = sock.check_tls(tls) {
+            return self.lost(&why);
+        }
+        // (nginx's handshake handler had taken the events over.)
+        sock.socket().set_handler(Some(socket_event::<O>));
+        self.connected()
+    }
+
+    fn connected(&mut self) -> Step {
+        self.state = State::Up;
+        if let Some(s) = self.socket() {
+            s.write().del_timer();
+            if !s.watch_read(true) {
+                return self.lost("cannot watch the connection");
+            }
+        }
+        Step::Up
+    }
+
+    /// A readiness event (or the connect timeout) of the socket.
+    pub fn on_event<O: Owner>(&mut self, timedout: bool) -> Step {
+        if self.socket().is_some_and(Socket::close_requested) {
+            return Step::Exit;
+        }
+        match self.state {
+            State::Down | State::Handshaking => Step::Wait,
+            State::Connecting if timedout => {
+                self.lost("upstream timed out (110: Connection timed out) while connecting")
+            }
+            State::Connecting => match self.sock.as_ref().map(Outbound::connect_result) {
+                Some(Ok(())) => self.transport_ready::<O>(),
+                Some(Err(why)) => self.lost(&why),
+                None => Step::Wait,
+            },
+            State::Up => Step::Ready,
+        }
+    }
+
+    /// nginx's TLS handshake ended (well or not, or timed out).
+    pub fn on_handshake<O: Owner>(&mut self) -> Step {
+        if self.state == State::Handshaking {
+            self.handshaked::<O>()
+        } else {
+            Step::Wait
+        }
+    }
+
+    /// Sends what is queued, as far as the socket takes it: the bytes that
+    /// went out, or why the connection is broken.
+    pub fn flush(&mut self) -> Result<usize, String> {
+        if self.state != State::Up {
+            return Ok(0);
+        }
+        let mut sent = 0;
+        while self.out_at < self.out.len() {
+            let Some(sock) = self.sock.as_ref() else { break };
+            match sock.send(&self.out[self.out_at..]) {
+                Ok(0) => break,
+                Ok(n) => {
+                    self.out_at += n;
+                    sent += n;
+                }
+                Err(e) => return Err(e.why()),
+            }
+        }
+        if self.out_at == self.out.len() {
+            self.out.clear();
+            self.out_at = 0;
+            // A large body's room is not kept for the connection's life.
+            self.out.shrink_to(KEEP_ROOM);
+        }
+        let more = self.out_at < self.out.len();
+        if !self.socket().is_some_and(|s| s.watch_write(more)) {
+            return Err("cannot watch the connection".to_owned());
+        }
+        Ok(sent)
+    }
+
+    /// One read into `input` (what was used of it, before `in_at`, is let
+    /// go first): the bytes read, 0 when nothing is there now, or why the
+    /// connection is broken. A plain socket that gave less than was asked
+    /// has nothing more for now; TLS may hold more than the socket shows.
+    pub fn read(&mut self) -> Result<usize, String> {
+        if self.in_at == self.input.len() {
+            self.input.clear();
+            self.input.shrink_to(KEEP_ROOM);
+            self.in_at = 0;
+        } else if self.in_at > 0 {
+            self.input.drain(..self.in_at);
+            self.in_at = 0;
+        }
+        let Some(sock) = self.sock.as_ref() else { return Ok(0) };
+        match sock.recv(&mut self.rbuf[..]) {
+            Ok(n) => {
+                self.input.extend_from_slice(&self.rbuf[..n]);
+                Ok(n)
+            }
+            Err(e) => Err(e.why()),
+        }
+    }
+
+    /// A read that filled the buffer: there may be more at once.
+    pub fn read_was_full(&self, n: usize) -> bool {
+        self.tls.is_some() || n == self.rbuf.len()
+    }
+
+    /// Stops or resumes watching for replies.
+    pub fn watch_read(&self, on: bool) -> bool {
+        self.socket().is_some_and(|s| s.watch_read(on))
+    }
+
+    /// Closes the socket (and its TLS state); what was queued or read goes.
+    pub fn close(&mut self) {
+        if let Some(s) = self.sock.take() {
+            s.close();
+        }
+        self.state = State::Down;
+        self.out = Vec::new();
+        self.out_at = 0;
+        self.input = Vec::new();
+        self.in_at = 0;
+    }
+}
+
+impl Default for RedisConn {
+    fn default() -> Self {
+        RedisConn::new()
+    }
+}
+
+/// The owner of connections: what their events come to.
+pub trait Owner {
+    /// The entry points' names, for the panic guard's log line: a socket
+    /// event, and the end of a TLS handshake.
+    const EVENT: &'static str;
+    const HANDSHAKE: &'static str;
+
+    /// The owner of an event's data, and which of its connections it is.
+    ///
+    /// # Safety
+    /// `data` is what the owner gave `RedisConn::open`, and the owner is
+    /// live (it closes its connections before it goes).
+    unsafe fn from_data<'a>(data: *mut c_void) -> (&'a mut Self, usize);
+
+    fn conn(&mut self, i: usize) -> &mut RedisConn;
+
+    /// A step of connection `i` came to this.
+    fn step(&mut self, i: usize, step: Step);
+
+    /// A panic in a step: the connection is closed, its users told.
+    fn panicked(&mut self, i: usize);
+
+    /// After every event: what the steps left for others (deliveries).
+    fn after(&mut self) {}
+}
+
+/// Runs `f` on an owner for one of its events (`data`, as its sockets and
+/// timers carry it), under the panic guard.
+pub fn run_owner<O: Owner>(data: *mut c_void, entry: &str, f: impl FnOnce(&mut O, usize)) {
+    let ok = guard(Log::cycle(), entry, false, || {
+        // SAFETY: the event's data is the owner's, which is live (Owner).
+        let (o, i) = unsafe { O::from_data(data) };
+        f(o, i);
+        true
+    });
+    // SAFETY: as above: a panic in the step does not free the owner.
+    let (o, i) = unsafe { O::from_data(data) };
+    if !ok {
+        o.panicked(i);
+    }
+    o.after();
+}
+
+/// Read/write readiness, or the connect timeout.
+extern "C" fn socket_event<O: Owner>(ev: *mut ngx_event_t) {
+    // SAFETY: the event is one of a RedisConn's socket (open).
+    let Some((data, timedout)) = (unsafe { Event::from_raw(ev) }).map(|ev| {
+        let timedout = ev.take_timedout();
+        // SAFETY: as above: a connection's event.
+        (unsafe { ev.connection_data() }, timedout)
+    }) else {
+        return;
+    };
+    run_owner::<O>(data, O::EVENT, |o, i| {
+        let step = o.conn(i).on_event::<O>(timedout);
+        o.step(i, step);
+    });
+}
+
+/// nginx's TLS handshake ended (well or not, or timed out).
+extern "C" fn handshake_done<O: Owner>(nc: *mut ngx_connection_t) {
+    // SAFETY: nginx passes the connection whose handshake ended: one of a
+    // RedisConn's, whose data is its owner's (open).
+    let Some(data) = (unsafe { Socket::data_of_raw(nc) }) else {
+        return;
+    };
+    run_owner::<O>(data, O::HANDSHAKE, |o, i| {
+        let step = o.conn(i).on_handshake::<O>();
+        o.step(i, step);
+    });
+}

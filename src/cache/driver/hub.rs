@@ -1,0 +1,502 @@
+//! The subscribing hubs of `cache_subscribe`: Redis SUBSCRIBE for the
+//! worker's subscribers.
+//!
+//! Each worker keeps one hub per upstream (and `cache_auth` password),
+//! shared by every subscriber of every channel. The hub subscribes on every
+//! server of the upstream, one connection to each address (backup servers
+//! too): `cache_publish` is balanced over those servers, and a subscriber
+//! hears what was published on any of them. A Redis Cluster carries every
+//! PUBLISH to all its nodes, so the hub of a `cache_cluster` upstream has
+//! one connection, to its configured nodes in turn.
+//!
+//! SUBSCRIBE when a channel's first subscriber comes, UNSUBSCRIBE after its
+//! last one leaves, the connections closed when nobody is left. A
+//! subscriber is told it is subscribed once every connection that is up
+//! has confirmed its channel. A connection that is lost is made again after
+//! `RETRY` ms (to the next address, for a cluster), subscribes to every
+//! channel again, and the subscribers get `event: reconnect`: what was
+//! published on that server in between is lost. The subscribers' side is
+//! crate::common::sse's, shared with `sqldb_listen`.
+
+use std::collections::BTreeSet;
+use std::ffi::c_void;
+
+use gateway_core::pubsub::{self, Push};
+
+use super::authfail;
+use super::conn::{run_owner, Dial, Owner, RedisConn, State, Step};
+use crate::common::hub::{Added, Channels, Hub, HubSink, RETRY};
+use crate::common::token::ReqToken;
+use crate::ffi::net::TlsClient;
+use crate::ffi::*;
+use crate::log;
+
+/// One address of the upstream's servers.
+#[derive(Clone)]
+pub struct Addr {
+    pub sockaddr: Vec<u8>,
+    pub name: String,
+}
+
+/// One subscribing connection: to one address of the upstream's servers,
+/// or, for a cluster, to its configured nodes in turn.
+struct Link {
+    /// The hub it belongs to, and its place there (for its events).
+    hub: *mut RedisHub,
+    index: usize,
+    addrs: Vec<Addr>,
+    /// The address to try next (the one in use, while connected).
+    next: usize,
+    conn: RedisConn,
+    /// This connection had worked before: subscribers hear of the gap once
+    /// it works again (Redis confirmed a subscription on it).
+    was_up: bool,
+    /// This connection works.
+    live: bool,
+    /// The next status or error is AUTH's.
+    auth_pending: bool,
+    /// Redis refused the password (its message).
+    auth_refused: Option<String>,
+    /// The channels Redis confirmed on this connection.
+    confirmed: BTreeSet<String>,
+    /// The timer that makes the connection again.
+    retry: RetryTimer,
+}
+
+pub struct RedisHub {
+    /// The upstream, for the log.
+    upstream: String,
+    /// Made with the hub, never added to later: their events carry
+    /// pointers to them.
+    links: Vec<Link>,
+    auth: Option<Vec<u8>>,
+    /// The password's key in the worker's table of refused ones.
+    auth_key: Option<u64>,
+    tls: Option<TlsClient>,
+    connect_timeout: ngx_msec_t,
+    sink: &'static dyn HubSink,
+    channels: Channels,
+    /// Runs `settle_all` after a connection that was up is lost (posted:
+    /// a loss may come while a request subscribes, which the subscribers'
+    /// side must not hear of then).
+    settle_later: RetryTimer,
+}
+
+/// What a hub is made of.
+pub struct HubSettings {
+    /// The upstream's name, for the log.
+    pub upstream: String,
+    /// The addresses of each connection (one each; a cluster's nodes in turn).
+    pub groups: Vec<Vec<Addr>>,
+    pub auth: Option<Vec<u8>>,
+    /// The password's key in the worker's table of refused ones.
+    pub auth_key: Option<u64>,
+    pub tls: Option<TlsClient>,
+    pub connect_timeout: ngx_msec_t,
+}
+
+impl RedisHub {
+    pub fn new(settings: HubSettings, sink: &'static dyn HubSink) -> Box<RedisHub> {
+        let HubSettings {
+            upstream,
+            groups,
+            auth,
+            auth_key,
+            tls,
+            connect_timeout,
+        } = settings;
+        RedisHub::build(upstream, groups, auth, auth_key, tls, connect_timeout, sink)
+    }
+
+    fn build(
+        upstream: String,
+        groups: Vec<Vec<Addr>>,
+        auth: Option<Vec<u8>>,
+        auth_key: Option<u64>,
+        tls: Option<TlsClient>,
+        connect_timeout: ngx_msec_t,
+        sink: &'static dyn HubSink,
+    ) -> Box<RedisHub> {
+        let mut h = Box::new(RedisHub {
+            upstream,
+            links: Vec::new(),
+            auth,
+            auth_key,
+            tls,
+            connect_timeout,
+            sink,
+            channels: Channels::default(),
+            settle_later: RetryTimer::new(std::ptr::null_mut(), Some(settle_event)),
+        });
+        let hub: *mut RedisHub = &mut *h;
+        h.settle_later.set_data(hub.cast());
+        h.links = groups
+            .into_iter()
+            .enumerate()
+            .map(|(index, addrs)| Link {
+                hub,
+                index,
+                addrs,
+                next: 0,
+                conn: RedisConn::new(),
+                was_up: false,
+                live: false,
+                auth_pending: false,
+                auth_refused: None,
+                confirmed: BTreeSet::new(),
+                retry: RetryTimer::new(std::ptr::null_mut(), Some(retry_event)),
+            })
+            .collect();
+        // (The links stay where they are now.)
+        for l in &mut h.links {
+            let data: *mut Link = l;
+            l.retry.set_data(data.cast());
+        }
+        h
+    }
+
+    fn server(&self, i: usize) -> &str {
+        let l = &self.links[i];
+        l.addrs.get(l.next % l.addrs.len().max(1)).map_or("", |a| &a.name)
+    }
+
+    /// Closes a link's socket, and frees its TLS state.
+    fn drop_socket(&mut self, i: usize) {
+        let l = &mut self.links[i];
+        l.live = false;
+        l.confirmed.clear();
+        l.conn.close();
+    }
+
+    /// Closes every connection (no retry).
+    fn close(&mut self) {
+        for i in 0..self.links.len() {
+            self.drop_socket(i);
+            let l = &mut self.links[i];
+            l.retry.stop();
+            // A connection made later for new subscribers is no reconnect.
+            l.was_up = false;
+        }
+        self.settle_later.stop();
+        self.channels.deactivate();
+    }
+
+    /// A channel is in effect once every connection that is up has
+    /// confirmed it (and one is up): its waiting subscribers are told so.
+    fn settle(&mut self, channel: &str) {
+        let mut up = self.links.iter().filter(|l| l.conn.is_up()).peekable();
+        let any = up.peek().is_some();
+        if any && up.all(|l| l.confirmed.contains(channel)) {
+            let to = self.channels.confirm(channel);
+            if !to.is_empty() {
+                self.sink.subscribed(&to);
+            }
+        } else {
+            self.channels.deactivate_one(channel);
+        }
+    }
+
+    /// `settle` for every channel (a connection came up or went down).
+    fn settle_all(&mut self) {
+        let names: Vec<String> = self.channels.names().map(str::to_owned).collect();
+        for c in names {
+            self.settle(&c);
+        }
+    }
+
+    /// A connection is gone: tried again later (the next address of a
+    /// cluster) while anyone is subscribed.
+    fn lost(&mut self, i: usize, why: &str) {
+        let was = self.links[i].conn.state();
+        self.drop_socket(i);
+        if self.channels.is_empty() {
+            return;
+        }
+        log!(
+            NGX_LOG_ERR,
+            Log::cycle(),
+            "cache: the subscribing connection to {} of upstream \"{}\" {}: {why}; trying again in {} ms",
+            self.server(i),
+            self.upstream,
+            if was == State::Up { "was lost" } else { "failed" },
+            RETRY
+        );
+        let l = &mut self.links[i];
+        l.next = (l.next + 1) % l.addrs.len().max(1);
+        l.retry.start(RETRY);
+        // The channels the other connections confirmed are in effect now.
+        if was == State::Up {
+            self.settle_later.post();
+        }
+    }
+
+    /// Redis refused the password: the subscriptions end (the responses
+    /// end), and the connections are not made again for them; a subscriber
+    /// that comes back within a second gets 502 without a connection, and
+    /// the refusal is logged once a minute at most. Idle subscribers with a
+    /// wrong password cost Redis one connection each, not one a second.
+    fn refused(&mut self, i: usize, why: &str) {
+        if let Some(k) = self.auth_key {
+            authfail::refused(
+                k,
+                Log::cycle(),
+                format_args!(
+                    "{why}, by redis {} of upstream \"{}\" (subscribing); its subscriptions end",
+                    self.server(i),
+                    self.upstream
+                ),
+            );
+        }
+        let all = self.channels.everyone();
+        self.close();
+        self.sink.closing(&all);
+    }
+
+    fn connect(&mut self, i: usize) {
+        let l = &self.links[i];
+        let Some(addr) = l.addrs.get(l.next % l.addrs.len().max(1)).map(|a| a.sockaddr.clone()) else {
+            return;
+        };
+        let dial = Dial {
+            addr: &addr,
+            tls: self.tls.as_ref(),
+            connect_timeout: self.connect_timeout,
+            keepalive: false,
+        };
+        let l = &mut self.links[i];
+        let data: *mut Link = l;
+        let step = l.conn.open::<RedisHub>(&dial, data.cast());
+        if let Some(s) = l.conn.socket() {
+            // nginx tells an idle connection when it exits (a reload, a quit).
+            s.set_idle(true);
+        }
+        self.step(i, step);
+    }
+
+    fn step(&mut self, i: usize, step: Step) {
+        match step {
+            Step::Wait => {}
+            Step::Up => self.connected(i),
+            Step::Ready => {
+                self.flush(i);
+                self.read(i);
+            }
+            Step::Lost(why) => self.lost(i, &why),
+            Step::Exit => {
+                // nginx is exiting: the subscriptions end, the connections close.
+                let all = self.channels.everyone();
+                self.close();
+                self.sink.closing(&all);
+            }
+        }
+    }
+
+    /// The connection is made: AUTH, then SUBSCRIBE to every channel.
+    fn connected(&mut self, i: usize) {
+        let l = &mut self.links[i];
+        l.conn.out.clear();
+        if let Some(pw) = &self.auth {
+            pubsub::auth(&mut l.conn.out, pw);
+        }
+        l.auth_pending = self.auth.is_some();
+        pubsub::subscribe(&mut l.conn.out, self.channels.names().map(str::as_bytes));
+        // Until this connection confirms them, new subscribers wait.
+        self.settle_all();
+        self.flush(i);
+    }
+
+    /// Sends what is queued, as far as the socket takes it.
+    fn flush(&mut self, i: usize) {
+        if let Err(why) = self.links[i].conn.flush() {
+            self.lost(i, &why);
+        }
+    }
+
+    /// Reads until the socket (and TLS) has nothing more: with TLS, bytes
+    /// may wait in OpenSSL where no readiness event tells of them.
+    fn read(&mut self, i: usize) {
+        while self.links[i].conn.is_up() {
+            match self.links[i].conn.read() {
+                Ok(0) => return,
+                Ok(_) => {}
+                Err(why) => return self.lost(i, &why),
+            }
+            if let Err(e) = self.take_pushes(i) {
+                return match self.links[i].auth_refused.take() {
+                    Some(why) => self.refused(i, &why),
+                    None => self.lost(i, &e),
+                };
+            }
+        }
+    }
+
+    /// Everything whole in a connection's input: publications go to their
+    /// subscribers.
+    fn take_pushes(&mut self, i: usize) -> Result<(), String> {
+        let input = std::mem::take(&mut self.links[i].conn.input);
+        let mut at = self.links[i].conn.in_at;
+        let result = loop {
+            match pubsub::next(&input[at..]) {
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(e.to_string()),
+                Ok(Some((push, used))) => {
+                    at += used;
+                    if let Err(e) = self.take_push(i, push) {
+                        break Err(e);
+                    }
+                }
+            }
+        };
+        let l = &mut self.links[i];
+        // (Nothing is read into it while the pushes are taken; a connection
+        // closed meanwhile has nothing to keep.)
+        if l.conn.is_up() {
+            l.conn.input = input;
+            l.conn.in_at = at.min(l.conn.input.len());
+        }
+        result
+    }
+
+    fn take_push(&mut self, i: usize, push: Push) -> Result<(), String> {
+        match push {
+            Push::Message { channel, payload } => {
+                let to = std::str::from_utf8(&channel).ok().and_then(|c| self.channels.get(c));
+                if let Some((name, to)) = to {
+                    self.sink.notify(to, name, &payload);
+                }
+            }
+            Push::Subscribed(channel) => {
+                let l = &mut self.links[i];
+                if !std::mem::replace(&mut l.live, true) && std::mem::replace(&mut l.was_up, true) {
+                    let all = self.channels.settled();
+                    self.sink.reconnected(&all);
+                }
+                if let Ok(c) = std::str::from_utf8(&channel) {
+                    self.links[i].confirmed.insert(c.to_owned());
+                    self.settle(c);
+                }
+            }
+            Push::Unsubscribed(channel) => {
+                if let Ok(c) = std::str::from_utf8(&channel) {
+                    self.links[i].confirmed.remove(c);
+                }
+            }
+            Push::Status => {
+                if std::mem::take(&mut self.links[i].auth_pending) {
+                    if let Some(k) = self.auth_key {
+                        authfail::accepted(k);
+                    }
+                }
+            }
+            Push::Error(msg) if std::mem::take(&mut self.links[i].auth_pending) => {
+                // A wrong password: nothing works on this connection.
+                let why = format!("AUTH was refused: {}", String::from_utf8_lossy(&msg));
+                self.links[i].auth_refused = Some(why.clone());
+                return Err(why);
+            }
+            Push::Error(msg) => log!(
+                NGX_LOG_ERR,
+                Log::cycle(),
+                "cache: redis {} of upstream \"{}\" refused a subscription: {}",
+                self.server(i),
+                self.upstream,
+                String::from_utf8_lossy(&msg)
+            ),
+        }
+        Ok(())
+    }
+}
+
+impl Hub for RedisHub {
+    fn subscribe(&mut self, channel: &str, who: ReqToken) -> bool {
+        let added = self.channels.add(channel, who);
+        for i in 0..self.links.len() {
+            match self.links[i].conn.state() {
+                State::Up if added == Added::First => {
+                    pubsub::subscribe(&mut self.links[i].conn.out, [channel.as_bytes()]);
+                    self.flush(i);
+                }
+                State::Down if !self.links[i].retry.pending() => self.connect(i),
+                _ => {}
+            }
+        }
+        added == Added::Active
+    }
+
+    fn unsubscribe(&mut self, channel: &str, who: ReqToken) {
+        if !self.channels.remove(channel, who) {
+            return;
+        }
+        if self.channels.is_empty() {
+            // Nobody listens any more: the connections go too.
+            return self.close();
+        }
+        for i in 0..self.links.len() {
+            if self.links[i].conn.is_up() {
+                pubsub::unsubscribe(&mut self.links[i].conn.out, channel.as_bytes());
+                self.flush(i);
+            }
+        }
+    }
+
+    fn servers(&self) -> Vec<String> {
+        (0..self.links.len()).map(|i| self.server(i).to_owned()).collect()
+    }
+}
+
+impl Owner for RedisHub {
+    const EVENT: &'static str = "cache subscribe event";
+    const HANDSHAKE: &'static str = "cache subscribe handshake";
+
+    /// `data` is a Link's.
+    unsafe fn from_data<'a>(data: *mut c_void) -> (&'a mut RedisHub, usize) {
+        // SAFETY: data is a Link of a live hub (hubs live for the worker's
+        // life, their links as long as they do); only the two plain fields
+        // are read, no reference to the link is made while the hub's is.
+        unsafe {
+            let link = data as *mut Link;
+            (&mut *(*link).hub, (*link).index)
+        }
+    }
+
+    fn conn(&mut self, i: usize) -> &mut RedisConn {
+        &mut self.links[i].conn
+    }
+
+    fn step(&mut self, i: usize, step: Step) {
+        RedisHub::step(self, i, step);
+    }
+
+    fn panicked(&mut self, i: usize) {
+        self.lost(i, "an internal error (a panic) in the module");
+    }
+}
+
+/// The channels are settled after a connection was lost.
+extern "C" fn settle_event(ev: *mut ngx_event_t) {
+    guard(Log::cycle(), "cache subscribe settle", (), || {
+        // SAFETY: the event's data is its hub, which lives for the
+        // worker's life (its Drop would take the event out of the queue).
+        let h = unsafe {
+            let Some(ev) = Event::from_raw(ev) else { return };
+            &mut *(ev.data() as *mut RedisHub)
+        };
+        h.settle_all();
+    })
+}
+
+/// A connection is made again.
+extern "C" fn retry_event(ev: *mut ngx_event_t) {
+    // SAFETY: the timer's data is the Link that owns it.
+    let Some(data) = (unsafe { Event::from_raw(ev) }).map(|ev| {
+        ev.take_timedout();
+        ev.data()
+    }) else {
+        return;
+    };
+    run_owner::<RedisHub>(data, "cache subscribe retry", |h, i| {
+        if h.links[i].conn.state() == State::Down && !h.channels.is_empty() && !exiting() {
+            h.connect(i);
+        }
+    });
+}

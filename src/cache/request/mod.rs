@@ -1,0 +1,390 @@
+//! The cache gateway's requests: the content handler reads what the
+//! location and the request ask (command, key, database, password,
+//! backend) and hands the request to one of three paths: nginx's upstream,
+//! a connection per request (upstream.rs, with cluster.rs for
+//! `cache_cluster`); the driver's shared, pipelined connections
+//! (pipelined.rs); or a `cache_subscribe` stream (subscribe.rs).
+
+use gateway_core::cluster as kslot;
+use gateway_core::pubsub;
+use gateway_core::redis::{self, Command, Exchange};
+
+use crate::cache::config::{Cache, CacheLocConf, CacheMainConf};
+use crate::cache::driver::authfail;
+use crate::common::sse::Refused;
+use crate::ffi::net::TlsClient;
+use crate::ffi::request::RequestCtx;
+use crate::ffi::*;
+use crate::log;
+use cluster::ClusterReq;
+use upstream::{filter, filter_init, CALLBACKS};
+
+pub mod balancer;
+mod cluster;
+mod pipelined;
+mod subscribe;
+mod upstream;
+
+/// Per-request state.
+pub struct Ctx {
+    pub(super) r: *mut ngx_http_request_t,
+    pub(super) command: Command,
+    pub(super) key: Vec<u8>,
+    pub(super) db: Option<u32>,
+    pub(super) exptime: Option<u64>,
+    pub(super) auth: Option<Vec<u8>>,
+    /// The password's key in the worker's table of refused ones.
+    pub(super) auth_key: Option<u64>,
+    /// The reader of the replies (made with the request's bytes).
+    exchange: Exchange,
+    /// The command's reply is in: its status is known.
+    answered: bool,
+    /// Bytes of a reply line that arrived in pieces after the value.
+    carry: Vec<u8>,
+    /// To a Redis Cluster (`cache_cluster on`).
+    pub(super) cluster: Option<ClusterReq>,
+    /// The request body's length, as it was before any of it was sent
+    /// (the commands are built again for each node of a cluster).
+    body_len: Option<usize>,
+    /// On a shared, pipelined connection (`cache_pipeline`).
+    pub(super) shared: Option<Box<pipelined::SharedReq>>,
+}
+
+// SAFETY: the module's context slot is written by Req::set_ctx::<Cache>
+// only (start), with a Ctx.
+unsafe impl RequestCtx for Cache {
+    type Ctx = Ctx;
+    fn module() -> &'static ngx_module_t {
+        <Cache as ngx::http::HttpModule>::module()
+    }
+}
+
+/// The request's context (taken once per entry point).
+pub(super) fn ctx_of<'a>(r: &Req) -> Option<&'a mut Ctx> {
+    // SAFETY: the slot holds a Ctx (RequestCtx); each entry point takes it once.
+    unsafe { r.ctx::<Cache>() }
+}
+
+/// Why a cache request cannot start.
+#[derive(Debug)]
+enum StartError {
+    NotAllowed,
+    EmptyKey,
+    BadChannel(String),
+    BadDb(String),
+    BadExptime(String),
+    ClusterDb(u32),
+    NoBackend(String),
+    /// An upstream another gateway owns (its value, and the owner's lines).
+    ForeignUpstream(String, &'static str),
+    /// See FILTER_REDIRECT.
+    AnswerUnderWay,
+    /// Redis refused the `cache_auth` password less than a second ago.
+    AuthRefused,
+    Nginx,
+}
+
+impl StartError {
+    fn status(&self) -> ngx_int_t {
+        match self {
+            StartError::NotAllowed => HTTP_NOT_ALLOWED,
+            StartError::EmptyKey
+            | StartError::BadChannel(_)
+            | StartError::BadDb(_)
+            | StartError::BadExptime(_)
+            | StartError::ClusterDb(_) => HTTP_BAD_REQUEST,
+            StartError::AuthRefused => HTTP_BAD_GATEWAY,
+            _ => HTTP_INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// One log line: client mistakes at info, as nginx logs them.
+    fn log(&self, log: Log) {
+        match self {
+            StartError::NotAllowed | StartError::Nginx => {}
+            // (The refusal was logged, once a minute at most.)
+            StartError::AuthRefused => {
+                crate::debug!(log, "cache: redis refused the password less than a second ago")
+            }
+            StartError::EmptyKey => log!(NGX_LOG_INFO, log, "cache: the \"$cache_key\" variable is empty"),
+            StartError::BadChannel(v) => log!(
+                NGX_LOG_INFO,
+                log,
+                "cache: channel \"{}\" is not 1 to {} visible ASCII characters",
+                v.escape_default(),
+                gateway_core::pubsub::CHANNEL_MAX
+            ),
+            StartError::BadDb(v) => log!(
+                NGX_LOG_INFO,
+                log,
+                "cache: \"$cache_db\" is not a database number (0 to {}): \"{v}\"",
+                redis::MAX_DB
+            ),
+            StartError::ClusterDb(n) => log!(
+                NGX_LOG_INFO,
+                log,
+                "cache: \"$cache_db\" is {n}, but a Redis Cluster has database 0 only"
+            ),
+            StartError::BadExptime(v) => {
+                log!(
+                    NGX_LOG_INFO,
+                    log,
+                    "cache: \"$cache_exptime\" is not a number of seconds: \"{v}\""
+                )
+            }
+            StartError::NoBackend(v) => log!(
+                NGX_LOG_ERR,
+                log,
+                "cache: \"cache_pass\" value \"{v}\" names no known backend"
+            ),
+            StartError::AnswerUnderWay => log!(NGX_LOG_ERR, log, "cache: {}", crate::ffi::FILTER_REDIRECT),
+            StartError::ForeignUpstream(v, lines) => log!(
+                NGX_LOG_ERR,
+                log,
+                "cache: \"cache_pass\" value \"{v}\" names an upstream of \"{lines}\" lines"
+            ),
+        }
+    }
+}
+
+pub(crate) extern "C" fn content_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
+    // SAFETY: nginx calls the content handler with a live request.
+    let r = unsafe { Req::from_raw(r) };
+    guard(
+        r.log(),
+        "cache content handler",
+        HTTP_INTERNAL_SERVER_ERROR,
+        || match start(r) {
+            Ok(rc) => rc,
+            Err(e) => {
+                e.log(r.log());
+                e.status()
+            }
+        },
+    )
+}
+
+/// A variable's value, when it is set and not empty.
+fn variable(r: &mut Req, index: ngx_int_t) -> Option<Vec<u8>> {
+    r.variable(index).filter(|v| !v.is_empty()).map(<[u8]>::to_vec)
+}
+
+fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
+    let lcf: &CacheLocConf = r.loc_conf::<Cache>();
+    let mcf: &CacheMainConf = r.main_conf::<Cache>();
+    r.disable_not_modified();
+    if r.answer_under_way() {
+        return Err(StartError::AnswerUnderWay);
+    }
+    if lcf.subscribe.is_some() {
+        if let Some(cv) = lcf.auth {
+            let pw = r.complex_value(cv).ok_or(StartError::Nginx)?;
+            if !authfail::may_try(authfail::key(&authfail::block_scope(lcf.upstream.upstream), pw)) {
+                return Err(StartError::AuthRefused);
+            }
+        }
+        return subscribe::start(r, lcf).map_err(|e| match e {
+            Refused::BadChannel(v) => StartError::BadChannel(v),
+            Refused::NotAllowed => StartError::NotAllowed,
+            Refused::Nginx => StartError::Nginx,
+        });
+    }
+    let method = r.method();
+    let command = if let Some(cv) = lcf.publish {
+        if method & NGX_HTTP_POST == 0 {
+            return Err(StartError::NotAllowed);
+        }
+        let channel = r.complex_value(cv).ok_or(StartError::Nginx)?.to_vec();
+        if !pubsub::valid_channel(&channel) {
+            return Err(StartError::BadChannel(String::from_utf8_lossy(&channel).into_owned()));
+        }
+        Command::Publish
+    } else if method & (NGX_HTTP_GET | NGX_HTTP_HEAD) != 0 {
+        Command::Get
+    } else if method & (NGX_HTTP_PUT | NGX_HTTP_POST) != 0 {
+        Command::Set
+    } else if method & NGX_HTTP_DELETE != 0 {
+        Command::Del
+    } else {
+        return Err(StartError::NotAllowed);
+    };
+    // Values that come from the client are the client's mistakes.
+    let key = match lcf.publish {
+        // (Checked above.)
+        Some(cv) => r.complex_value(cv).ok_or(StartError::Nginx)?.to_vec(),
+        None => variable(r, mcf.key).ok_or(StartError::EmptyKey)?,
+    };
+    let text = |v: &[u8]| String::from_utf8_lossy(v).into_owned();
+    // Channels are the server's, whatever its database.
+    let db = match variable(r, mcf.db).filter(|_| command != Command::Publish) {
+        None => None,
+        Some(v) => redis::parse_db(&v).map_err(|_| StartError::BadDb(text(&v)))?,
+    };
+    let exptime = match (command, variable(r, mcf.exptime)) {
+        (Command::Set, Some(v)) => redis::parse_exptime(&v).map_err(|_| StartError::BadExptime(text(&v)))?,
+        _ => None,
+    };
+    // A password whose variables are all empty is none: no AUTH.
+    let auth = match lcf.auth {
+        None => None,
+        Some(cv) => Some(r.complex_value(cv).ok_or(StartError::Nginx)?.to_vec()).filter(|p| !p.is_empty()),
+    };
+    let backend = match lcf.pass_var {
+        Some(cv) => Some(r.complex_value(cv).ok_or(StartError::Nginx)?.to_vec()),
+        None => None,
+    };
+    let umcf = r.main_conf::<ngx::http::NgxHttpUpstreamModule>();
+    let pool = r.pool();
+    let u = r.create_upstream().ok_or(StartError::Nginx)?;
+    let block = match &backend {
+        Some(name) => resolve(u, pool, umcf, name, mcf.owner_of)?,
+        None => lcf.upstream.upstream.cast_const(),
+    };
+    // A password Redis refused less than a second ago: 502 at once.
+    let auth_key = auth.as_deref().map(|pw| match backend.as_deref() {
+        Some(name) if block.is_null() => authfail::key(name, pw),
+        _ => authfail::key(&authfail::block_scope(block), pw),
+    });
+    if auth_key.is_some_and(|k| !authfail::may_try(k)) {
+        return Err(StartError::AuthRefused);
+    }
+    let mut conf: *const ngx_http_upstream_conf_t = &lcf.upstream;
+    let mut cluster = None;
+    if mcf.cluster_of(block).is_some() {
+        if let Some(n) = db {
+            return Err(StartError::ClusterDb(n));
+        }
+        // A request-private copy of the settings: redirections go on
+        // through nginx's next-upstream step, whatever cache_next_upstream
+        // says (a SET or DEL that was redirected has not run).
+        let mut copy = lcf.upstream;
+        copy.next_upstream |= (NGX_HTTP_UPSTREAM_FT_INVALID_HEADER | NGX_HTTP_UPSTREAM_FT_NON_IDEMPOTENT) as ngx_uint_t;
+        conf = pool.alloc(copy).ok_or(StartError::Nginx)?.as_ptr();
+        cluster = Some(ClusterReq {
+            slot: kslot::key_slot(&key),
+            retry_invalid: lcf.upstream.next_upstream & NGX_HTTP_UPSTREAM_FT_INVALID_HEADER as ngx_uint_t != 0,
+            ..ClusterReq::default()
+        });
+    }
+    let tls = !lcf.upstream.ssl.is_null();
+    // A request with `$cache_db` goes over the shared connections even with
+    // `cache_pipeline off`: there a database is confirmed before any
+    // command runs in it (a refused SELECT followed, in the same round
+    // trip, by the command would run the command in another database).
+    let shared = (lcf.pipeline != 0 || db.is_some()) && cluster.is_none();
+    u.install(
+        conf,
+        if tls { "rediss://" } else { "redis://" },
+        <Cache as ngx::http::HttpModule>::module(),
+        CALLBACKS,
+    );
+    if tls && !shared {
+        // The name to verify and send: the host part of cache_pass, as
+        // proxy_pass's is for proxy_ssl_name.
+        // SAFETY: a literal cache_pass's upstream block lives in the configuration.
+        let name = u
+            .resolved_host()
+            .or_else(|| unsafe { lcf.upstream.upstream.as_ref() }.map(|us| us.host))
+            .unwrap_or_default();
+        u.set_ssl(name);
+    }
+
+    let rp = r.as_ptr();
+    let ctx = Ctx {
+        r: rp,
+        command,
+        key,
+        db,
+        exptime,
+        auth,
+        auth_key,
+        exchange: Exchange::new(Vec::new(), command, Vec::new()),
+        answered: false,
+        carry: Vec::new(),
+        cluster,
+        body_len: None,
+        shared: shared.then(|| Box::new(pipelined::SharedReq::new(crate::common::token::register(r)))),
+    };
+    let ctx = r.set_ctx::<Cache>(ctx).ok_or(StartError::Nginx)?;
+    if command == Command::Publish {
+        r.set_content_type("application/json");
+    }
+    if shared {
+        // SAFETY: null, or an upstream block of the configuration, which
+        // outlives its requests.
+        let block = unsafe { block.as_ref() };
+        return pipelined::start(r, block).ok_or(StartError::Nginx);
+    }
+    let u = r.upstream().ok_or(StartError::Nginx)?;
+    u.set_input_filter(filter_init, filter, ctx.as_ptr().cast());
+
+    if command.sends_body() {
+        let rc = r.read_body(Some(ngx_http_upstream_init));
+        return Ok(if rc >= NGX_HTTP_SPECIAL_RESPONSE as ngx_int_t {
+            rc
+        } else {
+            DONE
+        });
+    }
+    let rc = r.discard_body();
+    if rc != OK {
+        return Ok(rc);
+    }
+    if !r.set_content_type_by_extension() {
+        return Err(StartError::Nginx);
+    }
+    r.count_up();
+    r.upstream_init();
+    Ok(DONE)
+}
+
+/// `cache_pass $variable`: the value names an upstream block (of `server`
+/// lines), or is a numeric `host:port` / `unix:/path`; anything else is no
+/// known backend. The upstream block, when it is one.
+fn resolve(
+    u: &mut Upstream,
+    pool: Pool,
+    umcf: &ngx_http_upstream_main_conf_t,
+    name: &[u8],
+    owner_of: Option<crate::common::upstream::OwnerOf>,
+) -> Result<*const ngx_http_upstream_srv_conf_t, StartError> {
+    let text = || String::from_utf8_lossy(name).into_owned();
+    // SAFETY: the upstream module's array of upstream configurations.
+    let ups = unsafe { umcf.upstreams.as_slice::<*mut ngx_http_upstream_srv_conf_t>() };
+    // SAFETY: the upstream configurations live as long as the configuration.
+    let block = ups
+        .iter()
+        .filter_map(|&u| unsafe { u.as_ref() })
+        .find(|u| u.port == 0 && u.host.as_bytes().eq_ignore_ascii_case(name));
+    let owner = block.and_then(|b| owner_of.and_then(|f| f(b)));
+    match block {
+        Some(_) if owner.is_some() => Err(StartError::ForeignUpstream(text(), owner.map_or("", |o| o.server))),
+        Some(b) => {
+            let host = pool.str(name).ok_or(StartError::Nginx)?;
+            u.set_resolved(pool, host, None, 0)
+                .then_some(b as *const ngx_http_upstream_srv_conf_t)
+                .ok_or(StartError::Nginx)
+        }
+        None if u.set_resolved_address(pool, name) => Ok(std::ptr::null()),
+        None => Err(StartError::NoBackend(text())),
+    }
+}
+
+/// The location's TLS settings (Some(None): no `cache_ssl`); None when
+/// `cache_ssl_name` cannot be evaluated. `host`: the name when it has none.
+fn tls_of_location(r: &mut Req, lcf: &CacheLocConf, host: &[u8]) -> Option<Option<TlsClient>> {
+    if lcf.upstream.ssl.is_null() {
+        return Some(None);
+    }
+    // SAFETY: cache_ssl_name, compiled into configuration memory.
+    let name = match unsafe { crate::ffi::conf::ComplexValue::from_raw(lcf.upstream.ssl_name) } {
+        Some(cv) => r.complex_value(cv)?.to_vec(),
+        None => host.to_vec(),
+    };
+    Some(Some(TlsClient {
+        ssl: lcf.upstream.ssl,
+        verify: lcf.upstream.ssl_verify == 1,
+        server_name: lcf.upstream.ssl_server_name == 1,
+        name,
+    }))
+}
