@@ -164,7 +164,7 @@ is($named, 30, 'GET: each value, and $upstream_addr names the owning master');
 # and through cache_publish reaches the subscriber.
 {
     my @subs = (SseClient::open_sse($port, '/sub?channel=cl'));
-    SseClient::pump(\@subs, stretch(5), sub { $subs[0]{buf} =~ /: subscribed/ });
+    SseClient::pump(\@subs, stretch(5), SseClient::subscribed(@subs));
     like($subs[0]{buf}, qr/: subscribed/, 'pub/sub: subscribed');
     my $on = 0;
     $on += (split /\n/, redis_cli($_, 'pubsub', 'numsub', 'cl'))[1] // 0 for @nodes;

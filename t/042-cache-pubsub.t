@@ -9,7 +9,7 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use SseClient;
+use SseClient qw(open_sse pump events subscribed subscribers metric);
 use FakeRedis;
 use GatewayTest qw(http_request wait_until nginx_start stop_nginx nginx_signal nginx_error_log start_redis redis_cli
     free_port under_valgrind stretch);
@@ -23,10 +23,6 @@ my $redis = start_redis();
 my $rport = $redis->{port};
 my $port;
 
-sub open_sse { SseClient::open_sse($port, @_) }
-sub pump { SseClient::pump(@_) }
-sub events { SseClient::events(@_) }
-sub subscribed { SseClient::subscribed(@_) }
 
 # The subscribing connections Redis has (of nginx: those of no name).
 sub pubsub_clients {
@@ -72,7 +68,7 @@ sub status_with_channel {
 # 1. Six subscribers over both workers, twenty messages published through
 # the gateway and with redis-cli: each gets all of them, in order, and
 # nothing of another channel.
-my @subs = map { open_sse('/sub?channel=news') } 1 .. 6;
+my @subs = map { open_sse($port, '/sub?channel=news') } 1 .. 6;
 pump(\@subs, 5, subscribed(@subs));
 like($subs[0]{buf}, qr{^HTTP/1\.1 200 }, 'status 200');
 like($subs[0]{buf}, qr{Content-Type: text/event-stream}i, 'text/event-stream');
@@ -121,7 +117,7 @@ pump(\@subs, 5, sub { !grep { (events($_))[-1] ne 'news=after' } @subs });
 is(scalar(grep { (events($_))[-1] eq 'news=after' } @subs), 6, 'messages after the reconnect arrive');
 
 # 4. A literal channel of any visible characters, its letter case kept.
-my @fixed = (open_sse('/fixed'));
+my @fixed = (open_sse($port, '/fixed'));
 pump(\@fixed, 3, subscribed(@fixed));
 ok(wait_until(sub { numsub('news:Sports') >= 1 }, 5), 'subscribed to news:Sports');
 redis_cli($redis, 'publish', 'news:Sports', 'cased');
@@ -133,8 +129,8 @@ is_deeply([events($fixed[0])], ['news:Sports=cased'], 'the channel as written');
 # counted, and nobody subscribed in Redis.
 close $_->{s} for @subs;
 ok(wait_until(sub { numsub('news') == 0 }, 3), 'UNSUBSCRIBE once the last subscriber left');
-ok(wait_until(sub { SseClient::metric($port, 'subscribers', 'cache_subscribe') == 1 }, 3), 'the subscribers gauge counts the one left');
-my $sent = SseClient::metric($port, 'events_sent_total', 'cache_subscribe');
+ok(wait_until(sub { subscribers($port, 'cache_subscribe') == 1 }, 3), 'the subscribers gauge counts the one left');
+my $sent = metric($port, 'events_sent_total', 'cache_subscribe');
 cmp_ok($sent, '>=', 6 * 22 + 1, "events counted ($sent)");
 my (undef, $m) = http_request($port, 'GET', '/metrics');
 my $published = 0;
@@ -168,7 +164,7 @@ is(status_with_channel('POST', '/hpub', "caf\xc3\xa9"), 400, 'publish to a chann
 my ($pst, $pbody) = publish('nobody', '');
 is("$pst $pbody", "200 {\"receivers\": 0}\n", 'an empty body to a channel of no subscriber');
 # A body larger than the client body buffer (in a temp file), whole.
-my @big = (open_sse('/sub?channel=big'));
+my @big = (open_sse($port, '/sub?channel=big'));
 pump(\@big, 3, subscribed(@big));
 ok(wait_until(sub { numsub('big') == 1 }, 5), 'subscribed to big');
 my $payload = join '', map { chr(65 + $_ % 26) } 1 .. 300_000;
@@ -190,8 +186,8 @@ server {
     location /pub { cache_pass red; cache_publish \$arg_channel; }
 }
 HTTP
-@subs = map { open_sse('/sub?channel=one') } 1 .. 3;
-my @other = map { open_sse('/sub?channel=two') } 1 .. 3;
+@subs = map { open_sse($port, '/sub?channel=one') } 1 .. 3;
+my @other = map { open_sse($port, '/sub?channel=two') } 1 .. 3;
 pump([@subs, @other], 5, subscribed(@subs, @other));
 ok(wait_until(sub { numsub('one') == 1 && numsub('two') == 1 }, 5), 'one connection subscribes to both');
 is(pubsub_clients(), 1, 'one subscribing connection');
@@ -213,7 +209,7 @@ $port = nginx_start(<<"HTTP", workers => 1);
 upstream red { server 127.0.0.1:$closed; server 127.0.0.1:$rport; }
 server { listen 127.0.0.1:\$PORT; location /sub { cache_pass red; cache_subscribe \$arg_channel; } }
 HTTP
-@subs = (open_sse('/sub?channel=turn'));
+@subs = (open_sse($port, '/sub?channel=turn'));
 pump(\@subs, 3, subscribed(@subs));
 ok(wait_until(sub { numsub('turn') == 1 }, 5), 'subscribed through the second server');
 like(nginx_error_log(), qr/\[error\].*cache: the subscribing connection to 127\.0\.0\.1:$closed of upstream "red" failed: connecting failed: .*refused/i,
@@ -235,14 +231,14 @@ server {
     location /pub { cache_pass 127.0.0.1:$locked->{port}; cache_auth s3cret; cache_publish \$arg_channel; }
 }
 HTTP
-@subs = map { open_sse('/sub?channel=secret') } 1 .. 2;
+@subs = map { open_sse($port, '/sub?channel=secret') } 1 .. 2;
 pump(\@subs, 3, subscribed(@subs));
 ok(wait_until(sub { numsub('secret', $locked) == 1 }, 5), 'subscribed with the password');
 (undef, $pbody) = publish('secret', 'hush');
 is($pbody, "{\"receivers\": 1}\n", 'a publish with the password');
 pump(\@subs, 3, sub { !grep { scalar(events($_)) < 1 } @subs });
 is_deeply([map { events($_) } @subs], ['secret=hush', 'secret=hush'], 'both subscribers get it');
-my @bad = (open_sse('/bad?channel=secret'));
+my @bad = (open_sse($port, '/bad?channel=secret'));
 # (The stream's last chunk: the client's connection is kept.)
 sub ended { my $s = shift; return $s->{eof} || $s->{buf} =~ /\r\n0\r\n\r\n\z/ }
 pump(\@bad, 3, sub { ended($bad[0]) });
@@ -269,7 +265,7 @@ my $fake = FakeRedis->start($script);
 $port = nginx_start(<<"HTTP", workers => 1);
 server { listen 127.0.0.1:\$PORT; location /sub { cache_pass 127.0.0.1:@{[ $fake->port ]}; cache_subscribe h; } }
 HTTP
-@subs = (open_sse('/sub'));
+@subs = (open_sse($port, '/sub'));
 pump(\@subs, 8, sub { grep { $_ eq 'h=last' } events($subs[0]) });
 is_deeply([events($subs[0])], ['h=ok', 'h=d|r', 'reconnect=', 'h=last'],
     'the good messages, then one reconnect once a connection works again');
@@ -296,10 +292,9 @@ server {
 HTTP
 my ($worker) = grep { /^\d+$/ } split /\s+/, `pgrep -P $GatewayTest::NginxPid`;
 sub rss_kb { open my $f, '<', "/proc/$worker/status" or return 0; local $/; my $t = <$f>; $t =~ /VmRSS:\s+(\d+)/ ? $1 : 0 }
-sub gauge { SseClient::metric($port, 'subscribers', 'cache_subscribe') }
 # (a) 100 subscribers reset their connections in the middle of a burst of
 # 4,000 messages: the worker stays responsive, each is dropped once.
-my @gone = map { open_sse('/sub?channel=burst') } 1 .. 100;
+my @gone = map { open_sse($port, '/sub?channel=burst') } 1 .. 100;
 pump(\@gone, 5, subscribed(@gone));
 my $burst = join '', map { "PUBLISH burst " . ('m' x 500) . "$_\r\n" } 1 .. 2000;
 my $rc = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $rport) or die $!;
@@ -313,12 +308,12 @@ my $t = time;
 my ($mst) = http_request($port, 'GET', '/metrics');
 is($mst, 200, 'the worker answers during the burst');
 cmp_ok(time - $t, '<', stretch(4), 'at once');
-ok(wait_until(sub { gauge() == 0 }, 5), 'every subscriber that left is removed');
+ok(wait_until(sub { subscribers($port, 'cache_subscribe') == 0 }, 5), 'every subscriber that left is removed');
 my $drops = () = nginx_error_log() =~ /cache: a subscriber that cannot take events/g;
 cmp_ok($drops, '<=', 100, "each dropped once at most ($drops lines)");
 close $rc;
 # (b) A subscriber that reads 20 MB of events: the worker's memory stays flat.
-my @reader = (open_sse('/sub?channel=flow'));
+my @reader = (open_sse($port, '/sub?channel=flow'));
 pump(\@reader, 3, subscribed(@reader));
 my $before = rss_kb();
 my $payload10k = 'p' x 10_000;
@@ -346,9 +341,9 @@ socket(my $stuck, Socket::PF_INET(), Socket::SOCK_STREAM(), 0) or die $!;
 setsockopt($stuck, Socket::SOL_SOCKET(), Socket::SO_RCVBUF(), 4096) or die $!;
 connect($stuck, Socket::pack_sockaddr_in($port, Socket::inet_aton('127.0.0.1'))) or die $!;
 syswrite($stuck, "GET /sub?channel=heavy HTTP/1.1\r\nHost: x\r\n\r\n");
-my @heavy = (open_sse('/sub?channel=heavy'));
+my @heavy = (open_sse($port, '/sub?channel=heavy'));
 pump(\@heavy, 3, subscribed(@heavy));
-ok(wait_until(sub { gauge() == 2 }, 3), 'both subscribed');
+ok(wait_until(sub { subscribers($port, 'cache_subscribe') == 2 }, 3), 'both subscribed');
 my $big = join '', map { chr(97 + $_ % 26) } 1 .. 3_000_000;
 for my $i (1 .. 3) {
     my ($pst) = publish('heavy', "$i$big");
@@ -359,14 +354,14 @@ is_deeply([map { length } events($heavy[0])], [map { length("heavy=$_$big") } 1 
 # (One that has taken nothing for a second is dropped at the next event.)
 sleep 1.2;
 publish('heavy', 'one more');
-ok(wait_until(sub { gauge() == 1 }, 5), 'the one that does not read is dropped');
+ok(wait_until(sub { subscribers($port, 'cache_subscribe') == 1 }, 5), 'the one that does not read is dropped');
 like(nginx_error_log(), qr/\[info\].*cache: a subscriber that cannot take events \(gone, or more than 1048576 bytes behind\) is dropped/,
     'with an info line');
 close $stuck;
 close $heavy[0]{s};
 # (d) A password Redis refuses: the stream opens and ends, with no
 # ": subscribed" and no "reconnect" event (nothing was ever subscribed).
-my @wrong = (open_sse('/wrong'));
+my @wrong = (open_sse($port, '/wrong'));
 pump(\@wrong, 3.5, sub { ended($wrong[0]) });
 like($wrong[0]{buf}, qr{^HTTP/1\.1 200 }, 'the stream opens');
 ok(ended($wrong[0]), 'and ends');
@@ -416,7 +411,7 @@ server {
     location /name { cache_pass wrong_name; cache_ssl_name elsewhere; cache_subscribe n; }
 }
 HTTP
-@subs = map { open_sse('/sub?channel=sealed') } 1 .. 2;
+@subs = map { open_sse($port, '/sub?channel=sealed') } 1 .. 2;
 pump(\@subs, 3, subscribed(@subs));
 ok(wait_until(sub { numsub('sealed', $tredis) == 1 }, 5), 'subscribed over TLS');
 like(redis_cli($tredis, 'client', 'list'), qr/\bsub=1\b/, 'the subscribing connection is there');
@@ -434,8 +429,8 @@ ok(wait_until(sub { numsub('sealed', $tredis) == 1 }, 5), 'a new TLS handshake a
 redis_cli($tredis, 'publish', 'sealed', 'again');
 pump(\@subs, 5, sub { !grep { (events($_))[-1] ne 'sealed=again' } @subs });
 is(scalar(grep { (events($_))[-1] eq 'sealed=again' } @subs), 2, 'messages arrive after it');
-my @other_ca = (open_sse('/other'));
-my @wrong_name = (open_sse('/name'));
+my @other_ca = (open_sse($port, '/other'));
+my @wrong_name = (open_sse($port, '/name'));
 pump([@other_ca, @wrong_name], 3, subscribed(@other_ca, @wrong_name));
 ok(wait_until(sub { nginx_error_log() =~ /subscribing connection to \S+ of upstream "other_ca" failed: upstream SSL certificate verify error/ }, 5),
     'another authority: an error line');
