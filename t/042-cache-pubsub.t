@@ -12,7 +12,7 @@ use lib 't/lib';
 use SseClient qw(open_sse pump events subscribed subscribers metric);
 use FakeRedis;
 use GatewayTest qw(http_request wait_until nginx_start stop_nginx nginx_signal nginx_error_log start_redis redis_cli
-    free_port under_valgrind stretch);
+    free_port under_valgrind stretch redis_numsub tls_files nginx_workers);
 use IO::Socket::INET;
 use Socket ();
 use File::Temp qw(tempdir);
@@ -28,12 +28,6 @@ my $port;
 sub pubsub_clients {
     my ($r) = @_;
     return scalar grep { /\bsub=[1-9]/ && /\bcmd=(subscribe|unsubscribe)\b/ } split /\n/, redis_cli($r // $redis, 'client', 'list');
-}
-
-sub numsub {
-    my ($ch, $r) = @_;
-    my (undef, $n) = split /\n/, redis_cli($r // $redis, 'pubsub', 'numsub', $ch);
-    return $n // -1;
 }
 
 sub publish {
@@ -76,8 +70,8 @@ like($subs[0]{buf}, qr{Cache-Control: no-cache}i, 'not cached');
 is(scalar(grep { $_->{buf} =~ /: subscribed/ } @subs), 6, 'six subscribers are on');
 # (": subscribed" comes once Redis confirmed the SUBSCRIBE: nothing
 # published from then on is missed.)
-ok(numsub('news') >= 1, 'redis has the subscriptions');
-my $workers = numsub('news');
+ok(redis_numsub($redis, 'news') >= 1, 'redis has the subscriptions');
+my $workers = redis_numsub($redis, 'news');
 cmp_ok($workers, '<=', 2, "one subscribing connection per worker ($workers)");
 my @receivers;
 for my $i (1 .. 20) {
@@ -111,7 +105,7 @@ pump(\@subs, 6, sub { !grep { !grep { $_ eq 'reconnect=' } events($_) } @subs })
 is(scalar(grep { my @e = events($_); grep { $_ eq 'reconnect=' } @e } @subs), 6, 'every subscriber is told of the reconnect');
 like(nginx_error_log(), qr/\[error\].*cache: the subscribing connection to 127\.0\.0\.1:$rport of upstream "red" was lost: redis closed the connection; trying again in 1000 ms/,
     'one error line says the connection was lost');
-ok(wait_until(sub { numsub('news') == $workers }, 5), 'it subscribes again');
+ok(wait_until(sub { redis_numsub($redis, 'news') == $workers }, 5), 'it subscribes again');
 publish('news', 'after');
 pump(\@subs, 5, sub { !grep { (events($_))[-1] ne 'news=after' } @subs });
 is(scalar(grep { (events($_))[-1] eq 'news=after' } @subs), 6, 'messages after the reconnect arrive');
@@ -119,7 +113,7 @@ is(scalar(grep { (events($_))[-1] eq 'news=after' } @subs), 6, 'messages after t
 # 4. A literal channel of any visible characters, its letter case kept.
 my @fixed = (open_sse($port, '/fixed'));
 pump(\@fixed, 3, subscribed(@fixed));
-ok(wait_until(sub { numsub('news:Sports') >= 1 }, 5), 'subscribed to news:Sports');
+ok(wait_until(sub { redis_numsub($redis, 'news:Sports') >= 1 }, 5), 'subscribed to news:Sports');
 redis_cli($redis, 'publish', 'news:Sports', 'cased');
 redis_cli($redis, 'publish', 'news:sports', 'not this one');
 pump(\@fixed, 3, sub { scalar(events($fixed[0])) >= 1 });
@@ -128,7 +122,7 @@ is_deeply([events($fixed[0])], ['news:Sports=cased'], 'the channel as written');
 # 5. Subscribers that leave are removed at once: the gauge, the events
 # counted, and nobody subscribed in Redis.
 close $_->{s} for @subs;
-ok(wait_until(sub { numsub('news') == 0 }, 3), 'UNSUBSCRIBE once the last subscriber left');
+ok(wait_until(sub { redis_numsub($redis, 'news') == 0 }, 3), 'UNSUBSCRIBE once the last subscriber left');
 ok(wait_until(sub { subscribers($port, 'cache_subscribe') == 1 }, 3), 'the subscribers gauge counts the one left');
 my $sent = metric($port, 'events_sent_total', 'cache_subscribe');
 cmp_ok($sent, '>=', 6 * 22 + 1, "events counted ($sent)");
@@ -166,7 +160,7 @@ is("$pst $pbody", "200 {\"receivers\": 0}\n", 'an empty body to a channel of no 
 # A body larger than the client body buffer (in a temp file), whole.
 my @big = (open_sse($port, '/sub?channel=big'));
 pump(\@big, 3, subscribed(@big));
-ok(wait_until(sub { numsub('big') == 1 }, 5), 'subscribed to big');
+ok(wait_until(sub { redis_numsub($redis, 'big') == 1 }, 5), 'subscribed to big');
 my $payload = join '', map { chr(65 + $_ % 26) } 1 .. 300_000;
 ($pst) = publish('big', $payload);
 is($pst, 200, 'a 300 kB publish');
@@ -189,12 +183,12 @@ HTTP
 @subs = map { open_sse($port, '/sub?channel=one') } 1 .. 3;
 my @other = map { open_sse($port, '/sub?channel=two') } 1 .. 3;
 pump([@subs, @other], 5, subscribed(@subs, @other));
-ok(wait_until(sub { numsub('one') == 1 && numsub('two') == 1 }, 5), 'one connection subscribes to both');
+ok(wait_until(sub { redis_numsub($redis, 'one') == 1 && redis_numsub($redis, 'two') == 1 }, 5), 'one connection subscribes to both');
 is(pubsub_clients(), 1, 'one subscribing connection');
 (undef, $pbody) = publish('one', 'x');
 is($pbody, "{\"receivers\": 1}\n", 'three subscribers of one worker: one receiver in Redis');
 close $_->{s} for @subs;
-ok(wait_until(sub { numsub('one') == 0 }, 3), 'UNSUBSCRIBE once the last subscriber of a channel left');
+ok(wait_until(sub { redis_numsub($redis, 'one') == 0 }, 3), 'UNSUBSCRIBE once the last subscriber of a channel left');
 publish('two', 'still here');
 pump(\@other, 5, sub { !grep { (events($_))[-1] // '' ne 'two=still here' } @other });
 is(scalar(grep { (events($_))[-1] // '' eq 'two=still here' } @other), 3, 'the other channel goes on');
@@ -211,7 +205,7 @@ server { listen 127.0.0.1:\$PORT; location /sub { cache_pass red; cache_subscrib
 HTTP
 @subs = (open_sse($port, '/sub?channel=turn'));
 pump(\@subs, 3, subscribed(@subs));
-ok(wait_until(sub { numsub('turn') == 1 }, 5), 'subscribed through the second server');
+ok(wait_until(sub { redis_numsub($redis, 'turn') == 1 }, 5), 'subscribed through the second server');
 like(nginx_error_log(), qr/\[error\].*cache: the subscribing connection to 127\.0\.0\.1:$closed of upstream "red" failed: connecting failed: .*refused/i,
     'the first one refused, logged');
 redis_cli($redis, 'publish', 'turn', 'arrived');
@@ -233,7 +227,7 @@ server {
 HTTP
 @subs = map { open_sse($port, '/sub?channel=secret') } 1 .. 2;
 pump(\@subs, 3, subscribed(@subs));
-ok(wait_until(sub { numsub('secret', $locked) == 1 }, 5), 'subscribed with the password');
+ok(wait_until(sub { redis_numsub($locked, 'secret') == 1 }, 5), 'subscribed with the password');
 (undef, $pbody) = publish('secret', 'hush');
 is($pbody, "{\"receivers\": 1}\n", 'a publish with the password');
 pump(\@subs, 3, sub { !grep { scalar(events($_)) < 1 } @subs });
@@ -245,7 +239,7 @@ pump(\@bad, 3, sub { ended($bad[0]) });
 ok(wait_until(sub { nginx_error_log() =~ /\[error\].*cache: AUTH was refused: WRONGPASS.*, by redis \S+ of upstream "127\.0\.0\.1:$locked->{port}" \(subscribing\); its subscriptions end/ }, 5),
     'a wrong password: an error line');
 ok(ended($bad[0]), 'and the stream ends');
-is(numsub('secret', $locked), 1, 'and no subscription with it');
+is(redis_numsub($locked, 'secret'), 1, 'and no subscription with it');
 close $_->{s} for @subs, @bad;
 stop_nginx();
 
@@ -290,7 +284,7 @@ server {
     location = /metrics { gateway_status; }
 }
 HTTP
-my ($worker) = grep { /^\d+$/ } split /\s+/, `pgrep -P $GatewayTest::NginxPid`;
+my ($worker) = nginx_workers();
 sub rss_kb { open my $f, '<', "/proc/$worker/status" or return 0; local $/; my $t = <$f>; $t =~ /VmRSS:\s+(\d+)/ ? $1 : 0 }
 # (a) 100 subscribers reset their connections in the middle of a burst of
 # 4,000 messages: the worker stays responsive, each is dropped once.
@@ -381,17 +375,7 @@ stop_nginx();
 # 13. TLS (cache_ssl): the subscribing connection verifies the server as
 # the location's requests do; a server of another authority or another
 # name is an error line, and nothing is subscribed.
-my $d = tempdir('ngx-gateway-tls-XXXXXX', TMPDIR => 1, CLEANUP => 1);
-chmod 0755, $d;
-sub openssl { system("openssl @_ >>$d/openssl.log 2>&1") == 0 or die "openssl @_ failed\n" }
-openssl("req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=test-ca -keyout $d/ca.key -out $d/ca.crt");
-openssl("req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=other-ca -keyout $d/other.key -out $d/other.crt");
-open my $ext, '>', "$d/server.ext" or die $!;
-print $ext "subjectAltName = DNS:localhost\n";
-close $ext;
-openssl("req -newkey rsa:2048 -nodes -subj /CN=localhost -keyout $d/server.key -out $d/server.csr");
-openssl("x509 -req -in $d/server.csr -CA $d/ca.crt -CAkey $d/ca.key -CAcreateserial -days 2 -out $d/server.crt -extfile $d/server.ext");
-chmod 0644, glob("$d/*");
+my $d = tls_files();
 my $tredis = start_redis(tls => { cert => "$d/server.crt", key => "$d/server.key", ca => "$d/ca.crt" });
 my $tls = $tredis->{tls_port};
 $port = nginx_start(<<"HTTP", workers => 1);
@@ -413,7 +397,7 @@ server {
 HTTP
 @subs = map { open_sse($port, '/sub?channel=sealed') } 1 .. 2;
 pump(\@subs, 3, subscribed(@subs));
-ok(wait_until(sub { numsub('sealed', $tredis) == 1 }, 5), 'subscribed over TLS');
+ok(wait_until(sub { redis_numsub($tredis, 'sealed') == 1 }, 5), 'subscribed over TLS');
 like(redis_cli($tredis, 'client', 'list'), qr/\bsub=1\b/, 'the subscribing connection is there');
 for my $i (1 .. 3) {
     my ($pst, $pbody) = publish('sealed', "tls $i" . ($i == 2 ? "\nsecond line" : ''));
@@ -425,7 +409,7 @@ is_deeply([events($_)], ['sealed=tls 1', 'sealed=tls 2|second line', 'sealed=tls
     'every message, in order, over TLS') for @subs;
 redis_cli($tredis, 'client', 'kill', 'type', 'pubsub');
 pump(\@subs, 6, sub { !grep { !grep { $_ eq 'reconnect=' } events($_) } @subs });
-ok(wait_until(sub { numsub('sealed', $tredis) == 1 }, 5), 'a new TLS handshake after the connection was killed');
+ok(wait_until(sub { redis_numsub($tredis, 'sealed') == 1 }, 5), 'a new TLS handshake after the connection was killed');
 redis_cli($tredis, 'publish', 'sealed', 'again');
 pump(\@subs, 5, sub { !grep { (events($_))[-1] ne 'sealed=again' } @subs });
 is(scalar(grep { (events($_))[-1] eq 'sealed=again' } @subs), 2, 'messages arrive after it');
@@ -436,7 +420,7 @@ ok(wait_until(sub { nginx_error_log() =~ /subscribing connection to \S+ of upstr
     'another authority: an error line');
 ok(wait_until(sub { nginx_error_log() =~ /subscribing connection to \S+ of upstream "wrong_name" failed: upstream SSL certificate does not match "elsewhere"/ }, 5),
     'another name: an error line');
-is(numsub('o', $tredis) + numsub('n', $tredis), 0, 'and nothing subscribed through them');
+is(redis_numsub($tredis, 'o') + redis_numsub($tredis, 'n'), 0, 'and nothing subscribed through them');
 close $_->{s} for @subs, @other_ca, @wrong_name;
 ok(wait_until(sub { pubsub_clients($tredis) == 0 }, 3), 'the TLS connection closes once nobody listens');
 unlike(nginx_error_log(), qr/\[(alert|emerg)\]|exited on signal/, 'no alert, no worker died');

@@ -16,7 +16,7 @@ BEGIN {
     }
 }
 use SseClient qw(open_sse pump events subscribed subscribers);
-use GatewayTest qw(http_request wait_until nginx_start stop_nginx nginx_error_log psql stretch start_redis);
+use GatewayTest qw(http_request wait_until nginx_start stop_nginx nginx_error_log psql stretch start_redis nginx_workers);
 use IO::Socket::INET;
 use Socket ();
 use Test::More;
@@ -30,7 +30,6 @@ sub part { !$ENV{PARTS} || index($ENV{PARTS}, $_[0]) >= 0 }
 
 
 # The one worker of the nginx just started.
-sub find_worker { my ($w) = grep { /^\d+$/ } split /\s+/, `pgrep -P $GatewayTest::NginxPid`; $w }
 sub status_kb {
     my ($what) = @_;
     open my $f, '<', "/proc/$worker/status" or return 0;
@@ -93,7 +92,7 @@ sub forget {
 sub start_with_reader {
     my ($http, $fast_path) = @_;
     $port = nginx_start($http, workers => 1);
-    wait_until(sub { $worker = find_worker() }, 5) or die 'no worker';
+    wait_until(sub { ($worker) = nginx_workers() }, 5) or die 'no worker';
     @fast = (open_sse($port, $fast_path));
     pump(\@fast, stretch(5), subscribed(@fast));
 }

@@ -9,7 +9,7 @@ use strict;
 use warnings;
 use lib 't/lib';
 use SseClient;
-use GatewayTest qw(nginx_start stop_nginx nginx_error_log start_redis redis_cli wait_until stretch);
+use GatewayTest qw(nginx_start stop_nginx nginx_error_log start_redis redis_cli wait_until stretch redis_connections);
 use HttpClient qw(keepalive_requests);
 use Test::More;
 use Time::HiRes qw(time);
@@ -30,7 +30,7 @@ EOF
 
 # The connections Redis accepted, less redis-cli's own (one a call).
 my $cli = 0;
-sub conns { $cli++; return (redis_cli($redis, 'info', 'stats') =~ /total_connections_received:(\d+)/)[0] - $cli }
+sub conns { $cli++; return redis_connections($redis) - $cli }
 sub refusals { my $log = shift; return scalar(() = $log =~ /\[error\].*AUTH was refused/g) }
 
 # Requests with wrong passwords, each password 25 times in a row on one

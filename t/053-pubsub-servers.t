@@ -12,7 +12,7 @@ use warnings;
 use lib 't/lib';
 use SseClient qw(open_sse pump events subscribed);
 use GatewayTest qw(http_request wait_until nginx_start stop_nginx nginx_error_log start_redis redis_cli kill_redis
-    psql pg_server_line stretch);
+    psql pg_server_line stretch redis_numsub);
 use Test::More;
 use Time::HiRes qw(sleep time);
 
@@ -20,12 +20,6 @@ my @red = map { start_redis() } 1 .. 2;
 my ($ra, $rb) = map { "127.0.0.1:$_->{port}" } @red;
 my $port;
 
-
-sub numsub {
-    my ($r, $ch) = @_;
-    my (undef, $n) = split /\n/, redis_cli($r, 'pubsub', 'numsub', $ch);
-    return $n // -1;
-}
 
 # How many PUBLISH a server has run.
 sub publishes {
@@ -68,7 +62,7 @@ for my $case (['hash', '/hsub', '/hpub'], ['round robin', '/rsub', '/rpub']) {
     my @subs = (open_sse($port, "$sub?channel=$ch"));
     pump(\@subs, stretch(5), subscribed(@subs));
     like($subs[0]{buf}, qr/: subscribed/, "$name: subscribed");
-    is_deeply([map { numsub($_, $ch) } @red], [1, 1], "$name: the hub subscribed on both servers");
+    is_deeply([map { redis_numsub($_, $ch) } @red], [1, 1], "$name: the hub subscribed on both servers");
     my @before = map { publishes($_) } @red;
     my @said;
     for my $i (1 .. 20) {
@@ -81,7 +75,7 @@ for my $case (['hash', '/hsub', '/hpub'], ['round robin', '/rsub', '/rpub']) {
     pump(\@subs, stretch(5), sub { events($subs[0]) >= 20 });
     is_deeply([events($subs[0])], [map { "$ch=event $_" } 1 .. 20], "$name: the subscriber got all twenty, in order");
     close $subs[0]{s};
-    ok(wait_until(sub { numsub($red[0], $ch) == 0 && numsub($red[1], $ch) == 0 }, 5),
+    ok(wait_until(sub { redis_numsub($red[0], $ch) == 0 && redis_numsub($red[1], $ch) == 0 }, 5),
         "$name: UNSUBSCRIBE on both once the subscriber left");
 }
 
