@@ -6,7 +6,7 @@
 # servers: $upstream_addr, $upstream_status and $upstream_response_time in
 # the access log, the upstream label of gateway_status (cache_subscribe
 # and sqldb_listen). (A cache_cluster upstream subscribes on one node: the
-# cluster carries every PUBLISH to all its nodes; t/035.)
+# cluster carries every PUBLISH to all its nodes; t/204.)
 use strict;
 use warnings;
 use lib 't/lib';

@@ -5,7 +5,7 @@
 # UNSUBSCRIBE as channels gain and lose subscribers, closed when nobody is
 # left; a killed connection comes back (event: reconnect); with one of two
 # servers down, the other carries the subscription; cache_auth; a hostile
-# server; metrics; a reload; nginx -t. (Several servers: t/053.)
+# server; metrics; a reload; nginx -t. (Several servers: t/211.)
 use strict;
 use warnings;
 use lib 't/lib';
