@@ -195,8 +195,8 @@ test-checks:
 # free loopback ports and its own folders under TMPDIR. The longest go
 # first, so that the others fill in beside them (t/run-suite).
 PROVE_JOBS ?= 2
-SLOW_FIRST := t/042-cache-pubsub.t t/008-faults.t t/046-cache-pipeline.t t/035-cluster.t t/038-listen.t \
-              t/024-pg-faults.t t/029-load-and-leave.t
+SLOW_FIRST := t/206-cache-pubsub.t t/106-faults.t t/208-cache-pipeline.t t/204-cluster.t t/128-listen.t \
+              t/118-pg-faults.t t/122-load-and-leave.t
 TESTS      ?= $(SLOW_FIRST) $(filter-out $(SLOW_FIRST),$(sort $(wildcard t/*.t)))
 PROVE       = PROVE_JOBS=$(PROVE_JOBS) PROVE_FLAGS="$(PROVE_FLAGS)" t/run-suite $(TESTS)
 

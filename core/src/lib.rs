@@ -22,3 +22,5 @@ pub mod sql;
 pub mod sse;
 pub mod target;
 pub mod template;
+#[cfg(any(test, feature = "testrng"))]
+pub mod testrng;

@@ -192,11 +192,9 @@ mod tests {
         let mut s = Slab::default();
         let mut live = Vec::new();
         let mut dead = Vec::new();
-        let mut x: u64 = 88172645463325252;
+        let mut rng = crate::testrng::TestRng::new(88172645463325252);
         for i in 0..10_000u32 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = rng.next_u64();
             if x.is_multiple_of(3) && !live.is_empty() {
                 let (k, v) = live.swap_remove((x as usize / 3) % live.len());
                 assert_eq!(s.remove(k), Some(v));

@@ -6,26 +6,12 @@
 //! A failing input is written to fuzz/target/stable-failures/<target>-<n>,
 //! to be replayed with `cargo fuzz run <target> <file>` or this test.
 
+use gateway_core::testrng::TestRng;
 use gateway_core_fuzz::checks::TARGETS;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
 const DEFAULT_RUNS: usize = 100_000;
-
-/// xorshift64*.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
 
 fn seeds(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus").join(target);
@@ -41,31 +27,31 @@ fn seeds(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
 }
 
 /// Random bytes, short ones more often than long ones.
-fn random_input(rng: &mut Rng) -> Vec<u8> {
-    let len = match rng.below(4) {
-        0 => rng.below(8),
-        1 | 2 => rng.below(64),
-        _ => rng.below(1024),
+fn random_input(rng: &mut TestRng) -> Vec<u8> {
+    let len = match rng.index(4) {
+        0 => rng.index(8),
+        1 | 2 => rng.index(64),
+        _ => rng.index(1024),
     };
-    (0..len).map(|_| rng.next() as u8).collect()
+    (0..len).map(|_| rng.next_u64() as u8).collect()
 }
 
 /// A seed with a few bytes changed, inserted, removed, or a piece of
 /// another seed put in.
-fn mutate(rng: &mut Rng, seed: &[u8], other: &[u8]) -> Vec<u8> {
+fn mutate(rng: &mut TestRng, seed: &[u8], other: &[u8]) -> Vec<u8> {
     let mut v = seed.to_vec();
-    for _ in 0..1 + rng.below(4) {
-        let at = rng.below(v.len() + 1);
-        match rng.below(5) {
-            0 if at < v.len() => v[at] = rng.next() as u8,
-            1 if at < v.len() => v[at] ^= 1 << rng.below(8),
-            2 => v.insert(at, rng.next() as u8),
+    for _ in 0..1 + rng.index(4) {
+        let at = rng.index(v.len() + 1);
+        match rng.index(5) {
+            0 if at < v.len() => v[at] = rng.next_u64() as u8,
+            1 if at < v.len() => v[at] ^= 1 << rng.index(8),
+            2 => v.insert(at, rng.next_u64() as u8),
             3 if at < v.len() => {
                 v.remove(at);
             }
             _ => {
-                let from = rng.below(other.len() + 1);
-                let to = from + rng.below(other.len() - from + 1);
+                let from = rng.index(other.len() + 1);
+                let to = from + rng.index(other.len() - from + 1);
                 v.splice(at..at, other[from..to].iter().copied());
             }
         }
@@ -93,15 +79,15 @@ fn run(target: &str) {
     for (i, (path, seed)) in seeds.iter().enumerate() {
         try_one(i, seed, &format!("seed {}", path.display()));
     }
-    let mut rng = Rng(target.bytes().fold(0x9E37_79B9_7F4A_7C15, |h, b| {
+    let mut rng = TestRng::new(target.bytes().fold(0x9E37_79B9_7F4A_7C15, |h, b| {
         (h ^ b as u64).wrapping_mul(0x100_0000_01B3)
     }));
     for n in 0..runs {
         let input = if n % 2 == 0 {
             random_input(&mut rng)
         } else {
-            let a = &seeds[rng.below(seeds.len())].1;
-            let b = &seeds[rng.below(seeds.len())].1;
+            let a = &seeds[rng.index(seeds.len())].1;
+            let b = &seeds[rng.index(seeds.len())].1;
             mutate(&mut rng, a, b)
         };
         try_one(n, &input, &format!("random input {n}"));

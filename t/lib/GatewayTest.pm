@@ -39,7 +39,8 @@ $SIG{PIPE} = 'IGNORE';
 
 our @EXPORT_OK = qw(http_request wait_until pg_server_line start_servers stop_servers psql rds rds_rows rds_command free_port pg_bin pg_stop pg_start
     pg_restart start_extra_pg start_standby_pg nginx_signal nginx_exited start_redis kill_redis redis_cli garbage_port
-    nginx_start stop_nginx nginx_error_log http_send http_read http_get stretch under_valgrind);
+    nginx_start stop_nginx nginx_error_log http_send http_read http_get stretch under_valgrind listen_socket pg_sessions
+    redis_info redis_connections redis_numsub key_slot tls_files nginx_workers);
 
 sub stretch ($) { ValgrindCheck::stretch($_[0]) }
 sub under_valgrind () { ValgrindCheck::enabled() }
@@ -312,6 +313,13 @@ sub psql {
     return $out;
 }
 
+# The sessions of an application_name (a sqldb_server's application_name=,
+# or ngx_gateway's own) in pg_stat_activity, a number.
+sub pg_sessions {
+    my ($app) = @_;
+    return psql("select count(*) from pg_stat_activity where application_name = '$app'") + 0;
+}
+
 # Stops and starts a test server (for tests of a server that goes away):
 # the main one, or an instance from start_extra_pg.
 sub pg_ctl {
@@ -477,6 +485,73 @@ sub redis_cli {
     return $out;
 }
 
+# One field of an instance's INFO section (undef when it is not there).
+sub redis_info {
+    my ($r, $section, $name) = @_;
+    my ($v) = redis_cli($r, 'INFO', $section) =~ /^\Q$name\E:(\d+)/m;
+    return $v;
+}
+
+# The connections instances accepted (total_connections_received, summed),
+# as Redis counts them: redis-cli's own included, one a redis_cli call
+# (this one's too).
+sub redis_connections {
+    my $n = 0;
+    $n += redis_info($_, 'stats', 'total_connections_received') // 0 for @_;
+    return $n;
+}
+
+# The subscribers of a channel on an instance (PUBSUB NUMSUB), -1 when it
+# does not answer.
+sub redis_numsub {
+    my ($r, $channel) = @_;
+    my (undef, $n) = split /\n/, redis_cli($r, 'pubsub', 'numsub', $channel);
+    return $n // -1;
+}
+
+# The slot of a key, as Redis Cluster computes it: CRC16/XMODEM of the key
+# (of its hash tag, the part between the first { and the next }, when that
+# is not empty), modulo 16384.
+sub crc16 {
+    my $crc = 0;
+    for my $c (unpack 'C*', shift) {
+        $crc ^= $c << 8;
+        for (1 .. 8) { $crc = $crc & 0x8000 ? (($crc << 1) ^ 0x1021) & 0xffff : ($crc << 1) & 0xffff }
+    }
+    return $crc;
+}
+
+sub key_slot {
+    my $k = shift;
+    $k = $1 if $k =~ /^[^{]*\{([^}]+)\}/;
+    return crc16($k) & 16383;
+}
+
+# Certificates for TLS tests, in a temporary folder open to nginx's workers
+# (returned): two authorities, ca.crt and other.crt (with their .key); and
+# signed by ca, server.crt (CN and subjectAltName localhost) and client.crt
+# (CN gateway-client), with their .key. openssl's output goes to
+# openssl.log there.
+sub tls_files {
+    my $d = tempdir('ngx-gateway-tls-XXXXXX', TMPDIR => 1, CLEANUP => 1);
+    chmod 0755, $d;
+    my $openssl = sub { system("openssl @_ >>$d/openssl.log 2>&1") == 0 or die "openssl @_ failed\n" };
+    for my $ca (qw(ca other)) {
+        $openssl->("req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=test-$ca -keyout $d/$ca.key -out $d/$ca.crt");
+    }
+    open my $ext, '>', "$d/server.ext" or die $!;
+    print $ext "subjectAltName = DNS:localhost\n";
+    close $ext;
+    for my $who (qw(server client)) {
+        $openssl->("req -newkey rsa:2048 -nodes -subj /CN=" . ($who eq 'server' ? 'localhost' : 'gateway-client')
+            . " -keyout $d/$who.key -out $d/$who.csr");
+        $openssl->("x509 -req -in $d/$who.csr -CA $d/ca.crt -CAkey $d/ca.key -CAcreateserial -days 2 -out $d/$who.crt"
+            . ($who eq 'server' ? " -extfile $d/server.ext" : ''));
+    }
+    chmod 0644, glob("$d/*");
+    return $d;
+}
+
 # Kills an instance at once (SIGKILL: no goodbye to its clients or peers).
 sub kill_redis {
     my ($r) = @_;
@@ -599,6 +674,20 @@ sub nginx_exited {
     return 1 unless $NginxPid;
     if (waitpid($NginxPid, WNOHANG) == $NginxPid) { $NginxPid = undef; valgrind_verdict(); return 1 }
     return 0;
+}
+
+# The workers of the nginx that nginx_start started (the master's children
+# that have not exited), lowest pid first.
+sub nginx_workers {
+    my $master = $NginxPid or return ();
+    my @w;
+    for my $stat (glob '/proc/[0-9]*/stat') {
+        open my $fh, '<', $stat or next;
+        my $line = <$fh> // next;
+        my ($pid, $state, $ppid) = $line =~ /^(\d+) \(.*\) (\S) (\d+)/ or next;
+        push @w, $pid if $ppid == $master && $state ne 'Z';
+    }
+    return sort { $a <=> $b } @w;
 }
 
 sub nginx_error_log {

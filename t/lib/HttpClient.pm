@@ -18,7 +18,7 @@ use ValgrindCheck ();
 # instead of killing the test process with SIGPIPE.
 $SIG{PIPE} = 'IGNORE';
 
-our @EXPORT_OK = qw(response_length parse_response keepalive_requests);
+our @EXPORT_OK = qw(response_length parse_response unchunk keepalive_requests);
 
 # The length of the first whole response in $buf, or undef when it is not
 # all there (or is framed by the connection closing).
@@ -49,6 +49,20 @@ sub response_length {
     return undef;
 }
 
+# A chunked body, decoded: the data of its chunks up to the last chunk, or
+# up to the first chunk that is cut short or not followed by CRLF.
+sub unchunk {
+    my ($body) = @_;
+    my $out = '';
+    while ($body =~ s/^([0-9a-fA-F]+)[^\r\n]*\r\n//) {
+        my $n = hex $1;
+        last if $n == 0;
+        $out .= substr($body, 0, $n, '');
+        last unless $body =~ s/^\r\n//;
+    }
+    return $out;
+}
+
 # (status, {lower-case header => value}, body) of one whole response.
 sub parse_response {
     my ($buf, $head_only) = @_;
@@ -62,16 +76,7 @@ sub parse_response {
         my ($k, $v) = /^([^:]+):\s*(.*)$/ or next;
         $h{lc $k} = exists $h{lc $k} ? "$h{lc $k}, $v" : $v;
     }
-    if (!$head_only && ($h{'transfer-encoding'} || '') =~ /chunked/i) {
-        my $out = '';
-        while ($body =~ s/^([0-9a-fA-F]+)[^\r\n]*\r\n//) {
-            my $n = hex $1;
-            last if $n == 0;
-            $out .= substr($body, 0, $n, '');
-            $body =~ s/^\r\n//;
-        }
-        $body = $out;
-    }
+    $body = unchunk($body) if !$head_only && ($h{'transfer-encoding'} || '') =~ /chunked/i;
     $body = '' if $head_only;
     return ($status, \%h, $body);
 }

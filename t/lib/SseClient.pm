@@ -4,23 +4,29 @@ package SseClient;
 # cache_subscribe), for the tests: open a stream, read what arrives on many
 # at once, and list the events each one got.
 #
-#   my @subs = map { SseClient::open_sse($port, '/events?channel=a') } 1 .. 3;
-#   SseClient::pump(\@subs, 5, sub { ... enough? });
-#   my @events = SseClient::events($subs[0]);    # "NAME=line1|line2", ...
-#   SseClient::metric($port, 'subscribers', 'cache_subscribe');  # from /metrics
+#   use SseClient qw(open_sse pump events subscribed subscribers);
+#   my @subs = map { open_sse($port, '/events?channel=a') } 1 .. 3;
+#   pump(\@subs, 5, subscribed(@subs));         # or sub { ... enough? }
+#   my @events = events($subs[0]);              # "NAME=line1|line2", ...
+#   subscribers($port, 'cache_subscribe');      # the gauge, from /metrics
 
 use strict;
 use warnings;
+use Exporter 'import';
 use IO::Select;
 use IO::Socket::INET;
 use Time::HiRes qw(time);
 use GatewayTest qw(http_request);
 
-# A subscriber: the socket, with what it has read so far.
+our @EXPORT_OK = qw(open_sse pump body events metric subscribers subscribed);
+
+# A subscriber: the socket, with what it has read so far. More header
+# lines ("Name: value") may follow the path; they are sent after Host.
 sub open_sse {
-    my ($port, $path) = @_;
+    my ($port, $path, @headers) = @_;
     my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port) or die $!;
-    print $s "GET $path HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    my $more = join '', map { "$_\r\n" } @headers;
+    print $s "GET $path HTTP/1.1\r\nHost: localhost\r\n$more\r\n";
     return { s => $s, buf => '' };
 }
 
@@ -90,6 +96,11 @@ sub metric {
     return $n;
 }
 
+# The subscribers gauge of a source (sqldb_listen, cache_subscribe).
+sub subscribers {
+    my ($port, $source) = @_;
+    return metric($port, 'subscribers', $source);
+}
 
 # A check for pump: every one of the subscribers has its ": subscribed" line.
 sub subscribed {

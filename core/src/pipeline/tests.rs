@@ -8,6 +8,7 @@
 //! server dropped is sent again while the query runs.
 
 use super::*;
+use crate::testrng::TestRng as Rng;
 
 const P: Mode = Mode::Pipelined { preparing: false };
 const PREP: Mode = Mode::Pipelined { preparing: true };
@@ -578,20 +579,6 @@ fn severities_and_sqlstates() {
 
 // ------------------------------------------------------- random sequences ----
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 /// What went out for one request (or the gateway's DEALLOCATE).
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Sent {
@@ -976,7 +963,7 @@ impl Sim {
         let mut sim = Sim {
             p: Pipeline::connecting(1, false),
             seen: Seen::default(),
-            rng: Rng(seed | 1),
+            rng: Rng::new(seed),
             server: Default::default(),
             log: Log::default(),
             next_req: 2,

@@ -5,7 +5,7 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_send http_read psql);
+use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_send http_read psql pg_sessions);
 use Test::More;
 use Time::HiRes qw(sleep time);
 
@@ -30,15 +30,13 @@ server {
 }
 HTTP
 
-sub connections { psql("select count(*) from pg_stat_activity where application_name = 'bound'") }
-
 my @paths = ((map { '/stream' } 1 .. 6), (map { '/several' } 1 .. 4), (map { '/plain' } 1 .. 6));
 my @socks = map { [$_, http_send($port, $_)] } @paths;
 # Watch the server side while they run.
 my $most = 0;
 my $deadline = time + 3;
 while (time < $deadline) {
-    my $n = connections();
+    my $n = pg_sessions('bound');
     $most = $n if $n > $most;
     sleep 0.05;
 }

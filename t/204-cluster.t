@@ -8,7 +8,7 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(nginx_start stop_nginx nginx_error_log start_redis kill_redis redis_cli free_port stretch wait_until);
+use GatewayTest qw(nginx_start stop_nginx nginx_error_log start_redis kill_redis redis_cli free_port stretch wait_until key_slot redis_numsub);
 use HttpClient qw(keepalive_requests);
 use FakeRedis;
 use SseClient;
@@ -16,22 +16,6 @@ use Test::More;
 use Time::HiRes qw(sleep time);
 use POSIX ();
 use File::Temp qw(tempdir);
-
-# CRC16/XMODEM and hash tags, as Redis Cluster computes a key's slot.
-sub crc16 {
-    my $crc = 0;
-    for my $c (unpack 'C*', shift) {
-        $crc ^= $c << 8;
-        for (1 .. 8) { $crc = $crc & 0x8000 ? (($crc << 1) ^ 0x1021) & 0xffff : ($crc << 1) & 0xffff }
-    }
-    return $crc;
-}
-
-sub key_slot {
-    my $k = shift;
-    $k = $1 if $k =~ /^[^{]*\{([^}]+)\}/;
-    return crc16($k) & 16383;
-}
 
 # A key of a given slot.
 sub key_in_slot {
@@ -164,10 +148,10 @@ is($named, 30, 'GET: each value, and $upstream_addr names the owning master');
 # and through cache_publish reaches the subscriber.
 {
     my @subs = (SseClient::open_sse($port, '/sub?channel=cl'));
-    SseClient::pump(\@subs, stretch(5), sub { $subs[0]{buf} =~ /: subscribed/ });
+    SseClient::pump(\@subs, stretch(5), SseClient::subscribed(@subs));
     like($subs[0]{buf}, qr/: subscribed/, 'pub/sub: subscribed');
     my $on = 0;
-    $on += (split /\n/, redis_cli($_, 'pubsub', 'numsub', 'cl'))[1] // 0 for @nodes;
+    $on += redis_numsub($_, 'cl') for @nodes;
     is($on, 1, 'pub/sub: one subscribing connection in the whole cluster');
     redis_cli($_, 'publish', 'cl', "on $_->{port}") for @masters;
     my $r = req(['POST', '/pub?channel=cl', 'through the gateway']);

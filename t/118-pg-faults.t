@@ -6,7 +6,7 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(wait_until nginx_start stop_nginx nginx_error_log http_send http_read http_get psql pg_start stretch under_valgrind);
+use GatewayTest qw(wait_until nginx_start stop_nginx nginx_error_log http_send http_read http_get psql pg_start stretch under_valgrind pg_sessions);
 use HttpClient qw(keepalive_requests);
 use IO::Socket::INET;
 use Test::More;
@@ -60,7 +60,6 @@ sub running {
     return psql("select count(*) from pg_stat_activity where application_name = 'faults' "
             . "and state = 'active' and query like '$like'");
 }
-sub gateway_connections { psql("select count(*) from pg_stat_activity where application_name = 'faults'") }
 
 
 # 1. A backend killed while its (prepared) query runs: 502, run once.
@@ -108,7 +107,7 @@ is((http_get($port, '/echo'))[1], 'echo', 'the next request is served');
 stop_nginx();
 $port = start('max=1');
 is((http_get($port, '/echo'))[1], 'echo', 'warm');
-my $conns = gateway_connections();
+my $conns = pg_sessions('faults');
 $s = http_send($port, '/sleep?s=30');
 ok(wait_until(sub { running('%pg_sleep%') == 1 }, 5), 'a slow query runs');
 close $s;
@@ -119,7 +118,7 @@ SKIP: {
     skip 'a latency bound: under valgrind a request alone can take a second', 1 if under_valgrind();
     cmp_ok(time - $t0, '<', stretch(2), 'at once');
 }
-is(gateway_connections(), $conns, 'on the same server connection (it was kept, not replaced)');
+is(pg_sessions('faults'), $conns, 'on the same server connection (it was kept, not replaced)');
 like(nginx_error_log(), qr/sqldb: cancel/, 'the cancel is logged');
 
 # 3. sqldb_result_timeout: 504, and the query is cancelled.
@@ -141,13 +140,13 @@ for (1 .. 300) {
     push @clients, $c;
 }
 sleep stretch(0.5);
-my $peak = gateway_connections();
+my $peak = pg_sessions('faults');
 close $_ for @clients;
 cmp_ok($peak, '<=', 8, "connections stayed within max per worker ($peak for 2 workers x 4)");
 ok(wait_until(sub { running('%pg_sleep%') == 0 }, 15), 'every abandoned query was cancelled');
 my @ok = map { (http_get($port, '/echo'))[1] } 1 .. 20;
 is_deeply(\@ok, [('echo') x 20], 'service goes on');
-cmp_ok(gateway_connections(), '<=', 8, 'still within the bound');
+cmp_ok(pg_sessions('faults'), '<=', 8, 'still within the bound');
 unlike(nginx_error_log(), qr/too many clients|remaining connection slots/, 'the server never ran out of connections');
 
 # 4b. Twelve gone requests pipelined on one connection, each query taking

@@ -10,7 +10,8 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_send http_read http_get psql wait_until stretch);
+use HttpClient qw(unchunk);
+use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_send http_read http_get psql wait_until stretch pg_sessions);
 use Socket qw(PF_INET SOCK_STREAM SOL_SOCKET SO_RCVBUF pack_sockaddr_in inet_aton);
 use IO::Handle;
 use Test::More;
@@ -85,20 +86,6 @@ sub read_some {
 
 # The gateway's sessions that run a stream's query now.
 sub streaming { psql("select count(*) from pg_stat_activity where application_name = '$app' and state = 'active' and query like '%repeat%'") + 0 }
-sub sessions { psql("select count(*) from pg_stat_activity where application_name = '$app'") + 0 }
-
-# The body of a chunked response, decoded.
-sub unchunk {
-    my ($body) = @_;
-    my $data = '';
-    while ($body =~ s/^([0-9a-fA-F]+)\r\n//) {
-        my $len = hex $1;
-        last if $len == 0;
-        $data .= substr($body, 0, $len, '');
-        $body =~ s/^\r\n//;
-    }
-    return $data;
-}
 
 # Plain requests, one after another: each one's status and time.
 sub plain_in_a_row {
@@ -124,7 +111,7 @@ my @plain = plain_in_a_row('/plain', 6);
 is_deeply([map { "$_->[0] $_->[1]" } @plain], [('200 plain') x 6], 'a plain location on the same upstream: 200, six times in a row');
 my ($slowest) = sort { $b <=> $a } map { $_->[2] } @plain;
 cmp_ok($slowest, '<', stretch($plain_timeout), sprintf('each well within its timeout (slowest %.2f s)', $slowest));
-cmp_ok(sessions(), '<=', 10, 'the pool stays within max=10 at the server');
+cmp_ok(pg_sessions($app), '<=', 10, 'the pool stays within max=10 at the server');
 is(streaming(), 5, 'the streams still hold 5 (the waiting ones took none)');
 
 # The clients leave: their queries are cancelled, the connections come back.

@@ -5,14 +5,14 @@
 # UNSUBSCRIBE as channels gain and lose subscribers, closed when nobody is
 # left; a killed connection comes back (event: reconnect); with one of two
 # servers down, the other carries the subscription; cache_auth; a hostile
-# server; metrics; a reload; nginx -t. (Several servers: t/053.)
+# server; metrics; a reload; nginx -t. (Several servers: t/211.)
 use strict;
 use warnings;
 use lib 't/lib';
-use SseClient;
+use SseClient qw(open_sse pump events subscribed subscribers metric);
 use FakeRedis;
 use GatewayTest qw(http_request wait_until nginx_start stop_nginx nginx_signal nginx_error_log start_redis redis_cli
-    free_port under_valgrind stretch);
+    free_port under_valgrind stretch redis_numsub tls_files nginx_workers);
 use IO::Socket::INET;
 use Socket ();
 use File::Temp qw(tempdir);
@@ -23,21 +23,11 @@ my $redis = start_redis();
 my $rport = $redis->{port};
 my $port;
 
-sub open_sse { SseClient::open_sse($port, @_) }
-sub pump { SseClient::pump(@_) }
-sub events { SseClient::events(@_) }
-sub subscribed { SseClient::subscribed(@_) }
 
 # The subscribing connections Redis has (of nginx: those of no name).
 sub pubsub_clients {
     my ($r) = @_;
     return scalar grep { /\bsub=[1-9]/ && /\bcmd=(subscribe|unsubscribe)\b/ } split /\n/, redis_cli($r // $redis, 'client', 'list');
-}
-
-sub numsub {
-    my ($ch, $r) = @_;
-    my (undef, $n) = split /\n/, redis_cli($r // $redis, 'pubsub', 'numsub', $ch);
-    return $n // -1;
 }
 
 sub publish {
@@ -72,7 +62,7 @@ sub status_with_channel {
 # 1. Six subscribers over both workers, twenty messages published through
 # the gateway and with redis-cli: each gets all of them, in order, and
 # nothing of another channel.
-my @subs = map { open_sse('/sub?channel=news') } 1 .. 6;
+my @subs = map { open_sse($port, '/sub?channel=news') } 1 .. 6;
 pump(\@subs, 5, subscribed(@subs));
 like($subs[0]{buf}, qr{^HTTP/1\.1 200 }, 'status 200');
 like($subs[0]{buf}, qr{Content-Type: text/event-stream}i, 'text/event-stream');
@@ -80,8 +70,8 @@ like($subs[0]{buf}, qr{Cache-Control: no-cache}i, 'not cached');
 is(scalar(grep { $_->{buf} =~ /: subscribed/ } @subs), 6, 'six subscribers are on');
 # (": subscribed" comes once Redis confirmed the SUBSCRIBE: nothing
 # published from then on is missed.)
-ok(numsub('news') >= 1, 'redis has the subscriptions');
-my $workers = numsub('news');
+ok(redis_numsub($redis, 'news') >= 1, 'redis has the subscriptions');
+my $workers = redis_numsub($redis, 'news');
 cmp_ok($workers, '<=', 2, "one subscribing connection per worker ($workers)");
 my @receivers;
 for my $i (1 .. 20) {
@@ -115,15 +105,15 @@ pump(\@subs, 6, sub { !grep { !grep { $_ eq 'reconnect=' } events($_) } @subs })
 is(scalar(grep { my @e = events($_); grep { $_ eq 'reconnect=' } @e } @subs), 6, 'every subscriber is told of the reconnect');
 like(nginx_error_log(), qr/\[error\].*cache: the subscribing connection to 127\.0\.0\.1:$rport of upstream "red" was lost: upstream prematurely closed connection; trying again in 1000 ms/,
     'one error line says the connection was lost');
-ok(wait_until(sub { numsub('news') == $workers }, 5), 'it subscribes again');
+ok(wait_until(sub { redis_numsub($redis, 'news') == $workers }, 5), 'it subscribes again');
 publish('news', 'after');
 pump(\@subs, 5, sub { !grep { (events($_))[-1] ne 'news=after' } @subs });
 is(scalar(grep { (events($_))[-1] eq 'news=after' } @subs), 6, 'messages after the reconnect arrive');
 
 # 4. A literal channel of any visible characters, its letter case kept.
-my @fixed = (open_sse('/fixed'));
+my @fixed = (open_sse($port, '/fixed'));
 pump(\@fixed, 3, subscribed(@fixed));
-ok(wait_until(sub { numsub('news:Sports') >= 1 }, 5), 'subscribed to news:Sports');
+ok(wait_until(sub { redis_numsub($redis, 'news:Sports') >= 1 }, 5), 'subscribed to news:Sports');
 redis_cli($redis, 'publish', 'news:Sports', 'cased');
 redis_cli($redis, 'publish', 'news:sports', 'not this one');
 pump(\@fixed, 3, sub { scalar(events($fixed[0])) >= 1 });
@@ -132,9 +122,9 @@ is_deeply([events($fixed[0])], ['news:Sports=cased'], 'the channel as written');
 # 5. Subscribers that leave are removed at once: the gauge, the events
 # counted, and nobody subscribed in Redis.
 close $_->{s} for @subs;
-ok(wait_until(sub { numsub('news') == 0 }, 3), 'UNSUBSCRIBE once the last subscriber left');
-ok(wait_until(sub { SseClient::metric($port, 'subscribers', 'cache_subscribe') == 1 }, 3), 'the subscribers gauge counts the one left');
-my $sent = SseClient::metric($port, 'events_sent_total', 'cache_subscribe');
+ok(wait_until(sub { redis_numsub($redis, 'news') == 0 }, 3), 'UNSUBSCRIBE once the last subscriber left');
+ok(wait_until(sub { subscribers($port, 'cache_subscribe') == 1 }, 3), 'the subscribers gauge counts the one left');
+my $sent = metric($port, 'events_sent_total', 'cache_subscribe');
 cmp_ok($sent, '>=', 6 * 22 + 1, "events counted ($sent)");
 my (undef, $m) = http_request($port, 'GET', '/metrics');
 my $published = 0;
@@ -168,9 +158,9 @@ is(status_with_channel('POST', '/hpub', "caf\xc3\xa9"), 400, 'publish to a chann
 my ($pst, $pbody) = publish('nobody', '');
 is("$pst $pbody", "200 {\"receivers\": 0}\n", 'an empty body to a channel of no subscriber');
 # A body larger than the client body buffer (in a temp file), whole.
-my @big = (open_sse('/sub?channel=big'));
+my @big = (open_sse($port, '/sub?channel=big'));
 pump(\@big, 3, subscribed(@big));
-ok(wait_until(sub { numsub('big') == 1 }, 5), 'subscribed to big');
+ok(wait_until(sub { redis_numsub($redis, 'big') == 1 }, 5), 'subscribed to big');
 my $payload = join '', map { chr(65 + $_ % 26) } 1 .. 300_000;
 ($pst) = publish('big', $payload);
 is($pst, 200, 'a 300 kB publish');
@@ -190,15 +180,15 @@ server {
     location /pub { cache_pass red; cache_publish \$arg_channel; }
 }
 HTTP
-@subs = map { open_sse('/sub?channel=one') } 1 .. 3;
-my @other = map { open_sse('/sub?channel=two') } 1 .. 3;
+@subs = map { open_sse($port, '/sub?channel=one') } 1 .. 3;
+my @other = map { open_sse($port, '/sub?channel=two') } 1 .. 3;
 pump([@subs, @other], 5, subscribed(@subs, @other));
-ok(wait_until(sub { numsub('one') == 1 && numsub('two') == 1 }, 5), 'one connection subscribes to both');
+ok(wait_until(sub { redis_numsub($redis, 'one') == 1 && redis_numsub($redis, 'two') == 1 }, 5), 'one connection subscribes to both');
 is(pubsub_clients(), 1, 'one subscribing connection');
 (undef, $pbody) = publish('one', 'x');
 is($pbody, "{\"receivers\": 1}\n", 'three subscribers of one worker: one receiver in Redis');
 close $_->{s} for @subs;
-ok(wait_until(sub { numsub('one') == 0 }, 3), 'UNSUBSCRIBE once the last subscriber of a channel left');
+ok(wait_until(sub { redis_numsub($redis, 'one') == 0 }, 3), 'UNSUBSCRIBE once the last subscriber of a channel left');
 publish('two', 'still here');
 pump(\@other, 5, sub { !grep { (events($_))[-1] // '' ne 'two=still here' } @other });
 is(scalar(grep { (events($_))[-1] // '' eq 'two=still here' } @other), 3, 'the other channel goes on');
@@ -213,9 +203,9 @@ $port = nginx_start(<<"HTTP", workers => 1);
 upstream red { server 127.0.0.1:$closed; server 127.0.0.1:$rport; }
 server { listen 127.0.0.1:\$PORT; location /sub { cache_pass red; cache_subscribe \$arg_channel; } }
 HTTP
-@subs = (open_sse('/sub?channel=turn'));
+@subs = (open_sse($port, '/sub?channel=turn'));
 pump(\@subs, 3, subscribed(@subs));
-ok(wait_until(sub { numsub('turn') == 1 }, 5), 'subscribed through the second server');
+ok(wait_until(sub { redis_numsub($redis, 'turn') == 1 }, 5), 'subscribed through the second server');
 like(nginx_error_log(), qr/\[error\].*cache: the subscribing connection to 127\.0\.0\.1:$closed of upstream "red" failed: connect\(\) failed .*refused/i,
     'the first one refused, logged');
 redis_cli($redis, 'publish', 'turn', 'arrived');
@@ -235,21 +225,21 @@ server {
     location /pub { cache_pass 127.0.0.1:$locked->{port}; cache_auth s3cret; cache_publish \$arg_channel; }
 }
 HTTP
-@subs = map { open_sse('/sub?channel=secret') } 1 .. 2;
+@subs = map { open_sse($port, '/sub?channel=secret') } 1 .. 2;
 pump(\@subs, 3, subscribed(@subs));
-ok(wait_until(sub { numsub('secret', $locked) == 1 }, 5), 'subscribed with the password');
+ok(wait_until(sub { redis_numsub($locked, 'secret') == 1 }, 5), 'subscribed with the password');
 (undef, $pbody) = publish('secret', 'hush');
 is($pbody, "{\"receivers\": 1}\n", 'a publish with the password');
 pump(\@subs, 3, sub { !grep { scalar(events($_)) < 1 } @subs });
 is_deeply([map { events($_) } @subs], ['secret=hush', 'secret=hush'], 'both subscribers get it');
-my @bad = (open_sse('/bad?channel=secret'));
+my @bad = (open_sse($port, '/bad?channel=secret'));
 # (The stream's last chunk: the client's connection is kept.)
 sub ended { my $s = shift; return $s->{eof} || $s->{buf} =~ /\r\n0\r\n\r\n\z/ }
 pump(\@bad, 3, sub { ended($bad[0]) });
 ok(wait_until(sub { nginx_error_log() =~ /\[error\].*cache: AUTH was refused: WRONGPASS.*, by redis \S+ of upstream "127\.0\.0\.1:$locked->{port}" \(subscribing\); its subscriptions end/ }, 5),
     'a wrong password: an error line');
 ok(ended($bad[0]), 'and the stream ends');
-is(numsub('secret', $locked), 1, 'and no subscription with it');
+is(redis_numsub($locked, 'secret'), 1, 'and no subscription with it');
 close $_->{s} for @subs, @bad;
 stop_nginx();
 
@@ -269,7 +259,7 @@ my $fake = FakeRedis->start($script);
 $port = nginx_start(<<"HTTP", workers => 1);
 server { listen 127.0.0.1:\$PORT; location /sub { cache_pass 127.0.0.1:@{[ $fake->port ]}; cache_subscribe h; } }
 HTTP
-@subs = (open_sse('/sub'));
+@subs = (open_sse($port, '/sub'));
 pump(\@subs, 8, sub { grep { $_ eq 'h=last' } events($subs[0]) });
 is_deeply([events($subs[0])], ['h=ok', 'h=d|r', 'reconnect=', 'h=last'],
     'the good messages, then one reconnect once a connection works again');
@@ -294,12 +284,11 @@ server {
     location = /metrics { gateway_status; }
 }
 HTTP
-my ($worker) = grep { /^\d+$/ } split /\s+/, `pgrep -P $GatewayTest::NginxPid`;
+my ($worker) = nginx_workers();
 sub rss_kb { open my $f, '<', "/proc/$worker/status" or return 0; local $/; my $t = <$f>; $t =~ /VmRSS:\s+(\d+)/ ? $1 : 0 }
-sub gauge { SseClient::metric($port, 'subscribers', 'cache_subscribe') }
 # (a) 100 subscribers reset their connections in the middle of a burst of
 # 4,000 messages: the worker stays responsive, each is dropped once.
-my @gone = map { open_sse('/sub?channel=burst') } 1 .. 100;
+my @gone = map { open_sse($port, '/sub?channel=burst') } 1 .. 100;
 pump(\@gone, 5, subscribed(@gone));
 my $burst = join '', map { "PUBLISH burst " . ('m' x 500) . "$_\r\n" } 1 .. 2000;
 my $rc = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $rport) or die $!;
@@ -313,12 +302,12 @@ my $t = time;
 my ($mst) = http_request($port, 'GET', '/metrics');
 is($mst, 200, 'the worker answers during the burst');
 cmp_ok(time - $t, '<', stretch(4), 'at once');
-ok(wait_until(sub { gauge() == 0 }, 5), 'every subscriber that left is removed');
+ok(wait_until(sub { subscribers($port, 'cache_subscribe') == 0 }, 5), 'every subscriber that left is removed');
 my $drops = () = nginx_error_log() =~ /cache: a subscriber that cannot take events/g;
 cmp_ok($drops, '<=', 100, "each dropped once at most ($drops lines)");
 close $rc;
 # (b) A subscriber that reads 20 MB of events: the worker's memory stays flat.
-my @reader = (open_sse('/sub?channel=flow'));
+my @reader = (open_sse($port, '/sub?channel=flow'));
 pump(\@reader, 3, subscribed(@reader));
 my $before = rss_kb();
 my $payload10k = 'p' x 10_000;
@@ -346,9 +335,9 @@ socket(my $stuck, Socket::PF_INET(), Socket::SOCK_STREAM(), 0) or die $!;
 setsockopt($stuck, Socket::SOL_SOCKET(), Socket::SO_RCVBUF(), 4096) or die $!;
 connect($stuck, Socket::pack_sockaddr_in($port, Socket::inet_aton('127.0.0.1'))) or die $!;
 syswrite($stuck, "GET /sub?channel=heavy HTTP/1.1\r\nHost: x\r\n\r\n");
-my @heavy = (open_sse('/sub?channel=heavy'));
+my @heavy = (open_sse($port, '/sub?channel=heavy'));
 pump(\@heavy, 3, subscribed(@heavy));
-ok(wait_until(sub { gauge() == 2 }, 3), 'both subscribed');
+ok(wait_until(sub { subscribers($port, 'cache_subscribe') == 2 }, 3), 'both subscribed');
 my $big = join '', map { chr(97 + $_ % 26) } 1 .. 3_000_000;
 for my $i (1 .. 3) {
     my ($pst) = publish('heavy', "$i$big");
@@ -359,14 +348,14 @@ is_deeply([map { length } events($heavy[0])], [map { length("heavy=$_$big") } 1 
 # (One that has taken nothing for a second is dropped at the next event.)
 sleep 1.2;
 publish('heavy', 'one more');
-ok(wait_until(sub { gauge() == 1 }, 5), 'the one that does not read is dropped');
+ok(wait_until(sub { subscribers($port, 'cache_subscribe') == 1 }, 5), 'the one that does not read is dropped');
 like(nginx_error_log(), qr/\[info\].*cache: a subscriber that cannot take events \(gone, or more than 1048576 bytes behind\) is dropped/,
     'with an info line');
 close $stuck;
 close $heavy[0]{s};
 # (d) A password Redis refuses: the stream opens and ends, with no
 # ": subscribed" and no "reconnect" event (nothing was ever subscribed).
-my @wrong = (open_sse('/wrong'));
+my @wrong = (open_sse($port, '/wrong'));
 pump(\@wrong, 3.5, sub { ended($wrong[0]) });
 like($wrong[0]{buf}, qr{^HTTP/1\.1 200 }, 'the stream opens');
 ok(ended($wrong[0]), 'and ends');
@@ -386,17 +375,7 @@ stop_nginx();
 # 13. TLS (cache_ssl): the subscribing connection verifies the server as
 # the location's requests do; a server of another authority or another
 # name is an error line, and nothing is subscribed.
-my $d = tempdir('ngx-gateway-tls-XXXXXX', TMPDIR => 1, CLEANUP => 1);
-chmod 0755, $d;
-sub openssl { system("openssl @_ >>$d/openssl.log 2>&1") == 0 or die "openssl @_ failed\n" }
-openssl("req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=test-ca -keyout $d/ca.key -out $d/ca.crt");
-openssl("req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=other-ca -keyout $d/other.key -out $d/other.crt");
-open my $ext, '>', "$d/server.ext" or die $!;
-print $ext "subjectAltName = DNS:localhost\n";
-close $ext;
-openssl("req -newkey rsa:2048 -nodes -subj /CN=localhost -keyout $d/server.key -out $d/server.csr");
-openssl("x509 -req -in $d/server.csr -CA $d/ca.crt -CAkey $d/ca.key -CAcreateserial -days 2 -out $d/server.crt -extfile $d/server.ext");
-chmod 0644, glob("$d/*");
+my $d = tls_files();
 my $tredis = start_redis(tls => { cert => "$d/server.crt", key => "$d/server.key", ca => "$d/ca.crt" });
 my $tls = $tredis->{tls_port};
 $port = nginx_start(<<"HTTP", workers => 1);
@@ -416,9 +395,9 @@ server {
     location /name { cache_pass wrong_name; cache_ssl_name elsewhere; cache_subscribe n; }
 }
 HTTP
-@subs = map { open_sse('/sub?channel=sealed') } 1 .. 2;
+@subs = map { open_sse($port, '/sub?channel=sealed') } 1 .. 2;
 pump(\@subs, 3, subscribed(@subs));
-ok(wait_until(sub { numsub('sealed', $tredis) == 1 }, 5), 'subscribed over TLS');
+ok(wait_until(sub { redis_numsub($tredis, 'sealed') == 1 }, 5), 'subscribed over TLS');
 like(redis_cli($tredis, 'client', 'list'), qr/\bsub=1\b/, 'the subscribing connection is there');
 for my $i (1 .. 3) {
     my ($pst, $pbody) = publish('sealed', "tls $i" . ($i == 2 ? "\nsecond line" : ''));
@@ -430,18 +409,18 @@ is_deeply([events($_)], ['sealed=tls 1', 'sealed=tls 2|second line', 'sealed=tls
     'every message, in order, over TLS') for @subs;
 redis_cli($tredis, 'client', 'kill', 'type', 'pubsub');
 pump(\@subs, 6, sub { !grep { !grep { $_ eq 'reconnect=' } events($_) } @subs });
-ok(wait_until(sub { numsub('sealed', $tredis) == 1 }, 5), 'a new TLS handshake after the connection was killed');
+ok(wait_until(sub { redis_numsub($tredis, 'sealed') == 1 }, 5), 'a new TLS handshake after the connection was killed');
 redis_cli($tredis, 'publish', 'sealed', 'again');
 pump(\@subs, 5, sub { !grep { (events($_))[-1] ne 'sealed=again' } @subs });
 is(scalar(grep { (events($_))[-1] eq 'sealed=again' } @subs), 2, 'messages arrive after it');
-my @other_ca = (open_sse('/other'));
-my @wrong_name = (open_sse('/name'));
+my @other_ca = (open_sse($port, '/other'));
+my @wrong_name = (open_sse($port, '/name'));
 pump([@other_ca, @wrong_name], 3, subscribed(@other_ca, @wrong_name));
 ok(wait_until(sub { nginx_error_log() =~ /subscribing connection to \S+ of upstream "other_ca" failed: upstream SSL certificate verify error/ }, 5),
     'another authority: an error line');
 ok(wait_until(sub { nginx_error_log() =~ /subscribing connection to \S+ of upstream "wrong_name" failed: upstream SSL certificate does not match "elsewhere"/ }, 5),
     'another name: an error line');
-is(numsub('o', $tredis) + numsub('n', $tredis), 0, 'and nothing subscribed through them');
+is(redis_numsub($tredis, 'o') + redis_numsub($tredis, 'n'), 0, 'and nothing subscribed through them');
 close $_->{s} for @subs, @other_ca, @wrong_name;
 ok(wait_until(sub { pubsub_clients($tredis) == 0 }, 3), 'the TLS connection closes once nobody listens');
 unlike(nginx_error_log(), qr/\[(alert|emerg)\]|exited on signal/, 'no alert, no worker died');

@@ -9,7 +9,7 @@ use strict;
 use warnings;
 use lib 't/lib';
 use SseClient;
-use GatewayTest qw(nginx_start stop_nginx nginx_error_log start_redis redis_cli wait_until stretch);
+use GatewayTest qw(nginx_start stop_nginx nginx_error_log start_redis redis_cli wait_until stretch redis_connections);
 use HttpClient qw(keepalive_requests);
 use Test::More;
 use Time::HiRes qw(time);
@@ -30,7 +30,7 @@ EOF
 
 # The connections Redis accepted, less redis-cli's own (one a call).
 my $cli = 0;
-sub conns { $cli++; return (redis_cli($redis, 'info', 'stats') =~ /total_connections_received:(\d+)/)[0] - $cli }
+sub conns { $cli++; return redis_connections($redis) - $cli }
 sub refusals { my $log = shift; return scalar(() = $log =~ /\[error\].*AUTH was refused/g) }
 
 # Requests with wrong passwords, each password 25 times in a row on one
@@ -78,9 +78,7 @@ for my $where (qw(on off)) {
     my $mark = length nginx_error_log();
     my $before = conns();
     my @subs = map {
-        my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port) or die $!;
-        print $s "GET /sub?channel=c HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nX-Redis-Password: idle-$_\r\n\r\n";
-        { s => $s, buf => '' }
+        SseClient::open_sse($port, '/sub?channel=c', 'Connection: close', "X-Redis-Password: idle-$_");
     } 1 .. 20;
     SseClient::pump(\@subs, stretch(5), sub { !grep { !$_->{eof} } @subs });
     # One that comes back at once: 502, no connection.
@@ -96,17 +94,14 @@ for my $where (qw(on off)) {
     ok(!wait_until(sub { conns() - $before > 20 }, 2.5), 'in 2.5 s Redis got no more than one connection each (' . (conns() - $before) . ')');
     is(refusals(substr(nginx_error_log(), $mark)), 20, 'one error line each');
     # The right password subscribes and hears a publication.
-    my @good;
-    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port) or die $!;
-    print $s "GET /sub?channel=c HTTP/1.1\r\nHost: localhost\r\nX-Redis-Password: the-right-one\r\n\r\n";
-    @good = ({ s => $s, buf => '' });
-    SseClient::pump(\@good, 5, sub { $good[0]{buf} =~ /: subscribed/ });
+    my @good = (SseClient::open_sse($port, '/sub?channel=c', 'X-Redis-Password: the-right-one'));
+    SseClient::pump(\@good, 5, SseClient::subscribed(@good));
     like($good[0]{buf}, qr/: subscribed/, 'the right password subscribes');
     my $pub = (keepalive_requests($port, 10, ['POST', '/pub?channel=c', 'hello', { 'X-Redis-Password' => 'the-right-one' }]))[0];
     is($pub->{status}, 200, 'a publish with it');
     SseClient::pump(\@good, 5, sub { scalar(SseClient::events($good[0])) >= 1 });
     is_deeply([SseClient::events($good[0])], ['c=hello'], 'and the subscriber gets it');
-    close $s;
+    close $good[0]{s};
 }
 
 unlike(nginx_error_log(), qr/\[(alert|crit|emerg)\]|exited on signal/, 'no worker trouble');

@@ -8,7 +8,7 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(nginx_start stop_nginx nginx_error_log nginx_signal start_redis redis_cli kill_redis stretch);
+use GatewayTest qw(nginx_start stop_nginx nginx_error_log nginx_signal start_redis redis_cli kill_redis stretch redis_connections redis_info nginx_workers);
 use FakeRedis;
 use HttpClient qw(keepalive_requests parse_response);
 use IO::Socket::INET;
@@ -196,12 +196,6 @@ sub parallel {
     return (\@out, $secs);
 }
 
-sub stat_of {
-    my ($r, $section, $name) = @_;
-    my ($v) = redis_cli($r, 'INFO', $section) =~ /^\Q$name\E:(\d+)/m;
-    return $v // 0;
-}
-
 sub calls_of {
     my ($stats, $cmd) = @_;
     my ($v) = $stats =~ /^cmdstat_\Q$cmd\E:calls=(\d+)/m;
@@ -220,18 +214,6 @@ sub no_worker_trouble {
     is(scalar @bad, 0, $name) or diag(join "\n", @bad[0 .. ($#bad < 9 ? $#bad : 9)]);
 }
 
-sub worker_pids {
-    my $master = $GatewayTest::NginxPid or return ();
-    my @w;
-    for my $stat (glob '/proc/[0-9]*/stat') {
-        open my $fh, '<', $stat or next;
-        my $line = <$fh> // next;
-        my ($pid, $state, $ppid) = $line =~ /^(\d+) \(.*\) (\S) (\d+)/ or next;
-        push @w, $pid if $ppid == $master && $state ne 'Z';
-    }
-    return @w;
-}
-
 sub alive { my $pid = shift; open my $fh, '<', "/proc/$pid/stat" or return 0; (<$fh> // '') !~ /^\d+ \(.*\) Z/ }
 
 sub value_for { my ($tag, $len) = @_; my $v = "<$tag>"; $v .= chr(97 + length($v) % 26) x ($len - length $v) if $len > length $v; $v }
@@ -244,7 +226,7 @@ sub value_for { my ($tag, $len) = @_; my $v = "<$tag>"; $v .= chr(97 + length($v
     my @dbs = (undef, 0, 3, 7);
     # (A request of the warm-up so the counting below starts with nginx up.)
     is(req('GET', '/c/?k=warm-up')->{status}, 404, 'warm-up: a miss');
-    my $conns_before = stat_of($main, 'stats', 'total_connections_received');
+    my $conns_before = redis_connections($main);
     # Each child says it is ready, then waits for the go (the pipe closing).
     pipe(my $ready_r, my $ready_w) or die "pipe: $!";
     pipe(my $go_r, my $go_w) or die "pipe: $!";
@@ -312,7 +294,7 @@ sub value_for { my ($tag, $len) = @_; my $v = "<$tag>"; $v .= chr(97 + length($v
     }
     is($ok, $clients * $rounds * 8, "$clients clients at once: every one of the " . ($clients * $rounds * 8)
         . ' responses has its own status and value') or diag(join "\n", @fails[0 .. ($#fails < 14 ? $#fails : 14)]);
-    my $conns_after = stat_of($main, 'stats', 'total_connections_received');
+    my $conns_after = redis_connections($main);
     my $opened = $conns_after - $conns_before - 1;    # (the second INFO's own)
     my $live = nginx_clients($main);
     cmp_ok($opened, '<=', 8, "the worker opened at most 8 connections to Redis ($opened)");
@@ -339,7 +321,7 @@ sub value_for { my ($tag, $len) = @_; my $v = "<$tag>"; $v .= chr(97 + length($v
     my @codes = map { $_->{status} } @$res;
     is_deeply(\@codes, [(404) x 40], 'forty authenticated GETs at once: 404 each');
     my $stats = redis_cli($authd, 'INFO', 'commandstats');
-    my $conns = stat_of($authd, 'stats', 'total_connections_received') - 2;
+    my $conns = redis_connections($authd) - 2;
     my $auths = calls_of($stats, 'auth') - 1;
     cmp_ok($conns, '>=', 1, "the worker opened connections ($conns)");
     cmp_ok($conns, '<=', 8, 'at most 8');
@@ -357,7 +339,7 @@ sub value_for { my ($tag, $len) = @_; my $v = "<$tag>"; $v .= chr(97 + length($v
     $stats = redis_cli($authd, 'INFO', 'commandstats');
     cmp_ok(calls_of($stats, 'select'), '<=', 1, 'one SELECT at most for thirty requests in one database ('
         . calls_of($stats, 'select') . ')');
-    is(calls_of($stats, 'auth') - 1, stat_of($authd, 'stats', 'total_connections_received') - 2,
+    is(calls_of($stats, 'auth') - 1, redis_connections($authd) - 2,
         'and AUTH only with a new connection');
 
     # Forty at once, all in database 6, which no connection is in yet: a
@@ -369,7 +351,7 @@ sub value_for { my ($tag, $len) = @_; my $v = "<$tag>"; $v .= chr(97 + length($v
     is_deeply([map { "$_->{status} $_->{body}" } @$res], [('200 in six') x 40], 'forty reads of database 6 at once');
     $stats = redis_cli($authd, 'INFO', 'commandstats');
     my $selects = calls_of($stats, 'select');
-    my $used = stat_of($authd, 'clients', 'connected_clients') - 1;
+    my $used = redis_info($authd, 'clients', 'connected_clients') - 1;
     cmp_ok($selects, '<=', 10, "SELECTs far fewer than the forty requests ($selects SELECTs, $used connections open)");
     is(calls_of($stats, 'get'), 40, 'each GET ran once');
 
@@ -783,14 +765,14 @@ sub value_for { my ($tag, $len) = @_; my $v = "<$tag>"; $v .= chr(97 + length($v
     is("$r->{status} $r->{body}", '200 fallback', 'error_page 404 = /fallback, cache_pipeline on: a miss goes to the fallback');
     $r = req('GET', '/onep/?k=x&db=16');
     is("$r->{status} $r->{body}", '200 fallback', 'error_page 400 = /fallback: a database Redis refuses goes to the fallback');
-    my $before = stat_of($main, 'stats', 'total_connections_received');
+    my $before = redis_connections($main);
     @r = map { req('GET', '/off/?k=c-big') } 1 .. 5;
-    my $opened = stat_of($main, 'stats', 'total_connections_received') - $before - 1;
+    my $opened = redis_connections($main) - $before - 1;
     is($opened, 5, 'cache_pipeline off (no keepalive): a connection per request, nginx\'s upstream');
-    $before = stat_of($main, 'stats', 'total_connections_received');
+    $before = redis_connections($main);
     @r = map { req('PUT', "/off/?k=off-db$_&db=3", "db3 $_") } 1 .. 5;
     is_deeply([map { $_->{status} } @r], [(201) x 5], 'cache_pipeline off with $cache_db: stored');
-    $opened = stat_of($main, 'stats', 'total_connections_received') - $before - 1;
+    $opened = redis_connections($main) - $before - 1;
     cmp_ok($opened, '<=', 1, "over the shared connections ($opened opened)");
     is(redis_cli($main, '-n', 3, 'GET', 'off-db3'), 'db3 3', 'in database 3');
 }
@@ -799,7 +781,7 @@ sub value_for { my ($tag, $len) = @_; my $v = "<$tag>"; $v .= chr(97 + length($v
 {
     my @r = (req('GET', '/c/?k=small1'), req('GET', '/a/?k=five&db=5'), req('GET', '/f/?key=reload'));
     is_deeply([map { $_->{status} } @r], [200, 200, 200], 'shared connections open to three servers');
-    my @old = worker_pids();
+    my @old = nginx_workers();
     is(scalar @old, 1, 'one worker');
     my $mark = length nginx_error_log();
     my $t0 = time;
@@ -808,7 +790,7 @@ sub value_for { my ($tag, $len) = @_; my $v = "<$tag>"; $v .= chr(97 + length($v
     my $took = time - $t0;
     ok($exited, sprintf('the old worker exited %.3f s after the reload', $took));
     my @new;
-    GatewayTest::wait_until(sub { @new = grep { my $n = $_; !grep { $_ == $n } @old } worker_pids(); @new }, 5);
+    GatewayTest::wait_until(sub { @new = grep { my $n = $_; !grep { $_ == $n } @old } nginx_workers(); @new }, 5);
     is(scalar @new, 1, 'a new worker runs');
     @r = (req('PUT', '/c/?k=reloaded', 'yes'), req('GET', '/c/?k=reloaded'), req('GET', '/a/?k=five&db=5'),
         req('GET', '/f/?key=reload2'));
@@ -833,7 +815,7 @@ sub value_for { my ($tag, $len) = @_; my $v = "<$tag>"; $v .= chr(97 + length($v
         $c
     } 1 .. 4;
     sleep 0.3;
-    @old = worker_pids();
+    @old = nginx_workers();
     nginx_signal('HUP');
     my @st = map { (parse_response(read_response($_, stretch(10))))[0] // 'none' } @socks;
     waitpid $busy, 0;

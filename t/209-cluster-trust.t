@@ -11,7 +11,7 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(nginx_start stop_nginx nginx_error_log start_redis redis_cli free_port wait_until);
+use GatewayTest qw(nginx_start stop_nginx nginx_error_log start_redis redis_cli free_port wait_until key_slot redis_connections listen_socket);
 use HttpClient qw(keepalive_requests);
 use FakeRedis;
 use Test::More;
@@ -19,27 +19,11 @@ use IO::Socket::INET;
 use POSIX ();
 use File::Temp qw(tempdir);
 
-sub crc16 {
-    my $crc = 0;
-    for my $c (unpack 'C*', shift) {
-        $crc ^= $c << 8;
-        for (1 .. 8) { $crc = $crc & 0x8000 ? (($crc << 1) ^ 0x1021) & 0xffff : ($crc << 1) & 0xffff }
-    }
-    return $crc;
-}
-
-sub key_slot {
-    my $k = shift;
-    $k = $1 if $k =~ /^[^{]*\{([^}]+)\}/;
-    return crc16($k) & 16383;
-}
-
 my $tmp = tempdir('ngx-gateway-trust-XXXXXX', TMPDIR => 1, CLEANUP => 1);
 
 # The victim: accepts connections and writes down every byte it gets.
 sub start_victim {
-    my $l = IO::Socket::INET->new(Listen => 16, LocalAddr => '127.0.0.1', LocalPort => 0, ReuseAddr => 1)
-        or die "listen: $!";
+    my $l = listen_socket(16);
     my $file = "$tmp/victim";
     open my $fh, '>', $file or die $!;
     close $fh;
@@ -191,7 +175,6 @@ EOF
 
 sub req { return keepalive_requests($port, 10, @_) }
 sub nodes_of { my $r = shift; return $r->{headers}{'x-node'} // '-' }
-sub conns { my $t = 0; $t += (redis_cli($_, 'info', 'stats') =~ /total_connections_received:(\d+)/)[0] for @_; $t }
 sub commands_of { my ($fake, $re) = @_; return scalar grep { /^\d+: $re/ } $fake->log_lines }
 
 # The hostile node, with both settings of cache_pipeline (the first
@@ -243,11 +226,11 @@ is(scalar(grep { $got[$_]{status} == 200 && $got[$_]{body} eq "value of $keys[$_
 # A real master that the seed's map does not name yet is refused, and gets
 # nothing; once the map names it (a resharding), MOVED to it is followed.
 {
-    my $before = conns($by_port{$m3});
+    my $before = redis_connections($by_port{$m3});
     my $mark = length nginx_error_log();
     my @r = req(['GET', "/on/?key=$m3_key"], ['GET', "/off/?key=$m3_key"]);
     is_deeply([map { $_->{status} } @r], [502, 502], 'a master of no trusted map: 502');
-    is(conns($by_port{$m3}) - $before, 1, 'it got no connection from nginx (one: redis-cli\'s)');
+    is(redis_connections($by_port{$m3}) - $before, 1, 'it got no connection from nginx (one: redis-cli\'s)');
     like(substr(nginx_error_log(), $mark), qr/refused to follow "MOVED \d+ 127\.0\.0\.1:$m3" from redis cluster node 127\.0\.0\.1:$m1: 127\.0\.0\.1:$m3 is not/,
         'logged, with its address');
     # An up-to-date map (the refusal left it out of date) that does not name it.

@@ -10,7 +10,7 @@ BEGIN {
             . 'not nginx\'s, and 2 x 1,000,000 rows would take most of an hour');
     }
 }
-use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_send http_read);
+use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_send http_read nginx_workers);
 use Test::More;
 use Time::HiRes qw(sleep time);
 
@@ -27,7 +27,7 @@ server {
 }
 HTTP
 
-my ($worker) = split /\s+/, `pgrep -P $GatewayTest::NginxPid`;
+my ($worker) = nginx_workers();
 sub kb { my ($what) = @_; open my $f, '<', "/proc/$worker/status" or return 0; local $/; my ($v) = <$f> =~ /^$what:\s+(\d+)/m; $v // 0 }
 
 # RDS size of n rows of (int, 'item N').

@@ -6,7 +6,7 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use SseClient;
+use SseClient qw(open_sse pump events subscribed subscribers metric);
 use GatewayTest qw(http_request wait_until nginx_start stop_nginx nginx_signal nginx_error_log psql stretch);
 use IO::Select;
 use IO::Socket::INET;
@@ -28,14 +28,11 @@ server {
 }
 HTTP
 
-sub open_sse { SseClient::open_sse($port, @_) }
-sub pump { SseClient::pump(@_) }
-sub events { SseClient::events(@_) }
 
 # 1. Six subscribers (over both workers), twenty notifications: each gets
 # all twenty, in order, and nothing of another channel.
-my @subs = map { open_sse('/events?channel=orders') } 1 .. 6;
-pump(\@subs, 5, sub { !grep { $_->{buf} !~ /: subscribed/ } @subs });
+my @subs = map { open_sse($port, '/events?channel=orders') } 1 .. 6;
+pump(\@subs, 5, subscribed(@subs));
 like($subs[0]{buf}, qr{^HTTP/1\.1 200 }, 'status 200');
 like($subs[0]{buf}, qr{Content-Type: text/event-stream}i, 'text/event-stream');
 like($subs[0]{buf}, qr{Cache-Control: no-cache}i, 'not cached');
@@ -74,13 +71,13 @@ is(scalar(grep { (events($_))[-1] eq 'orders=after' } @subs), 6, 'notifications 
 
 # 5. Subscribers that leave are removed at once (the gauge).
 close $_->{s} for @subs;
-ok(wait_until(sub { SseClient::metric($port, 'subscribers', 'sqldb_listen') == 0 }, 3), 'the subscribers gauge is back to 0');
-my $sent = SseClient::metric($port, 'events_sent_total', 'sqldb_listen');
+ok(wait_until(sub { subscribers($port, 'sqldb_listen') == 0 }, 3), 'the subscribers gauge is back to 0');
+my $sent = metric($port, 'events_sent_total', 'sqldb_listen');
 cmp_ok($sent, '>=', 6 * 21, "events counted ($sent)");
 
 # 6. A literal channel keeps its letter case (it is quoted): NOTIFY "Orders".
-my @fixed = (open_sse('/fixed'));
-pump(\@fixed, 3, sub { $fixed[0]{buf} =~ /: subscribed/ });
+my @fixed = (open_sse($port, '/fixed'));
+pump(\@fixed, 3, subscribed(@fixed));
 psql('notify "Orders", \'cased\'');
 psql("notify orders, 'not this one'");
 pump(\@fixed, 3, sub { scalar(events($fixed[0])) >= 1 });
@@ -115,9 +112,9 @@ $port = nginx_start(<<"HTTP", workers => 1);
 upstream db { sqldb_server $server; }
 server { listen 127.0.0.1:\$PORT; location /events { sqldb_pass db; sqldb_listen \$arg_channel; } }
 HTTP
-@subs = map { open_sse('/events?channel=orders') } 1 .. 3;
-my @other = map { open_sse('/events?channel=other') } 1 .. 3;
-pump([@subs, @other], 5, sub { !grep { $_->{buf} !~ /: subscribed/ } @subs, @other });
+@subs = map { open_sse($port, '/events?channel=orders') } 1 .. 3;
+my @other = map { open_sse($port, '/events?channel=other') } 1 .. 3;
+pump([@subs, @other], 5, subscribed(@subs, @other));
 # (Once the connection listens to both: the channels go out in order.)
 ok(wait_until(sub {
     psql("select count(*) from pg_stat_activity where application_name = 'listen' and state = 'idle' and query = 'LISTEN \"other\"'") > 0
@@ -145,8 +142,8 @@ setsockopt($stuck, Socket::SOL_SOCKET(), Socket::SO_RCVBUF(), 4096) or die $!;
 connect($stuck, Socket::pack_sockaddr_in($port, Socket::inet_aton('127.0.0.1'))) or die $!;
 $stuck->autoflush(1);
 print $stuck "GET /events?channel=flood HTTP/1.1\r\nHost: localhost\r\n\r\n";
-my @reader = (open_sse('/events?channel=flood'));
-pump(\@reader, 5, sub { $reader[0]{buf} =~ /: subscribed/ });
+my @reader = (open_sse($port, '/events?channel=flood'));
+pump(\@reader, 5, subscribed(@reader));
 sleep 0.3;
 # (psql in a child: the reader reads while the 12 MB arrive.)
 my $notifier = fork // die "fork: $!";
@@ -177,9 +174,9 @@ $port = nginx_start(<<"HTTP", workers => 1);
 upstream db { sqldb_server $server; }
 server { listen 127.0.0.1:\$PORT; location /events { sqldb_pass db; sqldb_listen \$arg_channel; } location = /metrics { gateway_status; } }
 HTTP
-my @gone = map { open_sse('/events?channel=burst') } 1 .. 50;
-my @stay = (open_sse('/events?channel=burst'));
-pump([@gone, @stay], 5, sub { !grep { $_->{buf} !~ /: subscribed/ } @gone, @stay });
+my @gone = map { open_sse($port, '/events?channel=burst') } 1 .. 50;
+my @stay = (open_sse($port, '/events?channel=burst'));
+pump([@gone, @stay], 5, subscribed(@gone, @stay));
 my $notify = "select pg_notify('burst', repeat('n', 400) || g) from generate_series(1, 2000) g";
 psql($notify);
 for my $g (@gone) {
@@ -193,7 +190,7 @@ is($mst, 200, 'the worker answers after the burst');
 cmp_ok(time - $t, '<', stretch(4), 'at once');
 pump(\@stay, 20, sub { scalar(events($stay[0])) >= 4000 });
 is(scalar(events($stay[0])), 4000, 'the subscriber that stays gets all 4,000');
-ok(wait_until(sub { SseClient::metric($port, 'subscribers', 'sqldb_listen') == 1 }, 5), 'the ones that left are removed');
+ok(wait_until(sub { subscribers($port, 'sqldb_listen') == 1 }, 5), 'the ones that left are removed');
 my $drops = () = nginx_error_log() =~ /sqldb: a subscriber that cannot take events/g;
 cmp_ok($drops, '<=', 50, "each dropped once at most ($drops lines)");
 close $stay[0]{s};

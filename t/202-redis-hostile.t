@@ -6,7 +6,7 @@
 # Redis: $cache_db and AUTH never outlive their request.
 #
 # Run with `cache_pipeline off` (nginx's upstream, a connection per
-# request); t/045 runs the same file with the shared, pipelined connections.
+# request); t/207 runs the same file with the shared, pipelined connections.
 use strict;
 use warnings;
 use lib 't/lib';
@@ -314,7 +314,7 @@ my $clients = redis_cli($redis, 'INFO', 'stats');
 my ($conns) = $clients =~ /total_connections_received:(\d+)/;
 # The start-up probe and this redis-cli; the PUT's connection, kept (reset)
 # and reused by the first GET; authenticated GETs close their connection
-# instead of resetting it (see t/039), so the second GET and the request
+# instead of resetting it (see t/205), so the second GET and the request
 # without cache_auth open one each.
 cmp_ok($conns, '<=', 5, "connections kept where they may be ($conns connections, the probe's and redis-cli's included)");
 

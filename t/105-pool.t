@@ -3,19 +3,15 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_send http_read http_get psql rds rds_rows stretch);
+use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_send http_read http_get psql rds rds_rows stretch pg_sessions);
 use Test::More;
 use Time::HiRes qw(sleep);
-
-sub gateway_backends {
-    psql("select count(*) from pg_stat_activity where application_name = 'ngx_gateway'");
-}
 
 sub wait_for {
     my ($want, $what) = @_;
     my $n;
     for (1 .. stretch(50)) {
-        $n = gateway_backends();
+        $n = pg_sessions('ngx_gateway');
         return $n if $n == $want;
         sleep 0.1;
     }
@@ -42,7 +38,7 @@ HTTP
 my $port = start_idle('500ms');
 my ($status) = http_get($port, '/echo');
 is($status, 200, 'request served');
-is(gateway_backends(), 1, 'its connection stays in the pool');
+is(pg_sessions('ngx_gateway'), 1, 'its connection stays in the pool');
 is(wait_for(0), 0, 'and closes after the idle timeout');
 
 # 2. pg_terminate_backend of the pooled connections: noticed while idle,
@@ -54,7 +50,7 @@ my ($pooled, $terminated, @s) = (0, 0);
 for (1 .. 5) {
     @s = map { http_send($port, '/echo') } 1 .. 3;
     my @got = map { (http_read($_))[0] } @s;
-    $pooled = gateway_backends();
+    $pooled = pg_sessions('ngx_gateway');
     $terminated = psql("select count(*) filter (where pg_terminate_backend(pid)) from pg_stat_activity"
         . " where application_name = 'ngx_gateway'");
     last if $terminated > 0 && "@got" eq '200 200 200';
@@ -148,7 +144,7 @@ server {
 HTTP
 @codes = map { (http_get($port, '/echo'))[0] } 1 .. 6;
 is_deeply(\@codes, [(200) x 6], 'six sequential requests');
-is(gateway_backends(), 1, 'served by one pooled connection although round robin alternates');
+is(pg_sessions('ngx_gateway'), 1, 'served by one pooled connection although round robin alternates');
 stop_nginx();
 
 unlike(nginx_error_log(), qr/\[alert\]|exited on signal/, 'no alert, no crash');

@@ -6,30 +6,15 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(http_request nginx_start stop_nginx nginx_error_log http_get start_redis redis_cli stretch);
+use GatewayTest qw(http_request nginx_start stop_nginx nginx_error_log http_get start_redis redis_cli stretch redis_connections tls_files);
 use File::Temp qw(tempdir);
 use IO::Socket::INET;
 use Test::More;
 use Time::HiRes qw(time);
 
-my $d = tempdir('ngx-gateway-tls-XXXXXX', TMPDIR => 1, CLEANUP => 1);
-chmod 0755, $d;
-sub openssl { system("openssl @_ >>$d/openssl.log 2>&1") == 0 or die "openssl @_ failed\n" }
-# Two authorities: the one that signed the server, and another.
-for my $ca (qw(ca other)) {
-    openssl("req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=test-$ca -keyout $d/$ca.key -out $d/$ca.crt");
-}
-# Server (localhost) and client certificates, signed by the first.
-open my $ext, '>', "$d/server.ext" or die $!;
-print $ext "subjectAltName = DNS:localhost\n";
-close $ext;
-for my $who (qw(server client)) {
-    openssl("req -newkey rsa:2048 -nodes -subj /CN=" . ($who eq 'server' ? 'localhost' : 'gateway-client')
-        . " -keyout $d/$who.key -out $d/$who.csr");
-    openssl("x509 -req -in $d/$who.csr -CA $d/ca.crt -CAkey $d/ca.key -CAcreateserial -days 2 -out $d/$who.crt"
-        . ($who eq 'server' ? " -extfile $d/server.ext" : ''));
-}
-chmod 0644, glob("$d/*");
+# Two authorities, ca (which signed the server and client certificates)
+# and other; the server's is for localhost.
+my $d = tls_files();
 
 my $redis = start_redis(tls => { cert => "$d/server.crt", key => "$d/server.key", ca => "$d/ca.crt" });
 my $mutual = start_redis(tls => { cert => "$d/server.crt", key => "$d/server.key", ca => "$d/ca.crt", clients => 'yes' });
@@ -116,9 +101,9 @@ like(substr(nginx_error_log(), $before), qr{\[error\].*upstream: "redis://127\.0
 # connection (one handshake, however many requests).
 is(join(' ', map { (request('GET', '/shared'))[0, 1] } 1 .. 3), '200 hello over tls 200 hello over tls 200 hello over tls',
     'shared TLS connections: three answers');
-my ($before_conns) = redis_cli($redis, 'INFO', 'stats') =~ /total_connections_received:(\d+)/;
+my $before_conns = redis_connections($redis);
 request('GET', '/shared') for 1 .. 5;
-my ($after_conns) = redis_cli($redis, 'INFO', 'stats') =~ /total_connections_received:(\d+)/;
+my $after_conns = redis_connections($redis);
 is($after_conns - $before_conns - 1, 0, 'five more on the connection already open (no new handshake)');
 
 # With cache_pipeline off and without keepalive every request opens a

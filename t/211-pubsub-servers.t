@@ -6,13 +6,13 @@
 # servers: $upstream_addr, $upstream_status and $upstream_response_time in
 # the access log, the upstream label of gateway_status (cache_subscribe
 # and sqldb_listen). (A cache_cluster upstream subscribes on one node: the
-# cluster carries every PUBLISH to all its nodes; t/035.)
+# cluster carries every PUBLISH to all its nodes; t/204.)
 use strict;
 use warnings;
 use lib 't/lib';
-use SseClient;
+use SseClient qw(open_sse pump events subscribed);
 use GatewayTest qw(http_request wait_until nginx_start stop_nginx nginx_error_log start_redis redis_cli kill_redis
-    psql pg_server_line stretch);
+    psql pg_server_line stretch redis_numsub);
 use Test::More;
 use Time::HiRes qw(sleep time);
 
@@ -20,16 +20,6 @@ my @red = map { start_redis() } 1 .. 2;
 my ($ra, $rb) = map { "127.0.0.1:$_->{port}" } @red;
 my $port;
 
-sub open_sse { SseClient::open_sse($port, @_) }
-sub pump { SseClient::pump(@_) }
-sub events { SseClient::events(@_) }
-sub subscribed { SseClient::subscribed(@_) }
-
-sub numsub {
-    my ($r, $ch) = @_;
-    my (undef, $n) = split /\n/, redis_cli($r, 'pubsub', 'numsub', $ch);
-    return $n // -1;
-}
 
 # How many PUBLISH a server has run.
 sub publishes {
@@ -69,10 +59,10 @@ HTTP
 for my $case (['hash', '/hsub', '/hpub'], ['round robin', '/rsub', '/rpub']) {
     my ($name, $sub, $pub) = @$case;
     my $ch = $name =~ s/ /_/r;
-    my @subs = (open_sse("$sub?channel=$ch"));
+    my @subs = (open_sse($port, "$sub?channel=$ch"));
     pump(\@subs, stretch(5), subscribed(@subs));
     like($subs[0]{buf}, qr/: subscribed/, "$name: subscribed");
-    is_deeply([map { numsub($_, $ch) } @red], [1, 1], "$name: the hub subscribed on both servers");
+    is_deeply([map { redis_numsub($_, $ch) } @red], [1, 1], "$name: the hub subscribed on both servers");
     my @before = map { publishes($_) } @red;
     my @said;
     for my $i (1 .. 20) {
@@ -85,14 +75,14 @@ for my $case (['hash', '/hsub', '/hpub'], ['round robin', '/rsub', '/rpub']) {
     pump(\@subs, stretch(5), sub { events($subs[0]) >= 20 });
     is_deeply([events($subs[0])], [map { "$ch=event $_" } 1 .. 20], "$name: the subscriber got all twenty, in order");
     close $subs[0]{s};
-    ok(wait_until(sub { numsub($red[0], $ch) == 0 && numsub($red[1], $ch) == 0 }, 5),
+    ok(wait_until(sub { redis_numsub($red[0], $ch) == 0 && redis_numsub($red[1], $ch) == 0 }, 5),
         "$name: UNSUBSCRIBE on both once the subscriber left");
 }
 
 # 2. The stream's access-log line and its count name the upstream and the
 # servers it heard.
 my $at = time;
-my @subs = (open_sse('/hsub?channel=logged'));
+my @subs = (open_sse($port, '/hsub?channel=logged'));
 pump(\@subs, stretch(5), subscribed(@subs));
 sleep 1.2;
 close $subs[0]{s};
@@ -113,7 +103,7 @@ like($metrics, qr/^ngx_gateway_cache_requests_total\{upstream="hashed",command="
 unlike($metrics, qr/^ngx_gateway_cache_requests_total\{upstream="",command="SUBSCRIBE"/m, 'and not under upstream=""');
 
 # sqldb_listen likewise.
-@subs = (open_sse('/listen?channel=ch'));
+@subs = (open_sse($port, '/listen?channel=ch'));
 pump(\@subs, stretch(5), subscribed(@subs));
 like($subs[0]{buf}, qr/: subscribed/, 'sqldb_listen: subscribed');
 close $subs[0]{s};
@@ -130,7 +120,7 @@ unlike($metrics, qr/^ngx_gateway_sqldb_requests_total\{upstream="",status="200"\
 
 # 3. A server goes down: the subscriber stays, and hears every publish the
 # other one takes (the balancer skips the dead one).
-@subs = (open_sse('/rsub?channel=down'));
+@subs = (open_sse($port, '/rsub?channel=down'));
 pump(\@subs, stretch(5), subscribed(@subs));
 kill_redis($red[1]);
 ok(wait_until(sub { nginx_error_log() =~ /\[error\].*cache: the subscribing connection to \Q$rb\E of upstream "rr" was lost/ }, 5),

@@ -4,7 +4,7 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_send http_read http_get start_redis redis_cli);
+use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_send http_read http_get start_redis redis_cli redis_connections);
 use IO::Socket::INET;
 use Test::More;
 use Time::HiRes qw(sleep);
@@ -18,12 +18,6 @@ sub request {
     $body //= '';
     print $s "$method $path HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: " . length($body) . "\r\n\r\n$body";
     return http_read($s, 30);
-}
-
-sub stat_of {
-    my ($r, $name) = @_;
-    my ($v) = redis_cli($r, 'INFO', 'stats') =~ /^$name:(\d+)/m;
-    return $v;
 }
 
 my $port = nginx_start(<<"HTTP");
@@ -47,20 +41,20 @@ server {
 HTTP
 
 # 1. keepalive: twenty requests, one connection (Redis counts them).
-my $before = stat_of($r[0], 'total_connections_received');
+my $before = redis_connections($r[0]);
 my @codes = map { (request($port, 'GET', "/k/miss$_"))[0] } 1 .. 20;
 is_deeply(\@codes, [(404) x 20], 'twenty misses');
 # (redis-cli INFO counts as a connection itself.)
-is(stat_of($r[0], "total_connections_received") - $before - 1, 1, "over one reused connection");
-$before = stat_of($r[0], 'total_connections_received');
+is(redis_connections($r[0]) - $before - 1, 1, "over one reused connection");
+$before = redis_connections($r[0]);
 @codes = map { (request($port, 'GET', "/n/miss$_"))[0] } 1 .. 5;
-is(stat_of($r[0], "total_connections_received") - $before - 1, 5, "cache_pipeline off, without keepalive: a connection each");
+is(redis_connections($r[0]) - $before - 1, 5, "cache_pipeline off, without keepalive: a connection each");
 # Pipelined (the default), the worker's connection to the server is
 # shared whatever the upstream's keepalive line says.
-$before = stat_of($r[0], 'total_connections_received');
+$before = redis_connections($r[0]);
 @codes = map { (request($port, 'GET', "/p/miss$_"))[0] } 1 .. 5;
 is_deeply(\@codes, [(404) x 5], 'five misses, pipelined');
-is(stat_of($r[0], "total_connections_received") - $before - 1, 0, "on the connection already open to that server");
+is(redis_connections($r[0]) - $before - 1, 0, "on the connection already open to that server");
 
 # 2. hash $cache_key consistent over three servers.
 for my $i (1 .. 60) {

@@ -9,6 +9,7 @@
 use strict;
 use warnings;
 use lib 't/lib';
+use HttpClient qw(unchunk);
 use GatewayTest qw(nginx_start stop_nginx nginx_error_log psql);
 use Test::More;
 use IO::Socket::INET;
@@ -222,17 +223,6 @@ sub request {
 }
 my $port;
 sub get { my ($path, $token, %h) = @_; $h{Authorization} = "Bearer $token" if defined $token; request($port, 'GET', $path, %h) }
-sub dechunk {
-    my ($in) = @_;
-    my $out = '';
-    while ($in =~ s/^([0-9a-fA-F]+)\r\n//) {
-        my $n = hex $1;
-        last if $n == 0;
-        $out .= substr($in, 0, $n);
-        substr($in, 0, $n + 2) = '';
-    }
-    return $out;
-}
 sub header_of { my ($head, $name) = @_; return $head =~ /^\Q$name\E: ([^\r\n]*)/mi ? $1 : undef }
 
 my $alice = hs256(claims(sub => 'alice', role => 'jwt_user'));
@@ -282,7 +272,7 @@ is(psql("select count(*) from jwt_notes where body in ('forged', 'in_a_get', 'x'
 is($status, 500, 'HEAD runs read only too');
 is(psql("select count(*) from jwt_notes where body = 'in_a_head'"), '0', 'nothing inserted by the HEAD');
 ($status, $body, $head) = get('/stream', $alice);
-is(dechunk($body), "body\r\nalice one\r\nalice two\r\nthree\r\n", 'a streamed response (single-row mode behind the preamble) under the policy too')
+is(unchunk($body), "body\r\nalice one\r\nalice two\r\nthree\r\n", 'a streamed response (single-row mode behind the preamble) under the policy too')
     or diag($body);
 like(header_of($head, 'X-Exp') // '', qr/^\d+$/, 'a numeric claim as its JSON text');
 

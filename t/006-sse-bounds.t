@@ -15,8 +15,8 @@ BEGIN {
         Test::More::plan(skip_all => 'under valgrind: the worker\'s RSS and CPU time are valgrind\'s');
     }
 }
-use SseClient;
-use GatewayTest qw(http_request wait_until nginx_start stop_nginx nginx_error_log psql stretch start_redis);
+use SseClient qw(open_sse pump events subscribed subscribers);
+use GatewayTest qw(http_request wait_until nginx_start stop_nginx nginx_error_log psql stretch start_redis nginx_workers);
 use IO::Socket::INET;
 use Socket ();
 use Test::More;
@@ -28,12 +28,8 @@ my (@fast, $hwm0, $rss0, @got, $grew, $dropped, $log, @lines, $after);
 # (PARTS=13 runs parts 1 and 3 only.)
 sub part { !$ENV{PARTS} || index($ENV{PARTS}, $_[0]) >= 0 }
 
-sub open_sse { SseClient::open_sse($port, @_) }
-sub pump { SseClient::pump(@_) }
-sub events { SseClient::events(@_) }
 
 # The one worker of the nginx just started.
-sub find_worker { my ($w) = grep { /^\d+$/ } split /\s+/, `pgrep -P $GatewayTest::NginxPid`; $w }
 sub status_kb {
     my ($what) = @_;
     open my $f, '<', "/proc/$worker/status" or return 0;
@@ -66,7 +62,6 @@ sub slow_sub {
     return $s;
 }
 
-sub gauge { SseClient::metric($port, 'subscribers', $_[0]) }
 # ngx_gateway_subscribers_dropped_total{source=SOURCE,reason=REASON}
 sub drops {
     my ($source, $reason) = @_;
@@ -91,15 +86,14 @@ sub forget {
     }
     $sub->{buf} = $head . substr($buf, $at);
 }
-sub subscribed { SseClient::subscribed(@_) }
 
 # One worker with the http{} body given, and a reader of `$fast_path` that
 # takes every event, once it is subscribed.
 sub start_with_reader {
     my ($http, $fast_path) = @_;
     $port = nginx_start($http, workers => 1);
-    wait_until(sub { $worker = find_worker() }, 5) or die 'no worker';
-    @fast = (open_sse($fast_path));
+    wait_until(sub { ($worker) = nginx_workers() }, 5) or die 'no worker';
+    @fast = (open_sse($port, $fast_path));
     pump(\@fast, stretch(5), subscribed(@fast));
 }
 
@@ -124,12 +118,12 @@ HTTP
 if (part(1)) {
 start_with_reader(listen_http('4m'), '/events?channel=big&who=fast');
 my @a = map { slow_sub("/events?channel=big&who=a$_") } 1 .. 15;
-ok(wait_until(sub { gauge('sqldb_listen') == 16 }, 10), 'a reader and 15 subscribers that do not read');
+ok(wait_until(sub { subscribers($port, 'sqldb_listen') == 16 }, 10), 'a reader and 15 subscribers that do not read');
 my $payload = 'x' x 7900;
 psql("select pg_notify('big', i || '$payload') from generate_series(1, 30) i");
 pump(\@fast, stretch(10), sub { events($fast[0]) >= 30 });
 my @b = map { slow_sub("/events?channel=big&who=b$_") } 1 .. 15;
-ok(wait_until(sub { gauge('sqldb_listen') == 31 }, 10), '15 more that do not read');
+ok(wait_until(sub { subscribers($port, 'sqldb_listen') == 31 }, 10), '15 more that do not read');
 forget($fast[0]);
 $hwm0 = status_kb('VmHWM');
 $rss0 = status_kb('VmRSS');
@@ -155,7 +149,7 @@ is(scalar(grep { $_ eq 'a' } @who[0 .. $first_b - 1]), 15, 'those furthest behin
 unlike($log, qr/who=fast.*dropped|dropped.*who=fast/, 'never the reader');
 # Memory returns when they go.
 close $_ for @a, @b;
-ok(wait_until(sub { gauge('sqldb_listen') == 1 }, 10), 'the others leave');
+ok(wait_until(sub { subscribers($port, 'sqldb_listen') == 1 }, 10), 'the others leave');
 my $fell = wait_until(sub { ($after = status_kb('VmRSS')) < $rss0 + 8000 }, 10);
 ok($fell, "the worker's RSS falls back ($rss0 kB before, $after kB after)");
 diag(sprintf('bound 4m: peak RSS +%d kB, reader late %.3f s, %d dropped', $grew, $late, $dropped));
@@ -179,7 +173,7 @@ if (part(2)) {
 start_with_reader(listen_http('256m'), '/events?channel=many');
 my $n = 2500;
 my @slow = map { slow_sub("/events?channel=many&who=s$_") } 1 .. 100;
-ok(wait_until(sub { gauge('sqldb_listen') == 101 }, 10), '100 subscribers that do not read');
+ok(wait_until(sub { subscribers($port, 'sqldb_listen') == 101 }, 10), '100 subscribers that do not read');
 my (@cost, @late);
 for my $batch (1 .. 6) {
     forget($fast[0]);
@@ -202,7 +196,7 @@ cmp_ok($ratio, '<', 2, sprintf('an event costs the same with 12,500 waiting as w
     $ratio, $early, $later));
 cmp_ok((sort { $b <=> $a } @late)[0], '<', stretch(5), 'the reader has each batch within 5 s of the NOTIFYs');
 close $_ for @slow;
-ok(wait_until(sub { gauge('sqldb_listen') == 1 }, 10), 'the slow ones leave');
+ok(wait_until(sub { subscribers($port, 'sqldb_listen') == 1 }, 10), 'the slow ones leave');
 close $fast[0]{s};
 stop_nginx();
 
@@ -224,7 +218,7 @@ server {
 }
 HTTP
 my @slow = map { slow_sub("/sub?channel=big&who=s$_") } 1 .. 20;
-ok(wait_until(sub { gauge('cache_subscribe') == 21 }, 10), 'a reader and 20 subscribers that do not read');
+ok(wait_until(sub { subscribers($port, 'cache_subscribe') == 21 }, 10), 'a reader and 20 subscribers that do not read');
 $hwm0 = status_kb('VmHWM');
 $rss0 = status_kb('VmRSS');
 my $big = 'z' x (256 * 1024);
@@ -246,7 +240,7 @@ $log = nginx_error_log();
 @lines = $log =~ /^(.*\[info\].*cache: a subscriber \d+ bytes behind is dropped: cache_subscribe_buffers_max \(4194304\) is reached on this worker.*)$/mg;
 is(scalar(@lines), $dropped, 'an info line each');
 close $_ for @slow;
-ok(wait_until(sub { gauge('cache_subscribe') == 1 }, 10), 'the others leave');
+ok(wait_until(sub { subscribers($port, 'cache_subscribe') == 1 }, 10), 'the others leave');
 my $fell = wait_until(sub { ($after = status_kb('VmRSS')) < $rss0 + 8000 }, 10);
 ok($fell, "the worker's RSS falls back ($rss0 kB before, $after kB after)");
 diag(sprintf('cache, bound 4m: peak RSS +%d kB, %d dropped', $grew, $dropped));

@@ -6,15 +6,13 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_send http_read http_get psql stretch);
+use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_send http_read http_get psql stretch pg_sessions);
 use Test::More;
 use Time::HiRes qw(sleep time);
 
 plan skip_all => 'its bounds are times, which valgrind stretches' if GatewayTest::under_valgrind();
 
 my $server = GatewayTest::pg_server_line('adaptive');
-sub connections { psql("select count(*) from pg_stat_activity where application_name = 'adaptive'") }
-
 # -- depth: 32 requests at once, 4 per connection: 8 connections of 32 allowed.
 my $port = nginx_start(<<"HTTP");
 upstream deep4 {
@@ -41,7 +39,7 @@ my @socks = map { http_send($port, '/deep') } 1 .. 32;
 my $most = 0;
 my $deadline = time + 1;
 while (time < $deadline) {
-    my $n = connections();
+    my $n = pg_sessions('adaptive');
     $most = $n if $n > $most;
     sleep 0.05;
 }
