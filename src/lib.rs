@@ -23,9 +23,10 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+#[macro_use]
+pub mod ffi;
 pub mod cache;
 pub mod common;
-pub mod ffi;
 pub mod metrics;
 pub mod sqldb;
 pub mod status;
@@ -33,29 +34,9 @@ pub mod status;
 use std::mem::offset_of;
 use std::ptr;
 
+use ffi::conf::command;
 use ffi::*;
 use sqldb::config as sc;
-
-/// A directive; `name` ends with NUL because nginx compares names with strcmp.
-const fn command(
-    name: &'static str,
-    type_: u32,
-    set: unsafe extern "C" fn(*mut ngx_conf_t, *mut ngx_command_t, *mut std::ffi::c_void) -> *mut std::ffi::c_char,
-    conf: usize,
-    offset: usize,
-) -> ngx_command_t {
-    ngx_command_t {
-        name: ngx_str_t {
-            len: name.len() - 1,
-            data: name.as_ptr() as *mut u8,
-        },
-        type_: type_ as ngx_uint_t,
-        set: Some(set),
-        conf: conf as ngx_uint_t,
-        offset: offset as ngx_uint_t,
-        post: ptr::null_mut(),
-    }
-}
 
 const LOC_ANY: u32 = NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF;
 const LOC: usize = NGX_HTTP_LOC_CONF_OFFSET;
@@ -276,13 +257,10 @@ pub static mut ngx_http_gateway_module: ngx_module_t = ngx_module_t {
     ..ngx_module_t::default()
 };
 
-/// Says which module this is, once per configuration loaded (start-up and
-/// each reload), at notice level as nginx says its own version.
-extern "C" fn init_module(cycle: *mut ngx_cycle_t) -> ngx_int_t {
-    // SAFETY: nginx calls this with the cycle being initialised, whose log
-    // is set up.
-    let log = unsafe { ffi::log::Log::from_raw((*cycle).log) };
-    ffi::guard(log, "init_module", OK as ngx_int_t, || {
+cycle_handler! {
+    /// Says which module this is, once per configuration loaded (start-up
+    /// and each reload), at notice level as nginx says its own version.
+    fn init_module(_cycle, log) = "init_module", {
         log!(
             NGX_LOG_NOTICE,
             log,
@@ -290,8 +268,8 @@ extern "C" fn init_module(cycle: *mut ngx_cycle_t) -> ngx_int_t {
             env!("CARGO_PKG_VERSION"),
             NGINX_VERSION.to_string_lossy()
         );
-        OK as ngx_int_t
-    })
+        OK
+    }
 }
 
 use cache::config as cc;

@@ -5,9 +5,9 @@
 
 use gateway_core::metrics::{join_labels, Id, Memo, SLOT_SIZE};
 use std::cell::RefCell;
-use std::ffi::{c_char, c_void};
 
-use crate::ffi::conf::{conf_step, create_conf, directive, ConfError};
+use crate::ffi::conf::ConfError;
+use crate::ffi::shm;
 use crate::ffi::*;
 use crate::metrics::table;
 
@@ -22,18 +22,15 @@ pub struct StatusLocConf {
     on: bool,
 }
 
-pub(crate) extern "C" fn create_loc_conf(cf: *mut ngx_conf_t) -> *mut c_void {
-    // SAFETY: nginx passes the configuration being read.
-    unsafe { create_conf(cf, "status create_loc_conf", || StatusLocConf { on: false }) }
+create_conf_handler! {
+    pub(crate) fn create_loc_conf = "status create_loc_conf",
+    || StatusLocConf { on: false }
 }
 
-/// `gateway_status;`
-pub(crate) extern "C" fn cmd_gateway_status(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut c_void,
-) -> *mut c_char {
-    let body = |cf: Conf, lcf: &mut StatusLocConf| {
+directive_handler! {
+    /// `gateway_status;`
+    pub(crate) fn cmd_gateway_status = "cmd_gateway_status",
+    |cf: Conf, lcf: &mut StatusLocConf| {
         if lcf.on {
             return Err("\"gateway_status\" directive is duplicate".to_owned().into());
         }
@@ -41,96 +38,35 @@ pub(crate) extern "C" fn cmd_gateway_status(
         cf.claim_content_handler("gateway_status", Some(content_handler), &[])
             .map_err(|_| ConfError::Logged)?;
         Ok(())
-    };
-    // SAFETY: nginx passes the configuration being read and this module's
-    // StatusLocConf (the directive's slot).
-    unsafe { directive(cf, conf, "cmd_gateway_status", body) }
+    }
 }
 
-/// Declares the zone (each configuration read; nginx keeps the old one's
-/// memory when name, size and module are the same).
-pub(crate) extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
-    let body = |c: Conf| {
-        let mut name = c.pool().str(ZONE_NAME.as_bytes()).ok_or(ConfError::Logged)?;
-        let tag = std::ptr::addr_of_mut!(crate::ngx_http_gateway_status_module).cast();
-        let cfp = c.raw() as *const ngx_conf_t as *mut ngx_conf_t;
-        // SAFETY: the configuration being read; name lives in its pool.
-        let zone = unsafe { ngx_shared_memory_add(cfp, &mut name, ZONE_SIZE, tag) };
-        // SAFETY: nginx returns a zone of this cycle's list, or null.
-        let zone = unsafe { zone.as_mut() }.ok_or(ConfError::Logged)?;
-        zone.init = Some(zone_init);
-        let cmcf = c.main_conf::<ngx::http::NgxHttpCoreModule>();
-        let phase = &mut cmcf.phases[ngx_http_phases_NGX_HTTP_LOG_PHASE as usize];
-        // SAFETY: the phase's handlers array, of ngx_http_handler_pt.
-        let h = unsafe { (ngx_array_push(&mut phase.handlers) as *mut ngx_http_handler_pt).as_mut() }
-            .ok_or(ConfError::Logged)?;
-        *h = Some(log_handler);
-        Ok(())
-    };
-    // SAFETY: nginx passes the configuration being read.
-    unsafe { conf_step(cf, "status postconfiguration", body) }
+conf_step_handler! {
+    /// Declares the zone (each configuration read; nginx keeps the old one's
+    /// memory when name, size and module are the same).
+    pub(crate) fn postconfiguration = "status postconfiguration",
+    |c: Conf| {
+        let tag = std::ptr::addr_of!(crate::ngx_http_gateway_status_module);
+        shm::add_zeroed_zone::<{ SLOTS * SLOT_SIZE }>(c, ZONE_NAME, ZONE_SIZE, tag)?;
+        c.add_phase_handler(ngx_http_phases_NGX_HTTP_LOG_PHASE, Some(log_handler))
+    }
 }
 
-/// Sets the zone up once nginx has mapped it: a table of zeroed slots from
-/// its slab allocator, or the one of the configuration before (a reload).
-extern "C" fn zone_init(zone: *mut ngx_shm_zone_t, old: *mut c_void) -> ngx_int_t {
-    // SAFETY: nginx passes the zone it mapped; its shm.addr starts with the
-    // slab pool nginx set up in it.
-    let zone = unsafe { &mut *zone };
-    let log = Log::cycle();
-    guard(log, "status zone_init", ERROR, || {
-        let slots = if !old.is_null() {
-            old
-        } else {
-            let shpool = zone.shm.addr as *mut ngx_slab_pool_t;
-            // SAFETY: the zone's own slab pool, set up by nginx; zeroed
-            // memory is an empty table.
-            let p = unsafe { ngx_slab_calloc(shpool, SLOTS * SLOT_SIZE) };
-            if p.is_null() {
-                return ERROR;
-            }
-            // SAFETY: as above; data is where nginx's modules keep their
-            // zone's root.
-            unsafe { (*shpool).data = p };
-            p
-        };
-        zone.data = slots;
-        OK
-    })
-}
-
-/// Each worker (or the single process) takes the table of its own cycle's
-/// zone: a zone of a reload that failed is never used.
-pub(crate) extern "C" fn init_process(cycle: *mut ngx_cycle_t) -> ngx_int_t {
-    // SAFETY: nginx passes the cycle the process runs; its log is set up.
-    let cycle = unsafe { &*cycle };
-    // SAFETY: as above.
-    let log = unsafe { Log::from_raw(cycle.log) };
-    guard(log, "status init_process", OK, || {
-        let tag: *const ngx_module_t = std::ptr::addr_of!(crate::ngx_http_gateway_status_module);
-        let mut part: *const ngx_list_part_t = &cycle.shared_memory.part;
-        // SAFETY: nginx's list of the cycle's zones: parts of nelts zones.
-        while let Some(p) = unsafe { part.as_ref() } {
-            // SAFETY: as above.
-            let zones = unsafe { std::slice::from_raw_parts(p.elts as *const ngx_shm_zone_t, p.nelts) };
-            if let Some(z) = zones
-                .iter()
-                .find(|z| z.tag as *const ngx_module_t == tag && !z.data.is_null())
-            {
-                crate::metrics::set_table(z.data.cast(), SLOTS);
-                break;
-            }
-            part = p.next;
+cycle_handler! {
+    /// Each worker (or the single process) takes the table of its own
+    /// cycle's zone: a zone of a reload that failed is never used.
+    pub(crate) fn init_process(cycle, _log) = "status init_process", {
+        let tag = std::ptr::addr_of!(crate::ngx_http_gateway_status_module);
+        if let Some(data) = shm::zone_data(cycle, tag) {
+            crate::metrics::set_table(data.cast(), SLOTS);
         }
         OK
-    })
+    }
 }
 
-/// GET (or HEAD) the metrics.
-extern "C" fn content_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
-    // SAFETY: nginx calls the content handler with a live request.
-    let r = unsafe { Req::from_raw(r) };
-    guard(r.log(), "status content handler", HTTP_INTERNAL_SERVER_ERROR, || {
+request_handler! {
+    /// GET (or HEAD) the metrics.
+    fn content_handler(r) -> ngx_int_t = ("status content handler", HTTP_INTERNAL_SERVER_ERROR) {
         if r.method() & (NGX_HTTP_GET | NGX_HTTP_HEAD) == 0 {
             return HTTP_NOT_ALLOWED;
         }
@@ -149,19 +85,17 @@ extern "C" fn content_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
         };
         r.set_content_type(ctype);
         r.send_body(200, body)
-    })
+    }
 }
 
-/// Counts each request of the two gateways once it is done (nginx's log
-/// phase: main requests, and subrequests with `log_subrequest on`), by
-/// its final status, with `$upstream_response_time` as its duration.
-extern "C" fn log_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
-    // SAFETY: nginx calls the log phase's handlers with a live request.
-    let r = unsafe { Req::from_raw(r) };
-    guard(r.log(), "status log handler", OK, || {
+request_handler! {
+    /// Counts each request of the two gateways once it is done (nginx's log
+    /// phase: main requests, and subrequests with `log_subrequest on`), by
+    /// its final status, with `$upstream_response_time` as its duration.
+    fn log_handler(r) -> ngx_int_t = ("status log handler", OK) {
         count(r);
         OK
-    })
+    }
 }
 
 thread_local! {

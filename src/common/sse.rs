@@ -297,11 +297,9 @@ fn too_far_behind(sub: &mut Sub, r: &Req) -> bool {
     behind > BEHIND_HARD || (behind > BEHIND_MAX && now.wrapping_sub(sub.progress_at) >= STALL_MS)
 }
 
-/// The client's connection can take more: what waits goes out.
-extern "C" fn flush_pending(r: *mut ngx_http_request_t) {
-    // SAFETY: nginx calls the write handler with a live request.
-    let r = unsafe { Req::from_raw(r) };
-    guard(r.log(), "subscription write", (), || {
+request_handler! {
+    /// The client's connection can take more: what waits goes out.
+    fn flush_pending(r) = ("subscription write") {
         // SAFETY: no new output, only what the filters hold.
         let rc = unsafe { r.output_filter(std::ptr::null_mut()) };
         let sub = BY_REQUEST
@@ -329,7 +327,7 @@ extern "C" fn flush_pending(r: *mut ngx_http_request_t) {
             // Sub leaves with the request's pool.)
             r.finalize(ERROR);
         }
-    })
+    }
 }
 
 /// Ends a subscription now: no event goes to it any more, the last buffer

@@ -109,6 +109,18 @@ impl Conf {
         CONF_ERROR
     }
 
+    /// Adds a handler to an http phase (`NGX_HTTP_*_PHASE`).
+    pub fn add_phase_handler(&self, phase: u32, handler: ngx_http_handler_pt) -> Result<(), ConfError> {
+        let cmcf = self.main_conf::<ngx::http::NgxHttpCoreModule>();
+        let phase = &mut cmcf.phases[phase as usize];
+        // SAFETY: the phase's handlers array, of ngx_http_handler_pt, in
+        // the configuration being read.
+        let h = unsafe { (ngx_array_push(&mut phase.handlers) as *mut ngx_http_handler_pt).as_mut() }
+            .ok_or(ConfError::Logged)?;
+        *h = handler;
+        Ok(())
+    }
+
     pub fn main_conf<M: HttpModuleMainConf>(&self) -> &'static mut M::MainConf {
         M::main_conf_mut(self.raw()).expect("every http module has a main configuration")
     }
@@ -674,4 +686,25 @@ fn more_than_zero(c: Conf, value: &mut usize) -> Result<(), ConfError> {
         return Err(format!("\"{}\" must be more than 0", c.directive()).into());
     }
     Ok(())
+}
+
+/// A directive; `name` ends with NUL because nginx compares names with strcmp.
+pub const fn command(
+    name: &'static str,
+    type_: u32,
+    set: unsafe extern "C" fn(*mut ngx_conf_t, *mut ngx_command_t, *mut std::ffi::c_void) -> *mut std::ffi::c_char,
+    conf: usize,
+    offset: usize,
+) -> ngx_command_t {
+    ngx_command_t {
+        name: ngx_str_t {
+            len: name.len() - 1,
+            data: name.as_ptr() as *mut u8,
+        },
+        type_: type_ as ngx_uint_t,
+        set: Some(set),
+        conf: conf as ngx_uint_t,
+        offset: offset as ngx_uint_t,
+        post: std::ptr::null_mut(),
+    }
 }

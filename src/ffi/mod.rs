@@ -5,6 +5,8 @@
 
 pub use nginx_sys::*;
 
+#[macro_use]
+pub mod entry;
 pub mod buf;
 pub mod conf;
 pub mod event;
@@ -12,6 +14,7 @@ pub mod log;
 pub mod net;
 pub mod pool;
 pub mod request;
+pub mod shm;
 pub mod ssl;
 pub mod upstream;
 

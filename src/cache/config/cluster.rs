@@ -3,11 +3,11 @@
 //! the worker's map of the cluster is the driver's (driver::cluster_map),
 //! made from the seeds this block names.
 
-use std::ffi::{c_char, c_void};
+use std::ffi::c_char;
 use std::net::SocketAddr;
 
 use super::{Cache, CacheMainConf};
-use crate::ffi::conf::{conf_step, directive, upstream_server_addrs, ConfError};
+use crate::ffi::conf::{conf_step, upstream_server_addrs, ConfError};
 use crate::ffi::*;
 
 /// An upstream block with `cache_cluster`.
@@ -36,13 +36,10 @@ impl CacheMainConf {
     }
 }
 
-/// `cache_cluster on | off` (upstream).
-pub(crate) extern "C" fn cmd_cache_cluster<E: super::Entries>(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut c_void,
-) -> *mut c_char {
-    let body = |cf: Conf, mcf: &mut CacheMainConf| {
+directive_handler! {
+    /// `cache_cluster on | off` (upstream).
+    pub(crate) fn cmd_cache_cluster<E: super::Entries> = "cmd_cache_cluster",
+    |cf: Conf, mcf: &mut CacheMainConf| {
         let value = cf.args()[1].to_ascii_lowercase();
         let on = match value.as_slice() {
             b"on" => true,
@@ -79,10 +76,7 @@ pub(crate) extern "C" fn cmd_cache_cluster<E: super::Entries>(
             seeds: Vec::new(),
         }));
         Ok(())
-    };
-    // SAFETY: nginx passes the configuration being read and this module's
-    // CacheMainConf (the directive's configuration is the main one).
-    unsafe { directive(cf, conf, "cmd_cache_cluster", body) }
+    }
 }
 
 /// The block's balancer, at the end of the http block: nginx's round robin

@@ -4,13 +4,12 @@
 
 pub mod cluster;
 
-use std::ffi::{c_char, c_void};
 use std::ptr::NonNull;
 
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
 
 use crate::common::upstream::OwnerOf;
-use crate::ffi::conf::{conf_step, create_conf, directive, merge_conf, ComplexValue, ConfError};
+use crate::ffi::conf::{ComplexValue, ConfError};
 use crate::ffi::ssl::SslFiles;
 use crate::ffi::*;
 use crate::log;
@@ -114,21 +113,21 @@ impl CacheMainConf {
     }
 }
 
-pub(crate) extern "C" fn create_main_conf<E: Entries>(cf: *mut ngx_conf_t) -> *mut c_void {
-    let value = || CacheMainConf {
+create_conf_handler! {
+    pub(crate) fn create_main_conf<E: Entries> = "cache create_main_conf",
+    || CacheMainConf {
         key: -1,
         db: -1,
         exptime: -1,
         subscribe_buffers_max: CONF_UNSET_SIZE,
         owner_of: Some(E::OWNER_OF),
         ..CacheMainConf::default()
-    };
-    // SAFETY: nginx passes the configuration being read.
-    unsafe { create_conf(cf, "cache create_main_conf", value) }
+    }
 }
 
-pub(crate) extern "C" fn create_loc_conf(cf: *mut ngx_conf_t) -> *mut c_void {
-    let body = || {
+create_conf_handler! {
+    pub(crate) fn create_loc_conf = "cache create_loc_conf",
+    || {
         let mut u: ngx_http_upstream_conf_t = crate::ffi::pool::zeroed();
         u.connect_timeout = CONF_UNSET_MSEC;
         u.send_timeout = CONF_UNSET_MSEC;
@@ -156,9 +155,7 @@ pub(crate) extern "C" fn create_loc_conf(cf: *mut ngx_conf_t) -> *mut c_void {
             ssl_certificate_key: ngx_str_t::default(),
             tls: String::new(),
         }
-    };
-    // SAFETY: nginx passes the configuration being read.
-    unsafe { create_conf(cf, "cache create_loc_conf", body) }
+    }
 }
 
 fn merge_or<T: PartialEq + Copy>(conf: &mut T, prev: T, unset: T, default: T) {
@@ -318,30 +315,19 @@ impl CacheLocConf {
     }
 }
 
-pub(crate) extern "C" fn merge_loc_conf(cf: *mut ngx_conf_t, parent: *mut c_void, child: *mut c_void) -> *mut c_char {
-    // SAFETY: nginx passes the configuration being read and two CacheLocConf of it.
-    unsafe {
-        merge_conf(
-            cf,
-            parent,
-            child,
-            "cache merge_loc_conf",
-            |conf, prev: &CacheLocConf, this: &mut CacheLocConf| {
-                this.merge(prev, conf);
-                this.merge_ssl(prev, conf)?;
-                this.check_channel()
-            },
-        )
+merge_conf_handler! {
+    pub(crate) fn merge_loc_conf = "cache merge_loc_conf",
+    |conf: Conf, prev: &CacheLocConf, this: &mut CacheLocConf| {
+        this.merge(prev, conf);
+        this.merge_ssl(prev, conf)?;
+        this.check_channel()
     }
 }
 
-/// `cache_pass upstream | host:port | unix:/path | $variable`
-pub(crate) extern "C" fn cmd_cache_pass<E: Entries>(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut c_void,
-) -> *mut c_char {
-    let body = |cf: Conf, lcf: &mut CacheLocConf| {
+directive_handler! {
+    /// `cache_pass upstream | host:port | unix:/path | $variable`
+    pub(crate) fn cmd_cache_pass<E: Entries> = "cmd_cache_pass",
+    |cf: Conf, lcf: &mut CacheLocConf| {
         if lcf.pass_set {
             return Err("\"cache_pass\" directive is duplicate".to_owned().into());
         }
@@ -362,26 +348,19 @@ pub(crate) extern "C" fn cmd_cache_pass<E: Entries>(
             upstream: lcf.upstream.upstream,
         });
         Ok(())
-    };
-    // SAFETY: nginx passes the configuration being read and this module's CacheLocConf.
-    unsafe { directive(cf, conf, "cmd_cache_pass", body) }
+    }
 }
 
-/// `cache_auth password` (may contain variables)
-pub(crate) extern "C" fn cmd_cache_auth(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut c_void,
-) -> *mut c_char {
-    let body = |cf: Conf, lcf: &mut CacheLocConf| {
+directive_handler! {
+    /// `cache_auth password` (may contain variables)
+    pub(crate) fn cmd_cache_auth = "cmd_cache_auth",
+    |cf: Conf, lcf: &mut CacheLocConf| {
         if lcf.auth.is_some() {
             return Err("\"cache_auth\" directive is duplicate".to_owned().into());
         }
         lcf.auth = Some(cf.compile(cf.args()[1]).ok_or(ConfError::Logged)?);
         Ok(())
-    };
-    // SAFETY: nginx passes the configuration being read and this module's CacheLocConf.
-    unsafe { directive(cf, conf, "cmd_cache_auth", body) }
+    }
 }
 
 /// `cache_subscribe CHANNEL` and `cache_publish CHANNEL` (with variables):
@@ -419,32 +398,16 @@ fn channel_directive(cf: Conf, lcf: &mut CacheLocConf, publish: bool) -> Result<
     Ok(())
 }
 
-/// `cache_subscribe CHANNEL`
-pub(crate) extern "C" fn cmd_cache_subscribe(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut c_void,
-) -> *mut c_char {
-    // SAFETY: nginx passes the configuration being read and this module's CacheLocConf.
-    unsafe {
-        directive(cf, conf, "cmd_cache_subscribe", |cf, lcf| {
-            channel_directive(cf, lcf, false)
-        })
-    }
+directive_handler! {
+    /// `cache_subscribe CHANNEL`
+    pub(crate) fn cmd_cache_subscribe = "cmd_cache_subscribe",
+    |cf: Conf, lcf: &mut CacheLocConf| channel_directive(cf, lcf, false)
 }
 
-/// `cache_publish CHANNEL`
-pub(crate) extern "C" fn cmd_cache_publish(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut c_void,
-) -> *mut c_char {
-    // SAFETY: nginx passes the configuration being read and this module's CacheLocConf.
-    unsafe {
-        directive(cf, conf, "cmd_cache_publish", |cf, lcf| {
-            channel_directive(cf, lcf, true)
-        })
-    }
+directive_handler! {
+    /// `cache_publish CHANNEL`
+    pub(crate) fn cmd_cache_publish = "cmd_cache_publish",
+    |cf: Conf, lcf: &mut CacheLocConf| channel_directive(cf, lcf, true)
 }
 
 /// The smallest `cache_buffer_size`. nginx reads a reply's header into the
@@ -455,13 +418,10 @@ pub(crate) extern "C" fn cmd_cache_publish(
 /// `-WRONGTYPE ...`) must fit in it together.
 pub const MIN_BUFFER_SIZE: usize = 128;
 
-/// `cache_buffer_size size`: nginx's size slot, and at least `MIN_BUFFER_SIZE`.
-pub(crate) extern "C" fn cmd_cache_buffer_size(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut c_void,
-) -> *mut c_char {
-    let body = |cf: Conf, lcf: &mut CacheLocConf| {
+directive_handler! {
+    /// `cache_buffer_size size`: nginx's size slot, and at least `MIN_BUFFER_SIZE`.
+    pub(crate) fn cmd_cache_buffer_size = "cmd_cache_buffer_size",
+    |cf: Conf, lcf: &mut CacheLocConf| {
         // (nginx's own words for these two, as its size slot has them.)
         if lcf.upstream.buffer_size != CONF_UNSET_SIZE {
             return Err("\"cache_buffer_size\" directive is duplicate".to_owned().into());
@@ -477,18 +437,13 @@ pub(crate) extern "C" fn cmd_cache_buffer_size(
         }
         lcf.upstream.buffer_size = size;
         Ok(())
-    };
-    // SAFETY: nginx passes the configuration being read and this module's CacheLocConf.
-    unsafe { directive(cf, conf, "cmd_cache_buffer_size", body) }
+    }
 }
 
-/// `cache_next_upstream error | timeout | invalid_response | not_found ... | off`
-pub(crate) extern "C" fn cmd_cache_next_upstream(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut c_void,
-) -> *mut c_char {
-    let body = |cf: Conf, lcf: &mut CacheLocConf| {
+directive_handler! {
+    /// `cache_next_upstream error | timeout | invalid_response | not_found ... | off`
+    pub(crate) fn cmd_cache_next_upstream = "cmd_cache_next_upstream",
+    |cf: Conf, lcf: &mut CacheLocConf| {
         if lcf.next_upstream_set {
             return Err("\"cache_next_upstream\" directive is duplicate".to_owned().into());
         }
@@ -501,16 +456,14 @@ pub(crate) extern "C" fn cmd_cache_next_upstream(
         lcf.upstream.next_upstream = cf.next_upstream_bits(&keywords).map_err(|_| ConfError::Logged)?;
         lcf.next_upstream_set = true;
         Ok(())
-    };
-    // SAFETY: nginx passes the configuration being read and this module's CacheLocConf.
-    unsafe { directive(cf, conf, "cmd_cache_next_upstream", body) }
+    }
 }
 
-/// Every location with `cache_pass` needs `$cache_key`; `$cache_db` and
-/// `$cache_exptime` are used when some configuration sets them.
-pub(crate) extern "C" fn postconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
-    // SAFETY: nginx passes the http block being read.
-    unsafe { conf_step(cf, "cache postconfiguration", postconfigure) }
+conf_step_handler! {
+    /// Every location with `cache_pass` needs `$cache_key`; `$cache_db` and
+    /// `$cache_exptime` are used when some configuration sets them.
+    pub(crate) fn postconfiguration = "cache postconfiguration",
+    postconfigure
 }
 
 /// nginx keeps connections (`keepalive`) and TLS sessions per upstream

@@ -147,21 +147,16 @@ impl StartError {
     }
 }
 
-pub(crate) extern "C" fn content_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
-    // SAFETY: nginx calls the content handler with a live request.
-    let r = unsafe { Req::from_raw(r) };
-    guard(
-        r.log(),
-        "cache content handler",
-        HTTP_INTERNAL_SERVER_ERROR,
-        || match start(r) {
+request_handler! {
+    pub(crate) fn content_handler(r) -> ngx_int_t = ("cache content handler", HTTP_INTERNAL_SERVER_ERROR) {
+        match start(r) {
             Ok(rc) => rc,
             Err(e) => {
                 e.log(r.log());
                 e.status()
             }
-        },
-    )
+        }
+    }
 }
 
 /// A variable's value, when it is set and not empty.

@@ -27,19 +27,17 @@ pub(super) const CALLBACKS: Callbacks = Callbacks {
     finalize_request,
 };
 
-/// The commands (core's `redis::plan`): the head, the request body for
-/// SET, the tail.
-extern "C" fn create_request(r: *mut ngx_http_request_t) -> ngx_int_t {
-    // SAFETY: nginx's upstream calls this with a live request.
-    let r = unsafe { Req::from_raw(r) };
-    guard(r.log(), "cache create_request", ERROR, || {
+request_handler! {
+    /// The commands (core's `redis::plan`): the head, the request body for
+    /// SET, the tail.
+    fn create_request(r) -> ngx_int_t = ("cache create_request", ERROR) {
         let Some(ctx) = ctx_of(r) else { return ERROR };
         if build_request(r, ctx) {
             OK
         } else {
             ERROR
         }
-    })
+    }
 }
 
 /// The request's commands and the reader of their replies (again for each
@@ -79,30 +77,26 @@ pub(super) fn build_request(r: &mut Req, ctx: &mut Ctx) -> bool {
     }
 }
 
-extern "C" fn reinit_request(r: *mut ngx_http_request_t) -> ngx_int_t {
-    // SAFETY: nginx's upstream calls this with a live request.
-    let r = unsafe { Req::from_raw(r) };
-    guard(r.log(), "cache reinit_request", ERROR, || {
+request_handler! {
+    fn reinit_request(r) -> ngx_int_t = ("cache reinit_request", ERROR) {
         if let Some(ctx) = ctx_of(r) {
             ctx.exchange.restart();
             ctx.answered = false;
             ctx.carry.clear();
         }
         OK
-    })
+    }
 }
 
 extern "C" fn abort_request(_r: *mut ngx_http_request_t) {}
 
 extern "C" fn finalize_request(_r: *mut ngx_http_request_t, _rc: ngx_int_t) {}
 
-/// Reads the replies up to the command's own, which sets the status. A
-/// reply without a value is read here to the end of the request's last
-/// reply, so that a miss keeps its connection too.
-extern "C" fn process_header(r: *mut ngx_http_request_t) -> ngx_int_t {
-    // SAFETY: nginx's upstream calls this with a live request.
-    let r = unsafe { Req::from_raw(r) };
-    guard(r.log(), "cache process_header", ERROR, || {
+request_handler! {
+    /// Reads the replies up to the command's own, which sets the status. A
+    /// reply without a value is read here to the end of the request's last
+    /// reply, so that a miss keeps its connection too.
+    fn process_header(r) -> ngx_int_t = ("cache process_header", ERROR) {
         let log = r.log();
         let Some(ctx) = ctx_of(r) else { return ERROR };
         let Some(u) = r.upstream() else { return ERROR };
@@ -295,7 +289,7 @@ extern "C" fn process_header(r: *mut ngx_http_request_t) -> ngx_int_t {
                 Event::Value(_) => return ERROR,
             }
         }
-    })
+    }
 }
 
 /// A cluster node that sent what no working node sends: the map may be

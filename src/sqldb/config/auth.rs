@@ -5,7 +5,7 @@
 //! the claims, read-only for GET and HEAD, and the settings, each with
 //! `set_config(..., true)`, so that all of it ends with the transaction.
 
-use std::ffi::{c_char, c_void, CString};
+use std::ffi::CString;
 use std::rc::Rc;
 
 use std::cell::RefCell;
@@ -14,7 +14,7 @@ use gateway_core::jwt::{parse_claim_path, Alg, KeySet, TokenCache};
 use gateway_core::sql::statement_name;
 
 use super::LocConf;
-use crate::ffi::conf::{directive, ComplexValue, ConfError};
+use crate::ffi::conf::{ComplexValue, ConfError};
 use crate::ffi::*;
 
 /// `sqldb_jwt_key FILE [alg=...]`.
@@ -85,13 +85,10 @@ impl PreambleSql {
     }
 }
 
-/// `sqldb_jwt_key FILE [alg=HS256|...]`
-pub(crate) extern "C" fn cmd_sqldb_jwt_key(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut c_void,
-) -> *mut c_char {
-    let body = |cf: Conf, lcf: &mut LocConf| {
+directive_handler! {
+    /// `sqldb_jwt_key FILE [alg=HS256|...]`
+    pub(crate) fn cmd_sqldb_jwt_key = "cmd_sqldb_jwt_key",
+    |cf: Conf, lcf: &mut LocConf| {
         if lcf.jwt.is_some() {
             return Err("\"sqldb_jwt_key\" directive is duplicate".to_owned().into());
         }
@@ -117,18 +114,13 @@ pub(crate) extern "C" fn cmd_sqldb_jwt_key(
             cache: RefCell::new(TokenCache::new(TOKEN_CACHE)),
         }));
         Ok(())
-    };
-    // SAFETY: nginx passes the configuration being read and this module's LocConf.
-    unsafe { directive(cf, conf, "cmd_sqldb_jwt_key", body) }
+    }
 }
 
-/// `sqldb_jwt_role_claim NAME` (a dotted path)
-pub(crate) extern "C" fn cmd_sqldb_jwt_role_claim(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut c_void,
-) -> *mut c_char {
-    let body = |cf: Conf, lcf: &mut LocConf| {
+directive_handler! {
+    /// `sqldb_jwt_role_claim NAME` (a dotted path)
+    pub(crate) fn cmd_sqldb_jwt_role_claim = "cmd_sqldb_jwt_role_claim",
+    |cf: Conf, lcf: &mut LocConf| {
         if lcf.jwt_role_claim.is_some() {
             return Err("\"sqldb_jwt_role_claim\" directive is duplicate".to_owned().into());
         }
@@ -141,18 +133,13 @@ pub(crate) extern "C" fn cmd_sqldb_jwt_role_claim(
         })?;
         lcf.jwt_role_claim = Some(Rc::new(path));
         Ok(())
-    };
-    // SAFETY: nginx passes the configuration being read and this module's LocConf.
-    unsafe { directive(cf, conf, "cmd_sqldb_jwt_role_claim", body) }
+    }
 }
 
-/// `sqldb_anonymous_role ROLE`
-pub(crate) extern "C" fn cmd_sqldb_anonymous_role(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut c_void,
-) -> *mut c_char {
-    let body = |cf: Conf, lcf: &mut LocConf| {
+directive_handler! {
+    /// `sqldb_anonymous_role ROLE`
+    pub(crate) fn cmd_sqldb_anonymous_role = "cmd_sqldb_anonymous_role",
+    |cf: Conf, lcf: &mut LocConf| {
         if lcf.anonymous_role.is_some() {
             return Err("\"sqldb_anonymous_role\" directive is duplicate".to_owned().into());
         }
@@ -170,18 +157,13 @@ pub(crate) extern "C" fn cmd_sqldb_anonymous_role(
         }
         lcf.anonymous_role = Some((Rc::new(role), cf.position()));
         Ok(())
-    };
-    // SAFETY: nginx passes the configuration being read and this module's LocConf.
-    unsafe { directive(cf, conf, "cmd_sqldb_anonymous_role", body) }
+    }
 }
 
-/// `sqldb_setting NAME VALUE` (the value may hold variables)
-pub(crate) extern "C" fn cmd_sqldb_setting(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut c_void,
-) -> *mut c_char {
-    let body = |cf: Conf, lcf: &mut LocConf| {
+directive_handler! {
+    /// `sqldb_setting NAME VALUE` (the value may hold variables)
+    pub(crate) fn cmd_sqldb_setting = "cmd_sqldb_setting",
+    |cf: Conf, lcf: &mut LocConf| {
         let args = cf.args();
         let name = args[1];
         // A custom setting: identifiers joined by dots, as PostgreSQL
@@ -216,7 +198,5 @@ pub(crate) extern "C" fn cmd_sqldb_setting(
             value,
         });
         Ok(())
-    };
-    // SAFETY: nginx passes the configuration being read and this module's LocConf.
-    unsafe { directive(cf, conf, "cmd_sqldb_setting", body) }
+    }
 }

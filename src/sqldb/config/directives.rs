@@ -2,7 +2,7 @@
 //! `sqldb_output`, `sqldb_next_upstream`, `sqldb_set`, `sqldb_rewrite`,
 //! `sqldb_escape`, `sqldb_target`.
 
-use std::ffi::{c_char, c_void, CString};
+use std::ffi::CString;
 use std::rc::Rc;
 
 use gateway_core::method::{parse_methods, QueryError};
@@ -13,17 +13,14 @@ use gateway_core::target::Target;
 use gateway_core::template::{self, Piece};
 
 use super::{Column, Entries, EscapeRule, LocConf, Output, PendingPass, SetRule, Sqldb, Template, TemplatePiece};
-use crate::ffi::conf::{directive, ConfError};
+use crate::ffi::conf::ConfError;
 use crate::ffi::*;
 use crate::sqldb::driver::Statement;
 
-/// `sqldb_pass NAME | $variable`
-pub(crate) extern "C" fn cmd_sqldb_pass<E: Entries>(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut c_void,
-) -> *mut c_char {
-    let body = |cf: Conf, lcf: &mut LocConf| {
+directive_handler! {
+    /// `sqldb_pass NAME | $variable`
+    pub(crate) fn cmd_sqldb_pass<E: Entries> = "cmd_sqldb_pass",
+    |cf: Conf, lcf: &mut LocConf| {
         if lcf.pass_set {
             return Err("\"sqldb_pass\" directive is duplicate".to_owned().into());
         }
@@ -45,10 +42,7 @@ pub(crate) extern "C" fn cmd_sqldb_pass<E: Entries>(
             claim: Some(claim),
         });
         Ok(())
-    };
-    // SAFETY: nginx passes the configuration being read and this module's
-    // LocConf (the directive's slot).
-    unsafe { directive(cf, conf, "cmd_sqldb_pass", body) }
+    }
 }
 
 thread_local! {
@@ -129,13 +123,10 @@ fn compile_template(cf: Conf, text: &[u8]) -> Result<Template, ConfError> {
     })
 }
 
-/// `sqldb_query [METHOD ...] "template"`
-pub(crate) extern "C" fn cmd_sqldb_query(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut c_void,
-) -> *mut c_char {
-    let body = |cf: Conf, lcf: &mut LocConf| {
+directive_handler! {
+    /// `sqldb_query [METHOD ...] "template"`
+    pub(crate) fn cmd_sqldb_query = "cmd_sqldb_query",
+    |cf: Conf, lcf: &mut LocConf| {
         let args = cf.args();
         let text = args[args.len() - 1];
         if text.is_empty() {
@@ -155,18 +146,13 @@ pub(crate) extern "C" fn cmd_sqldb_query(
             .add(methods, Rc::new(tmpl))
             .map_err(|e| format!("\"sqldb_query\" directive {e}"))?;
         Ok(())
-    };
-    // SAFETY: nginx passes the configuration being read and this module's LocConf.
-    unsafe { directive(cf, conf, "cmd_sqldb_query", body) }
+    }
 }
 
-/// `sqldb_listen CHANNEL` (the channel may hold variables).
-pub(crate) extern "C" fn cmd_sqldb_listen(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut c_void,
-) -> *mut c_char {
-    let body = |cf: Conf, lcf: &mut LocConf| {
+directive_handler! {
+    /// `sqldb_listen CHANNEL` (the channel may hold variables).
+    pub(crate) fn cmd_sqldb_listen = "cmd_sqldb_listen",
+    |cf: Conf, lcf: &mut LocConf| {
         if lcf.listen.is_some() {
             return Err("\"sqldb_listen\" directive is duplicate".to_owned().into());
         }
@@ -180,18 +166,13 @@ pub(crate) extern "C" fn cmd_sqldb_listen(
         }
         lcf.listen = Some((cf.compile(value).ok_or(ConfError::Logged)?, cf.position()));
         Ok(())
-    };
-    // SAFETY: nginx passes the configuration being read and this module's LocConf.
-    unsafe { directive(cf, conf, "cmd_sqldb_listen", body) }
+    }
 }
 
-/// `sqldb_target [METHOD ...] any | primary | standby | prefer-standby | read-write | read-only`
-pub(crate) extern "C" fn cmd_sqldb_target(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut c_void,
-) -> *mut c_char {
-    let body = |cf: Conf, lcf: &mut LocConf| {
+directive_handler! {
+    /// `sqldb_target [METHOD ...] any | primary | standby | prefer-standby | read-write | read-only`
+    pub(crate) fn cmd_sqldb_target = "cmd_sqldb_target",
+    |cf: Conf, lcf: &mut LocConf| {
         let args = cf.args();
         let value = args[args.len() - 1];
         let target = Target::parse(value).ok_or_else(|| {
@@ -217,18 +198,13 @@ pub(crate) extern "C" fn cmd_sqldb_target(
             other => format!("\"sqldb_target\" directive: {other}"),
         })?;
         Ok(())
-    };
-    // SAFETY: nginx passes the configuration being read and this module's LocConf.
-    unsafe { directive(cf, conf, "cmd_sqldb_target", body) }
+    }
 }
 
-/// `sqldb_stream_connections number`
-pub(crate) extern "C" fn cmd_sqldb_stream_connections(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut c_void,
-) -> *mut c_char {
-    let body = |cf: Conf, lcf: &mut LocConf| {
+directive_handler! {
+    /// `sqldb_stream_connections number`
+    pub(crate) fn cmd_sqldb_stream_connections = "cmd_sqldb_stream_connections",
+    |cf: Conf, lcf: &mut LocConf| {
         if lcf.stream_connections.is_some() {
             return Err("\"sqldb_stream_connections\" directive is duplicate".to_owned().into());
         }
@@ -241,18 +217,13 @@ pub(crate) extern "C" fn cmd_sqldb_stream_connections(
         })?;
         lcf.stream_connections = Some(n);
         Ok(())
-    };
-    // SAFETY: nginx passes the configuration being read and this module's LocConf.
-    unsafe { directive(cf, conf, "cmd_sqldb_stream_connections", body) }
+    }
 }
 
-/// `sqldb_output rds | text | value | binary_value | json | csv | none`
-pub(crate) extern "C" fn cmd_sqldb_output(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut c_void,
-) -> *mut c_char {
-    let body = |cf: Conf, lcf: &mut LocConf| {
+directive_handler! {
+    /// `sqldb_output rds | text | value | binary_value | json | csv | none`
+    pub(crate) fn cmd_sqldb_output = "cmd_sqldb_output",
+    |cf: Conf, lcf: &mut LocConf| {
         if lcf.output.is_some() {
             return Err("\"sqldb_output\" directive is duplicate".to_owned().into());
         }
@@ -268,18 +239,13 @@ pub(crate) extern "C" fn cmd_sqldb_output(
             )
         })?);
         Ok(())
-    };
-    // SAFETY: nginx passes the configuration being read and this module's LocConf.
-    unsafe { directive(cf, conf, "cmd_sqldb_output", body) }
+    }
 }
 
-/// `sqldb_next_upstream error | timeout ... | off`
-pub(crate) extern "C" fn cmd_sqldb_next_upstream(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut c_void,
-) -> *mut c_char {
-    let body = |cf: Conf, lcf: &mut LocConf| {
+directive_handler! {
+    /// `sqldb_next_upstream error | timeout ... | off`
+    pub(crate) fn cmd_sqldb_next_upstream = "cmd_sqldb_next_upstream",
+    |cf: Conf, lcf: &mut LocConf| {
         if lcf.next_upstream.is_some() {
             return Err("\"sqldb_next_upstream\" directive is duplicate".to_owned().into());
         }
@@ -289,9 +255,7 @@ pub(crate) extern "C" fn cmd_sqldb_next_upstream(
         ];
         lcf.next_upstream = Some(cf.next_upstream_bits(&keywords).map_err(|_| ConfError::Logged)?);
         Ok(())
-    };
-    // SAFETY: nginx passes the configuration being read and this module's LocConf.
-    unsafe { directive(cf, conf, "cmd_sqldb_next_upstream", body) }
+    }
 }
 
 /// Declares a variable that `sqldb_set` / `sqldb_escape` writes (as `set` does).
@@ -313,13 +277,10 @@ fn writable_variable(cf: Conf, name: &[u8]) -> Result<ngx_int_t, ConfError> {
     Ok(index)
 }
 
-/// `sqldb_set $var ROW COLUMN|NAME [optional|required]`
-pub(crate) extern "C" fn cmd_sqldb_set(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut c_void,
-) -> *mut c_char {
-    let body = |cf: Conf, lcf: &mut LocConf| {
+directive_handler! {
+    /// `sqldb_set $var ROW COLUMN|NAME [optional|required]`
+    pub(crate) fn cmd_sqldb_set = "cmd_sqldb_set",
+    |cf: Conf, lcf: &mut LocConf| {
         let args = cf.args();
         let index = writable_variable(cf, args[1])?;
         let number = |a: &[u8]| std::str::from_utf8(a).ok().and_then(|s| s.parse::<usize>().ok());
@@ -352,18 +313,13 @@ pub(crate) extern "C" fn cmd_sqldb_set(
             required,
         });
         Ok(())
-    };
-    // SAFETY: nginx passes the configuration being read and this module's LocConf.
-    unsafe { directive(cf, conf, "cmd_sqldb_set", body) }
+    }
 }
 
-/// `sqldb_rewrite [METHOD ...] no_changes | changes | no_rows | rows [=]CODE`
-pub(crate) extern "C" fn cmd_sqldb_rewrite(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut c_void,
-) -> *mut c_char {
-    let body = |cf: Conf, lcf: &mut LocConf| {
+directive_handler! {
+    /// `sqldb_rewrite [METHOD ...] no_changes | changes | no_rows | rows [=]CODE`
+    pub(crate) fn cmd_sqldb_rewrite = "cmd_sqldb_rewrite",
+    |cf: Conf, lcf: &mut LocConf| {
         let rule = rewrite::parse_rule(cf.args()[1..].iter().copied())
             .map_err(|e| format!("{e} in \"sqldb_rewrite\" directive"))?;
         // A second rule for the same condition and methods would never apply.
@@ -380,18 +336,13 @@ pub(crate) extern "C" fn cmd_sqldb_rewrite(
         }
         lcf.rewrites.push(rule);
         Ok(())
-    };
-    // SAFETY: nginx passes the configuration being read and this module's LocConf.
-    unsafe { directive(cf, conf, "cmd_sqldb_rewrite", body) }
+    }
 }
 
-/// `sqldb_escape $dst [[=]$src]`, `sqldb_escape =$var`
-pub(crate) extern "C" fn cmd_sqldb_escape(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut c_void,
-) -> *mut c_char {
-    let body = |cf: Conf, lcf: &mut LocConf| {
+directive_handler! {
+    /// `sqldb_escape $dst [[=]$src]`, `sqldb_escape =$var`
+    pub(crate) fn cmd_sqldb_escape = "cmd_sqldb_escape",
+    |cf: Conf, lcf: &mut LocConf| {
         let args = cf.args();
         let mut empty_string = false;
         let mut name = args[1];
@@ -413,7 +364,5 @@ pub(crate) extern "C" fn cmd_sqldb_escape(
         }
         lcf.escapes.push(EscapeRule { dst, src, empty_string });
         Ok(())
-    };
-    // SAFETY: nginx passes the configuration being read and this module's LocConf.
-    unsafe { directive(cf, conf, "cmd_sqldb_escape", body) }
+    }
 }

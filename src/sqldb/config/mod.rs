@@ -6,7 +6,7 @@ pub mod auth;
 pub mod directives;
 pub mod upstream;
 
-use std::ffi::{c_char, c_void, CString};
+use std::ffi::CString;
 use std::ptr::NonNull;
 use std::rc::Rc;
 
@@ -17,7 +17,7 @@ use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, HttpModu
 
 use super::driver::{Listener, Pool, Settings, Statement};
 use crate::common::hub::HubSink;
-use crate::ffi::conf::{create_conf, merge_conf, ComplexValue, ConfError, Position};
+use crate::ffi::conf::{ComplexValue, ConfError, Position};
 use crate::ffi::*;
 
 pub const RDS_CONTENT_TYPE: &str = "application/x-gateway-dbd-stream";
@@ -310,18 +310,18 @@ impl MainConf {
     }
 }
 
-pub(crate) extern "C" fn create_main_conf(cf: *mut ngx_conf_t) -> *mut c_void {
-    let value = || MainConf {
+create_conf_handler! {
+    pub(crate) fn create_main_conf = "create_main_conf",
+    || MainConf {
         vars: [-1; 5],
         listen_buffers_max: CONF_UNSET_SIZE,
         ..MainConf::default()
-    };
-    // SAFETY: nginx passes the configuration being read.
-    unsafe { create_conf(cf, "create_main_conf", value) }
+    }
 }
 
-pub(crate) extern "C" fn create_srv_conf(cf: *mut ngx_conf_t) -> *mut c_void {
-    let value = || SrvConf {
+create_conf_handler! {
+    pub(crate) fn create_srv_conf = "create_srv_conf",
+    || SrvConf {
         addrs: Vec::new(),
         servers: 0,
         balancer_init: None,
@@ -329,13 +329,12 @@ pub(crate) extern "C" fn create_srv_conf(cf: *mut ngx_conf_t) -> *mut c_void {
         listener: None,
         keepalive_set: false,
         pipeline_set: false,
-    };
-    // SAFETY: nginx passes the configuration being read.
-    unsafe { create_conf(cf, "create_srv_conf", value) }
+    }
 }
 
-pub(crate) extern "C" fn create_loc_conf(cf: *mut ngx_conf_t) -> *mut c_void {
-    let value = || LocConf {
+create_conf_handler! {
+    pub(crate) fn create_loc_conf = "create_loc_conf",
+    || LocConf {
         upstream: crate::ffi::pool::zeroed(),
         pass_set: false,
         pass_var: None,
@@ -360,9 +359,7 @@ pub(crate) extern "C" fn create_loc_conf(cf: *mut ngx_conf_t) -> *mut c_void {
         anonymous_role: None,
         settings: Vec::new(),
         preamble: None,
-    };
-    // SAFETY: nginx passes the configuration being read.
-    unsafe { create_conf(cf, "create_loc_conf", value) }
+    }
 }
 
 fn merge_msec(conf: &mut ngx_msec_t, prev: ngx_msec_t, default: ngx_msec_t) {
@@ -497,8 +494,7 @@ impl LocConf {
     }
 }
 
-pub(crate) extern "C" fn merge_loc_conf(cf: *mut ngx_conf_t, parent: *mut c_void, child: *mut c_void) -> *mut c_char {
-    let merge = |conf: Conf, prev: &LocConf, this: &mut LocConf| this.merge(prev, conf);
-    // SAFETY: nginx passes the configuration being read and two LocConf of it.
-    unsafe { merge_conf(cf, parent, child, "merge_loc_conf", merge) }
+merge_conf_handler! {
+    pub(crate) fn merge_loc_conf = "merge_loc_conf",
+    |conf: Conf, prev: &LocConf, this: &mut LocConf| this.merge(prev, conf)
 }

@@ -2,13 +2,13 @@
 //! `sqldb_pipeline`), the `$sqldb_*` variables, and what is settled once
 //! the whole http block is read.
 
-use std::ffi::{c_char, c_void, CString};
+use std::ffi::{c_char, CString};
 
 use gateway_core::conninfo::{self, Keywords, Target};
 
 use super::{Entries, MainConf, Sqldb, SrvConf, Var};
 use crate::common::upstream::Owner;
-use crate::ffi::conf::{conf_step, directive, socket_addr, ConfError, ServerParams};
+use crate::ffi::conf::{socket_addr, ConfError, ServerParams};
 use crate::ffi::*;
 use crate::log;
 use crate::sqldb::driver::check_conninfo;
@@ -23,15 +23,10 @@ pub fn atoi(v: &[u8]) -> Option<usize> {
     std::str::from_utf8(v).ok()?.parse().ok()
 }
 
-/// `sqldb_server ADDRESS [weight=N] [max_fails=N] [fail_timeout=T] [backup] [down] keyword=value ...`
-pub(crate) extern "C" fn cmd_sqldb_server(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut c_void,
-) -> *mut c_char {
-    // SAFETY: nginx passes the configuration being read and this module's
-    // SrvConf of the enclosing upstream block.
-    unsafe { directive(cf, conf, "cmd_sqldb_server", server) }
+directive_handler! {
+    /// `sqldb_server ADDRESS [weight=N] [max_fails=N] [fail_timeout=T] [backup] [down] keyword=value ...`
+    pub(crate) fn cmd_sqldb_server = "cmd_sqldb_server",
+    server
 }
 
 fn server(cf: Conf, srv: &mut SrvConf) -> Result<(), ConfError> {
@@ -118,13 +113,10 @@ fn server(cf: Conf, srv: &mut SrvConf) -> Result<(), ConfError> {
     Ok(())
 }
 
-/// `sqldb_keepalive off | max=N [mode=single|multi] [overflow=ignore|reject] [idle_timeout=T] [requests=N]`
-pub(crate) extern "C" fn cmd_sqldb_keepalive(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut c_void,
-) -> *mut c_char {
-    let body = |cf: Conf, srv: &mut SrvConf| {
+directive_handler! {
+    /// `sqldb_keepalive off | max=N [mode=single|multi] [overflow=ignore|reject] [idle_timeout=T] [requests=N]`
+    pub(crate) fn cmd_sqldb_keepalive = "cmd_sqldb_keepalive",
+    |cf: Conf, srv: &mut SrvConf| {
         if srv.keepalive_set {
             return Err("\"sqldb_keepalive\" directive is duplicate".to_owned().into());
         }
@@ -174,20 +166,15 @@ pub(crate) extern "C" fn cmd_sqldb_keepalive(
             }
         }
         Ok(())
-    };
-    // SAFETY: nginx passes the configuration being read and this module's SrvConf.
-    unsafe { directive(cf, conf, "cmd_sqldb_keepalive", body) }
+    }
 }
 
-/// `sqldb_pipeline on | off [depth=N] [slow=T]` (upstream): queue requests
-/// onto busy connections, while their queues are shorter than `depth` and
-/// the query in front has run less than `slow`.
-pub(crate) extern "C" fn cmd_sqldb_pipeline(
-    cf: *mut ngx_conf_t,
-    _cmd: *mut ngx_command_t,
-    conf: *mut c_void,
-) -> *mut c_char {
-    let body = |cf: Conf, srv: &mut SrvConf| {
+directive_handler! {
+    /// `sqldb_pipeline on | off [depth=N] [slow=T]` (upstream): queue requests
+    /// onto busy connections, while their queues are shorter than `depth` and
+    /// the query in front has run less than `slow`.
+    pub(crate) fn cmd_sqldb_pipeline = "cmd_sqldb_pipeline",
+    |cf: Conf, srv: &mut SrvConf| {
         if srv.pipeline_set {
             return Err("\"sqldb_pipeline\" directive is duplicate".to_owned().into());
         }
@@ -239,9 +226,7 @@ pub(crate) extern "C" fn cmd_sqldb_pipeline(
             seen.push(key);
         }
         Ok(())
-    };
-    // SAFETY: nginx passes the configuration being read and this module's SrvConf.
-    unsafe { directive(cf, conf, "cmd_sqldb_pipeline", body) }
+    }
 }
 
 /// Our SrvConf of an upstream block, if the block has `sqldb_server` lines.
@@ -287,9 +272,10 @@ pub(crate) extern "C" fn not_set(r: *mut ngx_http_request_t, v: *mut ngx_variabl
     })
 }
 
-/// Declares the `$sqldb_*` variables (preconfiguration).
-pub(crate) extern "C" fn preconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
-    let body = |cf: Conf| {
+conf_step_handler! {
+    /// Declares the `$sqldb_*` variables (preconfiguration).
+    pub(crate) fn preconfiguration = "preconfiguration",
+    |cf: Conf| {
         for (_, name) in Var::ALL {
             let (v, _) = cf
                 .add_variable(name.as_bytes(), NGX_HTTP_VAR_NOHASH)
@@ -297,17 +283,15 @@ pub(crate) extern "C" fn preconfiguration(cf: *mut ngx_conf_t) -> ngx_int_t {
             v.get_handler = Some(not_set);
         }
         Ok(())
-    };
-    // SAFETY: nginx passes the http block being read.
-    unsafe { conf_step(cf, "preconfiguration", body) }
+    }
 }
 
-/// After the whole http block is read: each sqldb upstream checked and its
-/// balancer wrapped, `sqldb_pass NAME` resolved, the variables' indexes
-/// known, and sqldb_escape's phase handler installed.
-pub(crate) extern "C" fn postconfiguration<E: Entries>(cf: *mut ngx_conf_t) -> ngx_int_t {
-    // SAFETY: nginx passes the http block being read.
-    unsafe { conf_step(cf, "postconfiguration", postconfigure::<E>) }
+conf_step_handler! {
+    /// After the whole http block is read: each sqldb upstream checked and its
+    /// balancer wrapped, `sqldb_pass NAME` resolved, the variables' indexes
+    /// known, and sqldb_escape's phase handler installed.
+    pub(crate) fn postconfiguration<E: Entries> = "postconfiguration",
+    postconfigure::<E>
 }
 
 fn postconfigure<E: Entries>(cf: Conf) -> Result<(), ConfError> {
@@ -345,12 +329,7 @@ fn postconfigure<E: Entries>(cf: Conf) -> Result<(), ConfError> {
     for (i, (_, name)) in Var::ALL.iter().enumerate() {
         mcf.vars[i] = cf.variable_index(name.as_bytes()).ok_or(ConfError::Logged)?;
     }
-    let cmcf = cf.main_conf::<ngx::http::NgxHttpCoreModule>();
-    let phase = &mut cmcf.phases[ngx_http_phases_NGX_HTTP_PREACCESS_PHASE as usize];
-    // SAFETY: the phase's handlers array, of ngx_http_handler_pt.
-    let h = unsafe { (ngx_array_push(&mut phase.handlers) as *mut ngx_http_handler_pt).as_mut() }
-        .ok_or(ConfError::Logged)?;
-    *h = E::ESCAPE;
+    cf.add_phase_handler(ngx_http_phases_NGX_HTTP_PREACCESS_PHASE, E::ESCAPE)?;
 
     for p in mcf.pending.drain(..) {
         if p.claim.as_ref().is_some_and(|c| !c.holds(&cf)) {

@@ -16,11 +16,11 @@ use crate::sqldb::config::upstream::{find_upstream, sqldb_srv_conf};
 use crate::sqldb::config::{LocConf, Output, Sqldb, Template, TemplatePiece, Var};
 use crate::sqldb::driver::Query;
 
-/// The location's content handler (set by `sqldb_pass`).
-pub(crate) extern "C" fn content_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
-    // SAFETY: nginx calls the content handler with a live request.
-    let r = unsafe { Req::from_raw(r) };
-    guard(r.log(), "content_handler", HTTP_INTERNAL_SERVER_ERROR, || start(r))
+request_handler! {
+    /// The location's content handler (set by `sqldb_pass`).
+    pub(crate) fn content_handler(r) -> ngx_int_t = ("content_handler", HTTP_INTERNAL_SERVER_ERROR) {
+        start(r)
+    }
 }
 
 fn start(r: &mut Req) -> ngx_int_t {
@@ -96,11 +96,19 @@ fn upstream_of(r: &mut Req, lcf: &LocConf) -> Result<*mut ngx_http_upstream_srv_
     find_upstream(upstreams, &name).ok_or_else(|| StartError::NoUpstream(String::from_utf8_lossy(&name).into_owned()))
 }
 
-/// The request body is in: run the query (or answer with an error).
-extern "C" fn body_read(r: *mut ngx_http_request_t) {
-    // SAFETY: nginx calls this with the live request whose body was read.
-    let r = unsafe { Req::from_raw(r) };
-    let rc = guard(r.log(), "body_read", HTTP_INTERNAL_SERVER_ERROR, || match run(r) {
+request_handler! {
+    /// The request body is in: run the query (or answer with an error).
+    fn body_read(r) = ("body_read", panic: |r: &mut Req| r.finalize(HTTP_INTERNAL_SERVER_ERROR)) {
+        let rc = body_done(r);
+        if rc != DONE {
+            r.finalize(rc);
+        }
+    }
+}
+
+/// What the request comes to once its body is in: DONE while it runs.
+fn body_done(r: &mut Req) -> ngx_int_t {
+    match run(r) {
         Ok(()) => DONE,
         Err(e) => {
             if !matches!(e, StartError::Nginx) {
@@ -118,9 +126,6 @@ extern "C" fn body_read(r: *mut ngx_http_request_t) {
             }
             e.status()
         }
-    });
-    if rc != DONE {
-        r.finalize(rc);
     }
 }
 

@@ -5,7 +5,7 @@
 
 use gateway_core::formats::{Stream, StreamFormat};
 
-use super::peer::{fail, finish_upstream, guard_request, timer_of};
+use super::peer::{fail, finish_upstream, timer_of};
 use super::{ctx_of, pool_of, vars, SINK};
 use crate::ffi::buf::Reuse;
 use crate::ffi::*;
@@ -190,12 +190,12 @@ fn pause(r: &mut Req) {
     r.wait_client_writable();
 }
 
-/// The client can take more: push what is pending, and once it is caught
-/// up, read the database connection again.
-extern "C" fn stream_resume(r: *mut ngx_http_request_t) {
-    // SAFETY: nginx calls the write handler with a live request.
-    let r = unsafe { Req::from_raw(r) };
-    guard_request(r, "stream_resume", resume);
+request_handler! {
+    /// The client can take more: push what is pending, and once it is caught
+    /// up, read the database connection again.
+    fn stream_resume(r) = ("stream_resume", panic: |r: &mut Req| fail(r, HTTP_INTERNAL_SERVER_ERROR, false)) {
+        resume(r)
+    }
 }
 
 fn resume(r: &mut Req) {

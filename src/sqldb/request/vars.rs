@@ -77,12 +77,12 @@ pub fn rewrite(r: &Req, lcf: &LocConf, res: &PgResult) -> Option<(ngx_uint_t, bo
     rewrite::choose(&lcf.rewrites, r.method(), facts).map(|w| (ngx_uint_t::from(w.status), w.keep_body))
 }
 
-/// Makes the escaped literals of the location before its content handler
-/// runs (after `set`, so that the values `set` makes can be escaped).
-pub(crate) extern "C" fn escape_handler(r: *mut ngx_http_request_t) -> ngx_int_t {
-    // SAFETY: nginx calls phase handlers with a live request.
-    let r = unsafe { Req::from_raw(r) };
-    guard(r.log(), "escape_handler", HTTP_INTERNAL_SERVER_ERROR, || escape(r))
+request_handler! {
+    /// Makes the escaped literals of the location before its content handler
+    /// runs (after `set`, so that the values `set` makes can be escaped).
+    pub(crate) fn escape_handler(r) -> ngx_int_t = ("escape_handler", HTTP_INTERNAL_SERVER_ERROR) {
+        escape(r)
+    }
 }
 
 fn escape(r: &mut Req) -> ngx_int_t {

@@ -198,12 +198,9 @@ pub fn start(r: &mut Req, block: Option<&ngx_http_upstream_srv_conf_t>) -> Optio
     Some(DONE)
 }
 
-/// The request body is read: the request goes to its server.
-extern "C" fn body_read(r: *mut ngx_http_request_t) {
-    // SAFETY: nginx calls this with the live request whose body it read.
-    let r = unsafe { Req::from_raw(r) };
-    let posted = r.posted();
-    guard_request(r, "cache body_read", |r| {
+request_handler! {
+    /// The request body is read: the request goes to its server.
+    fn body_read(r) = ("cache body_read", panic: |r: &mut Req| end(r, HTTP_INTERNAL_SERVER_ERROR), posted) {
         let Some(body) = r.body_bytes() else {
             return end(r, HTTP_INTERNAL_SERVER_ERROR);
         };
@@ -211,8 +208,7 @@ extern "C" fn body_read(r: *mut ngx_http_request_t) {
         s.body = body;
         r.set_read_handler_test_reading();
         dispatch(r);
-    });
-    posted.run();
+    }
 }
 
 /// Runs the body of an entry point for one request; a panic ends the

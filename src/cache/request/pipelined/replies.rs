@@ -5,11 +5,9 @@
 
 use super::*;
 
-/// The client took what was pending: the connection reads on.
-pub(super) extern "C" fn client_writable(r: *mut ngx_http_request_t) {
-    // SAFETY: nginx calls the write handler with a live request.
-    let r = unsafe { Req::from_raw(r) };
-    guard_request(r, "cache client_writable", |r| {
+request_handler! {
+    /// The client took what was pending: the connection reads on.
+    pub(super) fn client_writable(r) = ("cache client_writable", panic: |r: &mut Req| end(r, HTTP_INTERNAL_SERVER_ERROR)) {
         let Some(s) = shared_of(r) else { return };
         if s.done {
             return;
@@ -44,7 +42,7 @@ pub(super) extern "C" fn client_writable(r: *mut ngx_http_request_t) {
                 pipes(r).with(id, |c| c.resume());
             }
         }
-    });
+    }
 }
 
 /// The status and headers of the answer, once (`head`).

@@ -1,0 +1,173 @@
+//! Entry points: the functions nginx calls. Each is declared with one of
+//! these macros, which write the `extern "C"` function: nginx's raw
+//! pointers become the safe types of this module once, here, and the body
+//! runs inside `guard` (no panic crosses into nginx). What a body sees is
+//! a `&mut Req`, a `Conf`, a typed configuration object.
+
+/// A request handler: content and phase handlers, write and body handlers,
+/// the upstream's callbacks. nginx calls each with a live request.
+///
+/// ```ignore
+/// request_handler! {
+///     /// Docs.
+///     pub(crate) fn content_handler(r) -> ngx_int_t = ("entry name", HTTP_INTERNAL_SERVER_ERROR) {
+///         start(r)
+///     }
+/// }
+/// ```
+///
+/// Without a result: `fn name(r) = ("entry") { ... }`, and with what is
+/// done to the request after a panic: `= ("entry", panic: |r| end(r)) {...}`.
+/// `, posted` after the entry runs nginx's posted subrequests after it.
+#[macro_export]
+macro_rules! request_handler {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($r:ident) -> $ret:ty = ($entry:expr, $on_panic:expr) $body:block) => {
+        $(#[$m])*
+        $vis extern "C" fn $name($r: *mut $crate::ffi::ngx_http_request_t) -> $ret {
+            // SAFETY: nginx calls a request handler with a live request.
+            let $r = unsafe { $crate::ffi::Req::from_raw($r) };
+            $crate::ffi::guard($r.log(), $entry, $on_panic, || $body)
+        }
+    };
+    ($(#[$m:meta])* $vis:vis fn $name:ident($r:ident) = ($entry:expr, panic: $on_panic:expr, posted) $body:block) => {
+        $(#[$m])*
+        $vis extern "C" fn $name($r: *mut $crate::ffi::ngx_http_request_t) {
+            // SAFETY: nginx calls a request handler with a live request.
+            let $r = unsafe { $crate::ffi::Req::from_raw($r) };
+            let posted = $r.posted();
+            $crate::request_handler!(@run $r, $entry, $on_panic, $body);
+            posted.run();
+        }
+    };
+    ($(#[$m:meta])* $vis:vis fn $name:ident($r:ident) = ($entry:expr, panic: $on_panic:expr) $body:block) => {
+        $(#[$m])*
+        $vis extern "C" fn $name($r: *mut $crate::ffi::ngx_http_request_t) {
+            // SAFETY: nginx calls a request handler with a live request.
+            let $r = unsafe { $crate::ffi::Req::from_raw($r) };
+            $crate::request_handler!(@run $r, $entry, $on_panic, $body);
+        }
+    };
+    ($(#[$m:meta])* $vis:vis fn $name:ident($r:ident) = ($entry:expr) $body:block) => {
+        $(#[$m])*
+        $vis extern "C" fn $name($r: *mut $crate::ffi::ngx_http_request_t) {
+            // SAFETY: nginx calls a request handler with a live request.
+            let $r = unsafe { $crate::ffi::Req::from_raw($r) };
+            $crate::request_handler!(@run $r, $entry, |_: &mut $crate::ffi::Req| {}, $body);
+        }
+    };
+    (@run $r:ident, $entry:expr, $on_panic:expr, $body:block) => {
+        let ok = $crate::ffi::guard($r.log(), $entry, false, || {
+            // (A closure: a `return` in the body ends the body.)
+            $crate::ffi::entry::run(|| $body);
+            true
+        });
+        if !ok {
+            ($on_panic)($r);
+        }
+    };
+}
+
+/// A directive's handler: `body` takes the configuration being read and the
+/// directive's configuration object (`&mut T`, where the directive's
+/// `conf` offset puts it).
+///
+/// ```ignore
+/// directive_handler! {
+///     pub(crate) fn cmd_cache_auth = "cmd_cache_auth", |cf: Conf, lcf: &mut CacheLocConf| { ... }
+/// }
+/// ```
+#[macro_export]
+macro_rules! directive_handler {
+    ($(#[$m:meta])* $vis:vis fn $name:ident $(<$($g:ident : $b:path),*>)? = $entry:expr, $body:expr) => {
+        $(#[$m])*
+        $vis extern "C" fn $name $(<$($g: $b),*>)? (
+            cf: *mut $crate::ffi::ngx_conf_t,
+            _cmd: *mut $crate::ffi::ngx_command_t,
+            conf: *mut ::std::ffi::c_void,
+        ) -> *mut ::std::ffi::c_char {
+            // The body is evaluated outside the unsafe block: its own unsafe
+            // operations need their own blocks.
+            let entry: &str = $entry;
+            let body = $body;
+            // SAFETY: nginx calls a directive's handler with the
+            // configuration being read and the directive's configuration
+            // object, of the type its command's offset names (the body's).
+            unsafe { $crate::ffi::conf::directive(cf, conf, entry, body) }
+        }
+    };
+}
+
+/// A module's create-configuration callback: `value` makes the object.
+#[macro_export]
+macro_rules! create_conf_handler {
+    ($(#[$m:meta])* $vis:vis fn $name:ident $(<$($g:ident : $b:path),*>)? = $entry:expr, $value:expr) => {
+        $(#[$m])*
+        $vis extern "C" fn $name $(<$($g: $b),*>)? (cf: *mut $crate::ffi::ngx_conf_t) -> *mut ::std::ffi::c_void {
+            // The body is evaluated outside the unsafe block: its own unsafe
+            // operations need their own blocks.
+            let entry: &str = $entry;
+            let value = $value;
+            // SAFETY: nginx calls it with the configuration being read.
+            unsafe { $crate::ffi::conf::create_conf(cf, entry, value) }
+        }
+    };
+}
+
+/// A module's merge callback: `merge` takes the configuration, the outer
+/// level's object and this level's.
+#[macro_export]
+macro_rules! merge_conf_handler {
+    ($(#[$m:meta])* $vis:vis fn $name:ident $(<$($g:ident : $b:path),*>)? = $entry:expr, $merge:expr) => {
+        $(#[$m])*
+        $vis extern "C" fn $name $(<$($g: $b),*>)? (
+            cf: *mut $crate::ffi::ngx_conf_t,
+            parent: *mut ::std::ffi::c_void,
+            child: *mut ::std::ffi::c_void,
+        ) -> *mut ::std::ffi::c_char {
+            // The body is evaluated outside the unsafe block: its own unsafe
+            // operations need their own blocks.
+            let entry: &str = $entry;
+            let merge = $merge;
+            // SAFETY: nginx calls it with the configuration being read and
+            // two objects the module's create callback made.
+            unsafe { $crate::ffi::conf::merge_conf(cf, parent, child, entry, merge) }
+        }
+    };
+}
+
+/// A configuration step (pre- and postconfiguration): `body` takes the
+/// configuration.
+#[macro_export]
+macro_rules! conf_step_handler {
+    ($(#[$m:meta])* $vis:vis fn $name:ident $(<$($g:ident : $b:path),*>)? = $entry:expr, $body:expr) => {
+        $(#[$m])*
+        $vis extern "C" fn $name $(<$($g: $b),*>)? (cf: *mut $crate::ffi::ngx_conf_t) -> $crate::ffi::ngx_int_t {
+            // The body is evaluated outside the unsafe block: its own unsafe
+            // operations need their own blocks.
+            let entry: &str = $entry;
+            let body = $body;
+            // SAFETY: nginx calls it with the configuration being read.
+            unsafe { $crate::ffi::conf::conf_step(cf, entry, body) }
+        }
+    };
+}
+
+/// A process or module callback nginx calls with its cycle
+/// (`init_module`, `init_process`): `body` takes the cycle and its log.
+#[macro_export]
+macro_rules! cycle_handler {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($cycle:ident, $log:ident) = $entry:expr, $body:block) => {
+        $(#[$m])*
+        $vis extern "C" fn $name($cycle: *mut $crate::ffi::ngx_cycle_t) -> $crate::ffi::ngx_int_t {
+            // SAFETY: nginx calls it with the cycle being initialised or
+            // run, whose log is set up.
+            let ($cycle, $log) = unsafe { (&*$cycle, $crate::ffi::Log::from_raw((*$cycle).log)) };
+            $crate::ffi::guard($log, $entry, $crate::ffi::OK, || $body)
+        }
+    };
+}
+
+/// Runs an entry point's body (a closure, so that its `return` ends it).
+pub fn run(body: impl FnOnce()) {
+    body()
+}
