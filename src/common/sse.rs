@@ -58,6 +58,14 @@ struct Sub {
     heartbeat: ngx_event_t,
 }
 
+impl Sub {
+    /// The request's log.
+    fn log(&self) -> Log {
+        // SAFETY: a Sub is in its live request's pool.
+        unsafe { Req::from_raw(self.r) }.log()
+    }
+}
+
 impl Drop for Sub {
     fn drop(&mut self) {
         // SAFETY: the event is the Sub's own.
@@ -363,8 +371,7 @@ fn end(sub: &mut Sub, rc: ngx_int_t) {
 extern "C" fn heartbeat(ev: *mut ngx_event_t) {
     // SAFETY: the heartbeat event's data is its Sub, in the live request's pool.
     let sub = unsafe { &mut *((*ev).data as *mut Sub) };
-    // SAFETY: the Sub's request is live while its pool (and so the Sub) is.
-    let log = unsafe { Req::from_raw(sub.r) }.log();
+    let log = sub.log();
     guard(log, "subscription heartbeat", (), || {
         // SAFETY: as above.
         if let Some(e) = unsafe { Event::from_raw(ev) } {
@@ -434,8 +441,7 @@ impl Fanout {
             // SAFETY: a live Sub is in its live request's pool (it leaves
             // LIVE when it ends or its pool goes).
             let sub = unsafe { &mut *sub.as_ptr() };
-            // SAFETY: as above.
-            let log = unsafe { Req::from_raw(sub.r) }.log();
+            let log = sub.log();
             guard(log, "subscription event", (), || f(sub));
         }
     }
@@ -494,8 +500,7 @@ impl Fanout {
             };
             // SAFETY: a live Sub is in its live request's pool.
             let sub = unsafe { &mut *sub.as_ptr() };
-            // SAFETY: as above.
-            let log = unsafe { Req::from_raw(sub.r) }.log();
+            let log = sub.log();
             guard(log, "subscription drop", (), || {
                 log!(
                     NGX_LOG_INFO,
@@ -519,8 +524,7 @@ impl Fanout {
         self.each(to, |sub| match write(sub, bytes) {
             Ok(()) => sent += 1,
             Err(why) => {
-                // SAFETY: the Sub's request is live until `end`.
-                self.dropped(unsafe { Req::from_raw(sub.r) }.log(), why);
+                self.dropped(sub.log(), why);
                 end(sub, ERROR);
             }
         });

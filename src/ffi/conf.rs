@@ -708,3 +708,43 @@ pub const fn command(
         post: std::ptr::null_mut(),
     }
 }
+
+/// The upstream blocks of an upstream module's main configuration.
+pub fn upstream_blocks(
+    umcf: &ngx_http_upstream_main_conf_t,
+) -> impl Iterator<Item = &ngx_http_upstream_srv_conf_t> + '_ {
+    // SAFETY: the upstream module's array of upstream configurations, in
+    // configuration memory (which outlives its requests and the reading).
+    let blocks = unsafe { umcf.upstreams.as_slice::<*mut ngx_http_upstream_srv_conf_t>() };
+    // SAFETY: as above.
+    blocks.iter().filter_map(|&u| unsafe { u.as_ref() })
+}
+
+/// Where an upstream block was written (`file:line`), for messages.
+pub fn block_position(u: &ngx_http_upstream_srv_conf_t) -> String {
+    if u.file_name.is_null() {
+        return format!("?:{}", u.line);
+    }
+    // SAFETY: nginx keeps the block's file name, NUL-terminated, in
+    // configuration memory.
+    let file = unsafe { std::ffi::CStr::from_ptr(u.file_name as *const std::ffi::c_char) };
+    format!("{}:{}", file.to_string_lossy(), u.line)
+}
+
+/// The number of `server` lines of an upstream block.
+pub fn server_count(u: &ngx_http_upstream_srv_conf_t) -> usize {
+    // SAFETY: a block's servers array, in configuration memory (null for a
+    // block made by proxy_pass and the like).
+    unsafe { u.servers.as_ref() }.map_or(0, |s| s.nelts)
+}
+
+impl Conf {
+    /// nginx's round robin for an upstream block (its init_upstream).
+    pub fn init_round_robin(&self, us: &mut ngx_http_upstream_srv_conf_t) -> Result<(), ConfError> {
+        // SAFETY: the configuration being initialized and one of its blocks.
+        if unsafe { ngx_http_upstream_init_round_robin(self.raw_ptr(), us) } != OK {
+            return Err(ConfError::Logged);
+        }
+        Ok(())
+    }
+}

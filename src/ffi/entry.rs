@@ -167,6 +167,48 @@ macro_rules! cycle_handler {
     };
 }
 
+/// A balancer's per-request init nginx calls: `fn name(r, us) = "entry" {...}`
+/// with the request and the upstream block.
+#[macro_export]
+macro_rules! peer_init_handler {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($r:ident, $us:ident) = $entry:expr, $body:block) => {
+        $(#[$m])*
+        $vis extern "C" fn $name(
+            $r: *mut $crate::ffi::ngx_http_request_t,
+            $us: *mut $crate::ffi::ngx_http_upstream_srv_conf_t,
+        ) -> $crate::ffi::ngx_int_t {
+            // SAFETY: nginx calls a block's peer init with a live request
+            // that has an upstream, and the block.
+            let ($r, $us) = unsafe { ($crate::ffi::Req::from_raw($r), &mut *$us) };
+            $crate::ffi::guard($r.log(), $entry, $crate::ffi::ERROR, || $body)
+        }
+    };
+}
+
+/// An upstream block's init (`init_upstream`), run at the end of the http
+/// block: `body` takes the configuration and the block.
+#[macro_export]
+macro_rules! init_upstream_handler {
+    ($(#[$m:meta])* $vis:vis fn $name:ident $(<$($g:ident : $b:path),*>)? = $entry:expr, $body:expr) => {
+        $(#[$m])*
+        $vis extern "C" fn $name $(<$($g: $b),*>)? (
+            cf: *mut $crate::ffi::ngx_conf_t,
+            us: *mut $crate::ffi::ngx_http_upstream_srv_conf_t,
+        ) -> $crate::ffi::ngx_int_t {
+            let entry: &str = $entry;
+            // The body is evaluated outside the unsafe block.
+            let body: fn($crate::ffi::Conf, &mut $crate::ffi::ngx_http_upstream_srv_conf_t) -> Result<(), $crate::ffi::conf::ConfError> = $body;
+            // SAFETY: nginx calls it with the configuration being
+            // initialized and one of its blocks, which lives as long as it.
+            let Some(us) = (unsafe { us.as_mut() }) else {
+                return $crate::ffi::ERROR;
+            };
+            // SAFETY: as above.
+            unsafe { $crate::ffi::conf::conf_step(cf, entry, |cf| body(cf, us)) }
+        }
+    };
+}
+
 /// Runs an entry point's body (a closure, so that its `return` ends it).
 pub fn run(body: impl FnOnce()) {
     body()

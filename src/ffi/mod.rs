@@ -7,6 +7,7 @@ pub use nginx_sys::*;
 
 #[macro_use]
 pub mod entry;
+pub mod balancer;
 pub mod buf;
 pub mod conf;
 pub mod event;

@@ -3,11 +3,10 @@
 //! the worker's map of the cluster is the driver's (driver::cluster_map),
 //! made from the seeds this block names.
 
-use std::ffi::c_char;
 use std::net::SocketAddr;
 
 use super::{Cache, CacheMainConf};
-use crate::ffi::conf::{conf_step, upstream_server_addrs, ConfError};
+use crate::ffi::conf::{block_position, upstream_server_addrs, ConfError};
 use crate::ffi::*;
 
 /// An upstream block with `cache_cluster`.
@@ -79,30 +78,22 @@ directive_handler! {
     }
 }
 
-/// The block's balancer, at the end of the http block: nginx's round robin
-/// over the seeds, and our per-request init in front of it.
-extern "C" fn init_upstream<E: super::Entries>(
-    cf: *mut ngx_conf_t,
-    us: *mut ngx_http_upstream_srv_conf_t,
-) -> ngx_int_t {
-    let body = |cf: Conf| {
-        // SAFETY: nginx passes the block being initialized and the configuration.
-        if unsafe { ngx_http_upstream_init_round_robin(cf.raw_ptr(), us) } != OK {
-            return Err(ConfError::Logged);
-        }
-        // SAFETY: as above; the block lives as long as the configuration.
-        let uscf = unsafe { &mut *us };
+init_upstream_handler! {
+    /// The block's balancer, at the end of the http block: nginx's round robin
+    /// over the seeds, and our per-request init in front of it.
+    fn init_upstream<E: super::Entries> = "cache_cluster init_upstream",
+    |cf: Conf, uscf: &mut ngx_http_upstream_srv_conf_t| {
+        cf.init_round_robin(uscf)?;
         uscf.peer.init = E::PEER_INIT;
         let seeds = upstream_server_addrs(uscf);
         let mcf = cf.main_conf::<Cache>();
-        for c in mcf.clusters.iter_mut().filter(|c| c.uscf == us.cast_const()) {
+        let us: *const ngx_http_upstream_srv_conf_t = uscf;
+        for c in mcf.clusters.iter_mut().filter(|c| c.uscf == us) {
             c.initialized = true;
             c.seeds = seeds.clone();
         }
         Ok(())
-    };
-    // SAFETY: nginx passes the configuration being initialized.
-    unsafe { conf_step(cf, "cache_cluster init_upstream", body) }
+    }
 }
 
 /// Every `cache_cluster on` kept its balancer, and names a block of
@@ -113,11 +104,7 @@ pub fn check(mcf: &CacheMainConf) -> Result<(), ConfError> {
         let Some(u) = (unsafe { c.uscf.as_ref() }) else {
             continue;
         };
-        let where_ = || {
-            // SAFETY: nginx keeps the block's file name, NUL-terminated.
-            let file = unsafe { std::ffi::CStr::from_ptr(u.file_name as *const c_char) }.to_string_lossy();
-            format!("{file}:{}", u.line)
-        };
+        let where_ = || block_position(u);
         if let Some(owner) = mcf.foreign_owner(u) {
             return Err(format!(
                 "\"cache_cluster\" in upstream \"{}\", which has \"{}\" lines, in {}",

@@ -9,6 +9,7 @@ pub mod authfail;
 mod conn;
 pub mod hub;
 pub mod pipe;
+mod pipes;
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -20,7 +21,7 @@ use crate::common::token::ReqToken;
 use crate::ffi::net::TlsClient;
 use crate::ffi::ngx_msec_t;
 
-pub use pipe::Pipes;
+pub use pipes::Pipes;
 
 /// A request's side of its place on a connection: the request's token
 /// while it is there, None once it left (its replies are then dropped).

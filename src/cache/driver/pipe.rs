@@ -17,7 +17,6 @@
 //! - A request that leaves (client gone, timeout) leaves its place: its
 //!   replies are read and dropped.
 
-use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::rc::Rc;
@@ -88,36 +87,36 @@ impl Waiter {
 }
 
 pub struct PipeConn {
-    id: ConnId,
-    addr: Vec<u8>,
-    auth: Option<Vec<u8>>,
-    tls: Option<TlsClient>,
+    pub(super) id: ConnId,
+    pub(super) addr: Vec<u8>,
+    pub(super) auth: Option<Vec<u8>>,
+    pub(super) tls: Option<TlsClient>,
     conn: RedisConn,
     /// It closed (for good: a pipelined connection is not made again).
-    closed: bool,
+    pub(super) closed: bool,
     /// Where the request side hears of its requests.
-    sink: &'static dyn Sink,
+    pub(super) sink: &'static dyn Sink,
     /// Bytes that went out, and bytes queued, since the connection opened.
     sent: u64,
     queued: u64,
     waiters: VecDeque<Waiter>,
     /// The database the connection is in once everything queued has run,
     /// when that is certain.
-    tail_db: Option<u32>,
+    pub(super) tail_db: Option<u32>,
     /// Databases up to this one exist (Redis accepted a SELECT of it here).
     valid_max: u32,
     /// Commands that change the database, counted.
     select_seq: u64,
     /// No new requests: it closes once nobody waits on it.
-    retired: bool,
+    pub(super) retired: bool,
     /// The client of the request being answered is behind: no reading.
-    paused: bool,
+    pub(super) paused: bool,
     /// The reply being read is a large value (HEAVY_VALUE or more).
-    heavy: bool,
+    pub(super) heavy: bool,
     /// Requests answered on it.
     served: u64,
     /// Why it closed, and whether its replies were wrong.
-    closed_why: String,
+    pub(super) closed_why: String,
     closed_invalid: bool,
     /// It closed because Redis refused its password.
     closed_auth: bool,
@@ -288,17 +287,17 @@ impl PipeConn {
         self.waiters.iter().any(|w| w.everyone().next().is_some())
     }
 
-    fn load(&self) -> usize {
+    pub(super) fn load(&self) -> usize {
         self.waiters.len()
     }
 
-    fn slow(&self, now: ngx_msec_t) -> bool {
+    pub(super) fn slow(&self, now: ngx_msec_t) -> bool {
         self.waiters
             .front()
             .is_some_and(|w| now.wrapping_sub(w.since) >= SLOW_MS)
     }
 
-    fn open(id: ConnId, to: &Endpoint<'_>, sink: &'static dyn Sink) -> Result<Box<PipeConn>, String> {
+    pub(super) fn open(id: ConnId, to: &Endpoint<'_>, sink: &'static dyn Sink) -> Result<Box<PipeConn>, String> {
         let mut c = Box::new(PipeConn {
             id,
             addr: to.addr.to_vec(),
@@ -610,94 +609,8 @@ impl PipeConn {
         }
     }
 
-    fn take_deliveries(&mut self) -> Vec<Delivery> {
+    pub(super) fn take_deliveries(&mut self) -> Vec<Delivery> {
         std::mem::take(&mut self.out_buf)
-    }
-}
-
-/// The worker's pipelined connections (driver::pipes).
-#[derive(Default)]
-pub struct Pipes {
-    // Boxed: a connection's events point at it, and it must not move when
-    // the list grows.
-    #[allow(clippy::vec_box)]
-    conns: RefCell<Vec<Box<PipeConn>>>,
-    next_id: Cell<u64>,
-}
-
-impl Pipes {
-    /// A connection for a request to `addr` (and `auth`): the oldest one
-    /// that is neither deep nor slow (one in the request's database before
-    /// the others), else a new one (up to `MAX_CONNS`), else the least
-    /// loaded.
-    pub fn pick(&self, to: &Endpoint<'_>, sink: &'static dyn Sink) -> Result<ConnId, String> {
-        let mut conns = self.conns.borrow_mut();
-        // Closed connections go (nothing refers to them: their requests
-        // heard of it, and their events are off).
-        conns.retain(|c| !c.closed);
-        let now = current_msec();
-        let mut open = 0;
-        let mut best: Option<(usize, bool, usize)> = None;
-        let mut room = None;
-        for (i, c) in conns.iter().enumerate() {
-            if c.retired || c.addr != to.addr || c.auth.as_deref() != to.auth || c.tls.as_ref() != to.tls {
-                continue;
-            }
-            if c.paused || c.heavy {
-                // Held by a slow client, or streaming a large value: no
-                // request goes behind it, and it does not count against
-                // the limit (one slow client each, as with a connection
-                // per request).
-                continue;
-            }
-            open += 1;
-            let cand = (c.load(), c.slow(now), i);
-            if !cand.1 && cand.0 < DEPTH {
-                // The oldest connection with room, one already in the
-                // request's database first: one deep pipeline costs Redis
-                // and the worker fewer reads and writes than several
-                // shallow ones, and a SELECT less.
-                if c.tail_db == Some(to.db) {
-                    room = Some(i);
-                    break;
-                }
-                room = room.or(Some(i));
-            }
-            let better = best.is_none_or(|(load, slow, _)| (cand.1, cand.0) < (slow, load));
-            if better {
-                best = Some(cand);
-            }
-        }
-        if let Some(i) = room {
-            return Ok(conns[i].id);
-        }
-        match best {
-            Some((_, _, i)) if open >= MAX_CONNS => return Ok(conns[i].id),
-            _ => {}
-        }
-        let id = ConnId(self.next_id.get());
-        self.next_id.set(id.0 + 1);
-        let c = PipeConn::open(id, to, sink)?;
-        if c.is_closed() {
-            // (It failed at once: a TLS setup that could not start, say.)
-            return Err(c.closed_why.clone());
-        }
-        conns.push(c);
-        Ok(id)
-    }
-
-    /// Runs `f` on a connection; what its steps deliver is delivered after.
-    pub fn with<T>(&self, id: ConnId, f: impl FnOnce(&mut PipeConn) -> T) -> Option<T> {
-        let (t, out, sink) = {
-            let mut conns = self.conns.borrow_mut();
-            let c = conns.iter_mut().find(|c| c.id == id)?;
-            let t = f(c);
-            (t, c.take_deliveries(), c.sink)
-        };
-        if !out.is_empty() {
-            sink.deliver(out);
-        }
-        Some(t)
     }
 }
 

@@ -16,7 +16,6 @@
 //! either. The peer's free does not count these steps as the server's
 //! failure.
 
-use std::ffi::c_void;
 use std::ptr::NonNull;
 
 use gateway_core::cluster::RedirectKind;
@@ -27,31 +26,21 @@ use super::upstream::build_request;
 use super::{ctx_of, Ctx};
 use crate::cache::config::{Cache, CacheMainConf};
 use crate::cache::driver;
+use crate::ffi::balancer::{self, Inner, Wrapper};
 use crate::ffi::conf::socket_addr;
 use crate::ffi::*;
 
 /// What the cluster's peer keeps for a request (in its pool).
 struct PeerData {
-    rr_data: *mut c_void,
-    rr_get: ngx_event_get_peer_pt,
-    rr_free: ngx_event_free_peer_pt,
-    rr_set_session: ngx_event_set_peer_session_pt,
-    rr_save_session: ngx_event_save_peer_session_pt,
-    /// The current try is round robin's (a seed): round robin is told of
-    /// its end; a node of the map is not round robin's business.
-    rr_used: bool,
+    /// Round robin over the seeds. The current try is its pick (a seed):
+    /// it is told of its end; a node of the map is not its business.
+    rr: Inner,
     ctx: NonNull<Ctx>,
 }
 
-pub(crate) extern "C" fn init_peer(r: *mut ngx_http_request_t, us: *mut ngx_http_upstream_srv_conf_t) -> ngx_int_t {
-    // SAFETY: nginx calls this with a live request that has an upstream,
-    // for a block whose init_upstream was ours.
-    let r = unsafe { Req::from_raw(r) };
-    guard(r.log(), "cache_cluster peer init", ERROR, || {
-        // SAFETY: as above.
-        if unsafe { ngx_http_upstream_init_round_robin_peer(r.as_ptr(), us) } != OK {
-            return ERROR;
-        }
+peer_init_handler! {
+    pub(crate) fn init_peer(r, us) = "cache_cluster peer init", {
+        let Some(rr) = Inner::init(r, us, None) else { return ERROR };
         let mcf: &CacheMainConf = r.main_conf::<Cache>();
         let Some(cluster) = mcf.cluster_of(us) else {
             return ERROR;
@@ -60,43 +49,32 @@ pub(crate) extern "C" fn init_peer(r: *mut ngx_http_request_t, us: *mut ngx_http
         let Some(ctx) = ctx_of(r) else { return OK };
         let Some(cr) = ctx.cluster.as_mut() else { return OK };
         let seeds = || cluster.seeds.clone();
-        cr.map = Some(driver::cluster_map(us as usize, seeds));
+        cr.map = Some(driver::cluster_map(us as *const _ as usize, seeds));
         let pool = r.pool();
         let Some(u) = r.upstream() else { return ERROR };
         let peer = u.peer();
+        let sessions = rr.sessions();
         let pd = PeerData {
-            rr_data: peer.data,
-            rr_get: peer.get,
-            rr_free: peer.free,
-            rr_set_session: peer.set_session,
-            rr_save_session: peer.save_session,
-            rr_used: false,
+            rr,
             ctx: NonNull::from(&mut *ctx),
         };
         let Some(pd) = pool.alloc(pd) else { return ERROR };
-        peer.data = pd.as_ptr().cast();
-        peer.get = Some(peer_get);
-        peer.free = Some(peer_free);
-        if peer.set_session.is_some() {
-            peer.set_session = Some(set_session);
-        }
-        if peer.save_session.is_some() {
-            peer.save_session = Some(save_session);
-        }
+        balancer::install(peer, pd, sessions);
         peer.tries = TRIES;
         OK
-    })
+    }
 }
 
-extern "C" fn peer_get(pc: *mut ngx_peer_connection_t, data: *mut c_void) -> ngx_int_t {
-    // SAFETY: the peer's log is the request's.
-    let log = unsafe { Log::from_raw((*pc).log) };
-    guard(log, "cache_cluster peer get", ERROR, || {
-        // SAFETY: data is the PeerData init_peer installed, in the
-        // request's pool; its Ctx and Cluster outlive the request's peer.
-        let pd = unsafe { &mut *(data as *mut PeerData) };
-        // SAFETY: as above.
-        let ctx = unsafe { &mut *pd.ctx.as_ptr() };
+impl Wrapper for PeerData {
+    const GET: &'static str = "cache_cluster peer get";
+    const FREE: &'static str = "cache_cluster peer free";
+    const SET_SESSION: &'static str = "cache_cluster set_session";
+    const SAVE_SESSION: &'static str = "cache_cluster save_session";
+
+    fn get(&mut self, pc: &mut ngx_peer_connection_t, _log: Log) -> ngx_int_t {
+        // SAFETY: the Ctx is in the request's pool, as this PeerData, and
+        // outlives the request's peer; nothing else uses it meanwhile.
+        let ctx = unsafe { &mut *self.ctx.as_ptr() };
         let Some(cr) = ctx.cluster.as_mut() else { return ERROR };
         let Some(map) = cr.map.clone() else { return ERROR };
         let topo = map.borrow();
@@ -117,14 +95,12 @@ extern "C" fn peer_get(pc: *mut ngx_peer_connection_t, data: *mut c_void) -> ngx
         };
         steps.slots = refresh && target.is_none_or(|a| topo.is_seed(a));
         drop(topo);
-        // SAFETY: the request's live peer (the request's upstream's).
-        let pc = unsafe { &mut *pc };
-        pd.rr_used = false;
+        self.rr.set_unused();
+        // SAFETY: the Ctx's request is live while its peer is.
+        let r = unsafe { Req::from_raw(ctx.r) };
         match target {
             Some(addr) => {
-                // SAFETY: the Ctx's request is live while its peer is.
-                let pool = unsafe { Req::from_raw(ctx.r) }.pool();
-                let Some((sa, len, name)) = pool.peer_addr(addr) else {
+                let Some((sa, len, name)) = r.pool().peer_addr(addr) else {
                     return ERROR;
                 };
                 pc.sockaddr = sa;
@@ -136,53 +112,36 @@ extern "C" fn peer_get(pc: *mut ngx_peer_connection_t, data: *mut c_void) -> ngx
             None => {
                 // No map yet: a seed, by round robin.
                 steps.slots = true;
-                let Some(get) = pd.rr_get else { return ERROR };
-                // SAFETY: round robin's own function, with its data.
-                let rc = unsafe { get(pc, pd.rr_data) };
+                let rc = self.rr.get(pc);
                 if rc != OK {
                     return rc;
                 }
-                pd.rr_used = true;
             }
         }
-        // SAFETY: the balancer set the address; socklen is its length.
-        cr.current = socket_addr(unsafe { std::slice::from_raw_parts(pc.sockaddr as *const u8, pc.socklen as usize) });
+        cr.current = socket_addr(balancer::chosen(pc).0);
         cr.steps = steps;
         cr.spoke = false;
-        // SAFETY: as above.
-        let r = unsafe { Req::from_raw(ctx.r) };
         if !build_request(r, ctx) {
             return ERROR;
         }
         OK
-    })
-}
+    }
 
-extern "C" fn peer_free(pc: *mut ngx_peer_connection_t, data: *mut c_void, state: ngx_uint_t) {
-    // SAFETY: the peer's log is the request's.
-    let log = unsafe { Log::from_raw((*pc).log) };
-    guard(log, "cache_cluster peer free", (), || {
-        // SAFETY: as in peer_get.
-        let (pc, pd) = unsafe { (&mut *pc, &mut *(data as *mut PeerData)) };
-        // SAFETY: as in peer_get.
-        let ctx = unsafe { &mut *pd.ctx.as_ptr() };
+    fn free(&mut self, pc: &mut ngx_peer_connection_t, state: ngx_uint_t) {
+        // SAFETY: as in get.
+        let ctx = unsafe { &mut *self.ctx.as_ptr() };
         let Some(cr) = ctx.cluster.as_mut() else { return };
         // (A redirection, or a request sent to a seed for a new map.)
         let redirected = cr.redirect.is_some() || cr.refresh;
         let failed = state & NGX_PEER_FAILED as ngx_uint_t != 0 && !redirected;
         // A node that does not connect or answer: the map may be out of date.
         let silent = failed && !cr.spoke;
-        if std::mem::take(&mut pd.rr_used) {
-            if let Some(free) = pd.rr_free {
-                // Round robin counts tries its own way (0 with one seed):
-                // ours are kept.
-                let tries = pc.tries;
-                let state = if redirected { NGX_PEER_NEXT as ngx_uint_t } else { state };
-                // SAFETY: round robin's own function, with its data.
-                unsafe { free(pc, pd.rr_data, state) };
-                pc.tries = tries;
-            }
-        }
+        // Round robin counts tries its own way (0 with one seed): ours are
+        // kept.
+        let tries = pc.tries;
+        self.rr
+            .free(pc, if redirected { NGX_PEER_NEXT as ngx_uint_t } else { state });
+        pc.tries = tries;
         if silent {
             if let Some(a) = cr.current {
                 if cr.failed.contains(&a) {
@@ -203,34 +162,15 @@ extern "C" fn peer_free(pc: *mut ngx_peer_connection_t, data: *mut c_void, state
         if cr.stop {
             pc.tries = 0;
         }
-    })
-}
+    }
 
-/// TLS sessions are round robin's, for its seeds; a node of the map
-/// starts a new one.
-extern "C" fn set_session(pc: *mut ngx_peer_connection_t, data: *mut c_void) -> ngx_int_t {
-    // SAFETY: the peer's log is the request's.
-    let log = unsafe { Log::from_raw((*pc).log) };
-    guard(log, "cache_cluster set_session", OK, || {
-        // SAFETY: as in peer_get.
-        let pd = unsafe { &mut *(data as *mut PeerData) };
-        match (pd.rr_used, pd.rr_set_session) {
-            // SAFETY: round robin's own function, with its data.
-            (true, Some(f)) => unsafe { f(pc, pd.rr_data) },
-            _ => OK,
-        }
-    })
-}
+    /// TLS sessions are round robin's, for its seeds; a node of the map
+    /// starts a new one.
+    fn set_session(&mut self, pc: &mut ngx_peer_connection_t) -> ngx_int_t {
+        self.rr.set_session(pc)
+    }
 
-extern "C" fn save_session(pc: *mut ngx_peer_connection_t, data: *mut c_void) {
-    // SAFETY: the peer's log is the request's.
-    let log = unsafe { Log::from_raw((*pc).log) };
-    guard(log, "cache_cluster save_session", (), || {
-        // SAFETY: as in peer_get.
-        let pd = unsafe { &mut *(data as *mut PeerData) };
-        if let (true, Some(f)) = (pd.rr_used, pd.rr_save_session) {
-            // SAFETY: round robin's own function, with its data.
-            unsafe { f(pc, pd.rr_data) }
-        }
-    })
+    fn save_session(&mut self, pc: &mut ngx_peer_connection_t) {
+        self.rr.save_session(pc)
+    }
 }

@@ -344,13 +344,8 @@ fn resolve(
     owner_of: Option<crate::common::upstream::OwnerOf>,
 ) -> Result<*const ngx_http_upstream_srv_conf_t, StartError> {
     let text = || String::from_utf8_lossy(name).into_owned();
-    // SAFETY: the upstream module's array of upstream configurations.
-    let ups = unsafe { umcf.upstreams.as_slice::<*mut ngx_http_upstream_srv_conf_t>() };
-    // SAFETY: the upstream configurations live as long as the configuration.
-    let block = ups
-        .iter()
-        .filter_map(|&u| unsafe { u.as_ref() })
-        .find(|u| u.port == 0 && u.host.as_bytes().eq_ignore_ascii_case(name));
+    let block =
+        crate::ffi::conf::upstream_blocks(umcf).find(|u| u.port == 0 && u.host.as_bytes().eq_ignore_ascii_case(name));
     let owner = block.and_then(|b| owner_of.and_then(|f| f(b)));
     match block {
         Some(_) if owner.is_some() => Err(StartError::ForeignUpstream(text(), owner.map_or("", |o| o.server))),

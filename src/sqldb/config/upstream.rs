@@ -2,13 +2,13 @@
 //! `sqldb_pipeline`), the `$sqldb_*` variables, and what is settled once
 //! the whole http block is read.
 
-use std::ffi::{c_char, CString};
+use std::ffi::CString;
 
 use gateway_core::conninfo::{self, Keywords, Target};
 
 use super::{Entries, MainConf, Sqldb, SrvConf, Var};
 use crate::common::upstream::Owner;
-use crate::ffi::conf::{socket_addr, ConfError, ServerParams};
+use crate::ffi::conf::{block_position, server_count, socket_addr, ConfError, ServerParams};
 use crate::ffi::*;
 use crate::log;
 use crate::sqldb::driver::check_conninfo;
@@ -300,15 +300,11 @@ fn postconfigure<E: Entries>(cf: Conf) -> Result<(), ConfError> {
         // SAFETY: the upstream module's configurations live as long as the configuration.
         let Some(u) = (unsafe { uscf.as_mut() }) else { continue };
         let Some(srv) = sqldb_srv_conf(u) else { continue };
-        // SAFETY: a block's servers array, in configuration memory.
-        let total = unsafe { u.servers.as_ref() }.map_or(0, |s| s.nelts);
-        if total != srv.servers {
-            // SAFETY: nginx keeps the block's file name, NUL-terminated.
-            let file = unsafe { std::ffi::CStr::from_ptr(u.file_name as *const c_char) }.to_string_lossy();
+        if server_count(u) != srv.servers {
             return Err(format!(
-                "upstream \"{}\" mixes \"server\" and \"sqldb_server\" in {file}:{}",
+                "upstream \"{}\" mixes \"server\" and \"sqldb_server\" in {}",
                 String::from_utf8_lossy(u.host.as_bytes()),
-                u.line
+                block_position(u)
             )
             .into());
         }

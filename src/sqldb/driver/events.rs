@@ -9,39 +9,16 @@ use gateway_core::metrics::Id;
 use gateway_core::pipeline::{Route, Step};
 use gateway_core::rds::ResultSet as _;
 
-use super::cancel::{Canceller, Progress};
-use super::conn::Conn;
-use super::pq::{CancelKey, Poll, ResultKind};
+use super::cancelling::cancel_again_event;
+use super::pq::{Poll, ResultKind};
 use super::terminate::{Ending, Terminator};
-use super::{ConnId, Delivery, Pool, RowVerdict};
+use super::{deliver, owner, ConnId, Delivery, Pool, RowVerdict};
 use crate::ffi::*;
 use crate::{debug, log, metrics};
 
 /// How long the queries of requests that are gone may take to end once
 /// cancelled; then the connection is closed.
 const DRAIN_TIMEOUT: ngx_msec_t = 5_000;
-/// How long a cancel request may take.
-const CANCEL_TIMEOUT: ngx_msec_t = 5_000;
-
-/// The connection and pool behind an event of one of the pool's sockets.
-///
-/// # Safety
-/// `ev` must be an event nginx passes to a handler of a database
-/// connection's socket (or of its cancel request's): its connection's data
-/// is the live `Conn`, boxed in its pool.
-unsafe fn owner(ev: *mut ngx_event_t) -> Option<(Event, &'static mut Pool, ConnId)> {
-    // SAFETY: see above.
-    let ev = unsafe { Event::from_raw(ev) }?;
-    // SAFETY: an event's data is its nginx connection; that connection's
-    // data is the Conn (set when it was opened, and the socket is released
-    // before the Conn is freed). The Conn's pool lives in the upstream's
-    // configuration, and nothing else uses it while a handler runs.
-    unsafe {
-        let c = &*(ev.data() as *const ngx_connection_t);
-        let conn = &*(c.data as *const Conn);
-        Some((ev, &mut *conn.pool.as_ptr(), conn.id))
-    }
-}
 
 /// Read/write readiness or the timer of a database connection.
 pub(super) extern "C" fn conn_event(ev: *mut ngx_event_t) {
@@ -59,67 +36,6 @@ pub(super) extern "C" fn conn_event(ev: *mut ngx_event_t) {
         if !handled {
             // The connection's state is unknown after a panic: give up on it.
             pool.broken(id, "internal error", &mut out);
-        }
-        pool.show(id);
-        let sink = pool.sink;
-        deliver(sink, out);
-    })
-}
-
-/// Hands results and outcomes to the request side (no reference to the
-/// pool is held meanwhile: the request side may use it).
-fn deliver(sink: Option<&'static dyn super::Sink>, out: Vec<Delivery>) {
-    if let (Some(sink), false) = (sink, out.is_empty()) {
-        sink.deliver(out);
-    }
-}
-
-/// Events of a cancel request's connection.
-pub(super) extern "C" fn cancel_event(ev: *mut ngx_event_t) {
-    guard(Log::cycle(), "sqldb cancel event", (), || {
-        // SAFETY: the cancel connection's data is the Conn that owns it.
-        let Some((ev, pool, id)) = (unsafe { owner(ev) }) else {
-            return;
-        };
-        let timed_out = ev.take_timedout();
-        let mut out = Vec::new();
-        pool.on_cancel_event(id, timed_out, &mut out);
-        pool.show(id);
-        let sink = pool.sink;
-        deliver(sink, out);
-    })
-}
-
-/// The connection and pool of a connection's cancel timer (`cancel_again_event`).
-///
-/// # Safety
-/// `ev` must be the event of a `Conn`'s `cancel_timer`, whose data is that
-/// `Conn` (the timer is dropped with it).
-unsafe fn timer_owner(ev: *mut ngx_event_t) -> Option<(Event, &'static mut Pool, ConnId)> {
-    // SAFETY: see above.
-    let ev = unsafe { Event::from_raw(ev) }?;
-    // SAFETY: the timer's data is its live, boxed Conn; the Conn's pool
-    // lives in the upstream's configuration, and nothing else uses it while
-    // a handler runs.
-    unsafe {
-        let conn = &*(ev.data() as *const Conn);
-        Some((ev, &mut *conn.pool.as_ptr(), conn.id))
-    }
-}
-
-/// The pause after a cancel request is over: another one, if the query
-/// still runs.
-extern "C" fn cancel_again_event(ev: *mut ngx_event_t) {
-    guard(Log::cycle(), "sqldb cancel timer", (), || {
-        // SAFETY: nginx calls this handler with the event of a cancel timer.
-        let Some((ev, pool, id)) = (unsafe { timer_owner(ev) }) else {
-            return;
-        };
-        ev.take_timedout();
-        let mut out = Vec::new();
-        if let Some(c) = pool.conn(id) {
-            let steps = c.pipeline.cancel_again();
-            pool.apply(id, steps, &mut out);
         }
         pool.show(id);
         let sink = pool.sink;
@@ -622,93 +538,6 @@ impl Pool {
             let more = c.pipeline.resume_waiting();
             self.apply_steps(id, more, connected, out);
         }
-    }
-
-    /// Sends a cancel request for the query running now (one of a request
-    /// that is gone).
-    fn cancel(&mut self, id: ConnId, out: &mut Vec<Delivery>) {
-        let Some(c) = self.conn(id) else { return };
-        let pid = c.pg.backend_pid();
-        let Some(key) = c.cancel_key.clone() else {
-            log!(
-                NGX_LOG_INFO,
-                Log::cycle(),
-                "sqldb: a query of a request that is gone runs on {} (backend {pid}); it cannot be cancelled, its results are read and dropped",
-                c.name
-            );
-            c.pipeline.cancel_unavailable();
-            return;
-        };
-        // Fault injection (NGX_GATEWAY_LOSE_CANCELS): a key the server does
-        // not know, so that it drops every cancel request.
-        let key = match fault_setting("NGX_GATEWAY_LOSE_CANCELS") {
-            Some(_) => CancelKey {
-                key: key.key ^ 0x5a5a_5a5a,
-                ..key
-            },
-            None => key,
-        };
-        let tries = c.pipeline.cancel_tries();
-        let data: *mut Conn = c;
-        match Canceller::start(&key, Some(cancel_event), data.cast()) {
-            Ok(canceller) => {
-                metrics::add(Id::SqldbCancels, &[&c.upstream], 1);
-                if tries > 1 {
-                    log!(
-                        NGX_LOG_INFO,
-                        Log::cycle(),
-                        "sqldb: the query of a request that is gone still runs on {} (backend {pid}): cancel request {tries} sent",
-                        c.name
-                    );
-                } else {
-                    log!(
-                        NGX_LOG_INFO,
-                        Log::cycle(),
-                        "sqldb: cancelling the query of a request that is gone on {} (backend {pid})",
-                        c.name
-                    );
-                }
-                canceller.set_timer(CANCEL_TIMEOUT);
-                c.canceller = Some(canceller);
-            }
-            Err(e) => {
-                log!(
-                    NGX_LOG_WARN,
-                    Log::cycle(),
-                    "sqldb: cancel request to {} (backend {pid}) failed: {e}",
-                    c.name
-                );
-                // Tried again after a pause, as one that was dropped.
-                let steps = c.pipeline.cancel_done();
-                self.apply(id, steps, out);
-            }
-        }
-    }
-
-    fn on_cancel_event(&mut self, id: ConnId, timed_out: bool, out: &mut Vec<Delivery>) {
-        let Some(c) = self.conn(id) else { return };
-        let Some(canceller) = c.canceller.as_mut() else { return };
-        match canceller.on_event(timed_out) {
-            Progress::Pending => return,
-            Progress::Done => {}
-            Progress::Failed(why) => log!(
-                NGX_LOG_WARN,
-                Log::cycle(),
-                "sqldb: cancel request to {} (backend {}) failed: {why}",
-                c.name,
-                c.pg.backend_pid()
-            ),
-        }
-        if let Some(canceller) = c.canceller.take() {
-            canceller.close();
-        }
-        // Fault injection: a query held back until now goes out (after the
-        // cancel request, which its backend, idle, dropped).
-        if let Err(e) = c.release_held() {
-            return self.broken(id, &format!("sending to PostgreSQL failed: {e}"), out);
-        }
-        let steps = c.pipeline.cancel_done();
-        self.apply(id, steps, out);
     }
 
     /// A connection closes while a query of a request that is gone still

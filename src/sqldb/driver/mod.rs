@@ -6,6 +6,7 @@
 
 mod batch;
 mod cancel;
+mod cancelling;
 mod conn;
 mod events;
 mod listen;
@@ -23,7 +24,8 @@ use gateway_core::target::Target;
 
 pub use crate::common::token::ReqToken;
 
-use crate::ffi::ngx_msec_t;
+use crate::ffi::{ngx_connection_t, ngx_event_t, ngx_msec_t, Event};
+use conn::Conn;
 
 pub use listen::Listener;
 pub use pool::{OpenError, Pick, Pool, Settings, Submitted, RECHECK};
@@ -162,4 +164,32 @@ pub trait Sink {
 
     /// Results and outcomes, once the driver is done with the event.
     fn deliver(&self, out: Vec<Delivery>);
+}
+
+/// The connection and pool behind an event of one of the pool's sockets.
+///
+/// # Safety
+/// `ev` must be an event nginx passes to a handler of a database
+/// connection's socket (or of its cancel request's): its connection's data
+/// is the live `Conn`, boxed in its pool.
+unsafe fn owner(ev: *mut ngx_event_t) -> Option<(Event, &'static mut Pool, ConnId)> {
+    // SAFETY: see above.
+    let ev = unsafe { Event::from_raw(ev) }?;
+    // SAFETY: an event's data is its nginx connection; that connection's
+    // data is the Conn (set when it was opened, and the socket is released
+    // before the Conn is freed). The Conn's pool lives in the upstream's
+    // configuration, and nothing else uses it while a handler runs.
+    unsafe {
+        let c = &*(ev.data() as *const ngx_connection_t);
+        let conn = &*(c.data as *const Conn);
+        Some((ev, &mut *conn.pool.as_ptr(), conn.id))
+    }
+}
+
+/// Hands results and outcomes to the request side (no reference to the
+/// pool is held meanwhile: the request side may use it).
+fn deliver(sink: Option<&'static dyn Sink>, out: Vec<Delivery>) {
+    if let (Some(sink), false) = (sink, out.is_empty()) {
+        sink.deliver(out);
+    }
 }

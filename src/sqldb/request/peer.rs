@@ -5,12 +5,12 @@
 //! request's timers live on the stand-in. When a connection fails the
 //! request tries the next server, as nginx's upstreams do.
 
-use std::ffi::c_void;
 use std::mem;
 use std::ptr::NonNull;
 
 use super::error::{log_failure, ConnError, Failure};
 use super::{ctx_of, deliver_later, pool_of, Ctx, SINK};
+use crate::ffi::balancer::{self, Inner, Wrapper};
 use crate::ffi::*;
 use crate::sqldb::config::upstream::sqldb_srv_conf;
 use crate::sqldb::config::{LocConf, Sqldb, SrvConf};
@@ -60,12 +60,9 @@ impl StandIn {
 /// Per-request peer data: the balancer's own and the stand-in connection.
 pub struct PeerData {
     srv: NonNull<SrvConf>,
-    balancer_data: *mut c_void,
-    balancer_get: ngx_event_get_peer_pt,
-    balancer_free: ngx_event_free_peer_pt,
-    /// The balancer picked the current peer (not so for an idle connection
-    /// taken in single mode): it must be told when it is freed.
-    balancer_used: bool,
+    /// The block's balancer. It picked the current peer or not (an idle
+    /// connection taken in single mode): it is told when it is freed.
+    balancer: Inner,
     ctx: NonNull<Ctx>,
     standin: StandIn,
     /// The upstream's name (for the log).
@@ -90,34 +87,29 @@ impl Drop for PeerData {
     }
 }
 
-/// Wraps the balancer's per-request init (round robin, least_conn, hash ...).
-pub(crate) extern "C" fn peer_init(r: *mut ngx_http_request_t, us: *mut ngx_http_upstream_srv_conf_t) -> ngx_int_t {
-    // SAFETY: nginx calls this with a live request that has an upstream,
-    // for an upstream block that postconfiguration found to be ours.
-    let (r, us) = unsafe { (Req::from_raw(r), &mut *us) };
-    guard(r.log(), "peer_init", ERROR, || init(r, us))
+peer_init_handler! {
+    /// Wraps the balancer's per-request init (round robin, least_conn, hash ...).
+    pub(crate) fn peer_init(r, us) = "peer_init", {
+        init(r, us)
+    }
 }
 
 fn init(r: &mut Req, us: &mut ngx_http_upstream_srv_conf_t) -> ngx_int_t {
     let Some(srv) = sqldb_srv_conf(us) else { return ERROR };
-    let Some(balancer_init) = srv.balancer_init else {
-        return ERROR;
-    };
-    let Some(ctx) = ctx_of(r) else { return ERROR };
-    // SAFETY: the balancer's own init, for the request and block it is made for.
-    if unsafe { balancer_init(r.as_ptr(), us) } != OK {
+    if srv.balancer_init.is_none() {
         return ERROR;
     }
+    let Some(ctx) = ctx_of(r) else { return ERROR };
+    let Some(balancer) = Inner::init(r, us, srv.balancer_init) else {
+        return ERROR;
+    };
     srv.pool.set_sink(&SINK);
     let pool = r.pool();
     let Some(u) = r.upstream() else { return ERROR };
     let peer = u.peer();
     let pd = PeerData {
         srv: NonNull::from(&mut *srv),
-        balancer_data: peer.data,
-        balancer_get: peer.get,
-        balancer_free: peer.free,
-        balancer_used: false,
+        balancer,
         ctx: NonNull::from(&mut *ctx),
         // SAFETY: all-zero is the initial state of nginx's connection and events.
         standin: unsafe { mem::zeroed() },
@@ -132,23 +124,26 @@ fn init(r: &mut Req, us: &mut ngx_http_upstream_srv_conf_t) -> ngx_int_t {
     pdm.standin.link();
     ctx.peer = Some(pd);
     ctx.srv = Some(pdm.srv);
-    peer.data = pd.as_ptr().cast();
-    peer.get = Some(peer_get);
-    peer.free = Some(peer_free);
-    // TLS session hooks of the balancer would receive our data: nginx never
-    // calls them for us (u->ssl stays off), but clear them to be sure.
-    peer.set_session = None;
-    peer.save_session = None;
+    // (No TLS session hooks: nginx never calls them for us, u->ssl stays off.)
+    balancer::install(peer, pd, (false, false));
     OK
 }
 
-extern "C" fn peer_get(pc: *mut ngx_peer_connection_t, data: *mut c_void) -> ngx_int_t {
-    // SAFETY: data is the PeerData peer_init installed; pc is the request's
-    // live peer; the PeerData's configuration and Ctx outlive the call.
-    let (pc, pd) = unsafe { (&mut *pc, &mut *(data as *mut PeerData)) };
-    // SAFETY: the peer's log is the request's.
-    let log = unsafe { Log::from_raw(pc.log) };
-    guard(log, "peer_get", ERROR, || get(pc, pd, log))
+impl Wrapper for PeerData {
+    const GET: &'static str = "peer_get";
+    const FREE: &'static str = "peer_free";
+
+    fn get(&mut self, pc: &mut ngx_peer_connection_t, log: Log) -> ngx_int_t {
+        get(pc, self, log)
+    }
+
+    fn free(&mut self, pc: &mut ngx_peer_connection_t, state: ngx_uint_t) {
+        // SAFETY: the Ctx outlives its request's peer.
+        detach(unsafe { self.ctx.as_mut() });
+        self.standin.clear();
+        pc.connection = std::ptr::null_mut();
+        self.balancer.free(pc, state);
+    }
 }
 
 fn get(pc: &mut ngx_peer_connection_t, pd: &mut PeerData, log: Log) -> ngx_int_t {
@@ -156,7 +151,7 @@ fn get(pc: &mut ngx_peer_connection_t, pd: &mut PeerData, log: Log) -> ngx_int_t
     // its request's peer; no other reference to them is used meanwhile.
     let (srv, ctx) = unsafe { (&mut *pd.srv.as_ptr(), &mut *pd.ctx.as_ptr()) };
     let target = ctx.query.target.get();
-    pd.balancer_used = false;
+    pd.balancer.set_unused();
     if !target.is_any() {
         srv.pool.track_roles();
     }
@@ -205,8 +200,7 @@ fn get(pc: &mut ngx_peer_connection_t, pd: &mut PeerData, log: Log) -> ngx_int_t
             Err(rc) => return rc,
         }
     };
-    // SAFETY: the balancer (or set_peer) set the peer's name.
-    let name = String::from_utf8_lossy(unsafe { (*pc.name).as_bytes() }).into_owned();
+    let name = balancer::chosen(pc).1;
     let pick = if recheck {
         // Its role may have changed since it was learned: a new session
         // says what it is now.
@@ -221,13 +215,7 @@ fn get(pc: &mut ngx_peer_connection_t, pd: &mut PeerData, log: Log) -> ngx_int_t
             // A full pool is no failure of the server: the balancer takes
             // its pick back as unused, and the request gets 503 (attach),
             // not nginx's "no live upstreams".
-            if let Some(free) = std::mem::take(&mut pd.balancer_used)
-                .then_some(pd.balancer_free)
-                .flatten()
-            {
-                // SAFETY: the balancer's own function, with its data.
-                unsafe { free(pc, pd.balancer_data, 0) };
-            }
+            pd.balancer.free(pc, 0);
             ctx.rejected = Some(name);
             use_standin(pc, pd, ctx)
         }
@@ -251,22 +239,11 @@ fn get(pc: &mut ngx_peer_connection_t, pd: &mut PeerData, log: Log) -> ngx_int_t
 
 /// The balancer's next server, as the index of its address.
 fn balance(pc: &mut ngx_peer_connection_t, pd: &mut PeerData, srv: &SrvConf, log: Log) -> Result<usize, ngx_int_t> {
-    let Some(balancer_get) = pd.balancer_get else {
-        return Err(ERROR);
-    };
-    // SAFETY: the balancer's own function, with the data it set up.
-    let rc = unsafe { balancer_get(pc, pd.balancer_data) };
+    let rc = pd.balancer.get(pc);
     if rc != OK {
         return Err(rc);
     }
-    pd.balancer_used = true;
-    // SAFETY: the balancer set the peer's address and its name.
-    let (sockaddr, name) = unsafe {
-        (
-            std::slice::from_raw_parts(pc.sockaddr as *const u8, pc.socklen as usize),
-            String::from_utf8_lossy((*pc.name).as_bytes()).into_owned(),
-        )
-    };
+    let (sockaddr, name) = balancer::chosen(pc);
     srv.addr_index(pc.sockaddr as usize, sockaddr).ok_or_else(|| {
         log!(NGX_LOG_ALERT, log, "sqldb: no sqldb_server for peer {name}");
         ERROR
@@ -275,12 +252,7 @@ fn balance(pc: &mut ngx_peer_connection_t, pd: &mut PeerData, srv: &SrvConf, log
 
 /// Gives the balancer its server back, not failed (it was not used).
 fn release(pc: &mut ngx_peer_connection_t, pd: &mut PeerData) {
-    if std::mem::take(&mut pd.balancer_used) {
-        if let Some(free) = pd.balancer_free {
-            // SAFETY: the balancer's own function, with its data.
-            unsafe { free(pc, pd.balancer_data, 0) };
-        }
-    }
+    pd.balancer.free(pc, 0);
 }
 
 /// Points the peer at a server chosen without the balancer.
@@ -375,23 +347,6 @@ fn use_conn(pc: &mut ngx_peer_connection_t, pd: &mut PeerData, ctx: &mut Ctx, id
     pc.set_cached((!fresh) as u32);
     pc.connection = &mut pd.standin.c;
     AGAIN
-}
-
-extern "C" fn peer_free(pc: *mut ngx_peer_connection_t, data: *mut c_void, state: ngx_uint_t) {
-    // SAFETY: data is the PeerData peer_init installed; pc the request's peer.
-    let (pc, pd) = unsafe { (&mut *pc, &mut *(data as *mut PeerData)) };
-    guard(Log::cycle(), "peer_free", (), || {
-        // SAFETY: the Ctx outlives its request's peer.
-        detach(unsafe { pd.ctx.as_mut() });
-        pd.standin.clear();
-        pc.connection = std::ptr::null_mut();
-        if std::mem::take(&mut pd.balancer_used) {
-            if let Some(free) = pd.balancer_free {
-                // SAFETY: the balancer's own function, with its data.
-                unsafe { free(pc, pd.balancer_data, state) };
-            }
-        }
-    })
 }
 
 /// nginx's upstream finalizes the request (a client that left, say).
@@ -645,13 +600,7 @@ fn peer_server(pc: &ngx_peer_connection_t, srv: &SrvConf) -> Option<(usize, Stri
     if pc.sockaddr.is_null() || pc.name.is_null() {
         return None;
     }
-    // SAFETY: the balancer (or set_peer) set the peer's address and its name.
-    let (sockaddr, name) = unsafe {
-        (
-            std::slice::from_raw_parts(pc.sockaddr as *const u8, pc.socklen as usize),
-            String::from_utf8_lossy((*pc.name).as_bytes()).into_owned(),
-        )
-    };
+    let (sockaddr, name) = balancer::chosen(pc);
     Some((srv.addr_index(pc.sockaddr as usize, sockaddr)?, name))
 }
 
