@@ -164,11 +164,12 @@ stop_nginx();
 # 2,500 small events (so that nobody is dropped: 900 kB for each in the
 # end, 90 MB for all of them, under a bound of 256 MB), each read whole by a reader before the next. The worker's CPU time
 # for a batch is the same at the end, with 12,500 events waiting for each
-# slow subscriber, as at the start: the median of the last three batches
-# is less than twice that of the first three (a walk of what waits, per
-# event, would make it about three times; a batch's time also varies with
-# how PostgreSQL's notifications happen to be cut into packets, hence the
-# medians).
+# slow subscriber, as at the start: the cheapest of the last three
+# batches costs less than twice the median of the first three (a walk of
+# what waits, per event, would make every later batch about three times
+# as dear; a batch's time also varies with how PostgreSQL's notifications
+# happen to be cut into packets, and with the machine's other work, which
+# only ever adds to it: hence the median, and the cheapest).
 if (part(2)) {
 start_with_reader(listen_http('256m'), '/events?channel=many');
 my $n = 2500;
@@ -187,7 +188,7 @@ for my $batch (1 .. 6) {
 }
 is(drops('sqldb_listen', 'behind') + drops('sqldb_listen', 'buffers_max'), 0, 'nobody is dropped');
 my $median = sub { (sort { $a <=> $b } @_)[1] };
-my ($early, $later) = ($median->(@cost[0 .. 2]), $median->(@cost[3 .. 5]));
+my ($early, $later) = ($median->(@cost[0 .. 2]), (sort { $a <=> $b } @cost[3 .. 5])[0]);
 diag(sprintf('worker CPU per batch of %d events: %s s; reader late: %s s', $n,
     join(' ', map { sprintf '%.2f', $_ } @cost), join(' ', map { sprintf '%.2f', $_ } @late)));
 # (At least a clock tick for the first ones, so that the ratio means something.)

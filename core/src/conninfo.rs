@@ -200,7 +200,7 @@ fn port_number(v: &str) -> Option<u16> {
 
 /// Where one connection goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Target<'a> {
+pub enum Address<'a> {
     /// A resolved TCP address; `name` is the host name as written, when it
     /// was a name, kept for TLS verification and .pgpass look-ups.
     Tcp { addr: SocketAddr, name: Option<&'a str> },
@@ -230,19 +230,19 @@ fn push_pair(out: &mut String, key: &str, value: &str) {
 }
 
 /// The full connection string for one target.
-pub fn build(target: &Target<'_>, keywords: &Keywords) -> String {
+pub fn build(target: &Address<'_>, keywords: &Keywords) -> String {
     let mut out = String::new();
     match target {
-        Target::Tcp { addr, name } => {
+        Address::Tcp { addr, name } => {
             push_pair(&mut out, "hostaddr", &addr.ip().to_string());
             if let Some(name) = name {
                 push_pair(&mut out, "host", name);
             }
             push_pair(&mut out, "port", &addr.port().to_string());
         }
-        Target::Unix { dir } => push_pair(&mut out, "host", dir),
+        Address::Unix { dir } => push_pair(&mut out, "host", dir),
     }
-    let tcp = matches!(target, Target::Tcp { .. });
+    let tcp = matches!(target, Address::Tcp { .. });
     let mut has_app_name = false;
     for (k, v) in keywords.iter() {
         if tcp && k == "port" {
@@ -272,7 +272,7 @@ mod tests {
     #[test]
     fn tcp_with_keywords() {
         let k = kw(&["dbname=app", "user=web", "password=s3cret", "sslmode=disable"]).unwrap();
-        let t = Target::Tcp {
+        let t = Address::Tcp {
             addr: "127.0.0.1:5433".parse().unwrap(),
             name: None,
         };
@@ -286,7 +286,7 @@ mod tests {
     #[test]
     fn quotes_and_backslashes_are_escaped() {
         let k = kw(&["password=it's a \\secret", "application_name=x"]).unwrap();
-        let t = Target::Tcp {
+        let t = Address::Tcp {
             addr: "[::1]:5432".parse().unwrap(),
             name: Some("db.local"),
         };
@@ -299,7 +299,7 @@ mod tests {
     #[test]
     fn unix_socket_keeps_port_keyword() {
         let k = kw(&["port=5444", "dbname=d"]).unwrap();
-        let t = Target::Unix { dir: "/run/pg dir" };
+        let t = Address::Unix { dir: "/run/pg dir" };
         assert_eq!(
             build(&t, &k),
             "host='/run/pg dir' port='5444' dbname='d' fallback_application_name='ngx_gateway'"

@@ -3,6 +3,7 @@
 //! block belongs to. `sqldb` and `cache` import from here, never from each
 //! other.
 
+pub mod failure;
 pub mod hub;
 pub mod sse;
 pub mod token;

@@ -10,7 +10,7 @@
 //! then the string must hold the NUL (the module refuses it) .
 
 use crate::source::Source;
-use gateway_core::conninfo::{build, ConninfoError, Keywords, Target};
+use gateway_core::conninfo::{build, Address, ConninfoError, Keywords};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 /// libpq's isspace() in the C locale.
@@ -212,7 +212,7 @@ pub fn conninfo(data: &[u8]) {
     let target = match src.below(3) {
         0 => {
             dir = text(&mut src);
-            Target::Unix { dir: &dir }
+            Address::Unix { dir: &dir }
         }
         t => {
             let ip = if src.bool() {
@@ -221,7 +221,7 @@ pub fn conninfo(data: &[u8]) {
                 IpAddr::V6(Ipv6Addr::from(src.u64() as u128 | (src.u64() as u128) << 64))
             };
             name = text(&mut src);
-            Target::Tcp {
+            Address::Tcp {
                 addr: SocketAddr::new(ip, src.u16()),
                 name: (t == 2).then_some(name.as_str()),
             }
@@ -230,7 +230,7 @@ pub fn conninfo(data: &[u8]) {
 
     let mut want: Vec<(String, String)> = Vec::new();
     let tcp = match &target {
-        Target::Tcp { addr, name } => {
+        Address::Tcp { addr, name } => {
             want.push(("hostaddr".into(), addr.ip().to_string()));
             if let Some(n) = name {
                 want.push(("host".into(), n.to_string()));
@@ -238,7 +238,7 @@ pub fn conninfo(data: &[u8]) {
             want.push(("port".into(), addr.port().to_string()));
             true
         }
-        Target::Unix { dir } => {
+        Address::Unix { dir } => {
             want.push(("host".into(), dir.to_string()));
             false
         }

@@ -58,7 +58,7 @@ impl Handle {
 
 /// Why a request's exchange ended without its answer.
 #[derive(Debug)]
-pub enum Failure {
+pub enum ExchangeError {
     /// Redis answered the command with an error (`WRONGTYPE` ...): the
     /// connection goes on.
     Answered(ReplyError),
@@ -81,13 +81,13 @@ pub enum Failure {
 /// What a request hears once the connection's event handler is done with
 /// the connection (its steps may end the request, and a request that ends
 /// may touch the connections).
-pub enum Delivery {
+pub enum Outcome {
     /// The connection is made: the request's commands go out.
     Connected(Rc<Handle>),
     Done(Rc<Handle>),
     /// The database exists (Ok) or Redis refused it (its message).
     Probed(Rc<Handle>, Result<(), Vec<u8>>),
-    Failed(Rc<Handle>, Failure),
+    Failed(Rc<Handle>, ExchangeError),
 }
 
 /// The request side, as a pipelined connection calls it while it reads
@@ -102,7 +102,7 @@ pub trait Sink {
     /// `behind`: other requests wait for replies after this one.
     fn value(&self, who: &Handle, bytes: &[u8], behind: bool) -> bool;
     /// Outcomes, once the connection's step is done with it.
-    fn deliver(&self, out: Vec<Delivery>);
+    fn deliver(&self, out: Vec<Outcome>);
 }
 
 /// What a request needs before its command on a connection.
@@ -120,7 +120,7 @@ pub enum DbStep {
 
 /// A connection's number in the worker (never the same twice).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConnId(pub(super) u64);
+pub struct PipeId(pub(super) u64);
 
 /// Where a request's connection goes: the server's address, the password
 /// (`cache_auth`) and TLS (`cache_ssl`) it uses.

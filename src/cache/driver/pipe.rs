@@ -25,7 +25,7 @@ use gateway_core::redis::{self, Event as RedisEvent, Exchange, Plan, ReplyError,
 use gateway_core::resp::{self, Reply};
 
 use super::conn::{run_owner, Dial, Owner, RedisConn, Step};
-use super::{next_ping, ConnId, DbStep, Delivery, Endpoint, Failure, Handle, Sink};
+use super::{next_ping, DbStep, Endpoint, ExchangeError, Handle, Outcome, PipeId, Sink};
 use crate::ffi::net::TlsClient;
 use crate::ffi::*;
 use crate::log;
@@ -87,7 +87,7 @@ impl Waiter {
 }
 
 pub struct PipeConn {
-    pub(super) id: ConnId,
+    pub(super) id: PipeId,
     pub(super) addr: Vec<u8>,
     pub(super) auth: Option<Vec<u8>>,
     pub(super) tls: Option<TlsClient>,
@@ -123,7 +123,7 @@ pub struct PipeConn {
     /// Posted to send what a pass of the event loop queued, in one write.
     kick: RetryTimer,
     idle: RetryTimer,
-    out_buf: Vec<Delivery>,
+    out_buf: Vec<Outcome>,
 }
 
 impl PipeConn {
@@ -297,7 +297,7 @@ impl PipeConn {
             .is_some_and(|w| now.wrapping_sub(w.since) >= SLOW_MS)
     }
 
-    pub(super) fn open(id: ConnId, to: &Endpoint<'_>, sink: &'static dyn Sink) -> Result<Box<PipeConn>, String> {
+    pub(super) fn open(id: PipeId, to: &Endpoint<'_>, sink: &'static dyn Sink) -> Result<Box<PipeConn>, String> {
         let mut c = Box::new(PipeConn {
             id,
             addr: to.addr.to_vec(),
@@ -352,7 +352,7 @@ impl PipeConn {
         for w in &self.waiters {
             if w.kind != Kind::Open {
                 for h in w.everyone() {
-                    self.out_buf.push(Delivery::Connected(h.clone()));
+                    self.out_buf.push(Outcome::Connected(h.clone()));
                 }
             }
         }
@@ -478,7 +478,7 @@ impl PipeConn {
             Kind::Request => {
                 self.served += 1;
                 if let Some(h) = who {
-                    self.out_buf.push(Delivery::Done(h));
+                    self.out_buf.push(Outcome::Done(h));
                 }
             }
             Kind::Probe { db, seq, .. } => {
@@ -487,7 +487,7 @@ impl PipeConn {
                     self.tail_db = Some(db);
                 }
                 for h in w.everyone() {
-                    self.out_buf.push(Delivery::Probed(h.clone(), Ok(())));
+                    self.out_buf.push(Outcome::Probed(h.clone(), Ok(())));
                 }
             }
         }
@@ -527,13 +527,13 @@ impl PipeConn {
                     self.tail_db = prev;
                 }
                 for h in w.everyone() {
-                    self.out_buf.push(Delivery::Probed(h.clone(), Err(message.clone())));
+                    self.out_buf.push(Outcome::Probed(h.clone(), Err(message.clone())));
                 }
             }
             (_, e) => {
                 self.served += 1;
                 if let Some(h) = who {
-                    self.out_buf.push(Delivery::Failed(h, Failure::Answered(e)));
+                    self.out_buf.push(Outcome::Failed(h, ExchangeError::Answered(e)));
                 }
             }
         }
@@ -547,7 +547,7 @@ impl PipeConn {
         let connecting = self.is_connecting();
         self.closed_why = why.to_owned();
         self.closed_invalid = invalid;
-        let told = self.out_buf.iter().any(|d| matches!(d, Delivery::Probed(..)));
+        let told = self.out_buf.iter().any(|d| matches!(d, Outcome::Probed(..)));
         if invalid && !self.live_waiters() && !told {
             // Nobody to tell (a request whose probe just ended will hear
             // of it when it comes back): the connection's own line.
@@ -569,9 +569,9 @@ impl PipeConn {
             // (A probe runs nothing: its requests' commands were not sent.)
             let sent = w.kind == Kind::Request && self.sent > w.start;
             for h in w.everyone() {
-                self.out_buf.push(Delivery::Failed(
+                self.out_buf.push(Outcome::Failed(
                     h.clone(),
-                    Failure::Broken {
+                    ExchangeError::Broken {
                         why: why.to_owned(),
                         invalid,
                         sent,
@@ -593,7 +593,7 @@ impl PipeConn {
             return self.broken("retired", false);
         }
         // (A request whose probe just ended comes back with its command.)
-        let returning = self.out_buf.iter().any(|d| matches!(d, Delivery::Probed(_, Ok(()))));
+        let returning = self.out_buf.iter().any(|d| matches!(d, Outcome::Probed(_, Ok(()))));
         if !self.live_waiters() && !returning {
             // Nobody waits for anything on it (replies of requests that
             // left may still come): it closes when nginx exits, and after
@@ -609,7 +609,7 @@ impl PipeConn {
         }
     }
 
-    pub(super) fn take_deliveries(&mut self) -> Vec<Delivery> {
+    pub(super) fn take_deliveries(&mut self) -> Vec<Outcome> {
         std::mem::take(&mut self.out_buf)
     }
 }

@@ -4,7 +4,7 @@
 use std::cell::{Cell, RefCell};
 
 use super::pipe::{PipeConn, DEPTH, MAX_CONNS};
-use super::{ConnId, Endpoint, Sink};
+use super::{Endpoint, PipeId, Sink};
 use crate::ffi::*;
 
 /// The worker's pipelined connections (driver::pipes).
@@ -22,7 +22,7 @@ impl Pipes {
     /// that is neither deep nor slow (one in the request's database before
     /// the others), else a new one (up to `MAX_CONNS`), else the least
     /// loaded.
-    pub fn pick(&self, to: &Endpoint<'_>, sink: &'static dyn Sink) -> Result<ConnId, String> {
+    pub fn pick(&self, to: &Endpoint<'_>, sink: &'static dyn Sink) -> Result<PipeId, String> {
         let mut conns = self.conns.borrow_mut();
         // Closed connections go (nothing refers to them: their requests
         // heard of it, and their events are off).
@@ -67,7 +67,7 @@ impl Pipes {
             Some((_, _, i)) if open >= MAX_CONNS => return Ok(conns[i].id),
             _ => {}
         }
-        let id = ConnId(self.next_id.get());
+        let id = PipeId(self.next_id.get());
         self.next_id.set(id.0 + 1);
         let c = PipeConn::open(id, to, sink)?;
         if c.is_closed() {
@@ -79,7 +79,7 @@ impl Pipes {
     }
 
     /// Runs `f` on a connection; what its steps deliver is delivered after.
-    pub fn with<T>(&self, id: ConnId, f: impl FnOnce(&mut PipeConn) -> T) -> Option<T> {
+    pub fn with<T>(&self, id: PipeId, f: impl FnOnce(&mut PipeConn) -> T) -> Option<T> {
         let (t, out, sink) = {
             let mut conns = self.conns.borrow_mut();
             let c = conns.iter_mut().find(|c| c.id == id)?;

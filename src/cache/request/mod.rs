@@ -5,17 +5,19 @@
 //! `cache_cluster`); the driver's shared, pipelined connections
 //! (pipelined.rs); or a `cache_subscribe` stream (subscribe.rs).
 
+use std::fmt;
+
 use gateway_core::cluster as kslot;
 use gateway_core::pubsub;
 use gateway_core::redis::{self, Command, Exchange};
 
 use crate::cache::config::{Cache, CacheLocConf, CacheMainConf};
 use crate::cache::driver::authfail;
+use crate::common::failure::{log_failure, Failure};
 use crate::common::sse::Refused;
 use crate::ffi::net::TlsClient;
 use crate::ffi::request::RequestCtx;
 use crate::ffi::*;
-use crate::log;
 use cluster::ClusterReq;
 use upstream::{filter, filter_init, CALLBACKS};
 
@@ -84,7 +86,36 @@ enum StartError {
     Nginx,
 }
 
-impl StartError {
+impl fmt::Display for StartError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StartError::NotAllowed => f.write_str("method not allowed"),
+            StartError::Nginx => f.write_str("nginx could not set the request up"),
+            StartError::AuthRefused => f.write_str("redis refused the password less than a second ago"),
+            StartError::EmptyKey => f.write_str("the \"$cache_key\" variable is empty"),
+            StartError::BadChannel(v) => write!(
+                f,
+                "channel \"{}\" is not 1 to {} visible ASCII characters",
+                v.escape_default(),
+                pubsub::CHANNEL_MAX
+            ),
+            StartError::BadDb(v) => write!(
+                f,
+                "\"$cache_db\" is not a database number (0 to {}): \"{v}\"",
+                redis::MAX_DB
+            ),
+            StartError::ClusterDb(n) => write!(f, "\"$cache_db\" is {n}, but a Redis Cluster has database 0 only"),
+            StartError::BadExptime(v) => write!(f, "\"$cache_exptime\" is not a number of seconds: \"{v}\""),
+            StartError::NoBackend(v) => write!(f, "\"cache_pass\" value \"{v}\" names no known backend"),
+            StartError::AnswerUnderWay => f.write_str(crate::ffi::FILTER_REDIRECT),
+            StartError::ForeignUpstream(v, lines) => {
+                write!(f, "\"cache_pass\" value \"{v}\" names an upstream of \"{lines}\" lines")
+            }
+        }
+    }
+}
+
+impl Failure for StartError {
     fn status(&self) -> ngx_int_t {
         match self {
             StartError::NotAllowed => HTTP_NOT_ALLOWED,
@@ -98,51 +129,19 @@ impl StartError {
         }
     }
 
-    /// One log line: client mistakes at info, as nginx logs them.
-    fn log(&self, log: Log) {
+    fn level(&self) -> Option<u32> {
         match self {
-            StartError::NotAllowed | StartError::Nginx => {}
-            // (The refusal was logged, once a minute at most.)
-            StartError::AuthRefused => {
-                crate::debug!(log, "cache: redis refused the password less than a second ago")
+            // (nginx answers 405 itself; nginx said why it failed; the
+            // refusal was logged, once a minute at most.)
+            StartError::NotAllowed | StartError::Nginx | StartError::AuthRefused => None,
+            StartError::EmptyKey
+            | StartError::BadChannel(_)
+            | StartError::BadDb(_)
+            | StartError::ClusterDb(_)
+            | StartError::BadExptime(_) => Some(NGX_LOG_INFO),
+            StartError::NoBackend(_) | StartError::AnswerUnderWay | StartError::ForeignUpstream(..) => {
+                Some(NGX_LOG_ERR)
             }
-            StartError::EmptyKey => log!(NGX_LOG_INFO, log, "cache: the \"$cache_key\" variable is empty"),
-            StartError::BadChannel(v) => log!(
-                NGX_LOG_INFO,
-                log,
-                "cache: channel \"{}\" is not 1 to {} visible ASCII characters",
-                v.escape_default(),
-                gateway_core::pubsub::CHANNEL_MAX
-            ),
-            StartError::BadDb(v) => log!(
-                NGX_LOG_INFO,
-                log,
-                "cache: \"$cache_db\" is not a database number (0 to {}): \"{v}\"",
-                redis::MAX_DB
-            ),
-            StartError::ClusterDb(n) => log!(
-                NGX_LOG_INFO,
-                log,
-                "cache: \"$cache_db\" is {n}, but a Redis Cluster has database 0 only"
-            ),
-            StartError::BadExptime(v) => {
-                log!(
-                    NGX_LOG_INFO,
-                    log,
-                    "cache: \"$cache_exptime\" is not a number of seconds: \"{v}\""
-                )
-            }
-            StartError::NoBackend(v) => log!(
-                NGX_LOG_ERR,
-                log,
-                "cache: \"cache_pass\" value \"{v}\" names no known backend"
-            ),
-            StartError::AnswerUnderWay => log!(NGX_LOG_ERR, log, "cache: {}", crate::ffi::FILTER_REDIRECT),
-            StartError::ForeignUpstream(v, lines) => log!(
-                NGX_LOG_ERR,
-                log,
-                "cache: \"cache_pass\" value \"{v}\" names an upstream of \"{lines}\" lines"
-            ),
         }
     }
 }
@@ -152,7 +151,10 @@ request_handler! {
         match start(r) {
             Ok(rc) => rc,
             Err(e) => {
-                e.log(r.log());
+                if let StartError::AuthRefused = e {
+                    crate::debug!(r.log(), "cache: {e}");
+                }
+                log_failure(r.log(), "cache", &e);
                 e.status()
             }
         }

@@ -15,7 +15,7 @@ use gateway_core::rewrite::Rule as RewriteRule;
 use gateway_core::target::Target;
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, HttpModuleServerConf, NgxHttpCoreModule};
 
-use super::driver::{Listener, Pool, Settings, Statement};
+use super::driver::{ConnPool, Listener, Settings, Statement};
 use crate::common::hub::HubSink;
 use crate::ffi::conf::{ComplexValue, ConfError, Position};
 use crate::ffi::*;
@@ -131,7 +131,7 @@ pub struct SrvConf {
     /// The balancer's per-request init, wrapped by the request side's.
     pub balancer_init: ngx_http_upstream_init_peer_pt,
     /// `sqldb_keepalive` / `sqldb_pipeline` and, in each worker, its connections.
-    pub pool: Pool,
+    pub pool: ConnPool,
     /// `sqldb_listen`'s connection in this worker (made on first use).
     pub listener: Option<Box<Listener>>,
     keepalive_set: bool,
@@ -325,7 +325,7 @@ create_conf_handler! {
         addrs: Vec::new(),
         servers: 0,
         balancer_init: None,
-        pool: Pool::new(Settings::default()),
+        pool: ConnPool::new(Settings::default()),
         listener: None,
         keepalive_set: false,
         pipeline_set: false,

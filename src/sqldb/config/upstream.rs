@@ -4,7 +4,7 @@
 
 use std::ffi::CString;
 
-use gateway_core::conninfo::{self, Keywords, Target};
+use gateway_core::conninfo::{self, Address, Keywords};
 
 use super::{Entries, MainConf, Sqldb, SrvConf, Var};
 use crate::common::upstream::Owner;
@@ -90,12 +90,12 @@ fn server(cf: Conf, srv: &mut SrvConf) -> Result<(), ConfError> {
     for a in &url.addrs {
         let text = if unix {
             let dir = String::from_utf8_lossy(&address[5..]).into_owned();
-            conninfo::build(&Target::Unix { dir: &dir }, &keywords)
+            conninfo::build(&Address::Unix { dir: &dir }, &keywords)
         } else {
             let addr = socket_addr(&a.sockaddr).ok_or("unsupported address family in \"sqldb_server\"".to_owned())?;
             let bare = url.host.trim_start_matches('[').trim_end_matches(']');
             let name = bare.parse::<std::net::IpAddr>().is_err().then_some(url.host.as_str());
-            conninfo::build(&Target::Tcp { addr, name }, &keywords)
+            conninfo::build(&Address::Tcp { addr, name }, &keywords)
         };
         let conninfo = CString::new(text).map_err(|_| "\"sqldb_server\" parameters contain a NUL byte".to_owned())?;
         // libpq's own reading of the keywords, now rather than at the first request.

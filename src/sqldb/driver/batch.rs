@@ -7,17 +7,17 @@
 use std::cell::{Cell, RefCell};
 use std::ptr::NonNull;
 
-use super::{ConnId, Pool};
+use super::{ConnId, ConnPool};
 use crate::ffi::*;
 
 thread_local! {
     /// The connections corked in this pass.
-    static CORKED: RefCell<Vec<(NonNull<Pool>, ConnId)>> = const { RefCell::new(Vec::new()) };
+    static CORKED: RefCell<Vec<(NonNull<ConnPool>, ConnId)>> = const { RefCell::new(Vec::new()) };
     static RELEASE: Cell<*mut ngx_event_t> = const { Cell::new(std::ptr::null_mut()) };
 }
 
 /// A connection was corked: it is uncorked at the end of the pass.
-pub(super) fn hold(pool: NonNull<Pool>, id: ConnId) {
+pub(super) fn hold(pool: NonNull<ConnPool>, id: ConnId) {
     CORKED.with(|c| {
         let mut c = c.borrow_mut();
         if c.is_empty() {

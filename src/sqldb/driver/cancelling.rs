@@ -7,7 +7,7 @@ use gateway_core::metrics::Id;
 use super::cancel::{Canceller, Progress};
 use super::conn::Conn;
 use super::pq::CancelKey;
-use super::{deliver, owner, ConnId, Delivery, Pool};
+use super::{deliver, owner, ConnId, ConnPool, Delivery};
 use crate::ffi::*;
 use crate::{log, metrics};
 
@@ -35,7 +35,7 @@ extern "C" fn cancel_event(ev: *mut ngx_event_t) {
 /// # Safety
 /// `ev` must be the event of a `Conn`'s `cancel_timer`, whose data is that
 /// `Conn` (the timer is dropped with it).
-unsafe fn timer_owner(ev: *mut ngx_event_t) -> Option<(Event, &'static mut Pool, ConnId)> {
+unsafe fn timer_owner(ev: *mut ngx_event_t) -> Option<(Event, &'static mut ConnPool, ConnId)> {
     // SAFETY: see above.
     let ev = unsafe { Event::from_raw(ev) }?;
     // SAFETY: the timer's data is its live, boxed Conn; the Conn's pool
@@ -67,7 +67,7 @@ pub(super) extern "C" fn cancel_again_event(ev: *mut ngx_event_t) {
     })
 }
 
-impl Pool {
+impl ConnPool {
     /// Sends a cancel request for the query running now (one of a request
     /// that is gone).
     pub(super) fn cancel(&mut self, id: ConnId, out: &mut Vec<Delivery>) {

@@ -11,7 +11,7 @@ use gateway_core::target::Role;
 
 use super::cancel::Canceller;
 use super::pq::{CancelKey, PgConn, PqError};
-use super::{ConnId, Pool, Query, ReqToken, Statement};
+use super::{ConnId, ConnPool, Query, ReqToken, Statement};
 use crate::ffi::*;
 use crate::metrics;
 
@@ -21,7 +21,7 @@ pub(super) struct Conn {
     pub id: ConnId,
     /// The pool it belongs to (the upstream's configuration holds it, so
     /// it does not move).
-    pub pool: NonNull<Pool>,
+    pub pool: NonNull<ConnPool>,
     /// Index of the server address in the upstream's configuration.
     pub addr: usize,
     /// That address as text, for the log.
@@ -50,7 +50,7 @@ pub(super) struct Conn {
     /// shared (a pooler in transaction mode).
     pub unnamed: bool,
     /// The session's PID asked of the server once it is up (see
-    /// Pool::check_pooler): sent, and not answered yet.
+    /// ConnPool::check_pooler): sent, and not answered yet.
     pub checking_pid: bool,
     /// The preambles (see Query::preamble) the session holds prepared, by
     /// name (as many as the configuration has texts at most).
@@ -95,7 +95,7 @@ impl Conn {
         pg: PgConn,
         socket: Socket,
         id: ConnId,
-        pool: NonNull<Pool>,
+        pool: NonNull<ConnPool>,
         addr: usize,
         name: String,
         pipeline: Pipeline<ReqToken>,

@@ -12,7 +12,7 @@ use gateway_core::rds::ResultSet as _;
 use super::cancelling::cancel_again_event;
 use super::pq::{Poll, ResultKind};
 use super::terminate::{Ending, Terminator};
-use super::{deliver, owner, ConnId, Delivery, Pool, RowVerdict};
+use super::{deliver, owner, ConnId, ConnPool, Delivery, RowVerdict};
 use crate::ffi::*;
 use crate::{debug, log, metrics};
 
@@ -65,7 +65,7 @@ pub(super) extern "C" fn terminate_event(ev: *mut ngx_event_t) {
     })
 }
 
-impl Pool {
+impl ConnPool {
     fn on_event(&mut self, id: ConnId, readable: bool, timed_out: bool, out: &mut Vec<Delivery>) {
         let Some(c) = self.conn(id) else { return };
         if c.pipeline.is_connecting() {

@@ -28,7 +28,7 @@ use crate::ffi::{ngx_connection_t, ngx_event_t, ngx_msec_t, Event};
 use conn::Conn;
 
 pub use listen::Listener;
-pub use pool::{OpenError, Pick, Pool, Settings, Submitted, RECHECK};
+pub use pool::{ConnPool, OpenError, Pick, Settings, Submitted, RECHECK};
 pub use pq::{check_conninfo, PgResult, PqError, ResultKind};
 
 /// A connection of a pool (stale once the connection is closed).
@@ -152,7 +152,7 @@ pub enum Delivery {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RowVerdict {
     Continue,
-    /// The request's client is behind: stop reading until `Pool::resume`.
+    /// The request's client is behind: stop reading until `ConnPool::resume`.
     Pause,
 }
 
@@ -172,7 +172,7 @@ pub trait Sink {
 /// `ev` must be an event nginx passes to a handler of a database
 /// connection's socket (or of its cancel request's): its connection's data
 /// is the live `Conn`, boxed in its pool.
-unsafe fn owner(ev: *mut ngx_event_t) -> Option<(Event, &'static mut Pool, ConnId)> {
+unsafe fn owner(ev: *mut ngx_event_t) -> Option<(Event, &'static mut ConnPool, ConnId)> {
     // SAFETY: see above.
     let ev = unsafe { Event::from_raw(ev) }?;
     // SAFETY: an event's data is its nginx connection; that connection's

@@ -103,7 +103,7 @@ pub enum Submitted {
     Waiting { connecting: bool },
 }
 
-pub struct Pool {
+pub struct ConnPool {
     pub settings: Settings,
     pub(super) conns: Slab<Box<Conn>>,
     /// Idle ones, most recently used last.
@@ -149,9 +149,9 @@ struct Known {
 /// is asked again, with a new connection.
 pub const RECHECK: ngx_msec_t = 500;
 
-impl Pool {
-    pub fn new(settings: Settings) -> Pool {
-        Pool {
+impl ConnPool {
+    pub fn new(settings: Settings) -> ConnPool {
+        ConnPool {
             settings,
             conns: Slab::default(),
             idle: Vec::new(),
@@ -354,7 +354,7 @@ impl Pool {
         // (Single mode: only the idle connections of servers known to fit;
         // none, and the balancer's server is tried.)
         let standby_hope = !target.is_any() && self.standby_hope();
-        let fits = |pool: &Pool, id: &ConnId| match addr {
+        let fits = |pool: &ConnPool, id: &ConnId| match addr {
             Some(want) => pool.addr_of(*id) == Some(want),
             None if target.is_any() => true,
             None => pool

@@ -14,7 +14,7 @@ use gateway_core::rds::ResultSet as _;
 use gateway_core::slab::Key;
 
 use super::pq::{PgConn, Poll, ResultKind};
-use super::Pool;
+use super::ConnPool;
 use crate::ffi::*;
 
 /// How long ending a backend may take, connecting included.
@@ -41,7 +41,7 @@ pub struct Terminator {
     pub pid: i32,
     pub name: String,
     /// The pool that holds it, and its key there (for its events).
-    pub pool: NonNull<Pool>,
+    pub pool: NonNull<ConnPool>,
     pub key: Key,
     sent: bool,
     write_watched: bool,
@@ -55,7 +55,7 @@ impl Terminator {
         conninfo: &CStr,
         pid: i32,
         name: String,
-        (pool, key): (NonNull<Pool>, Key),
+        (pool, key): (NonNull<ConnPool>, Key),
         handler: ngx_event_handler_pt,
     ) -> Result<Terminator, String> {
         let pg = PgConn::start(conninfo).map_err(|e| format!("connecting failed: {e}"))?;

@@ -7,6 +7,7 @@ use std::fmt;
 
 use gateway_core::pipeline::Lost;
 
+pub use crate::common::failure::Failure;
 use crate::ffi::*;
 
 /// Building the query and finding where it goes.
@@ -91,15 +92,6 @@ pub enum ResultError {
     },
 }
 
-/// What a failed request answers and logs.
-pub trait Failure: fmt::Display {
-    fn status(&self) -> ngx_int_t;
-    /// The error-log level of its line.
-    fn level(&self) -> u32 {
-        NGX_LOG_ERR
-    }
-}
-
 impl fmt::Display for StartError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -145,14 +137,14 @@ impl Failure for StartError {
         }
     }
 
-    fn level(&self) -> u32 {
-        match self {
+    fn level(&self) -> Option<u32> {
+        Some(match self {
             StartError::MethodNotAllowed(_)
             | StartError::ParamNul(_)
             | StartError::SettingNul(_)
             | StartError::Unauthorized { .. } => NGX_LOG_INFO,
             _ => NGX_LOG_ERR,
-        }
+        })
     }
 }
 
@@ -177,12 +169,12 @@ impl Failure for ConnError {
         }
     }
 
-    fn level(&self) -> u32 {
-        match self {
+    fn level(&self) -> Option<u32> {
+        Some(match self {
             // Tried again elsewhere: not a failure of the request yet.
             ConnError::Lost(Lost::NotSent, _) => NGX_LOG_INFO,
             _ => NGX_LOG_ERR,
-        }
+        })
     }
 }
 
@@ -241,17 +233,17 @@ impl Failure for ResultError {
         }
     }
 
-    fn level(&self) -> u32 {
-        match self {
+    fn level(&self) -> Option<u32> {
+        Some(match self {
             ResultError::BadParameter(_) => NGX_LOG_INFO,
             _ => NGX_LOG_ERR,
-        }
+        })
     }
 }
 
-/// The error-log line of a failure.
+/// The error-log line of a failure of a database request.
 pub fn log_failure(log: Log, f: &dyn Failure) {
-    crate::log!(f.level(), log, "sqldb: {f}");
+    crate::common::failure::log_failure(log, "sqldb", f);
 }
 
 /// SQLSTATEs of a value from the request that does not fit: invalid text

@@ -142,7 +142,7 @@ fn ctx_of<'a>(r: &Req) -> Option<&'a mut Ctx> {
 }
 
 /// The pool of a request's upstream.
-fn pool_of(ctx: &Ctx) -> Option<&'static mut super::driver::Pool> {
+fn pool_of(ctx: &Ctx) -> Option<&'static mut super::driver::ConnPool> {
     // SAFETY: the upstream's configuration outlives its requests; nothing
     // else refers to its pool while a request handler runs.
     ctx.srv.map(|s| unsafe { &mut (*s.as_ptr()).pool })

@@ -16,7 +16,7 @@ use gateway_core::redis;
 use super::{ctx_of, tls_of_location};
 use crate::cache::config::{Cache, CacheLocConf};
 use crate::cache::driver::{
-    self, authfail, next_ping, ConnId, DbStep, Delivery, Endpoint, Failure, Handle, Pipes, Sink,
+    self, authfail, next_ping, DbStep, Endpoint, ExchangeError, Handle, Outcome, PipeId, Pipes, Sink,
 };
 use crate::common::token::{self, ReqToken};
 use crate::ffi::buf::Reuse;
@@ -47,7 +47,7 @@ const BATCH: usize = 0;
 pub struct SharedReq {
     handle: Rc<Handle>,
     /// The connection its commands are on.
-    conn: Option<ConnId>,
+    conn: Option<PipeId>,
     /// Its own timer (an event in the request's pool): the reply is late.
     timer: Option<NonNull<ngx_event_t>>,
     /// The request body (SET, PUBLISH), read once.
@@ -271,7 +271,7 @@ const MAX_MOVES: u8 = 4;
 
 /// Queues the request's commands on connection `id` (or asks about its
 /// database first), and starts its timer.
-fn place(r: &mut Req, id: ConnId) {
+fn place(r: &mut Req, id: PipeId) {
     let Some(ctx) = ctx_of(r) else { return };
     let Some(s) = ctx.shared.as_deref_mut() else { return };
     let want = ctx.db.unwrap_or(0);
@@ -319,7 +319,7 @@ fn place(r: &mut Req, id: ConnId) {
         Placed::Gone => {
             return failed(
                 r,
-                Failure::Broken {
+                ExchangeError::Broken {
                     why: "the connections to redis keep closing".to_owned(),
                     invalid: false,
                     sent: false,
@@ -333,7 +333,7 @@ fn place(r: &mut Req, id: ConnId) {
         Placed::Broken(why) => {
             return failed(
                 r,
-                Failure::Broken {
+                ExchangeError::Broken {
                     why,
                     invalid: true,
                     sent: false,

@@ -185,29 +185,27 @@ impl Sink for RequestSide {
         })
     }
 
-    fn deliver(&self, out: Vec<Delivery>) {
+    fn deliver(&self, out: Vec<Outcome>) {
         for d in out {
             let who = match &d {
-                Delivery::Connected(h) | Delivery::Done(h) | Delivery::Probed(h, _) | Delivery::Failed(h, _) => {
-                    h.clone()
-                }
+                Outcome::Connected(h) | Outcome::Done(h) | Outcome::Probed(h, _) | Outcome::Failed(h, _) => h.clone(),
             };
             let Some(r) = request_of(&who) else { continue };
             let posted = r.posted();
-            let entry = if matches!(d, Delivery::Connected(_)) {
+            let entry = if matches!(d, Outcome::Connected(_)) {
                 "cache connected"
             } else {
                 "cache reply"
             };
             guard_request(r, entry, |r| match d {
-                Delivery::Connected(_) => connected(r),
-                Delivery::Done(_) => done(r),
-                Delivery::Probed(_, Ok(())) => {
+                Outcome::Connected(_) => connected(r),
+                Outcome::Done(_) => done(r),
+                Outcome::Probed(_, Ok(())) => {
                     if let Some(id) = shared_of(r).and_then(|s| s.conn) {
                         place(r, id);
                     }
                 }
-                Delivery::Probed(_, Err(message)) => {
+                Outcome::Probed(_, Err(message)) => {
                     let db = ctx_of(r).and_then(|c| c.db).unwrap_or_default();
                     log!(
                         NGX_LOG_INFO,
@@ -225,7 +223,7 @@ impl Sink for RequestSide {
                         respond_empty(r, HTTP_BAD_REQUEST);
                     }
                 }
-                Delivery::Failed(_, f) => failed(r, f),
+                Outcome::Failed(_, f) => failed(r, f),
             });
             posted.run();
         }
@@ -309,7 +307,7 @@ fn done(r: &mut Req) {
 }
 
 /// The request's exchange failed.
-pub(super) fn failed(r: &mut Req, f: Failure) {
+pub(super) fn failed(r: &mut Req, f: ExchangeError) {
     let Some(s) = shared_of(r) else { return };
     if s.done {
         return;
@@ -317,14 +315,14 @@ pub(super) fn failed(r: &mut Req, f: Failure) {
     s.conn = None;
     let started = s.started;
     match f {
-        Failure::Answered(e) => {
+        ExchangeError::Answered(e) => {
             log!(NGX_LOG_ERR, r.log(), "cache: {e}");
             if started {
                 return end(r, ERROR);
             }
             next(r, NGX_HTTP_UPSTREAM_FT_INVALID_HEADER, true, false)
         }
-        Failure::Broken { why, auth: true, .. } => {
+        ExchangeError::Broken { why, auth: true, .. } => {
             // A refused password: logged once a minute at most, and no
             // other server is tried (one more connection for Redis).
             let name = server_name(r);
@@ -333,7 +331,7 @@ pub(super) fn failed(r: &mut Req, f: Failure) {
             }
             end(r, HTTP_BAD_GATEWAY)
         }
-        Failure::Broken {
+        ExchangeError::Broken {
             why,
             invalid,
             sent,
