@@ -107,14 +107,14 @@ thread_local! {
     static BOUND: [Cell<usize>; 2] = const { [Cell::new(BUFFERS_MAX), Cell::new(BUFFERS_MAX)] };
 }
 
-extern "C" fn apply_leaving(_ev: *mut ngx_event_t) {
-    guard(Log::cycle(), "subscription leave", (), || {
+event_handler! {
+    fn apply_leaving(_ev) = "subscription leave", {
         for (hub, channel, token) in LEAVING.with(|l| std::mem::take(&mut *l.borrow_mut())) {
             // SAFETY: a hub lives for the worker's life; nothing else uses
             // it while a posted event's handler runs.
             unsafe { &mut *hub.as_ptr() }.unsubscribe(&channel, token);
         }
-    })
+    }
 }
 
 /// Why a subscription cannot start.

@@ -209,6 +209,23 @@ macro_rules! init_upstream_handler {
     };
 }
 
+/// An event's handler (a timer, a posted event, a socket of the module's):
+/// `ev` is the live Event, the body runs inside the panic guard (the
+/// cycle's log).
+#[macro_export]
+macro_rules! event_handler {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($ev:ident) = $entry:expr, $body:block) => {
+        $(#[$m])*
+        $vis extern "C" fn $name($ev: *mut $crate::ffi::ngx_event_t) {
+            // SAFETY: nginx calls an event's handler with the live event.
+            let Some($ev) = (unsafe { $crate::ffi::Event::from_raw($ev) }) else {
+                return;
+            };
+            $crate::ffi::guard($crate::ffi::Log::cycle(), $entry, (), || $crate::ffi::entry::run(|| $body))
+        }
+    };
+}
+
 /// Runs an entry point's body (a closure, so that its `return` ends it).
 pub fn run(body: impl FnOnce()) {
     body()

@@ -713,6 +713,19 @@ impl Req {
         self.add_cleanup(stream_upstream_end, self.as_ptr().cast())
     }
 
+    /// A timer in the request's pool (it goes with the request: its owner
+    /// clears it in the request's cleanup), whose handler finds the request
+    /// as the event's data.
+    pub fn new_timer(&mut self, handler: ngx_event_handler_pt) -> Option<Timer> {
+        let ev = self.pool().calloc::<ngx_event_t>()?;
+        // SAFETY: fresh zeroed memory of the request's pool, a valid event.
+        let ev = unsafe { Event::from_raw(ev.as_ptr()) }?;
+        ev.set_data(self.as_ptr().cast());
+        ev.set_handler(handler);
+        ev.set_log(self.log());
+        Some(ev)
+    }
+
     /// Runs `handler(data)` when the request ends, however it ends (nginx's
     /// request cleanups: also when it is terminated, a client gone say).
     pub fn add_cleanup(

@@ -472,17 +472,14 @@ impl Owner for RedisHub {
     }
 }
 
-/// The channels are settled after a connection was lost.
-extern "C" fn settle_event(ev: *mut ngx_event_t) {
-    guard(Log::cycle(), "cache subscribe settle", (), || {
+event_handler! {
+    /// The channels are settled after a connection was lost.
+    fn settle_event(ev) = "cache subscribe settle", {
         // SAFETY: the event's data is its hub, which lives for the
         // worker's life (its Drop would take the event out of the queue).
-        let h = unsafe {
-            let Some(ev) = Event::from_raw(ev) else { return };
-            &mut *(ev.data() as *mut RedisHub)
-        };
+        let h = unsafe { &mut *(ev.data() as *mut RedisHub) };
         h.settle_all();
-    })
+    }
 }
 
 /// A connection is made again.

@@ -27,9 +27,9 @@ pub(super) fn hold(pool: NonNull<ConnPool>, id: ConnId) {
     });
 }
 
-/// The end of the pass: every corked connection sends what it holds.
-extern "C" fn release(_ev: *mut ngx_event_t) {
-    guard(Log::cycle(), "database batch release", (), || {
+event_handler! {
+    /// The end of the pass: every corked connection sends what it holds.
+    fn release(_ev) = "database batch release", {
         for (pool, id) in CORKED.with(|c| std::mem::take(&mut *c.borrow_mut())) {
             // SAFETY: a pool lives in its upstream's configuration for the
             // worker's life, and nothing else uses it while a posted event's
@@ -40,5 +40,5 @@ extern "C" fn release(_ev: *mut ngx_event_t) {
                 c.uncork();
             }
         }
-    })
+    }
 }

@@ -14,46 +14,30 @@ use crate::{log, metrics};
 /// How long a cancel request may take.
 const CANCEL_TIMEOUT: ngx_msec_t = 5_000;
 
-/// Events of a cancel request's connection.
-extern "C" fn cancel_event(ev: *mut ngx_event_t) {
-    guard(Log::cycle(), "sqldb cancel event", (), || {
+event_handler! {
+    /// Events of a cancel request's connection.
+    fn cancel_event(ev) = "sqldb cancel event", {
         // SAFETY: the cancel connection's data is the Conn that owns it.
-        let Some((ev, pool, id)) = (unsafe { owner(ev) }) else {
-            return;
-        };
+        let (pool, id) = unsafe { owner(ev) };
         let timed_out = ev.take_timedout();
         let mut out = Vec::new();
         pool.on_cancel_event(id, timed_out, &mut out);
         pool.show(id);
         let sink = pool.sink;
         deliver(sink, out);
-    })
-}
-
-/// The connection and pool of a connection's cancel timer (`cancel_again_event`).
-///
-/// # Safety
-/// `ev` must be the event of a `Conn`'s `cancel_timer`, whose data is that
-/// `Conn` (the timer is dropped with it).
-unsafe fn timer_owner(ev: *mut ngx_event_t) -> Option<(Event, &'static mut ConnPool, ConnId)> {
-    // SAFETY: see above.
-    let ev = unsafe { Event::from_raw(ev) }?;
-    // SAFETY: the timer's data is its live, boxed Conn; the Conn's pool
-    // lives in the upstream's configuration, and nothing else uses it while
-    // a handler runs.
-    unsafe {
-        let conn = &*(ev.data() as *const Conn);
-        Some((ev, &mut *conn.pool.as_ptr(), conn.id))
     }
 }
 
-/// The pause after a cancel request is over: another one, if the query
-/// still runs.
-pub(super) extern "C" fn cancel_again_event(ev: *mut ngx_event_t) {
-    guard(Log::cycle(), "sqldb cancel timer", (), || {
-        // SAFETY: nginx calls this handler with the event of a cancel timer.
-        let Some((ev, pool, id)) = (unsafe { timer_owner(ev) }) else {
-            return;
+event_handler! {
+    /// The pause after a cancel request is over: another one, if the query
+    /// still runs.
+    pub(super) fn cancel_again_event(ev) = "sqldb cancel timer", {
+        // SAFETY: the timer's data is its live, boxed Conn (the timer is
+        // dropped with it); the Conn's pool lives in the upstream's
+        // configuration, and nothing else uses it while a handler runs.
+        let (pool, id) = unsafe {
+            let conn = &*(ev.data() as *const Conn);
+            (&mut *conn.pool.as_ptr(), conn.id)
         };
         ev.take_timedout();
         let mut out = Vec::new();
@@ -64,7 +48,7 @@ pub(super) extern "C" fn cancel_again_event(ev: *mut ngx_event_t) {
         pool.show(id);
         let sink = pool.sink;
         deliver(sink, out);
-    })
+    }
 }
 
 impl ConnPool {

@@ -20,13 +20,11 @@ use crate::{debug, log, metrics};
 /// cancelled; then the connection is closed.
 const DRAIN_TIMEOUT: ngx_msec_t = 5_000;
 
-/// Read/write readiness or the timer of a database connection.
-pub(super) extern "C" fn conn_event(ev: *mut ngx_event_t) {
-    guard(Log::cycle(), "database connection event lookup", (), || {
+event_handler! {
+    /// Read/write readiness or the timer of a database connection.
+    pub(super) fn conn_event(ev) = "database connection event lookup", {
         // SAFETY: nginx calls this handler with an event of a connection's socket.
-        let Some((ev, pool, id)) = (unsafe { owner(ev) }) else {
-            return;
-        };
+        let (pool, id) = unsafe { owner(ev) };
         let (timed_out, readable) = (ev.take_timedout(), !ev.is_write());
         let mut out = Vec::new();
         let handled = guard(Log::cycle(), "database connection event", false, || {
@@ -40,29 +38,24 @@ pub(super) extern "C" fn conn_event(ev: *mut ngx_event_t) {
         pool.show(id);
         let sink = pool.sink;
         deliver(sink, out);
-    })
+    }
 }
 
-/// Events of a session that ends a backend (terminate.rs).
-pub(super) extern "C" fn terminate_event(ev: *mut ngx_event_t) {
-    guard(Log::cycle(), "sqldb terminate event", (), || {
+event_handler! {
+    /// Events of a session that ends a backend (terminate.rs).
+    pub(super) fn terminate_event(ev) = "sqldb terminate event", {
         // SAFETY: nginx calls this handler with an event of the connection of
         // a Terminator, whose data is that Terminator, boxed in its pool (the
         // connection is released before the box is freed). The pool lives in
         // the upstream's configuration, and nothing else uses it while a
         // handler runs.
-        let Some((ev, pool, key)) = (unsafe {
-            Event::from_raw(ev).map(|ev| {
-                let c = &*(ev.data() as *const ngx_connection_t);
-                let t = &*(c.data as *const Terminator);
-                (ev, &mut *t.pool.as_ptr(), t.key)
-            })
-        }) else {
-            return;
+        let (pool, key) = unsafe {
+            let t = &*(ev.connection_data() as *const Terminator);
+            (&mut *t.pool.as_ptr(), t.key)
         };
         let timed_out = ev.take_timedout();
         pool.on_terminate_event(key, timed_out);
-    })
+    }
 }
 
 impl ConnPool {

@@ -322,32 +322,25 @@ impl Drop for Listener {
     }
 }
 
-/// Read/write readiness of the listening connection.
-extern "C" fn listen_event(ev: *mut ngx_event_t) {
-    guard(Log::cycle(), "sqldb listen event", (), || {
+event_handler! {
+    /// Read/write readiness of the listening connection.
+    fn listen_event(ev) = "sqldb listen event", {
+        ev.take_timedout();
         // SAFETY: the connection's data is the Listener that owns it (boxed,
         // it does not move; it releases the connection before it goes).
-        let l = unsafe {
-            let Some(ev) = Event::from_raw(ev) else { return };
-            ev.take_timedout();
-            let c = ev.data() as *mut ngx_connection_t;
-            &mut *((*c).data as *mut Listener)
-        };
+        let l = unsafe { &mut *(ev.connection_data() as *mut Listener) };
         l.on_event();
-    })
+    }
 }
 
-/// The connection is made again.
-extern "C" fn retry_event(ev: *mut ngx_event_t) {
-    guard(Log::cycle(), "sqldb listen retry", (), || {
+event_handler! {
+    /// The connection is made again.
+    fn retry_event(ev) = "sqldb listen retry", {
+        ev.take_timedout();
         // SAFETY: the timer's data is the Listener that owns it.
-        let l = unsafe {
-            let Some(ev) = Event::from_raw(ev) else { return };
-            ev.take_timedout();
-            &mut *(ev.data() as *mut Listener)
-        };
+        let l = unsafe { &mut *(ev.data() as *mut Listener) };
         if l.state == State::Down && !l.channels.is_empty() && !exiting() {
             l.connect();
         }
-    })
+    }
 }

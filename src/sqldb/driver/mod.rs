@@ -24,7 +24,7 @@ use gateway_core::target::Target;
 
 pub use crate::common::token::ReqToken;
 
-use crate::ffi::{ngx_connection_t, ngx_event_t, ngx_msec_t, Event};
+use crate::ffi::{ngx_msec_t, Event};
 use conn::Conn;
 
 pub use listen::Listener;
@@ -172,17 +172,14 @@ pub trait Sink {
 /// `ev` must be an event nginx passes to a handler of a database
 /// connection's socket (or of its cancel request's): its connection's data
 /// is the live `Conn`, boxed in its pool.
-unsafe fn owner(ev: *mut ngx_event_t) -> Option<(Event, &'static mut ConnPool, ConnId)> {
-    // SAFETY: see above.
-    let ev = unsafe { Event::from_raw(ev) }?;
-    // SAFETY: an event's data is its nginx connection; that connection's
-    // data is the Conn (set when it was opened, and the socket is released
-    // before the Conn is freed). The Conn's pool lives in the upstream's
-    // configuration, and nothing else uses it while a handler runs.
+unsafe fn owner(ev: Event) -> (&'static mut ConnPool, ConnId) {
+    // SAFETY: see above: the connection's data is the Conn (set when it was
+    // opened, and the socket is released before the Conn is freed). The
+    // Conn's pool lives in the upstream's configuration, and nothing else
+    // uses it while a handler runs.
     unsafe {
-        let c = &*(ev.data() as *const ngx_connection_t);
-        let conn = &*(c.data as *const Conn);
-        Some((ev, &mut *conn.pool.as_ptr(), conn.id))
+        let conn = &*(ev.connection_data() as *const Conn);
+        (&mut *conn.pool.as_ptr(), conn.id)
     }
 }
 

@@ -126,11 +126,11 @@ fn deliver_later(out: Vec<Delivery>) {
     event::defer(Some(deliver_deferred));
 }
 
-extern "C" fn deliver_deferred(_ev: *mut ngx_event_t) {
-    guard(Log::cycle(), "sqldb deferred delivery", (), || {
+event_handler! {
+    fn deliver_deferred(_ev) = "sqldb deferred delivery", {
         let out = LATER.with(|l| std::mem::take(&mut *l.borrow_mut()));
         SINK.deliver(out);
-    })
+    }
 }
 
 /// The request's context. Each step of a request takes it anew (the

@@ -7,7 +7,6 @@
 //! goes to the next server by the rules of `cache_next_upstream`.
 
 use std::ffi::c_void;
-use std::ptr::NonNull;
 use std::rc::Rc;
 
 use gateway_core::pubsub;
@@ -49,7 +48,7 @@ pub struct SharedReq {
     /// The connection its commands are on.
     conn: Option<PipeId>,
     /// Its own timer (an event in the request's pool): the reply is late.
-    timer: Option<NonNull<ngx_event_t>>,
+    timer: Option<Timer>,
     /// The request body (SET, PUBLISH), read once.
     body: Vec<u8>,
     /// `cache_ssl`: TLS to the server.
@@ -141,9 +140,7 @@ fn pipes(_: &Req) -> &'static Pipes {
 
 /// The request's timer.
 fn timer(s: &SharedReq) -> Option<Event> {
-    // SAFETY: the event lives in the request's pool; the cleanup clears it
-    // before the pool goes.
-    s.timer.and_then(|t| unsafe { Event::from_raw(t.as_ptr()) })
+    s.timer
 }
 
 /// Starts the request (the content handler's part): the balancer, the
@@ -161,15 +158,7 @@ pub fn start(r: &mut Req, block: Option<&ngx_http_upstream_srv_conf_t>) -> Optio
         .unwrap_or_default();
     let lcf: &CacheLocConf = r.loc_conf::<Cache>();
     let tls = tls_of_location(r, lcf, host.as_bytes())?;
-    let pool = r.pool();
-    let ev = pool.calloc::<ngx_event_t>()?;
-    // SAFETY: fresh zeroed memory of the request's pool.
-    unsafe {
-        let e = &mut *ev.as_ptr();
-        e.data = r.as_ptr().cast();
-        e.handler = Some(timer_event);
-        e.log = r.log().as_ptr();
-    }
+    let ev = r.new_timer(Some(timer_event))?;
     let s = shared_of(r)?;
     s.timer = Some(ev);
     s.tls = tls;
