@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
 use gateway_core::metrics::{join_labels, Memo, Slot, Table};
 
+use crate::ffi::{ngx_uint_t, Req};
+
 /// The table in the zone, once nginx has mapped it (set in the master
 /// before the workers start; each worker inherits it).
 static TABLE: AtomicPtr<Slot> = AtomicPtr::new(std::ptr::null_mut());
@@ -24,6 +26,20 @@ pub fn table() -> Option<Table<'static>> {
     // made it is gone; slots are made of atomics, which any process may
     // read and write at once.
     Some(Table::new(unsafe { std::slice::from_raw_parts(p, len) }))
+}
+
+/// What stands for a request's label values in the log phase's memo: its
+/// upstream block (see `Upstream::name_key`; 0 for none), final status,
+/// and command ("" where the gateway has none).
+pub type SeriesKey = (usize, ngx_uint_t, &'static str);
+
+/// The upstream's name for the labels (none for a request that had no
+/// upstream block).
+pub fn upstream_label(r: &Req, block: usize) -> String {
+    match r.upstream_ref() {
+        Some(u) if block != 0 => u.name(),
+        _ => String::new(),
+    }
 }
 
 /// Adds `delta` to a counter or gauge.

@@ -3,13 +3,13 @@
 //! JSON. The series live in a shared memory zone (core's metrics table),
 //! which every worker updates in place and which outlives reloads.
 
-use gateway_core::metrics::{join_labels, Id, Memo, SLOT_SIZE};
+use gateway_core::metrics::{Memo, SLOT_SIZE};
 use std::cell::RefCell;
 
 use crate::ffi::conf::ConfError;
 use crate::ffi::shm;
 use crate::ffi::*;
-use crate::metrics::table;
+use crate::metrics::{table, SeriesKey};
 
 /// Series the zone holds (about 140 bytes each, a megabyte in all).
 const SLOTS: usize = 7000;
@@ -101,14 +101,11 @@ request_handler! {
 thread_local! {
     /// The series this worker has counted before, by (upstream, status,
     /// command): a request then builds no label strings.
-    static KNOWN: RefCell<Memo<Key>> = RefCell::new(Memo::default());
+    static KNOWN: RefCell<Memo<SeriesKey>> = RefCell::new(Memo::default());
 }
 
-/// What stands for a request's label values: its upstream block (see
-/// `Upstream::name_key`; 0 for none), final status, and command ("" for
-/// the database gateway).
-type Key = (usize, ngx_uint_t, &'static str);
-
+/// Counts a request of either gateway in its own series: the gateway that
+/// served it says what they are.
 fn count(r: &mut Req) {
     let Some(t) = table() else { return };
     let sqldb = std::ptr::addr_of!(crate::ngx_http_gateway_module);
@@ -130,66 +127,11 @@ fn count(r: &mut Req) {
             }
         }
     };
-    // What Redis answered (`$upstream_status` of the last try): a miss
-    // that error_page turned into a 200 is still a miss, and a Range of a
-    // value found (206, 416) still a hit.
-    let answered = r.upstream().and_then(|u| u.state()).map(|st| st.status);
-    let upstream = || match r.upstream_ref() {
-        Some(u) if block != 0 => u.name(),
-        _ => String::new(),
-    };
-    let status = r.status();
-    // (An event stream's time is how long its client stayed: not a
-    // duration of the servers'.)
-    let stream = if module == sqldb {
-        r.loc_conf::<crate::sqldb::config::Sqldb>().listen.is_some()
-    } else {
-        r.loc_conf::<crate::cache::config::Cache>().subscribe.is_some()
-    };
-    let us = r.upstream_response_ms().filter(|_| !stream).map(|ms| ms as i64 * 1000);
     KNOWN.with_borrow_mut(|known| {
         if module == sqldb {
-            let key = (block, status, "");
-            let labels = || join_labels(&[&upstream(), &status.to_string()]);
-            t.add_known(known, key, Id::SqldbRequests, labels, 1);
-            if let Some(us) = us {
-                t.observe_known(known, key, Id::SqldbQueryDuration, || join_labels(&[&upstream()]), us);
-            }
-            return;
-        }
-        let m = r.method();
-        let lcf = r.loc_conf::<crate::cache::config::Cache>();
-        let command = if lcf.publish.is_some() {
-            "PUBLISH"
-        } else if lcf.subscribe.is_some() {
-            "SUBSCRIBE"
-        } else if m & (NGX_HTTP_GET | NGX_HTTP_HEAD) != 0 {
-            "GET"
-        } else if m & (NGX_HTTP_PUT | NGX_HTTP_POST) != 0 {
-            "SET"
-        } else if m & NGX_HTTP_DELETE != 0 {
-            "DEL"
+            crate::sqldb::request::count_request(r, t, known, block);
         } else {
-            "-"
-        };
-        let key = (block, status, command);
-        let labels = || join_labels(&[&upstream(), command, &status.to_string()]);
-        t.add_known(known, key, Id::CacheRequests, labels, 1);
-        if command == "GET" {
-            match answered.unwrap_or(0) {
-                200 => t.add_known(known, key, Id::CacheHits, || join_labels(&[&upstream()]), 1),
-                404 => t.add_known(known, key, Id::CacheMisses, || join_labels(&[&upstream()]), 1),
-                _ => {}
-            }
-        }
-        if let Some(us) = us {
-            t.observe_known(
-                known,
-                key,
-                Id::CacheDuration,
-                || join_labels(&[&upstream(), command]),
-                us,
-            );
+            crate::cache::request::count_request(r, t, known, block);
         }
     });
 }

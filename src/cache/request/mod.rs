@@ -19,11 +19,13 @@ use crate::ffi::net::TlsClient;
 use crate::ffi::request::RequestCtx;
 use crate::ffi::*;
 use cluster::ClusterReq;
+pub use series::count_request;
 use upstream::{filter, filter_init, CALLBACKS};
 
 pub mod balancer;
 mod cluster;
 mod pipelined;
+mod series;
 mod subscribe;
 mod upstream;
 

@@ -11,6 +11,7 @@ mod output;
 mod peer;
 
 mod respond;
+mod series;
 mod stream;
 mod vars;
 
@@ -28,6 +29,7 @@ use crate::ffi::*;
 
 pub(crate) use entry::content_handler;
 pub(crate) use peer::peer_init;
+pub use series::count_request;
 pub use stream::Streaming;
 pub(crate) use vars::{claim_variable, escape_handler};
 
