@@ -29,6 +29,8 @@ use FindBin;
 use File::Basename qw(dirname);
 use lib dirname(__FILE__);
 use ValgrindCheck ();
+# Ports (free_port, listen_socket: never one given twice) and stopping nginx.
+use NginxProcess qw(free_port listen_socket stop_nginx_pid);
 # Loaded before this file's END block is compiled, so that Test::Builder's
 # own END runs after ours and counts what ours reports.
 use Test::Builder ();
@@ -50,39 +52,6 @@ our ($PgDir, $PgData);
 our (@Redis, $Garbage);
 
 sub pg_bin { $PgBin }
-
-# Ports handed out here, and the one the suite runner has picked for its
-# nginx (TEST_NGINX_SERVER_PORT, released until a block starts nginx on it):
-# never given twice.
-my %Given;
-
-sub port_ok { my $p = shift; !$Given{$p} && $p != ($ENV{TEST_NGINX_SERVER_PORT} // 0) }
-
-# A listening loopback socket on a port nobody else was given.
-sub listen_socket {
-    my ($backlog) = @_;
-    for (1 .. 100) {
-        my $l = IO::Socket::INET->new(Listen => $backlog, LocalAddr => '127.0.0.1', LocalPort => 0, ReuseAddr => 1)
-            or die "cannot listen: $!";
-        next unless port_ok($l->sockport);
-        $Given{ $l->sockport } = 1;
-        return $l;
-    }
-    die "no free port\n";
-}
-
-sub free_port {
-    for (1 .. 100) {
-        my $s = IO::Socket::INET->new(Listen => 1, LocalAddr => '127.0.0.1', LocalPort => 0, ReuseAddr => 1)
-            or die "no free port: $!";
-        my $p = $s->sockport;
-        close $s;
-        next unless port_ok($p);
-        $Given{$p} = 1;
-        return $p;
-    }
-    die "no free port\n";
-}
 
 # Runs a server command as the postgres user when we are root (initdb
 # refuses root); its output goes to a log unless it fails.
@@ -696,31 +665,13 @@ sub nginx_error_log {
     return <$fh>;
 }
 
-# (Under valgrind, QUIT again after 10 s and every 5 s, to the master and to its
-# workers that have not ended: a signal that arrives just as a process's
-# event loop goes to sleep can be taken without waking it.)
+# QUIT, then KILL when it has not exited within 5 s (NginxProcess).
 sub stop_nginx {
-    return valgrind_verdict() unless $NginxPid;
-    kill 'QUIT', $NginxPid;
-    my $deadline = time + stretch(5);
-    my ($again, $sent) = (time + 10, 1);
-    while (time < $deadline) {
-        if (waitpid($NginxPid, WNOHANG) == $NginxPid) {
-            Test::Builder->new->diag("$StartLabel: nginx exited only after QUIT was sent $sent times") if $sent > 1;
-            $NginxPid = undef;
-            return valgrind_verdict();
-        }
-        if ($VgDir && time > $again) {
-            kill 'QUIT', $NginxPid, ValgrindCheck::running_pids($VgDir);
-            ($again, $sent) = (time + 5, $sent + 1);
-        }
-        sleep 0.01;
+    if ($NginxPid) {
+        stop_nginx_pid($NginxPid, $StartLabel, $VgDir);
+        $NginxPid = undef;
     }
-    Test::Builder->new->diag("$StartLabel: nginx did not exit within " . stretch(5) . " s of QUIT (sent $sent times): killed");
-    kill 'KILL', $NginxPid;
-    waitpid($NginxPid, 0);
-    $NginxPid = undef;
-    valgrind_verdict();
+    return valgrind_verdict();
 }
 
 

@@ -33,6 +33,7 @@ use File::Temp qw(tempdir);
 use File::Basename qw(dirname);
 use lib dirname(__FILE__) . '/../../..';    # t/lib
 use HttpClient ();
+use NginxProcess ();
 use ValgrindCheck ();
 
 # A write to a socket the server has closed fails that request (EPIPE)
@@ -82,7 +83,7 @@ my $ServRoot = $ENV{TEST_NGINX_SERVROOT} || do {
     chmod 0755, $d;
     $d;
 };
-my $Port     = $ENV{TEST_NGINX_SERVER_PORT} || $ENV{TEST_NGINX_PORT} || free_port();
+my $Port     = $ENV{TEST_NGINX_SERVER_PORT} || $ENV{TEST_NGINX_PORT} || NginxProcess::free_port();
 $ENV{TEST_NGINX_SERVER_PORT} = $Port;
 $ENV{TEST_NGINX_HTML_DIR} = "$ServRoot/html";
 
@@ -101,19 +102,6 @@ sub server_port () { $Port }
 sub server_root () { $ServRoot }
 sub html_dir () { "$ServRoot/html" }
 sub add_block_preprocessor (&) { push @Preprocessors, shift }
-
-# A free loopback port, none of those the test servers were given.
-sub free_port {
-    my %taken = map { ($_ // 0) => 1 } @ENV{qw(TEST_NGINX_PG_PORT TEST_NGINX_CLOSED_PORT TEST_NGINX_SILENT_PORT)};
-    for (1 .. 100) {
-        my $s = IO::Socket::INET->new(Listen => 1, LocalAddr => '127.0.0.1', LocalPort => 0, ReuseAddr => 1)
-            or die "no free port: $!";
-        my $p = $s->sockport;
-        close $s;
-        return $p unless $taken{$p};
-    }
-    die "no free port\n";
-}
 
 # $TEST_NGINX_FOO in configuration text becomes the environment's value.
 sub expand_env ($) {
@@ -226,29 +214,10 @@ sub start_nginx () {
     return "nginx did not start listening on port $Port";
 }
 
-# (Under valgrind, QUIT again after 10 s and every 5 s: a signal that arrives just as
-# nginx's event loop goes to sleep in epoll_wait can be taken without
-# waking it, and nginx would sleep on until its next timer.)
+# QUIT, then KILL when it has not exited within 5 s (NginxProcess).
 sub stop_nginx () {
     return unless $NginxPid;
-    kill 'QUIT', $NginxPid;
-    my $deadline = time + ValgrindCheck::stretch(5);
-    my ($again, $sent) = (time + 10, 1);
-    while (time < $deadline) {
-        if (waitpid($NginxPid, WNOHANG) == $NginxPid) {
-            diag("$CurrentBlock: nginx exited only after QUIT was sent $sent times") if $sent > 1;
-            $NginxPid = undef;
-            return;
-        }
-        if ($Valgrind && time > $again) {
-            kill 'QUIT', $NginxPid, ($VgDir ? ValgrindCheck::running_pids($VgDir) : ());
-            ($again, $sent) = (time + 5, $sent + 1);
-        }
-        sleep 0.01;
-    }
-    diag("$CurrentBlock: nginx did not exit within " . ValgrindCheck::stretch(5) . " s of QUIT (sent $sent times): killed");
-    kill 'KILL', $NginxPid;
-    waitpid($NginxPid, 0);
+    NginxProcess::stop_nginx_pid($NginxPid, $CurrentBlock, $VgDir);
     $NginxPid = undef;
 }
 
