@@ -1,9 +1,10 @@
 package HttpClient;
 
 # HTTP/1.1 framing for the tests: where one response ends in a stream of
-# bytes (Content-Length, chunked, or a response without a body), and a
-# client that sends requests one after the other on one keep-alive
-# connection.
+# bytes (Content-Length, chunked, or a response without a body), a client
+# that sends requests one after the other on one keep-alive connection,
+# and requests on a connection of their own (GatewayTest exports these
+# too).
 
 use strict;
 use warnings;
@@ -18,7 +19,7 @@ use ValgrindCheck ();
 # instead of killing the test process with SIGPIPE.
 $SIG{PIPE} = 'IGNORE';
 
-our @EXPORT_OK = qw(response_length parse_response unchunk keepalive_requests);
+our @EXPORT_OK = qw(response_length parse_response unchunk keepalive_requests http_send http_read http_request http_get);
 
 # The length of the first whole response in $buf, or undef when it is not
 # all there (or is framed by the connection closing).
@@ -125,6 +126,61 @@ sub keepalive_requests {
     }
     close $s;
     return @out;
+}
+
+# --- A request on a connection of its own (Connection: close) ---------------
+
+# Opens a connection and sends a GET; returns the socket (read it with http_read).
+sub http_send {
+    my ($port, $path, %headers) = @_;
+    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port) or die "connect: $!";
+    binmode $s;
+    my $extra = join '', map { "$_: $headers{$_}\r\n" } sort keys %headers;
+    # A refused write (the server closed already) shows as a failed read.
+    print $s "GET $path HTTP/1.1\r\nHost: localhost\r\n${extra}Connection: close\r\n\r\n";
+    return $s;
+}
+
+# Reads a whole response (the server closes); returns (status, body).
+sub http_read {
+    my ($s, $timeout) = @_;
+    $timeout = ValgrindCheck::stretch($timeout || 10);
+    my $buf = '';
+    my $deadline = time + $timeout;
+    my $rin = '';
+    vec($rin, fileno($s), 1) = 1;
+    while (time < $deadline) {
+        my $n = select(my $rout = $rin, undef, undef, $deadline - time);
+        next if $n <= 0;
+        my $got = sysread($s, my $chunk, 65536);
+        last unless $got;
+        $buf .= $chunk;
+    }
+    close $s;
+    my ($head, $body) = split /\r\n\r\n/, $buf, 2;
+    my ($status) = ($head || '') =~ m{^HTTP/\S+ (\d+)};
+    return ($status, $body);
+}
+
+# One request on a connection of its own: (status, body, head).
+sub http_request {
+    my ($port, $method, $path, $body, @headers) = @_;
+    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port) or die "connect: $!";
+    binmode $s;
+    $body //= '';
+    my $more = join '', map { "$_\r\n" } @headers;
+    print $s "$method $path HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n${more}Content-Length: "
+        . length($body) . "\r\n\r\n$body";
+    local $/;
+    my $resp = <$s> // '';
+    my ($head, $rest) = split /\r\n\r\n/, $resp, 2;
+    my ($status) = ($head // '') =~ m{^HTTP/\S+ (\d+)};
+    return ($status // 0, $rest // '', $head // '');
+}
+
+sub http_get {
+    my ($port, $path, $timeout) = @_;
+    return http_read(http_send($port, $path), $timeout);
 }
 
 1;
