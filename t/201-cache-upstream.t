@@ -4,21 +4,14 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_send http_read http_get start_redis redis_cli redis_connections);
-use IO::Socket::INET;
+use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_send_request http_read start_redis redis_cli redis_connections);
 use Test::More;
 use Time::HiRes qw(sleep);
 
 my @r = map { start_redis() } 1 .. 3;
 
-sub request {
-    my ($port, $method, $path, $body) = @_;
-    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port) or die $!;
-    binmode $s;
-    $body //= '';
-    print $s "$method $path HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: " . length($body) . "\r\n\r\n$body";
-    return http_read($s, 30);
-}
+# (status, body) of one request, read for up to 30 s.
+sub request { my ($port, $method, $path, $body) = @_; http_read(http_send_request($port, $method, $path, $body), 30) }
 
 my $port = nginx_start(<<"HTTP");
 upstream one { server 127.0.0.1:$r[0]{port}; keepalive 4; }

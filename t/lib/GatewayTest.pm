@@ -32,7 +32,7 @@ use ValgrindCheck ();
 # Ports (free_port, listen_socket: never one given twice) and stopping nginx.
 use NginxProcess qw(free_port listen_socket stop_nginx_pid);
 # Requests on a connection of their own (exported from here too).
-use HttpClient qw(http_send http_read http_request http_get);
+use HttpClient qw(http_send http_send_request http_read http_request http_get);
 # Loaded before this file's END block is compiled, so that Test::Builder's
 # own END runs after ours and counts what ours reports.
 use Test::Builder ();
@@ -43,7 +43,7 @@ $SIG{PIPE} = 'IGNORE';
 
 our @EXPORT_OK = qw(http_request wait_until pg_server_line start_servers stop_servers psql rds rds_rows rds_command free_port pg_bin pg_stop pg_start
     pg_restart start_extra_pg start_standby_pg nginx_signal nginx_exited start_redis kill_redis redis_cli garbage_port
-    nginx_start stop_nginx nginx_error_log http_send http_read http_get stretch under_valgrind listen_socket pg_sessions
+    nginx_start stop_nginx nginx_error_log http_send http_send_request http_read http_get stretch under_valgrind listen_socket pg_sessions
     redis_info redis_connections redis_numsub key_slot tls_files nginx_workers);
 
 sub stretch ($) { ValgrindCheck::stretch($_[0]) }

@@ -19,7 +19,8 @@ use ValgrindCheck ();
 # instead of killing the test process with SIGPIPE.
 $SIG{PIPE} = 'IGNORE';
 
-our @EXPORT_OK = qw(response_length parse_response unchunk keepalive_requests http_send http_read http_request http_get);
+our @EXPORT_OK = qw(response_length parse_response unchunk keepalive_requests http_send http_send_request http_read http_request
+    http_get);
 
 # The length of the first whole response in $buf, or undef when it is not
 # all there (or is framed by the connection closing).
@@ -130,15 +131,25 @@ sub keepalive_requests {
 
 # --- A request on a connection of its own (Connection: close) ---------------
 
-# Opens a connection and sends a GET; returns the socket (read it with http_read).
-sub http_send {
-    my ($port, $path, %headers) = @_;
+# Opens a connection and sends a request, with a body (and its
+# Content-Length) when one is given; returns the socket (read it with
+# http_read).
+sub http_send_request {
+    my ($port, $method, $path, $body, %headers) = @_;
     my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port) or die "connect: $!";
     binmode $s;
     my $extra = join '', map { "$_: $headers{$_}\r\n" } sort keys %headers;
+    $extra .= "Connection: close\r\n";
+    $extra .= 'Content-Length: ' . length($body) . "\r\n" if defined $body;
     # A refused write (the server closed already) shows as a failed read.
-    print $s "GET $path HTTP/1.1\r\nHost: localhost\r\n${extra}Connection: close\r\n\r\n";
+    print $s "$method $path HTTP/1.1\r\nHost: localhost\r\n$extra\r\n" . ($body // '');
     return $s;
+}
+
+# Opens a connection and sends a GET; returns the socket (read it with http_read).
+sub http_send {
+    my ($port, $path, %headers) = @_;
+    return http_send_request($port, 'GET', $path, undef, %headers);
 }
 
 # Reads a whole response (the server closes); returns (status, body).
