@@ -3,18 +3,17 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_send http_read http_get psql rds rds_rows stretch pg_sessions);
+use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_send http_read http_get psql rds rds_rows stretch pg_sessions
+    wait_until);
 use Test::More;
 use Time::HiRes qw(sleep);
 
+# The gateway's sessions once they are $want, or as many as there are
+# after 8 s.
 sub wait_for {
-    my ($want, $what) = @_;
+    my ($want) = @_;
     my $n;
-    for (1 .. stretch(50)) {
-        $n = pg_sessions('ngx_gateway');
-        return $n if $n == $want;
-        sleep 0.1;
-    }
+    wait_until(sub { ($n = pg_sessions('ngx_gateway')) == $want }, 8);
     return $n;
 }
 
