@@ -16,7 +16,8 @@ BEGIN {
     }
 }
 use SseClient qw(open_sse pump events subscribed subscribers);
-use GatewayTest qw(http_request wait_until nginx_start stop_nginx nginx_error_log psql stretch start_redis nginx_workers);
+use GatewayTest qw(http_request wait_until nginx_start stop_nginx nginx_error_log psql stretch start_redis nginx_workers
+    proc_status_kb);
 use IO::Socket::INET;
 use Socket ();
 use Test::More;
@@ -29,14 +30,6 @@ my (@fast, $hwm0, $rss0, @got, $grew, $dropped, $log, @lines, $after);
 sub part { !$ENV{PARTS} || index($ENV{PARTS}, $_[0]) >= 0 }
 
 
-# The one worker of the nginx just started.
-sub status_kb {
-    my ($what) = @_;
-    open my $f, '<', "/proc/$worker/status" or return 0;
-    local $/;
-    my ($v) = <$f> =~ /^$what:\s+(\d+)/m;
-    return $v // 0;
-}
 # The worker's CPU time (user + system), in seconds.
 sub cpu_seconds {
     open my $f, '<', "/proc/$worker/stat" or return 0;
@@ -125,8 +118,8 @@ pump(\@fast, stretch(10), sub { events($fast[0]) >= 30 });
 my @b = map { slow_sub("/events?channel=big&who=b$_") } 1 .. 15;
 ok(wait_until(sub { subscribers($port, 'sqldb_listen') == 31 }, 10), '15 more that do not read');
 forget($fast[0]);
-$hwm0 = status_kb('VmHWM');
-$rss0 = status_kb('VmRSS');
+$hwm0 = proc_status_kb($worker, 'VmHWM');
+$rss0 = proc_status_kb($worker, 'VmRSS');
 my $t0 = time;
 psql("select pg_notify('big', i || '$payload') from generate_series(1, 300) i");
 my $sent = time;
@@ -136,7 +129,7 @@ my $late = time - $sent;
 is(scalar(@got), 300, 'the reader gets all 300 events');
 is_deeply([map { /^big=(\d+)x/ ? $1 : -1 } @got], [1 .. 300], 'whole, in order');
 cmp_ok($late, '<', stretch(3), sprintf('at once (the last %.2f s after the NOTIFY)', $late));
-$grew = status_kb('VmHWM') - $hwm0;
+$grew = proc_status_kb($worker, 'VmHWM') - $hwm0;
 cmp_ok($grew, '<', 24_000, "the worker's peak RSS grew by $grew kB (71 MB went to subscribers that do not read)");
 $dropped = drops('sqldb_listen', 'buffers_max');
 cmp_ok($dropped, '>=', 15, "subscribers dropped at the bound: $dropped (the metric)");
@@ -150,7 +143,7 @@ unlike($log, qr/who=fast.*dropped|dropped.*who=fast/, 'never the reader');
 # Memory returns when they go.
 close $_ for @a, @b;
 ok(wait_until(sub { subscribers($port, 'sqldb_listen') == 1 }, 10), 'the others leave');
-my $fell = wait_until(sub { ($after = status_kb('VmRSS')) < $rss0 + 8000 }, 10);
+my $fell = wait_until(sub { ($after = proc_status_kb($worker, 'VmRSS')) < $rss0 + 8000 }, 10);
 ok($fell, "the worker's RSS falls back ($rss0 kB before, $after kB after)");
 diag(sprintf('bound 4m: peak RSS +%d kB, reader late %.3f s, %d dropped', $grew, $late, $dropped));
 unlike($log, qr/\[(alert|crit|emerg)\]|exited on signal/, 'no alert, no crash');
@@ -220,8 +213,8 @@ server {
 HTTP
 my @slow = map { slow_sub("/sub?channel=big&who=s$_") } 1 .. 20;
 ok(wait_until(sub { subscribers($port, 'cache_subscribe') == 21 }, 10), 'a reader and 20 subscribers that do not read');
-$hwm0 = status_kb('VmHWM');
-$rss0 = status_kb('VmRSS');
+$hwm0 = proc_status_kb($worker, 'VmHWM');
+$rss0 = proc_status_kb($worker, 'VmRSS');
 my $big = 'z' x (256 * 1024);
 my $rc = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $rport) or die $!;
 forget($fast[0]);
@@ -233,7 +226,7 @@ for my $i (1 .. 40) {
 close $rc;
 @got = events($fast[0]);
 is_deeply([map { /^big=(\d+)(z+)$/ && length($2) == 262144 ? $1 : -1 } @got], [1 .. 40], 'the reader gets all 40 messages, whole, in order');
-$grew = status_kb('VmHWM') - $hwm0;
+$grew = proc_status_kb($worker, 'VmHWM') - $hwm0;
 cmp_ok($grew, '<', 24_000, "the worker's peak RSS grew by $grew kB (200 MB went to subscribers that do not read)");
 $dropped = drops('cache_subscribe', 'buffers_max');
 cmp_ok($dropped, '>=', 10, "subscribers dropped at the bound: $dropped (the metric)");
@@ -242,7 +235,7 @@ $log = nginx_error_log();
 is(scalar(@lines), $dropped, 'an info line each');
 close $_ for @slow;
 ok(wait_until(sub { subscribers($port, 'cache_subscribe') == 1 }, 10), 'the others leave');
-my $fell = wait_until(sub { ($after = status_kb('VmRSS')) < $rss0 + 8000 }, 10);
+my $fell = wait_until(sub { ($after = proc_status_kb($worker, 'VmRSS')) < $rss0 + 8000 }, 10);
 ok($fell, "the worker's RSS falls back ($rss0 kB before, $after kB after)");
 diag(sprintf('cache, bound 4m: peak RSS +%d kB, %d dropped', $grew, $dropped));
 unlike($log, qr/\[(alert|crit|emerg)\]|exited on signal/, 'no alert, no crash');

@@ -10,7 +10,7 @@ BEGIN {
             . 'not nginx\'s, and 2 x 1,000,000 rows would take most of an hour');
     }
 }
-use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_send http_read nginx_workers);
+use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_send http_read nginx_workers proc_status_kb);
 use Test::More;
 use Time::HiRes qw(sleep time);
 
@@ -28,7 +28,6 @@ server {
 HTTP
 
 my ($worker) = nginx_workers();
-sub kb { my ($what) = @_; open my $f, '<', "/proc/$worker/status" or return 0; local $/; my ($v) = <$f> =~ /^$what:\s+(\d+)/m; $v // 0 }
 
 # RDS size of n rows of (int, 'item N').
 sub rds_size {
@@ -38,15 +37,15 @@ sub rds_size {
     return $size;
 }
 
-my $before = kb('VmHWM');
+my $before = proc_status_kb($worker, 'VmHWM');
 my $t0 = time;
 my ($st, $body) = http_read(http_send($port, '/rows?n=1000000'), 120);
 is($st, 200, '1,000,000 rows streamed');
 # The chunked framing is still in the body (the helper does not decode it).
 cmp_ok(length($body), '>', rds_size(1000000), 'all of them arrived');
-my $grew = kb('VmHWM') - $before;
+my $grew = proc_status_kb($worker, 'VmHWM') - $before;
 cmp_ok($grew, '<', 12_000, "worker peak memory grew by $grew kB (the whole result is 25 MB)");
-diag(sprintf('1,000,000 rows in %.2f s, peak RSS %d kB', time - $t0, kb('VmHWM')));
+diag(sprintf('1,000,000 rows in %.2f s, peak RSS %d kB', time - $t0, proc_status_kb($worker, 'VmHWM')));
 
 # A slow client: reads a little, now and then, for two seconds.
 my $s = http_send($port, '/rows?n=1000000');
@@ -56,7 +55,7 @@ for (1 .. 20) {
     $got += length $buf;
     sleep 0.1;
 }
-my $mid = kb('VmRSS');
+my $mid = proc_status_kb($worker, 'VmRSS');
 my $deadline = time + 120;
 while (time < $deadline) {
     my $n = sysread($s, my $buf, 1024 * 1024);
@@ -65,7 +64,7 @@ while (time < $deadline) {
 }
 close $s;
 cmp_ok($got, '>', rds_size(1000000), 'the slow client got all of it too');
-cmp_ok(kb('VmHWM') - $before, '<', 12_000, "memory stayed flat while the client lagged (RSS $mid kB)");
+cmp_ok(proc_status_kb($worker, 'VmHWM') - $before, '<', 12_000, "memory stayed flat while the client lagged (RSS $mid kB)");
 unlike(nginx_error_log(), qr/\[alert\]|\[crit\]|\[error\]|exited on signal/, 'no error, no crash');
 stop_nginx();
 done_testing();

@@ -12,7 +12,7 @@ use lib 't/lib';
 use SseClient qw(open_sse pump events subscribed subscribers metric);
 use FakeRedis;
 use GatewayTest qw(http_request wait_until nginx_start stop_nginx nginx_signal nginx_error_log start_redis redis_cli
-    free_port under_valgrind stretch redis_numsub tls_files nginx_workers);
+    free_port under_valgrind stretch redis_numsub tls_files nginx_workers proc_status_kb);
 use IO::Socket::INET;
 use Socket ();
 use File::Temp qw(tempdir);
@@ -285,7 +285,6 @@ server {
 }
 HTTP
 my ($worker) = nginx_workers();
-sub rss_kb { open my $f, '<', "/proc/$worker/status" or return 0; local $/; my $t = <$f>; $t =~ /VmRSS:\s+(\d+)/ ? $1 : 0 }
 # (a) 100 subscribers reset their connections in the middle of a burst of
 # 4,000 messages: the worker stays responsive, each is dropped once.
 my @gone = map { open_sse($port, '/sub?channel=burst') } 1 .. 100;
@@ -309,7 +308,7 @@ close $rc;
 # (b) A subscriber that reads 20 MB of events: the worker's memory stays flat.
 my @reader = (open_sse($port, '/sub?channel=flow'));
 pump(\@reader, 3, subscribed(@reader));
-my $before = rss_kb();
+my $before = proc_status_kb($worker, 'VmRSS');
 my $payload10k = 'p' x 10_000;
 my $flow = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $rport) or die $!;
 my $sent_flow = 0;
@@ -321,7 +320,7 @@ for my $round (1 .. 20) {
     $sent_flow = 0 if $round < 20;
 }
 is(scalar(() = $reader[0]{buf} =~ /event: flow\ndata: p{10000}\n\n/g), 100, 'a reading subscriber gets everything');
-my $grew = rss_kb() - $before;
+my $grew = proc_status_kb($worker, 'VmRSS') - $before;
 SKIP: {
     skip 'a memory bound: valgrind keeps freed blocks out of use for a while (its freelist), so the worker grows', 1
         if under_valgrind();

@@ -44,7 +44,7 @@ $SIG{PIPE} = 'IGNORE';
 our @EXPORT_OK = qw(http_request wait_until pg_server_line start_servers stop_servers psql rds rds_rows rds_command free_port pg_bin pg_stop pg_start
     pg_restart start_extra_pg start_standby_pg nginx_signal nginx_exited start_redis kill_redis redis_cli garbage_port
     nginx_start stop_nginx nginx_error_log http_send http_send_request http_read http_get stretch under_valgrind listen_socket pg_sessions
-    redis_info redis_connections redis_numsub key_slot tls_files nginx_workers);
+    redis_info redis_connections redis_numsub key_slot tls_files nginx_workers proc_status_kb);
 
 sub stretch ($) { ValgrindCheck::stretch($_[0]) }
 sub under_valgrind () { ValgrindCheck::enabled() }
@@ -659,6 +659,16 @@ sub nginx_workers {
         push @w, $pid if $ppid == $master && $state ne 'Z';
     }
     return sort { $a <=> $b } @w;
+}
+
+# A field of /proc/PID/status in kB (VmRSS, VmHWM ...), 0 when there is
+# none (the process has gone).
+sub proc_status_kb {
+    my ($pid, $field) = @_;
+    open my $f, '<', "/proc/$pid/status" or return 0;
+    local $/;
+    my ($v) = (<$f> // '') =~ /^\Q$field\E:\s+(\d+)/m;
+    return $v // 0;
 }
 
 sub nginx_error_log {
