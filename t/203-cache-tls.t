@@ -148,6 +148,40 @@ HTTP
     like($err, $want, "nginx refuses: $lines");
 }
 
+# A TLS handshake that never ends (a server that accepts and says nothing)
+# is a timeout under cache_connect_timeout: 504, with either connection
+# path, and a line that says so (found by outside testing: 502 with the
+# shared connections).
+{
+    my $silent = $ENV{TEST_NGINX_SILENT_PORT};
+    my $port = nginx_start(<<"HTTP");
+upstream silent_on { server 127.0.0.1:$silent; }
+upstream silent_off { server 127.0.0.1:$silent; }
+server {
+    listen 127.0.0.1:\$PORT;
+    set \$cache_key greeting;
+    cache_connect_timeout 1s;
+    cache_ssl on;
+    cache_ssl_verify off;
+    location /on { cache_pass silent_on; }
+    location /off { cache_pipeline off; cache_pass silent_off; }
+}
+HTTP
+    for my $path ('/on', '/off') {
+        my $t0 = time;
+        my ($status) = http_request($port, 'GET', $path);
+        my $took = time - $t0;
+        is($status, 504, "$path: a TLS handshake that never ends answers 504");
+        cmp_ok($took, '<', stretch(4), "$path: within cache_connect_timeout (${\ sprintf '%.1f', $took} s)");
+    }
+    my $log = nginx_error_log();
+    like($log, qr/cache: upstream timed out \(110: Connection timed out\) in the TLS handshake while connecting to redis 127\.0\.0\.1:$silent/,
+        'the shared connection says it timed out in the handshake');
+    like($log, qr/upstream timed out \(110: Connection timed out\) while SSL handshaking to upstream/, 'nginx says so for its own');
+    unlike($log, qr/\[(alert|crit|emerg)\]/, 'no alert');
+    stop_nginx();
+}
+
 # Locations that reach one upstream (a literal host:port written twice is
 # one) share its kept connections and TLS sessions: their cache_ssl
 # settings must agree, or a session one location verified would serve

@@ -62,6 +62,8 @@ pub struct RedisConn {
     pub in_at: usize,
     /// What each read goes into.
     rbuf: Box<[u8]>,
+    /// The last loss was a timeout (connecting or in the TLS handshake).
+    timed_out: bool,
 }
 
 impl RedisConn {
@@ -76,6 +78,7 @@ impl RedisConn {
             input: Vec::new(),
             in_at: 0,
             rbuf: vec![0; READ_CHUNK].into_boxed_slice(),
+            timed_out: false,
         }
     }
 
@@ -89,6 +92,12 @@ impl RedisConn {
 
     pub fn is_connecting(&self) -> bool {
         matches!(self.state, State::Connecting | State::Handshaking)
+    }
+
+    /// The connection was lost to a timeout (cache_connect_timeout, which
+    /// the TLS handshake is under too).
+    pub fn timed_out(&self) -> bool {
+        self.timed_out
     }
 
     pub fn socket(&self) -> Option<&Socket> {
@@ -105,6 +114,7 @@ impl RedisConn {
         }
         self.tls = to.tls.cloned();
         self.connect_timeout = to.connect_timeout;
+        self.timed_out = false;
         let (sock, rc) = match Outbound::connect(to.addr, to.keepalive, Some(socket_event::<O>), data) {
             Ok(v) => v,
             Err(why) => return Step::Lost(why),
@@ -155,8 +165,15 @@ impl RedisConn {
         let (Some(tls), Some(sock)) = (self.tls.as_ref(), self.sock.as_ref()) else {
             return Step::Wait;
         };
-        sock.socket().write().del_timer();
+        let s = sock.socket();
+        // (nginx's handshake handler ends on its timer's event.)
+        let timedout = s.write().take_timedout() | s.read().take_timedout();
+        s.write().del_timer();
         if let Err(why) = sock.check_tls(tls) {
+            if timedout {
+                self.timed_out = true;
+                return self.lost("upstream timed out (110: Connection timed out) in the TLS handshake");
+            }
             return self.lost(&why);
         }
         // (nginx's handshake handler had taken the events over.)
@@ -183,7 +200,8 @@ impl RedisConn {
         match self.state {
             State::Down | State::Handshaking => Step::Wait,
             State::Connecting if timedout => {
-                self.lost("upstream timed out (110: Connection timed out) while connecting")
+                self.timed_out = true;
+                self.lost("upstream timed out (110: Connection timed out)")
             }
             State::Connecting => match self.sock.as_ref().map(Outbound::connect_result) {
                 Some(Ok(())) => self.transport_ready::<O>(),

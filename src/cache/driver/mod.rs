@@ -75,6 +75,8 @@ pub enum ExchangeError {
         connecting: bool,
         /// Redis refused the password (`cache_auth`).
         auth: bool,
+        /// It timed out connecting (or in the TLS handshake).
+        timed_out: bool,
     },
 }
 

@@ -545,6 +545,7 @@ impl PipeConn {
             return;
         }
         let connecting = self.is_connecting();
+        let timed_out = self.conn.timed_out();
         self.closed_why = why.to_owned();
         self.closed_invalid = invalid;
         let told = self.out_buf.iter().any(|d| matches!(d, Outcome::Probed(..)));
@@ -578,6 +579,7 @@ impl PipeConn {
                         reused: w.reused,
                         connecting,
                         auth: self.closed_auth,
+                        timed_out,
                     },
                 ));
             }

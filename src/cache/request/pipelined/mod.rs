@@ -315,6 +315,7 @@ fn place(r: &mut Req, id: PipeId) {
                     reused: false,
                     connecting: false,
                     auth: false,
+                    timed_out: false,
                 },
             )
         }
@@ -329,6 +330,7 @@ fn place(r: &mut Req, id: PipeId) {
                     reused: false,
                     connecting: false,
                     auth: false,
+                    timed_out: false,
                 },
             )
         }

@@ -338,6 +338,7 @@ pub(super) fn failed(r: &mut Req, f: ExchangeError) {
             reused,
             connecting,
             auth: false,
+            timed_out,
         } => {
             let name = server_name(r);
             let doing = if connecting {
@@ -367,7 +368,9 @@ pub(super) fn failed(r: &mut Req, f: ExchangeError) {
                     s.handle.sent.set(0);
                 }
             }
-            let ft = if invalid {
+            let ft = if timed_out {
+                NGX_HTTP_UPSTREAM_FT_TIMEOUT
+            } else if invalid {
                 NGX_HTTP_UPSTREAM_FT_INVALID_HEADER
             } else {
                 NGX_HTTP_UPSTREAM_FT_ERROR
