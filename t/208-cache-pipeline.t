@@ -465,6 +465,11 @@ sub value_for { my ($tag, $len) = @_; my $v = "<$tag>"; $v .= chr(97 + length($v
     my %logged = map { ($_->[0] => $_) } log_fields('upstream.log', '/fl/?key=r3-steady');
     is(($logged{'/fl/?key=r1-cutclose'} // [])->[3], '200', '$upstream_status of the cut value: 200');
     is(($logged{'/fl/?key=r2-stallhdr'} // [])->[3], '504', '$upstream_status of the stalled one: 504');
+    # (Its try ends twice, at the timeout and at the request's end: the
+    # second must not take back what the first counted. Found by outside
+    # testing: 0.)
+    cmp_ok(($logged{'/fl/?key=r2-stallhdr'} // [])->[5] // 0, '>', 20,
+        '$upstream_bytes_sent of the stalled one: its command went out');
     is(($logged{'/fl/?key=r3-steady'} // [])->[3], '200', '$upstream_status of the steady one: 200');
     unlike(nginx_error_log(), qr/exited on signal|\[alert\]/, 'no worker trouble');
 

@@ -422,9 +422,11 @@ fn finish_try(r: &mut Req, status: ngx_int_t, peer_state: ngx_uint_t) {
     let Some(u) = r.upstream() else { return };
     let elapsed = u.elapsed();
     if let Some(st) = u.state() {
-        st.bytes_sent = sent as off_t;
-        st.bytes_received = received as off_t;
-        st.response_length = length as off_t;
+        // (A try may end twice, at its failure and at the request's end:
+        // what the first counted stays.)
+        st.bytes_sent += sent as off_t;
+        st.bytes_received += received as off_t;
+        st.response_length += length as off_t;
         // The status Redis answered stays (as nginx's upstreams keep it:
         // not a range filter's 206, a 500 of the location's, a client's
         // 499). A try that got no answer, or failed before its answer went
