@@ -377,9 +377,9 @@ static mut CACHE_COMMANDS: [ngx_command_t; 24] = [
     command(
         "cache_ssl_verify\0",
         LOC_ANY | NGX_CONF_FLAG,
-        ngx_conf_set_flag_slot,
+        cc::cmd_cache_ssl_verify,
         LOC,
-        offset_of!(cc::CacheLocConf, upstream.ssl_verify),
+        0,
     ),
     command(
         "cache_ssl_verify_depth\0",

@@ -7,7 +7,7 @@ use strict;
 use warnings;
 use lib 't/lib';
 use SseClient qw(open_sse pump events subscribed subscribers metric);
-use GatewayTest qw(http_request wait_until nginx_start stop_nginx nginx_signal nginx_error_log psql stretch);
+use GatewayTest qw(conf_line_of http_request wait_until nginx_start stop_nginx nginx_signal nginx_error_log psql stretch);
 use IO::Select;
 use IO::Socket::INET;
 use Socket ();
@@ -198,20 +198,25 @@ stop_nginx();
 
 # 12. nginx -t
 for my $case (
-    ['location /a { sqldb_listen c; }', qr/"sqldb_listen" needs "sqldb_pass" in the same location/],
-    ['location /a { sqldb_pass db; sqldb_listen c; sqldb_query "select 1"; }', qr/"sqldb_listen" and "sqldb_query" cannot be in the same location/],
+    ['location /a { sqldb_listen c; }', qr/"sqldb_listen" needs "sqldb_pass" in the same location in \S+nginx\.conf:\d+/,
+        qr/sqldb_listen c;/],
+    ['location /a { sqldb_pass db; sqldb_listen c; sqldb_query "select 1"; }',
+        qr/"sqldb_listen" and "sqldb_query" cannot be in the same location in \S+nginx\.conf:\d+/, qr/sqldb_listen c;/],
     ['location /a { sqldb_pass db; sqldb_listen c; sqldb_listen d; }', qr/"sqldb_listen" directive is duplicate in .*nginx\.conf:\d+/],
     ['location /a { sqldb_pass db; sqldb_listen "a-b"; }', qr/invalid channel "a-b" in "sqldb_listen" directive .* in .*nginx\.conf:\d+/],
     ['location /a { sqldb_pass db; sqldb_listen c; sqldb_listen_heartbeat 0; }', qr/sqldb_listen_heartbeat/],
   )
 {
-    my ($loc, $want) = @$case;
+    my ($loc, $want, $line) = @$case;
+    # (The location on a line of its own: the line named is the directive's,
+    # not the end of the http block's.)
     my $err = eval {
-        nginx_start("upstream db { sqldb_server $server; } server { listen 127.0.0.1:\$PORT; $loc }");
+        nginx_start("upstream db { sqldb_server $server; }\nserver { listen 127.0.0.1:\$PORT;\n$loc\n}");
         stop_nginx();
         'started';
     } // $@;
     like($err, $want, "nginx refuses: $loc");
+    like(conf_line_of($err), $line, "and names the directive's line") if $line;
 }
 
 done_testing();

@@ -6,7 +6,7 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(http_request nginx_start stop_nginx nginx_error_log http_get start_redis redis_cli stretch redis_connections tls_files);
+use GatewayTest qw(conf_line_of http_request nginx_start stop_nginx nginx_error_log http_get start_redis redis_cli stretch redis_connections tls_files);
 use File::Temp qw(tempdir);
 use IO::Socket::INET;
 use Test::More;
@@ -128,7 +128,8 @@ stop_nginx();
 
 # nginx -t refuses what cannot work.
 for my $case (
-    ['cache_ssl_verify on;', qr/no "cache_ssl_trusted_certificate" for "cache_ssl_verify"/],
+    ['cache_ssl_verify on;', qr/no "cache_ssl_trusted_certificate" for "cache_ssl_verify" in \S+nginx\.conf:\d+/,
+        qr/cache_ssl_verify on;/],
     ["cache_ssl_certificate $d/client.crt;", qr/no "cache_ssl_certificate_key" for "cache_ssl_certificate"/],
     ["cache_ssl_trusted_certificate $d/missing.crt;", qr/missing\.crt/],
     ["cache_ssl_certificate $d/client.crt; cache_ssl_certificate_key $d/ca.key;", qr/SSL_CTX_check_private_key|key values mismatch|failed/],
@@ -136,16 +137,19 @@ for my $case (
     ['cache_ssl_verify on; cache_ssl_trusted_certificate "";', qr/empty file name in "cache_ssl_trusted_certificate"/],
   )
 {
-    my ($lines, $want) = @$case;
+    my ($lines, $want, $line) = @$case;
     my $err = eval {
         nginx_start(<<"HTTP");
 upstream r { server 127.0.0.1:$tls; }
-server { listen 127.0.0.1:\$PORT; location / { set \$cache_key k; cache_ssl on; $lines cache_pass r; } }
+server { listen 127.0.0.1:\$PORT; location / { set \$cache_key k; cache_ssl on;
+    $lines
+    cache_pass r; } }
 HTTP
         stop_nginx();
         'started';
     } // $@;
     like($err, $want, "nginx refuses: $lines");
+    like(conf_line_of($err), $line, "and names the directive's line") if $line;
 }
 
 # A TLS handshake that never ends (a server that accepts and says nothing)

@@ -44,7 +44,7 @@ $SIG{PIPE} = 'IGNORE';
 our @EXPORT_OK = qw(http_request wait_until pg_server_line start_servers stop_servers psql rds rds_rows rds_command free_port pg_bin pg_stop pg_start
     pg_restart start_extra_pg start_standby_pg nginx_signal nginx_exited start_redis kill_redis redis_cli garbage_port
     nginx_start stop_nginx nginx_error_log http_send http_send_request http_read http_get stretch under_valgrind listen_socket pg_sessions
-    redis_info redis_connections redis_numsub key_slot tls_files nginx_workers proc_status_kb);
+    redis_info redis_connections redis_numsub key_slot tls_files nginx_workers proc_status_kb conf_line_of);
 
 sub stretch ($) { ValgrindCheck::stretch($_[0]) }
 sub under_valgrind () { ValgrindCheck::enabled() }
@@ -633,6 +633,18 @@ sub nginx_start {
     }
     stop_nginx();
     die "nginx did not start\n";
+}
+
+# The text of the configuration line that an `nginx -t` message names (its
+# last "in FILE:LINE"), to check that it is the directive at fault.
+sub conf_line_of {
+    my ($msg) = @_;
+    my @at = ($msg // '') =~ /\bin (\S+):(\d+)/g;
+    return '' unless @at;
+    my ($file, $n) = @at[-2, -1];
+    open my $fh, '<', $file or return '';
+    my @lines = <$fh>;
+    return $lines[$n - 1] // '';
 }
 
 sub nginx_signal {

@@ -9,7 +9,7 @@ use std::ptr::NonNull;
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
 
 use crate::common::upstream::OwnerOf;
-use crate::ffi::conf::{ComplexValue, ConfError};
+use crate::ffi::conf::{ComplexValue, ConfError, Position};
 use crate::ffi::ssl::SslFiles;
 use crate::ffi::*;
 use crate::log;
@@ -78,6 +78,8 @@ pub struct CacheLocConf {
     /// What the TLS settings of this location are, as one text ("" for
     /// none): locations passing to the same upstream must agree on it.
     tls: String,
+    /// Where `cache_ssl_verify` was written (for `nginx -t`'s messages).
+    ssl_verify_at: Option<Position>,
 }
 
 /// Locations with `cache_pass`, checked once every variable is known.
@@ -154,6 +156,7 @@ create_conf_handler! {
             ssl_certificate: ngx_str_t::default(),
             ssl_certificate_key: ngx_str_t::default(),
             tls: String::new(),
+            ssl_verify_at: None,
         }
     }
 }
@@ -171,6 +174,9 @@ impl CacheLocConf {
     fn merge_ssl(&mut self, prev: &CacheLocConf, conf: Conf) -> Result<(), ConfError> {
         let (p, u) = (&prev.upstream, &mut self.upstream);
         merge_or(&mut self.ssl, prev.ssl, CONF_UNSET, 0);
+        if u.ssl_verify == CONF_UNSET {
+            self.ssl_verify_at = prev.ssl_verify_at.clone();
+        }
         merge_or(&mut u.ssl_verify, p.ssl_verify, CONF_UNSET, 0);
         merge_or(&mut u.ssl_server_name, p.ssl_server_name, CONF_UNSET, 0);
         merge_or(&mut u.ssl_session_reuse, p.ssl_session_reuse, CONF_UNSET, 1);
@@ -192,9 +198,11 @@ impl CacheLocConf {
         }
         let files = self.ssl_files()?;
         if self.upstream.ssl_verify == 1 && files.trusted.is_none() {
-            return Err("no \"cache_ssl_trusted_certificate\" for \"cache_ssl_verify\""
-                .to_owned()
-                .into());
+            let m = "no \"cache_ssl_trusted_certificate\" for \"cache_ssl_verify\"".to_owned();
+            return Err(match &self.ssl_verify_at {
+                Some(at) => ConfError::At(m, at.clone()),
+                None => m.into(),
+            });
         }
         // SAFETY: a complex value compiled into configuration memory.
         let name = unsafe { self.upstream.ssl_name.as_ref() }
@@ -396,6 +404,29 @@ fn channel_directive(cf: Conf, lcf: &mut CacheLocConf, publish: bool) -> Result<
         lcf.subscribe = cv;
     }
     Ok(())
+}
+
+directive_handler! {
+    /// `cache_ssl_verify on | off`
+    pub(crate) fn cmd_cache_ssl_verify = "cmd_cache_ssl_verify",
+    |cf: Conf, lcf: &mut CacheLocConf| {
+        if lcf.upstream.ssl_verify != CONF_UNSET {
+            return Err("\"cache_ssl_verify\" directive is duplicate".to_owned().into());
+        }
+        lcf.upstream.ssl_verify = match cf.args()[1].to_ascii_lowercase().as_slice() {
+            b"on" => 1,
+            b"off" => 0,
+            _ => {
+                return Err(format!(
+                    "invalid value \"{}\" in \"cache_ssl_verify\" directive, it must be \"on\" or \"off\"",
+                    String::from_utf8_lossy(cf.args()[1])
+                )
+                .into())
+            }
+        };
+        lcf.ssl_verify_at = Some(cf.position());
+        Ok(())
+    }
 }
 
 directive_handler! {

@@ -383,10 +383,11 @@ fn merge_list<T: Clone>(conf: &mut Vec<T>, prev: &[T]) {
 
 impl LocConf {
     fn merge(&mut self, prev: &LocConf, conf: Conf) -> Result<(), ConfError> {
-        if self.listen.is_some() && !self.queries.is_empty() {
-            return Err("\"sqldb_listen\" and \"sqldb_query\" cannot be in the same location"
-                .to_owned()
-                .into());
+        if let (Some((_, at)), false) = (&self.listen, self.queries.is_empty()) {
+            return Err(ConfError::At(
+                "\"sqldb_listen\" and \"sqldb_query\" cannot be in the same location".to_owned(),
+                at.clone(),
+            ));
         }
         // A level with any sqldb_query of its own ignores every outer one.
         if self.queries.is_empty() && self.listen.is_none() {
@@ -411,10 +412,11 @@ impl LocConf {
         merge_list(&mut self.escapes, &prev.escapes);
         self.output = self.output.or(prev.output);
         self.merge_auth(prev)?;
-        if self.listen.is_some() && !self.pass_set {
-            return Err("\"sqldb_listen\" needs \"sqldb_pass\" in the same location"
-                .to_owned()
-                .into());
+        if let (Some((_, at)), false) = (&self.listen, self.pass_set) {
+            return Err(ConfError::At(
+                "\"sqldb_listen\" needs \"sqldb_pass\" in the same location".to_owned(),
+                at.clone(),
+            ));
         }
         let default_next = (NGX_HTTP_UPSTREAM_FT_ERROR | NGX_HTTP_UPSTREAM_FT_TIMEOUT) as ngx_uint_t;
         self.next_upstream = Some(self.next_upstream.or(prev.next_upstream).unwrap_or(default_next));
