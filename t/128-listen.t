@@ -7,7 +7,7 @@ use strict;
 use warnings;
 use lib 't/lib';
 use SseClient qw(open_sse pump events subscribed subscribers metric);
-use GatewayTest qw(conf_line_of http_request wait_until nginx_start stop_nginx nginx_signal nginx_error_log psql stretch);
+use GatewayTest qw(conf_line_of nginx_conf_test http_request wait_until nginx_start stop_nginx nginx_signal nginx_error_log psql stretch);
 use IO::Select;
 use IO::Socket::INET;
 use Socket ();
@@ -217,6 +217,23 @@ for my $case (
     } // $@;
     like($err, $want, "nginx refuses: $loc");
     like(conf_line_of($err), $line, "and names the directive's line") if $line;
+}
+
+# A location with sqldb_pass and no sqldb_query or sqldb_listen in reach:
+# the configuration loads (its requests get 500, as with ngx_postgres), and
+# nginx -t warns, naming the sqldb_pass line.
+{
+    my $port = nginx_start("upstream db { sqldb_server $server; }\nserver { listen 127.0.0.1:\$PORT;\nlocation /noq {\n    sqldb_pass db;\n}\nlocation /q { sqldb_pass db; sqldb_query \"select 1\"; }\n}");
+    my $out = nginx_conf_test();
+    like($out, qr/\[warn\].*"sqldb_pass" has no "sqldb_query" or "sqldb_listen" in reach: its requests get 500 in \S+nginx\.conf:\d+/,
+        'nginx -t warns of a sqldb_pass with no query');
+    like(conf_line_of(($out =~ /^(.*in reach.*)$/m)[0]), qr/^\s*sqldb_pass db;/, "naming the sqldb_pass line");
+    my $warned = () = $out =~ /in reach/g;
+    is($warned, 1, 'once (not for the location with a query)');
+    like($out, qr/test is successful/, 'and the configuration stands');
+    my ($status) = http_request($port, 'GET', '/noq');
+    is($status, 500, 'its requests get 500');
+    stop_nginx();
 }
 
 done_testing();

@@ -44,7 +44,7 @@ $SIG{PIPE} = 'IGNORE';
 our @EXPORT_OK = qw(http_request wait_until pg_server_line start_servers stop_servers psql rds rds_rows rds_command free_port pg_bin pg_stop pg_start
     pg_restart start_extra_pg start_standby_pg nginx_signal nginx_exited start_redis kill_redis redis_cli garbage_port
     nginx_start stop_nginx nginx_error_log http_send http_send_request http_read http_get stretch under_valgrind listen_socket pg_sessions
-    redis_info redis_connections redis_numsub key_slot tls_files nginx_workers proc_status_kb conf_line_of);
+    redis_info redis_connections redis_numsub key_slot tls_files nginx_workers proc_status_kb conf_line_of nginx_conf_test);
 
 sub stretch ($) { ValgrindCheck::stretch($_[0]) }
 sub under_valgrind () { ValgrindCheck::enabled() }
@@ -645,6 +645,12 @@ sub conf_line_of {
     open my $fh, '<', $file or return '';
     my @lines = <$fh>;
     return $lines[$n - 1] // '';
+}
+
+# `nginx -t` of the configuration nginx_start wrote last: its output.
+sub nginx_conf_test {
+    my $bin = $ENV{TEST_NGINX_BINARY} || 'nginx';
+    return scalar `$bin -t -p $NginxRoot/ -c $NginxRoot/nginx.conf 2>&1`;
 }
 
 sub nginx_signal {

@@ -334,6 +334,16 @@ fn postconfigure<E: Entries>(cf: Conf) -> Result<(), ConfError> {
         // SAFETY: a pending location's configuration lives as long as the
         // configuration; nothing else refers to it in this step.
         let lcf = unsafe { &mut *p.lcf };
+        // (ngx_postgres answers 500 there too: the configuration stands.)
+        if let (Some(claim), true, None) = (&p.claim, lcf.queries.is_empty(), &lcf.listen) {
+            log!(
+                NGX_LOG_WARN,
+                cf.log(),
+                "\"sqldb_pass\" has no \"sqldb_query\" or \"sqldb_listen\" in reach: its requests get 500 in {}:{}",
+                claim.file(),
+                claim.line()
+            );
+        }
         if lcf.pass_name.is_empty() {
             continue;
         }
