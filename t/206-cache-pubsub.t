@@ -11,7 +11,7 @@ use warnings;
 use lib 't/lib';
 use SseClient qw(open_sse pump events subscribed subscribers metric);
 use FakeRedis;
-use GatewayTest qw(http_request wait_until nginx_start stop_nginx nginx_signal nginx_error_log start_redis redis_cli
+use GatewayTest qw(conf_line_of http_request wait_until nginx_start stop_nginx nginx_signal nginx_error_log start_redis redis_cli
     free_port under_valgrind stretch redis_numsub tls_files nginx_workers proc_status_kb);
 use IO::Socket::INET;
 use Socket ();
@@ -427,24 +427,28 @@ stop_nginx();
 
 # 14. nginx -t
 for my $case (
-    ['location /a { cache_subscribe c; }', qr/"cache_subscribe" needs "cache_pass" in the same location/],
-    ['location /a { cache_publish c; }', qr/"cache_publish" needs "cache_pass" in the same location/],
+    ['location /a { cache_subscribe c; }', qr/"cache_subscribe" needs "cache_pass" in the same location in \S+nginx\.conf:\d+/, qr/cache_subscribe c;/],
+    ['location /a { cache_publish c; }', qr/"cache_publish" needs "cache_pass" in the same location in \S+nginx\.conf:\d+/, qr/cache_publish c;/],
     ['location /a { cache_pass red; cache_subscribe c; cache_subscribe d; }', qr/"cache_subscribe" directive is duplicate in .*nginx\.conf:\d+/],
     ['location /a { cache_pass red; cache_subscribe c; cache_publish d; }', qr/"cache_publish" and "cache_subscribe" in one location in .*nginx\.conf:\d+/],
     ['location /a { cache_pass red; cache_subscribe "a b"; }', qr/invalid channel "a b" in "cache_subscribe" directive .* in .*nginx\.conf:\d+/],
-    ['location /a { cache_pass $arg_u; cache_subscribe c; }', qr/"cache_subscribe" needs "cache_pass" to name an upstream or an address, not a variable/],
+    ['location /a { cache_pass $arg_u; cache_subscribe c; }', qr/"cache_subscribe" needs "cache_pass" to name an upstream or an address, not a variable in \S+nginx\.conf:\d+/,
+        qr/cache_subscribe c;/],
     ['location /a { cache_pass red; cache_subscribe c; cache_subscribe_heartbeat 0; }', qr/cache_subscribe_heartbeat/],
     ['server_name x; location /a { cache_pass red; cache_publish c; } location /b { cache_subscribe c; cache_pass red; }', qr/^started$/],
   )
 {
-    my ($loc, $want) = @$case;
+    my ($loc, $want, $line) = @$case;
+    # (The locations on a line of their own: the line named is the
+    # directive's, not the end of the http block's.)
     my $err = eval {
-        my $p = nginx_start("upstream red { server 127.0.0.1:$rport; } server { listen 127.0.0.1:\$PORT; $loc }");
+        my $p = nginx_start("upstream red { server 127.0.0.1:$rport; }\nserver { listen 127.0.0.1:\$PORT;\n$loc\n}");
         http_request($p, 'GET', '/');
         stop_nginx();
         'started';
     } // $@;
     like($err, $want, "nginx -t: $loc");
+    like(conf_line_of($err), $line, "and names the directive's line") if $line;
 }
 
 done_testing();

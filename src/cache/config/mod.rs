@@ -80,6 +80,8 @@ pub struct CacheLocConf {
     tls: String,
     /// Where `cache_ssl_verify` was written (for `nginx -t`'s messages).
     ssl_verify_at: Option<Position>,
+    /// Where `cache_subscribe` or `cache_publish` was written.
+    channel_at: Option<Position>,
 }
 
 /// Locations with `cache_pass`, checked once every variable is known.
@@ -157,6 +159,7 @@ create_conf_handler! {
             ssl_certificate_key: ngx_str_t::default(),
             tls: String::new(),
             ssl_verify_at: None,
+            channel_at: None,
         }
     }
 }
@@ -220,28 +223,31 @@ impl CacheLocConf {
 
     /// `cache_subscribe` and `cache_publish` need `cache_pass` beside them.
     fn check_channel(&self) -> Result<(), ConfError> {
+        // (Found when the levels are merged: named at the directive's line.)
+        let at = |m: String| match &self.channel_at {
+            Some(p) => ConfError::At(m, p.clone()),
+            None => m.into(),
+        };
         let name = match (&self.subscribe, &self.publish) {
             (Some(_), _) => "cache_subscribe",
             (_, Some(_)) => "cache_publish",
             _ => return Ok(()),
         };
         if self.upstream.upstream.is_null() && self.pass_var.is_none() {
-            return Err(format!("\"{name}\" needs \"cache_pass\" in the same location").into());
+            return Err(at(format!("\"{name}\" needs \"cache_pass\" in the same location")));
         }
         if self.subscribe.is_some() {
             if self.pass_var.is_some() {
-                return Err(
+                return Err(at(
                     "\"cache_subscribe\" needs \"cache_pass\" to name an upstream or an address, not a variable"
-                        .to_owned()
-                        .into(),
-                );
+                        .to_owned(),
+                ));
             }
             // SAFETY: the upstream block lives in configuration memory.
             let servers = unsafe { self.upstream.upstream.as_ref() }.map_or(std::ptr::null_mut(), |u| u.servers);
             if servers.is_null() {
-                return Err("\"cache_subscribe\" needs \"cache_pass\" to name an upstream block or one address (a host name of several addresses is neither)"
-                    .to_owned()
-                    .into());
+                return Err(at("\"cache_subscribe\" needs \"cache_pass\" to name an upstream block or one address (a host name of several addresses is neither)"
+                    .to_owned()));
             }
         }
         Ok(())
@@ -398,6 +404,7 @@ fn channel_directive(cf: Conf, lcf: &mut CacheLocConf, publish: bool) -> Result<
         .into());
     }
     let cv = Some(cf.compile(value).ok_or(ConfError::Logged)?);
+    lcf.channel_at = Some(cf.position());
     if publish {
         lcf.publish = cv;
     } else {
