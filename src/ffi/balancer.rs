@@ -57,11 +57,6 @@ impl Inner {
         rc
     }
 
-    /// The current peer is its pick.
-    pub fn used(&self) -> bool {
-        self.used
-    }
-
     /// The next peer is not its pick (until `get` says otherwise).
     pub fn set_unused(&mut self) {
         self.used = false;

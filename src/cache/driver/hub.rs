@@ -105,18 +105,6 @@ impl RedisHub {
             tls,
             connect_timeout,
         } = settings;
-        RedisHub::build(upstream, groups, auth, auth_key, tls, connect_timeout, sink)
-    }
-
-    fn build(
-        upstream: String,
-        groups: Vec<Vec<Addr>>,
-        auth: Option<Vec<u8>>,
-        auth_key: Option<u64>,
-        tls: Option<TlsClient>,
-        connect_timeout: ngx_msec_t,
-        sink: &'static dyn HubSink,
-    ) -> Box<RedisHub> {
         let mut h = Box::new(RedisHub {
             upstream,
             links: Vec::new(),

@@ -14,9 +14,7 @@ use gateway_core::redis;
 
 use super::{ctx_of, tls_of_location};
 use crate::cache::config::{Cache, CacheLocConf};
-use crate::cache::driver::{
-    self, authfail, next_ping, DbStep, Endpoint, ExchangeError, Handle, Outcome, PipeId, Pipes, Sink,
-};
+use crate::cache::driver::{self, authfail, next_ping, DbStep, Endpoint, ExchangeError, Handle, Outcome, PipeId, Sink};
 use crate::common::token::{self, ReqToken};
 use crate::ffi::buf::Reuse;
 use crate::ffi::net::TlsClient;
@@ -132,15 +130,6 @@ impl Drop for SharedReq {
         }
         self.handle.leave();
     }
-}
-
-fn pipes(_: &Req) -> &'static Pipes {
-    driver::pipes()
-}
-
-/// The request's timer.
-fn timer(s: &SharedReq) -> Option<Event> {
-    s.timer
 }
 
 /// Starts the request (the content handler's part): the balancer, the
@@ -264,7 +253,7 @@ fn place(r: &mut Req, id: PipeId) {
     let Some(ctx) = ctx_of(r) else { return };
     let Some(s) = ctx.shared.as_deref_mut() else { return };
     let want = ctx.db.unwrap_or(0);
-    let placed = pipes(r).with(id, |c| {
+    let placed = driver::pipes().with(id, |c| {
         if let Some(why) = c.closed_invalid() {
             return Placed::Broken(why.to_owned());
         }
@@ -338,7 +327,7 @@ fn place(r: &mut Req, id: PipeId) {
     };
     s.conn = Some(id);
     let lcf: &CacheLocConf = r.loc_conf::<Cache>();
-    if let Some(t) = timer(s) {
+    if let Some(t) = s.timer {
         if !t.timer_set() {
             s.timer_connecting = connecting;
             t.add_timer(if connecting {
@@ -378,7 +367,7 @@ fn again(r: &mut Req) {
         db: ctx.db.unwrap_or(0),
         so_keepalive: lcf.upstream.socket_keepalive == 1,
     };
-    match pipes(r).pick(&to, &REQUEST_SIDE) {
+    match driver::pipes().pick(&to, &REQUEST_SIDE) {
         Ok(id) => place(r, id),
         Err(why) => {
             log!(NGX_LOG_ERR, r.log(), "cache: {why} while connecting to upstream");
@@ -400,9 +389,9 @@ fn leave(r: &mut Req) {
     let Some(s) = shared_of(r) else { return };
     if let Some(id) = s.conn.take() {
         let h = s.handle.clone();
-        pipes(r).with(id, |c| c.leave(&h));
+        driver::pipes().with(id, |c| c.leave(&h));
     }
-    if let Some(t) = timer(s) {
+    if let Some(t) = s.timer {
         t.clear();
     }
 }
@@ -565,7 +554,7 @@ extern "C" fn timer_event(ev: *mut ngx_event_t) {
         let (conn, started) = (s.conn, s.started);
         if let Some(id) = conn {
             // Redis may be stuck: no new requests go to that connection.
-            pipes(r).with(id, |c| c.retire());
+            driver::pipes().with(id, |c| c.retire());
         }
         let lcf: &CacheLocConf = r.loc_conf::<Cache>();
         let name = server_name(r);

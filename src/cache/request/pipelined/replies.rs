@@ -35,11 +35,11 @@ request_handler! {
         r.set_write_handler(s.saved_write_handler);
         if std::mem::take(&mut s.paused) {
             let lcf: &CacheLocConf = r.loc_conf::<Cache>();
-            if let Some(t) = timer(s) {
+            if let Some(t) = s.timer {
                 t.add_timer(lcf.upstream.read_timeout);
             }
             if let Some(id) = s.conn {
-                pipes(r).with(id, |c| c.resume());
+                driver::pipes().with(id, |c| c.resume());
             }
         }
     }
@@ -133,7 +133,7 @@ impl Sink for RequestSide {
             return;
         }
         let lcf: &CacheLocConf = r.loc_conf::<Cache>();
-        if let Some(t) = timer(s) {
+        if let Some(t) = s.timer {
             t.add_timer(lcf.upstream.read_timeout);
         }
     }
@@ -178,7 +178,7 @@ impl Sink for RequestSide {
                 return false;
             }
             s.paused = true;
-            if let Some(t) = timer(s) {
+            if let Some(t) = s.timer {
                 t.del_timer();
             }
             true
@@ -241,7 +241,7 @@ fn connected(r: &mut Req) {
     // request that moves to another connection keeps its deadline).
     if std::mem::take(&mut s.timer_connecting) {
         let lcf: &CacheLocConf = r.loc_conf::<Cache>();
-        if let Some(t) = timer(s) {
+        if let Some(t) = s.timer {
             t.del_timer();
             t.add_timer(lcf.upstream.read_timeout);
         }
@@ -266,7 +266,7 @@ fn done(r: &mut Req) {
     if s.retry_404 {
         return next(r, NGX_HTTP_UPSTREAM_FT_HTTP_404, true, false);
     }
-    if let Some(t) = timer(s) {
+    if let Some(t) = s.timer {
         t.clear();
     }
     if let Some(status) = s.intercept {
