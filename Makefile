@@ -297,7 +297,6 @@ bench-fanout: test-deps build
 
 check: $(DEB_BUILD)/objs/ngx_auto_config.h
 	$(CARGO) fmt --all -- --check
-	perl tools/check-entry-points
 	@out=$$(python3 tools/code-metrics) || { echo "$$out" | grep -v "^[a-z_/]*\.rs " ; exit 1; }; echo "$$out" | tail -4
 	NGINX_BUILD_DIR=$(DEB_BUILD)/objs $(CARGO) clippy --release --target-dir $(MODULE_TARGET) --workspace -- -D warnings
 	$(CARGO) fmt --manifest-path fuzz/Cargo.toml -- --check

@@ -4,7 +4,9 @@
 //! server; what it hears goes to the subscribers through a `HubSink`
 //! (common::sse's fan-out).
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
+use std::ptr::NonNull;
 
 use super::token::ReqToken;
 use crate::ffi::ngx_msec_t;
@@ -21,6 +23,38 @@ pub trait Hub {
     fn unsubscribe(&mut self, channel: &str, who: ReqToken);
     /// The servers it hears (for `$upstream_addr`).
     fn servers(&self) -> Vec<String>;
+}
+
+/// A hub, as a subscription keeps it: the hubs live for the worker's life
+/// (each gateway keeps its own, boxed, and never drops one while the worker
+/// runs). It is used through `with`, for the call only.
+#[derive(Clone, Copy)]
+pub struct HubRef(NonNull<dyn Hub>);
+
+thread_local! {
+    /// The hub `with` lends now (no second loan of it is made).
+    static LENT: Cell<*const ()> = const { Cell::new(std::ptr::null()) };
+}
+
+impl HubRef {
+    /// # Safety
+    /// The hub must live, unmoved, for the worker's life.
+    pub unsafe fn new(hub: NonNull<dyn Hub>) -> HubRef {
+        HubRef(hub)
+    }
+
+    /// Runs `f` with the hub. A hub that calls back into code that uses
+    /// it again (it does not) panics instead of lending it twice.
+    pub fn with<T>(self, f: impl FnOnce(&mut dyn Hub) -> T) -> T {
+        let at = self.0.as_ptr() as *const ();
+        assert!(LENT.get() != at, "a hub lent twice");
+        let outer = LENT.replace(at);
+        // SAFETY: the hub lives for the worker's life (new); it is lent
+        // once at a time (above), for the call only.
+        let out = f(unsafe { &mut *self.0.as_ptr() });
+        LENT.set(outer);
+        out
+    }
 }
 
 /// The subscribers of a hub, by channel (a channel is subscribed to while

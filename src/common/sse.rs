@@ -9,12 +9,11 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::ptr::NonNull;
 
 use gateway_core::metrics::Id;
 use gateway_core::sse;
 
-use super::hub::{Hub, HubSink};
+use super::hub::{HubRef, HubSink};
 use super::token::{Registry, ReqToken};
 use crate::ffi::buf::Outbox;
 use crate::ffi::*;
@@ -52,7 +51,7 @@ struct Sub {
     sent: i64,
     progress_at: ngx_msec_t,
     channel: String,
-    hub: NonNull<dyn Hub>,
+    hub: HubRef,
     fan: &'static Fanout,
     every: ngx_msec_t,
     heartbeat: ngx_event_t,
@@ -89,7 +88,7 @@ impl Drop for Sub {
 }
 
 /// A subscription that ended: its hub, channel and token.
-type Leaving = (NonNull<dyn Hub>, String, ReqToken);
+type Leaving = (HubRef, String, ReqToken);
 
 thread_local! {
     /// This worker's subscriptions, by token (each leaves when it ends or
@@ -110,9 +109,7 @@ thread_local! {
 event_handler! {
     fn apply_leaving(_ev) = "subscription leave", {
         for (hub, channel, token) in LEAVING.with(|l| std::mem::take(&mut *l.borrow_mut())) {
-            // SAFETY: a hub lives for the worker's life; nothing else uses
-            // it while a posted event's handler runs.
-            unsafe { &mut *hub.as_ptr() }.unsubscribe(&channel, token);
+            hub.with(|h| h.unsubscribe(&channel, token));
         }
     }
 }
@@ -143,7 +140,7 @@ pub fn start(
     valid: fn(&[u8]) -> bool,
     source: Source,
     fan: &'static Fanout,
-    hub: impl FnOnce(&mut Req) -> Option<NonNull<dyn Hub>>,
+    hub: impl FnOnce(&mut Req) -> Option<HubRef>,
 ) -> Result<ngx_int_t, Refused> {
     if r.method() & (NGX_HTTP_GET | NGX_HTTP_HEAD) == 0 {
         return Err(Refused::NotAllowed);
@@ -172,8 +169,7 @@ pub fn start(
     }
     let hub = hub(r).ok_or(Refused::Nginx)?;
     // The metrics and `$upstream_*` name the upstream and its servers.
-    // SAFETY: a hub lives for the worker's life; nothing else uses it now.
-    let servers = unsafe { hub.as_ref() }.servers();
+    let servers = hub.with(|h| h.servers());
     if !r.set_stream_upstream(source.block, fan.tag(), &servers) {
         return Err(Refused::Nginx);
     }
@@ -206,8 +202,7 @@ pub fn start(
     s.heartbeat.handler = Some(heartbeat);
     s.heartbeat.data = sub.as_ptr().cast();
     s.heartbeat.log = r.log().as_ptr();
-    // SAFETY: a hub lives for the worker's life; nothing else uses it now.
-    let now = unsafe { &mut *hub.as_ptr() }.subscribe(&channel, token);
+    let now = hub.with(|h| h.subscribe(&channel, token));
     metrics::add(Id::Subscribers, &[fan.source], 1);
     // The header now; a first line once the server has the subscription
     // (events reach the client from then on).
@@ -368,29 +363,24 @@ fn end(sub: &mut Sub, rc: ngx_int_t) {
     unsafe { ngx_http_run_posted_requests(c) };
 }
 
-extern "C" fn heartbeat(ev: *mut ngx_event_t) {
-    // SAFETY: the heartbeat event's data is its Sub, in the live request's pool.
-    let sub = unsafe { &mut *((*ev).data as *mut Sub) };
-    let log = sub.log();
-    guard(log, "subscription heartbeat", (), || {
-        // SAFETY: as above.
-        if let Some(e) = unsafe { Event::from_raw(ev) } {
-            e.take_timedout();
-        }
+event_handler! {
+    /// A subscription's heartbeat.
+    fn heartbeat(ev) = "subscription heartbeat", {
+        ev.take_timedout();
+        // SAFETY: the heartbeat event's data is its Sub, in the live
+        // request's pool (its Drop takes the timer out).
+        let sub = unsafe { &mut *(ev.data() as *mut Sub) };
         if exiting() {
             // nginx is exiting (a reload, a quit): the stream ends, and the
             // client's EventSource comes back to a new worker.
             return end(sub, OK);
         }
         if let Err(why) = write(sub, sse::HEARTBEAT) {
-            sub.fan.dropped(log, why);
+            sub.fan.dropped(sub.log(), why);
             return end(sub, ERROR);
         }
-        // SAFETY: as above.
-        if let Some(e) = unsafe { Event::from_raw(ev) } {
-            e.add_timer(sub.every);
-        }
-    })
+        ev.add_timer(sub.every);
+    }
 }
 
 /// Events and reconnects of a hub, to the subscribers of this worker.

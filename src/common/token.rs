@@ -66,7 +66,11 @@ pub fn unregister(t: ReqToken) {
     REQUESTS.with(|l| l.unregister(t));
 }
 
-/// The request of a token, if it is still there.
-pub fn lookup(t: ReqToken) -> Option<NonNull<ngx_http_request_t>> {
-    REQUESTS.with(|l| l.lookup(t))
+/// Runs `f` with the request of a token, if it is still there. The
+/// request is borrowed for the call only.
+pub fn with_request<T>(t: ReqToken, f: impl FnOnce(&mut Req) -> T) -> Option<T> {
+    let p = REQUESTS.with(|l| l.lookup(t))?;
+    // SAFETY: a registered request is live (it leaves the registry before
+    // its pool goes); the reference does not outlive the call.
+    Some(f(unsafe { Req::from_raw(p.as_ptr()) }))
 }

@@ -19,6 +19,8 @@
 /// Without a result: `fn name(r) = ("entry") { ... }`, and with what is
 /// done to the request after a panic: `= ("entry", panic: |r| end(r)) {...}`.
 /// `, posted` after the entry runs nginx's posted subrequests after it.
+/// An upstream's `finalize_request`, which nginx calls with a status too:
+/// `fn name(r, rc) = ("entry") {...}`.
 #[macro_export]
 macro_rules! request_handler {
     ($(#[$m:meta])* $vis:vis fn $name:ident($r:ident) -> $ret:ty = ($entry:expr, $on_panic:expr) $body:block) => {
@@ -45,6 +47,14 @@ macro_rules! request_handler {
             // SAFETY: nginx calls a request handler with a live request.
             let $r = unsafe { $crate::ffi::Req::from_raw($r) };
             $crate::request_handler!(@run $r, $entry, $on_panic, $body);
+        }
+    };
+    ($(#[$m:meta])* $vis:vis fn $name:ident($r:ident, $rc:ident) = ($entry:expr) $body:block) => {
+        $(#[$m])*
+        $vis extern "C" fn $name($r: *mut $crate::ffi::ngx_http_request_t, $rc: $crate::ffi::ngx_int_t) {
+            // SAFETY: nginx calls a request handler with a live request.
+            let $r = unsafe { $crate::ffi::Req::from_raw($r) };
+            $crate::request_handler!(@run $r, $entry, |_: &mut $crate::ffi::Req| {}, $body);
         }
     };
     ($(#[$m:meta])* $vis:vis fn $name:ident($r:ident) = ($entry:expr) $body:block) => {
@@ -214,14 +224,126 @@ macro_rules! init_upstream_handler {
 /// cycle's log).
 #[macro_export]
 macro_rules! event_handler {
-    ($(#[$m:meta])* $vis:vis fn $name:ident($ev:ident) = $entry:expr, $body:block) => {
+    ($(#[$m:meta])* $vis:vis fn $name:ident $(<$($g:ident : $b:path),*>)? ($ev:ident) = $entry:expr, $body:block) => {
         $(#[$m])*
-        $vis extern "C" fn $name($ev: *mut $crate::ffi::ngx_event_t) {
+        $vis extern "C" fn $name $(<$($g: $b),*>)? ($ev: *mut $crate::ffi::ngx_event_t) {
             // SAFETY: nginx calls an event's handler with the live event.
             let Some($ev) = (unsafe { $crate::ffi::Event::from_raw($ev) }) else {
                 return;
             };
             $crate::ffi::guard($crate::ffi::Log::cycle(), $entry, (), || $crate::ffi::entry::run(|| $body))
+        }
+    };
+}
+
+/// A request's own event (its timer: Req::new_timer), whose data is the
+/// request, or (`via connection`) a connection whose data is the request.
+/// The request's log is made current, the body runs as a request
+/// handler's (`panic:` what is done to the request after a panic), and
+/// nginx's posted subrequests run after it.
+#[macro_export]
+macro_rules! request_event_handler {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($r:ident, $ev:ident) = ($entry:expr, panic: $on_panic:expr $(, via $via:ident)?) $body:block) => {
+        $(#[$m])*
+        $vis extern "C" fn $name(ev: *mut $crate::ffi::ngx_event_t) {
+            // SAFETY: nginx calls an event's handler with the live event.
+            let Some($ev) = (unsafe { $crate::ffi::Event::from_raw(ev) }) else {
+                return;
+            };
+            let data = $crate::request_event_handler!(@data $ev $(, $via)?);
+            // SAFETY: the event is the request's own (see above): its data
+            // is the live request.
+            let $r = unsafe { $crate::ffi::Req::from_raw(data.cast()) };
+            $r.set_log_request();
+            // Taken now: the body may finalize the request, which frees it.
+            let posted = $r.posted();
+            $crate::request_handler!(@run $r, $entry, $on_panic, $body);
+            posted.run();
+        }
+    };
+    (@data $ev:ident) => { $ev.data() };
+    (@data $ev:ident, connection) => {
+        // SAFETY: the event is a connection's (see above).
+        unsafe { $ev.connection_data() }
+    };
+}
+
+/// A cleanup of a request's (Req::add_request_cleanup): nginx calls it
+/// with the request, live while its cleanups run.
+#[macro_export]
+macro_rules! request_cleanup_handler {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($r:ident) = $entry:expr, $body:block) => {
+        $(#[$m])*
+        $vis extern "C" fn $name(data: *mut ::std::ffi::c_void) {
+            // SAFETY: the data is the request the cleanup was added for
+            // (Req::add_request_cleanup), live while its cleanups run.
+            let $r = unsafe { $crate::ffi::Req::from_raw(data.cast()) };
+            $crate::ffi::guard($r.log(), $entry, (), || $crate::ffi::entry::run(|| $body))
+        }
+    };
+}
+
+/// A variable's getter: `fn name(r, v, data)`, with the request, the
+/// value to fill and the variable's data.
+#[macro_export]
+macro_rules! variable_handler {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($r:ident, $v:ident, $data:ident) = $entry:expr, $body:block) => {
+        $(#[$m])*
+        $vis extern "C" fn $name(
+            r: *mut $crate::ffi::ngx_http_request_t,
+            v: *mut $crate::ffi::ngx_variable_value_t,
+            $data: usize,
+        ) -> $crate::ffi::ngx_int_t {
+            // SAFETY: nginx calls a variable's getter with a live request
+            // and the value to fill.
+            let ($r, Some($v)) = (unsafe { ($crate::ffi::Req::from_raw(r), v.as_mut()) }) else {
+                return $crate::ffi::ERROR;
+            };
+            $crate::ffi::guard($r.log(), $entry, $crate::ffi::ERROR, || $body)
+        }
+    };
+}
+
+/// The end of a TLS handshake nginx started on a connection of the
+/// module's own (`ngx_ssl_handshake`): `data` is the connection's data.
+#[macro_export]
+macro_rules! handshake_handler {
+    ($(#[$m:meta])* $vis:vis fn $name:ident $(<$($g:ident : $b:path),*>)? ($data:ident) = $entry:expr, $body:block) => {
+        $(#[$m])*
+        $vis extern "C" fn $name $(<$($g: $b),*>)? (c: *mut $crate::ffi::ngx_connection_t) {
+            // SAFETY: nginx passes the connection whose handshake ended.
+            let Some($data) = (unsafe { $crate::ffi::Socket::data_of_raw(c) }) else {
+                return;
+            };
+            $crate::ffi::guard($crate::ffi::Log::cycle(), $entry, (), || $crate::ffi::entry::run(|| $body))
+        }
+    };
+}
+
+/// An upstream's input filter init, which nginx calls with the data
+/// Req::set_input_filter gave it: the request.
+#[macro_export]
+macro_rules! input_filter_init_handler {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($r:ident) = $entry:expr, $body:block) => {
+        $(#[$m])*
+        $vis extern "C" fn $name(data: *mut ::std::ffi::c_void) -> $crate::ffi::ngx_int_t {
+            // SAFETY: the data is the live request (Req::set_input_filter).
+            let $r = unsafe { $crate::ffi::Req::from_raw(data.cast()) };
+            $crate::ffi::guard($r.log(), $entry, $crate::ffi::ERROR, || $body)
+        }
+    };
+}
+
+/// An upstream's input filter, which nginx calls with the request
+/// (Req::set_input_filter) and the count of bytes it read.
+#[macro_export]
+macro_rules! input_filter_handler {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($r:ident, $bytes:ident) = $entry:expr, $body:block) => {
+        $(#[$m])*
+        $vis extern "C" fn $name(data: *mut ::std::ffi::c_void, $bytes: isize) -> $crate::ffi::ngx_int_t {
+            // SAFETY: the data is the live request (Req::set_input_filter).
+            let $r = unsafe { $crate::ffi::Req::from_raw(data.cast()) };
+            $crate::ffi::guard($r.log(), $entry, $crate::ffi::ERROR, || $body)
         }
     };
 }

@@ -29,7 +29,7 @@ pub use event::{Event, RetryTimer, Socket, Timer};
 pub use log::Log;
 pub use pool::Pool;
 pub use request::{fill_variable, Req, FILTER_REDIRECT};
-pub use upstream::Upstream;
+pub use upstream::{Reply, Upstream};
 
 pub const OK: ngx_int_t = 0;
 pub const ERROR: ngx_int_t = -1;

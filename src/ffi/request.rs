@@ -252,15 +252,22 @@ impl Req {
         self.loc_conf::<NgxHttpCoreModule>()
     }
 
-    /// The module's context of this request.
-    ///
-    /// # Safety
-    /// No other reference to the context may be in use (take it once per
-    /// entry point).
-    pub unsafe fn ctx<'a, M: RequestCtx>(&self) -> Option<&'a mut M::Ctx> {
+    /// The module's context of this request, borrowed with it: while it is
+    /// in use, nothing else can reach the request (nor, through it, the
+    /// context).
+    pub fn ctx_mut<M: RequestCtx>(&mut self) -> Option<&mut M::Ctx> {
         // SAFETY: r->ctx has a slot per http module; the slot holds an M::Ctx
-        // in the request's pool or null (RequestCtx); see above for aliasing.
+        // in the request's pool or null (RequestCtx). The reference borrows
+        // the request mutably, so no other reference to the context made
+        // through it is live at the same time.
         unsafe { (*self.0.ctx.add(M::module().ctx_index) as *mut M::Ctx).as_mut() }
+    }
+
+    /// The module's context of this request, for reading.
+    pub fn ctx_ref<M: RequestCtx>(&self) -> Option<&M::Ctx> {
+        // SAFETY: as ctx_mut; a shared borrow of the request allows no
+        // mutable borrow of the context through it meanwhile.
+        unsafe { (*self.0.ctx.add(M::module().ctx_index) as *const M::Ctx).as_ref() }
     }
 
     /// Moves a context into the request's pool and into the module's slot.
@@ -604,6 +611,33 @@ impl Req {
         unsafe { (self.0.upstream as *mut Upstream).as_mut() }
     }
 
+    /// The reply side of the request's upstream and the module's context,
+    /// together: neither reaches the other, and the reply side calls no
+    /// module back (upstream::Reply).
+    pub fn upstream_and_ctx<M: RequestCtx>(&mut self) -> Option<(&mut Reply, &mut M::Ctx)> {
+        // SAFETY: the upstream and the context are two objects of the
+        // request's pool (or null); both references borrow the request.
+        unsafe {
+            let u = (self.0.upstream as *mut Reply).as_mut()?;
+            let ctx = (*self.0.ctx.add(M::module().ctx_index) as *mut M::Ctx).as_mut()?;
+            Some((u, ctx))
+        }
+    }
+
+    /// Sets the upstream's filter that passes the response body on: nginx
+    /// calls it with this request (`input_filter_init_handler!`,
+    /// `input_filter_handler!`). False without an upstream.
+    pub fn set_input_filter(
+        &mut self,
+        init: unsafe extern "C" fn(*mut c_void) -> ngx_int_t,
+        filter: unsafe extern "C" fn(*mut c_void, isize) -> ngx_int_t,
+    ) -> bool {
+        let r = self.as_ptr();
+        let Some(u) = self.upstream() else { return false };
+        u.set_input_filter(init, filter, r);
+        true
+    }
+
     pub fn create_upstream(&mut self) -> Option<&mut Upstream> {
         // SAFETY: a live request.
         if unsafe { ngx_http_upstream_create(self.as_ptr()) } != OK {
@@ -710,7 +744,7 @@ impl Req {
             st.connect_time = 0;
             st.header_time = 0;
         }
-        self.add_cleanup(stream_upstream_end, self.as_ptr().cast())
+        self.add_request_cleanup(stream_upstream_end)
     }
 
     /// A timer in the request's pool (it goes with the request: its owner
@@ -728,7 +762,14 @@ impl Req {
 
     /// Runs `handler(data)` when the request ends, however it ends (nginx's
     /// request cleanups: also when it is terminated, a client gone say).
-    pub fn add_cleanup(
+    /// Adds a cleanup that nginx calls with this request
+    /// (`request_cleanup_handler!`).
+    pub fn add_request_cleanup(&mut self, handler: unsafe extern "C" fn(*mut std::ffi::c_void)) -> bool {
+        let r = self.as_ptr().cast();
+        self.add_cleanup(handler, r)
+    }
+
+    fn add_cleanup(
         &mut self,
         handler: unsafe extern "C" fn(*mut std::ffi::c_void),
         data: *mut std::ffi::c_void,

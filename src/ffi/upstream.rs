@@ -20,6 +20,22 @@ pub struct Callbacks {
     pub finalize_request: unsafe extern "C" fn(*mut ngx_http_request_t, ngx_int_t),
 }
 
+/// Callbacks for a module with nothing to do at that step (they touch
+/// nothing: no guard is needed).
+pub extern "C" fn nothing_to_create(_r: *mut ngx_http_request_t) -> ngx_int_t {
+    OK
+}
+
+/// A `process_header` that is never reached (the module reads the replies
+/// itself).
+pub extern "C" fn no_header(_r: *mut ngx_http_request_t) -> ngx_int_t {
+    ERROR
+}
+
+pub extern "C" fn nothing_to_abort(_r: *mut ngx_http_request_t) {}
+
+pub extern "C" fn nothing_to_finalize(_r: *mut ngx_http_request_t, _rc: ngx_int_t) {}
+
 impl Upstream {
     pub fn raw_mut(&mut self) -> &mut ngx_http_upstream_t {
         &mut self.0
@@ -100,16 +116,17 @@ impl Upstream {
         unsafe { self.0.resolved.as_ref() }.map(|r| r.host)
     }
 
-    /// Sets the filter that passes the response body on, and its data.
-    pub fn set_input_filter(
+    /// Sets the filter that passes the response body on, with the request
+    /// as its data (Req::set_input_filter).
+    pub(super) fn set_input_filter(
         &mut self,
         init: unsafe extern "C" fn(*mut c_void) -> ngx_int_t,
         filter: unsafe extern "C" fn(*mut c_void, isize) -> ngx_int_t,
-        data: *mut c_void,
+        r: *mut ngx_http_request_t,
     ) {
         self.0.input_filter_init = Some(init);
         self.0.input_filter = Some(filter);
-        self.0.input_filter_ctx = data;
+        self.0.input_filter_ctx = r.cast();
     }
 
     /// The server is named at run time (`*_pass $variable`): an upstream
@@ -153,12 +170,6 @@ impl Upstream {
             }
             self.set_resolved(pool, url.host, Some(&*url.addrs), url.port)
         }
-    }
-
-    /// The current try's entry in `$upstream_*`.
-    pub fn state(&mut self) -> Option<&mut ngx_http_upstream_state_t> {
-        // SAFETY: the state lives in the request's pool's states array.
-        unsafe { self.0.state.as_mut() }
     }
 
     pub fn set_state(&mut self, st: &mut ngx_http_upstream_state_t) {
@@ -211,33 +222,12 @@ impl Upstream {
         rc
     }
 
-    /// The server the balancer chose: its address bytes and name.
-    pub fn peer_addr(&self) -> Option<(&[u8], ngx_str_t)> {
-        let pc = &self.0.peer;
-        if pc.sockaddr.is_null() || pc.name.is_null() {
-            return None;
-        }
-        // SAFETY: the balancer set the address (socklen bytes) and the
-        // name, which live as long as the configuration or the request.
-        unsafe {
-            Some((
-                std::slice::from_raw_parts(pc.sockaddr as *const u8, pc.socklen as usize),
-                *pc.name,
-            ))
-        }
-    }
-
     /// The try's `$upstream_addr`: the server the balancer chose.
     pub fn note_peer(&mut self) {
         let name = self.0.peer.name;
         if let Some(st) = self.state() {
             st.peer = name;
         }
-    }
-
-    /// Tries the balancer has left for the request.
-    pub fn tries(&mut self) -> &mut ngx_uint_t {
-        &mut self.0.peer.tries
     }
 
     /// When the first try started (`*_next_upstream_timeout`).
@@ -255,6 +245,114 @@ impl Upstream {
     pub fn connect_peer(&mut self) -> ngx_int_t {
         // SAFETY: the peer is the request's, set up by nginx's upstream.
         unsafe { ngx_event_connect_peer(&mut self.0.peer) }
+    }
+
+    pub fn set_request_bufs(&mut self, chain: *mut ngx_chain_t) {
+        self.0.request_bufs = chain;
+    }
+
+    pub fn set_header_sent(&mut self) {
+        self.0.set_header_sent(1);
+    }
+
+    /// nginx's upstream cleanup is not to run (the module finishes itself).
+    pub fn drop_cleanup(&mut self) {
+        // SAFETY: cleanup, when set, points at the request pool's cleanup handler slot.
+        if let Some(c) = unsafe { self.0.cleanup.as_mut() } {
+            *c = None;
+        }
+        self.0.cleanup = ptr::null_mut();
+    }
+
+    /// Gives the peer back to the balancer (with NGX_PEER_FAILED or not).
+    pub fn free_peer(&mut self, state: ngx_uint_t) {
+        if self.0.peer.sockaddr.is_null() {
+            return;
+        }
+        if let Some(free) = self.0.peer.free {
+            // SAFETY: the peer's data is what its balancer set up for it.
+            unsafe { free(&mut self.0.peer, self.0.peer.data, state) };
+        }
+        self.0.peer.sockaddr = ptr::null_mut();
+        self.0.peer.connection = ptr::null_mut();
+    }
+}
+
+/// The reply side of a request's upstream: what the server sent, and what
+/// the answer says. None of it calls back into a module (no balancer), so
+/// it may be held beside the module's context of the request
+/// (`Req::upstream_and_ctx`). `Upstream` has all of it too.
+#[repr(transparent)]
+pub struct Reply(ngx_http_upstream_t);
+
+impl std::ops::Deref for Upstream {
+    type Target = Reply;
+    fn deref(&self) -> &Reply {
+        // SAFETY: both are transparent wrappers of ngx_http_upstream_t.
+        unsafe { &*(self as *const Upstream as *const Reply) }
+    }
+}
+
+impl std::ops::DerefMut for Upstream {
+    fn deref_mut(&mut self) -> &mut Reply {
+        // SAFETY: as above.
+        unsafe { &mut *(self as *mut Upstream as *mut Reply) }
+    }
+}
+
+impl Reply {
+    /// Appends a buffer of `data` (memory that lives as long as the
+    /// request) to the output chain.
+    fn append_out(&mut self, pool: Pool, data: &[u8]) -> bool {
+        // SAFETY: the upstream's free buffers are of the request's pool.
+        let cl = unsafe { ngx_chain_get_free_buf(pool.as_ptr(), &mut self.0.free_bufs) };
+        // SAFETY: a fresh link with a buffer, from nginx.
+        let Some(link) = (unsafe { cl.as_mut() }) else {
+            return false;
+        };
+        // SAFETY: as above.
+        let out = unsafe { &mut *link.buf };
+        out.set_flush(1);
+        out.set_memory(1);
+        out.pos = data.as_ptr() as *mut u8;
+        out.last = out.pos.wrapping_add(data.len());
+        out.tag = self.0.output.tag;
+        // SAFETY: out_bufs is a chain of the request's pool; appended at the end.
+        unsafe {
+            let mut ll: *mut *mut ngx_chain_t = &mut self.0.out_bufs;
+            while !(*ll).is_null() {
+                ll = &mut (**ll).next;
+            }
+            *ll = cl;
+        }
+        true
+    }
+
+    /// The current try's entry in `$upstream_*`.
+    pub fn state(&mut self) -> Option<&mut ngx_http_upstream_state_t> {
+        // SAFETY: the state lives in the request's pool's states array.
+        unsafe { self.0.state.as_mut() }
+    }
+
+    /// The server the balancer chose: its address bytes and name.
+    pub fn peer_addr(&self) -> Option<(&[u8], ngx_str_t)> {
+        let pc = &self.0.peer;
+        if pc.sockaddr.is_null() || pc.name.is_null() {
+            return None;
+        }
+        // SAFETY: the balancer set the address (socklen bytes) and the
+        // name, which live as long as the configuration or the request.
+        unsafe {
+            Some((
+                std::slice::from_raw_parts(pc.sockaddr as *const u8, pc.socklen as usize),
+                *pc.name,
+            ))
+        }
+    }
+
+    /// Tries the balancer has left for the request.
+    pub fn tries(&mut self) -> &mut ngx_uint_t {
+        &mut self.0.peer.tries
     }
 
     /// The bytes read and not used yet.
@@ -326,33 +424,6 @@ impl Upstream {
         }
     }
 
-    /// Appends a buffer of `data` (memory that lives as long as the
-    /// request) to the output chain.
-    fn append_out(&mut self, pool: Pool, data: &[u8]) -> bool {
-        // SAFETY: the upstream's free buffers are of the request's pool.
-        let cl = unsafe { ngx_chain_get_free_buf(pool.as_ptr(), &mut self.0.free_bufs) };
-        // SAFETY: a fresh link with a buffer, from nginx.
-        let Some(link) = (unsafe { cl.as_mut() }) else {
-            return false;
-        };
-        // SAFETY: as above.
-        let out = unsafe { &mut *link.buf };
-        out.set_flush(1);
-        out.set_memory(1);
-        out.pos = data.as_ptr() as *mut u8;
-        out.last = out.pos.wrapping_add(data.len());
-        out.tag = self.0.output.tag;
-        // SAFETY: out_bufs is a chain of the request's pool; appended at the end.
-        unsafe {
-            let mut ll: *mut *mut ngx_chain_t = &mut self.0.out_bufs;
-            while !(*ll).is_null() {
-                ll = &mut (**ll).next;
-            }
-            *ll = cl;
-        }
-        true
-    }
-
     pub fn set_status(&mut self, status: ngx_uint_t) {
         self.0.headers_in.status_n = status;
         if let Some(st) = self.state() {
@@ -370,35 +441,5 @@ impl Upstream {
 
     pub fn set_length(&mut self, n: off_t) {
         self.0.length = n;
-    }
-
-    pub fn set_request_bufs(&mut self, chain: *mut ngx_chain_t) {
-        self.0.request_bufs = chain;
-    }
-
-    pub fn set_header_sent(&mut self) {
-        self.0.set_header_sent(1);
-    }
-
-    /// nginx's upstream cleanup is not to run (the module finishes itself).
-    pub fn drop_cleanup(&mut self) {
-        // SAFETY: cleanup, when set, points at the request pool's cleanup handler slot.
-        if let Some(c) = unsafe { self.0.cleanup.as_mut() } {
-            *c = None;
-        }
-        self.0.cleanup = ptr::null_mut();
-    }
-
-    /// Gives the peer back to the balancer (with NGX_PEER_FAILED or not).
-    pub fn free_peer(&mut self, state: ngx_uint_t) {
-        if self.0.peer.sockaddr.is_null() {
-            return;
-        }
-        if let Some(free) = self.0.peer.free {
-            // SAFETY: the peer's data is what its balancer set up for it.
-            unsafe { free(&mut self.0.peer, self.0.peer.data, state) };
-        }
-        self.0.peer.sockaddr = ptr::null_mut();
-        self.0.peer.connection = ptr::null_mut();
     }
 }

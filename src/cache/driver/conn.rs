@@ -347,31 +347,26 @@ pub fn run_owner<O: Owner>(data: *mut c_void, entry: &str, f: impl FnOnce(&mut O
     o.after();
 }
 
-/// Read/write readiness, or the connect timeout.
-extern "C" fn socket_event<O: Owner>(ev: *mut ngx_event_t) {
-    // SAFETY: the event is one of a RedisConn's socket (open).
-    let Some((data, timedout)) = (unsafe { Event::from_raw(ev) }).map(|ev| {
+event_handler! {
+    /// Read/write readiness, or the connect timeout.
+    fn socket_event<O: Owner>(ev) = "redis connection event", {
         let timedout = ev.take_timedout();
-        // SAFETY: as above: a connection's event.
-        (unsafe { ev.connection_data() }, timedout)
-    }) else {
-        return;
-    };
-    run_owner::<O>(data, O::EVENT, |o, i| {
-        let step = o.conn(i).on_event::<O>(timedout);
-        o.step(i, step);
-    });
+        // SAFETY: the event is one of a RedisConn's socket (open).
+        let data = unsafe { ev.connection_data() };
+        run_owner::<O>(data, O::EVENT, |o, i| {
+            let step = o.conn(i).on_event::<O>(timedout);
+            o.step(i, step);
+        });
+    }
 }
 
-/// nginx's TLS handshake ended (well or not, or timed out).
-extern "C" fn handshake_done<O: Owner>(nc: *mut ngx_connection_t) {
-    // SAFETY: nginx passes the connection whose handshake ended: one of a
-    // RedisConn's, whose data is its owner's (open).
-    let Some(data) = (unsafe { Socket::data_of_raw(nc) }) else {
-        return;
-    };
-    run_owner::<O>(data, O::HANDSHAKE, |o, i| {
-        let step = o.conn(i).on_handshake::<O>();
-        o.step(i, step);
-    });
+handshake_handler! {
+    /// nginx's TLS handshake ended (well or not, or timed out) on one of a
+    /// RedisConn's connections, whose data is its owner's (open).
+    fn handshake_done<O: Owner>(data) = "redis connection handshake", {
+        run_owner::<O>(data, O::HANDSHAKE, |o, i| {
+            let step = o.conn(i).on_handshake::<O>();
+            o.step(i, step);
+        });
+    }
 }

@@ -470,18 +470,15 @@ event_handler! {
     }
 }
 
-/// A connection is made again.
-extern "C" fn retry_event(ev: *mut ngx_event_t) {
-    // SAFETY: the timer's data is the Link that owns it.
-    let Some(data) = (unsafe { Event::from_raw(ev) }).map(|ev| {
+event_handler! {
+    /// A connection is made again. (The timer's data is the Link that owns
+    /// it.)
+    fn retry_event(ev) = "cache subscribe retry timer", {
         ev.take_timedout();
-        ev.data()
-    }) else {
-        return;
-    };
-    run_owner::<RedisHub>(data, "cache subscribe retry", |h, i| {
-        if h.links[i].conn.state() == State::Down && !h.channels.is_empty() && !exiting() {
-            h.connect(i);
-        }
-    });
+        run_owner::<RedisHub>(ev.data(), "cache subscribe retry", |h, i| {
+            if h.links[i].conn.state() == State::Down && !h.channels.is_empty() && !exiting() {
+                h.connect(i);
+            }
+        });
+    }
 }

@@ -17,6 +17,7 @@ use std::rc::Rc;
 use gateway_core::cluster::Topology;
 use gateway_core::redis::ReplyError;
 
+use crate::common::hub::HubRef;
 use crate::common::token::ReqToken;
 use crate::ffi::net::TlsClient;
 use crate::ffi::ngx_msec_t;
@@ -204,16 +205,20 @@ pub fn hub(
     auth: Option<Vec<u8>>,
     sink: &'static dyn crate::common::hub::HubSink,
     make: impl FnOnce() -> Option<hub::HubSettings>,
-) -> Option<std::ptr::NonNull<hub::RedisHub>> {
+) -> Option<HubRef> {
     WORKER.with(|w| {
         let mut hubs = w.hubs.borrow_mut();
-        if let Some(e) = hubs.iter_mut().find(|(k, a, _)| *k == key && *a == auth) {
-            return Some(std::ptr::NonNull::from(&mut *e.2));
-        }
-        let mut h = hub::RedisHub::new(make()?, sink);
-        let ptr = std::ptr::NonNull::from(&mut *h);
-        hubs.push((key, auth, h));
-        Some(ptr)
+        let at = match hubs.iter().position(|(k, a, _)| *k == key && *a == auth) {
+            Some(at) => at,
+            None => {
+                hubs.push((key, auth, hub::RedisHub::new(make()?, sink)));
+                hubs.len() - 1
+            }
+        };
+        let h: &mut dyn crate::common::hub::Hub = &mut *hubs[at].2;
+        // SAFETY: the worker's hubs are boxed and never dropped while it
+        // runs (WORKER): each lives, unmoved, for the worker's life.
+        Some(unsafe { HubRef::new(std::ptr::NonNull::from(h)) })
     })
 }
 

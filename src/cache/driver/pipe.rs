@@ -656,33 +656,29 @@ impl Owner for PipeConn {
     }
 }
 
-/// Posted: what was queued goes out, and reading goes on.
-extern "C" fn kick_event(ev: *mut ngx_event_t) {
-    // SAFETY: the event is a PipeConn's timer (open).
-    let Some(data) = (unsafe { Event::from_raw(ev) }).map(Event::data) else {
-        return;
-    };
-    run_owner::<PipeConn>(data, "cache pipelined connection", |c, _| {
-        if c.conn.is_up() {
-            c.run();
-        } else {
-            c.settle();
-        }
-    });
+event_handler! {
+    /// Posted: what was queued goes out, and reading goes on. (The event
+    /// is a PipeConn's: open.)
+    fn kick_event(ev) = "cache pipelined connection kick", {
+        run_owner::<PipeConn>(ev.data(), "cache pipelined connection", |c, _| {
+            if c.conn.is_up() {
+                c.run();
+            } else {
+                c.settle();
+            }
+        });
+    }
 }
 
-/// Nobody used the connection for IDLE_MS.
-extern "C" fn idle_event(ev: *mut ngx_event_t) {
-    // SAFETY: the event is a PipeConn's timer (open).
-    let Some(data) = (unsafe { Event::from_raw(ev) }).map(|ev| {
+event_handler! {
+    /// Nobody used the connection for IDLE_MS. (The event is a PipeConn's
+    /// timer: open.)
+    fn idle_event(ev) = "cache pipelined connection idle timer", {
         ev.take_timedout();
-        ev.data()
-    }) else {
-        return;
-    };
-    run_owner::<PipeConn>(data, "cache pipelined connection idle", |c, _| {
-        if !c.live_waiters() {
-            c.broken("idle", false);
-        }
-    });
+        run_owner::<PipeConn>(ev.data(), "cache pipelined connection idle", |c, _| {
+            if !c.live_waiters() {
+                c.broken("idle", false);
+            }
+        });
+    }
 }

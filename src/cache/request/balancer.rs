@@ -16,14 +16,12 @@
 //! either. The peer's free does not count these steps as the server's
 //! failure.
 
-use std::ptr::NonNull;
-
 use gateway_core::cluster::RedirectKind;
 use gateway_core::redis::ClusterSteps;
 
 use super::cluster::TRIES;
+use super::ctx_of;
 use super::upstream::build_request;
-use super::{ctx_of, Ctx};
 use crate::cache::config::{Cache, CacheMainConf};
 use crate::cache::driver;
 use crate::ffi::balancer::{self, Inner, Wrapper};
@@ -35,7 +33,19 @@ struct PeerData {
     /// Round robin over the seeds. The current try is its pick (a seed):
     /// it is told of its end; a node of the map is not its business.
     rr: Inner,
-    ctx: NonNull<Ctx>,
+    /// Its request (the PeerData is in the request's pool).
+    r: *mut ngx_http_request_t,
+}
+
+/// The request of a peer's callback.
+///
+/// # Safety
+/// `r` must be the PeerData's request: nginx calls a peer's callbacks
+/// while its request is live, from its own code (no code of the module
+/// holds the request meanwhile).
+unsafe fn request<'a>(r: *mut ngx_http_request_t) -> &'a mut Req {
+    // SAFETY: see above.
+    unsafe { Req::from_raw(r) }
 }
 
 peer_init_handler! {
@@ -46,18 +56,14 @@ peer_init_handler! {
             return ERROR;
         };
         // A request of another module (proxy_pass to this block): round robin.
-        let Some(ctx) = ctx_of(r) else { return OK };
-        let Some(cr) = ctx.cluster.as_mut() else { return OK };
+        let Some(cr) = ctx_of(r).and_then(|c| c.cluster.as_mut()) else { return OK };
         let seeds = || cluster.seeds.clone();
         cr.map = Some(driver::cluster_map(us as *const _ as usize, seeds));
-        let pool = r.pool();
+        let (pool, rp) = (r.pool(), r.as_ptr());
         let Some(u) = r.upstream() else { return ERROR };
         let peer = u.peer();
         let sessions = rr.sessions();
-        let pd = PeerData {
-            rr,
-            ctx: NonNull::from(&mut *ctx),
-        };
+        let pd = PeerData { rr, r: rp };
         let Some(pd) = pool.alloc(pd) else { return ERROR };
         balancer::install(peer, pd, sessions);
         peer.tries = TRIES;
@@ -72,10 +78,12 @@ impl Wrapper for PeerData {
     const SAVE_SESSION: &'static str = "cache_cluster save_session";
 
     fn get(&mut self, pc: &mut ngx_peer_connection_t, _log: Log) -> ngx_int_t {
-        // SAFETY: the Ctx is in the request's pool, as this PeerData, and
-        // outlives the request's peer; nothing else uses it meanwhile.
-        let ctx = unsafe { &mut *self.ctx.as_ptr() };
-        let Some(cr) = ctx.cluster.as_mut() else { return ERROR };
+        // SAFETY: the PeerData's request, in a peer callback.
+        let r = unsafe { request(self.r) };
+        let pool = r.pool();
+        let Some(cr) = ctx_of(r).and_then(|c| c.cluster.as_mut()) else {
+            return ERROR;
+        };
         let Some(map) = cr.map.clone() else { return ERROR };
         let topo = map.borrow();
         // A map is asked of seeds only. A request that needs one (none yet,
@@ -96,11 +104,9 @@ impl Wrapper for PeerData {
         steps.slots = refresh && target.is_none_or(|a| topo.is_seed(a));
         drop(topo);
         self.rr.set_unused();
-        // SAFETY: the Ctx's request is live while its peer is.
-        let r = unsafe { Req::from_raw(ctx.r) };
         match target {
             Some(addr) => {
-                let Some((sa, len, name)) = r.pool().peer_addr(addr) else {
+                let Some((sa, len, name)) = pool.peer_addr(addr) else {
                     return ERROR;
                 };
                 pc.sockaddr = sa;
@@ -121,7 +127,7 @@ impl Wrapper for PeerData {
         cr.current = socket_addr(balancer::chosen(pc).0);
         cr.steps = steps;
         cr.spoke = false;
-        if !build_request(r, ctx) {
+        if !build_request(r) {
             return ERROR;
         }
         OK
@@ -129,8 +135,10 @@ impl Wrapper for PeerData {
 
     fn free(&mut self, pc: &mut ngx_peer_connection_t, state: ngx_uint_t) {
         // SAFETY: as in get.
-        let ctx = unsafe { &mut *self.ctx.as_ptr() };
-        let Some(cr) = ctx.cluster.as_mut() else { return };
+        let r = unsafe { request(self.r) };
+        let Some(cr) = ctx_of(r).and_then(|c| c.cluster.as_mut()) else {
+            return;
+        };
         // (A redirection, or a request sent to a seed for a new map.)
         let redirected = cr.redirect.is_some() || cr.refresh;
         let failed = state & NGX_PEER_FAILED as ngx_uint_t != 0 && !redirected;

@@ -31,7 +31,6 @@ mod upstream;
 
 /// Per-request state.
 pub struct Ctx {
-    pub(super) r: *mut ngx_http_request_t,
     pub(super) command: Command,
     pub(super) key: Vec<u8>,
     pub(super) db: Option<u32>,
@@ -63,10 +62,9 @@ unsafe impl RequestCtx for Cache {
     }
 }
 
-/// The request's context (taken once per entry point).
-pub(super) fn ctx_of<'a>(r: &Req) -> Option<&'a mut Ctx> {
-    // SAFETY: the slot holds a Ctx (RequestCtx); each entry point takes it once.
-    unsafe { r.ctx::<Cache>() }
+/// The request's context, borrowed with the request.
+pub(super) fn ctx_of(r: &mut Req) -> Option<&mut Ctx> {
+    r.ctx_mut::<Cache>()
 }
 
 /// Why a cache request cannot start.
@@ -288,9 +286,7 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
         u.set_ssl(name);
     }
 
-    let rp = r.as_ptr();
     let ctx = Ctx {
-        r: rp,
         command,
         key,
         db,
@@ -304,7 +300,7 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
         body_len: None,
         shared: shared.then(|| Box::new(pipelined::SharedReq::new(crate::common::token::register(r)))),
     };
-    let ctx = r.set_ctx::<Cache>(ctx).ok_or(StartError::Nginx)?;
+    r.set_ctx::<Cache>(ctx).ok_or(StartError::Nginx)?;
     if command == Command::Publish {
         r.set_content_type("application/json");
     }
@@ -314,8 +310,9 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
         let block = unsafe { block.as_ref() };
         return pipelined::start(r, block).ok_or(StartError::Nginx);
     }
-    let u = r.upstream().ok_or(StartError::Nginx)?;
-    u.set_input_filter(filter_init, filter, ctx.as_ptr().cast());
+    if !r.set_input_filter(filter_init, filter) {
+        return Err(StartError::Nginx);
+    }
 
     if command.sends_body() {
         let rc = r.read_body(Some(ngx_http_upstream_init));

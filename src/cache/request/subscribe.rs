@@ -2,14 +2,12 @@
 //! Redis channel, heard through the worker's hub for the location's
 //! upstream (driver::hub); the stream itself is common::sse's.
 
-use std::ptr::NonNull;
-
 use gateway_core::pubsub;
 
 use super::tls_of_location;
 use crate::cache::config::{Cache, CacheLocConf};
 use crate::cache::driver::{self, authfail, hub::Addr, hub::HubSettings};
-use crate::common::hub::Hub;
+use crate::common::hub::HubRef;
 use crate::common::sse::{self, Fanout, Refused};
 use crate::ffi::conf::upstream_servers;
 use crate::ffi::*;
@@ -46,7 +44,7 @@ pub fn start(r: &mut Req, lcf: &CacheLocConf) -> Result<ngx_int_t, Refused> {
 }
 
 /// The worker's hub for the location's upstream and password, made on first use.
-fn hub(r: &mut Req, lcf: &CacheLocConf, auth: Option<Vec<u8>>) -> Option<NonNull<dyn Hub>> {
+fn hub(r: &mut Req, lcf: &CacheLocConf, auth: Option<Vec<u8>>) -> Option<HubRef> {
     let block = lcf.upstream.upstream;
     let make = || {
         // SAFETY: the upstream block lives as long as the configuration.
@@ -90,5 +88,5 @@ fn hub(r: &mut Req, lcf: &CacheLocConf, auth: Option<Vec<u8>>) -> Option<NonNull
             connect_timeout: lcf.upstream.connect_timeout,
         })
     };
-    driver::hub(block as usize, auth.clone(), &FANOUT, make).map(|h| h as NonNull<dyn Hub>)
+    driver::hub(block as usize, auth.clone(), &FANOUT, make)
 }

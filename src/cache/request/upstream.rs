@@ -5,8 +5,6 @@
 //! to its exact end (core's `redis::Exchange`) before the connection may be
 //! kept.
 
-use std::ffi::c_void;
-
 use gateway_core::cluster::{self as kslot, RedirectKind};
 use gateway_core::pubsub;
 use gateway_core::redis::{self, Event, ReplyError, Setup};
@@ -14,8 +12,9 @@ use gateway_core::resp;
 
 use super::cluster::{log_refused, log_stop, MAX_REDIRECTS};
 use super::{ctx_of, Ctx};
+use crate::cache::config::Cache;
 use crate::cache::driver::{authfail, next_ping};
-use crate::ffi::upstream::Callbacks;
+use crate::ffi::upstream::{self, Callbacks};
 use crate::ffi::*;
 use crate::{debug, log};
 
@@ -23,16 +22,15 @@ pub(super) const CALLBACKS: Callbacks = Callbacks {
     create_request,
     reinit_request,
     process_header,
-    abort_request,
-    finalize_request,
+    abort_request: upstream::nothing_to_abort,
+    finalize_request: upstream::nothing_to_finalize,
 };
 
 request_handler! {
     /// The commands (core's `redis::plan`): the head, the request body for
     /// SET, the tail.
     fn create_request(r) -> ngx_int_t = ("cache create_request", ERROR) {
-        let Some(ctx) = ctx_of(r) else { return ERROR };
-        if build_request(r, ctx) {
+        if build_request(r) {
             OK
         } else {
             ERROR
@@ -42,13 +40,14 @@ request_handler! {
 
 /// The request's commands and the reader of their replies (again for each
 /// node of a cluster: what goes before the command depends on the node).
-pub(super) fn build_request(r: &mut Req, ctx: &mut Ctx) -> bool {
+pub(super) fn build_request(r: &mut Req) -> bool {
     {
-        let (body, len) = if ctx.command.sends_body() {
-            r.body_bufs()
-        } else {
-            (Vec::new(), 0)
+        let Some(sends_body) = ctx_of(r).map(|c| c.command.sends_body()) else {
+            return false;
         };
+        let (body, len) = if sends_body { r.body_bufs() } else { (Vec::new(), 0) };
+        let pool = r.pool();
+        let Some(ctx) = ctx_of(r) else { return false };
         let len = *ctx.body_len.get_or_insert(len);
         let plan = redis::plan(
             &redis::Request {
@@ -63,7 +62,7 @@ pub(super) fn build_request(r: &mut Req, ctx: &mut Ctx) -> bool {
             len,
         );
         ctx.exchange = plan.exchange;
-        let mut chain = Chain::new(r.pool());
+        let mut chain = Chain::new(pool);
         let built = chain.push_bytes(plan.head).is_some()
             && body.into_iter().all(|b| chain.push(b).is_some())
             && (plan.tail.is_empty() || chain.push_bytes(plan.tail).is_some());
@@ -88,18 +87,13 @@ request_handler! {
     }
 }
 
-extern "C" fn abort_request(_r: *mut ngx_http_request_t) {}
-
-extern "C" fn finalize_request(_r: *mut ngx_http_request_t, _rc: ngx_int_t) {}
-
 request_handler! {
     /// Reads the replies up to the command's own, which sets the status. A
     /// reply without a value is read here to the end of the request's last
     /// reply, so that a miss keeps its connection too.
     fn process_header(r) -> ngx_int_t = ("cache process_header", ERROR) {
         let log = r.log();
-        let Some(ctx) = ctx_of(r) else { return ERROR };
-        let Some(u) = r.upstream() else { return ERROR };
+        let Some((u, ctx)) = r.upstream_and_ctx::<Cache>() else { return ERROR };
         if let Some(cr) = ctx.cluster.as_mut() {
             cr.spoke = true;
         }
@@ -304,32 +298,15 @@ fn cluster_garbage(ctx: &Ctx, e: &ReplyError) {
 
 /// Drops the bytes read and not used: the connection they came on is not
 /// kept, and nothing of them is passed on.
-fn drop_unread(u: &mut Upstream) {
+fn drop_unread(u: &mut Reply) {
     let n = u.unread().len();
     u.consume(n);
 }
 
-/// The request of an input filter's data.
-///
-/// # Safety
-/// `data` must be the Ctx `start` gave nginx's upstream for a live request.
-unsafe fn filter_request<'a>(data: *mut c_void) -> Option<(&'a mut Ctx, &'a mut Req)> {
-    // SAFETY: see above; the Ctx lives in its request's pool.
-    unsafe {
-        let ctx = &mut *(data as *mut Ctx);
-        let r = Req::from_raw(ctx.r);
-        Some((ctx, r))
-    }
-}
-
-pub(super) extern "C" fn filter_init(data: *mut c_void) -> ngx_int_t {
-    guard(Log::cycle(), "cache input_filter_init", ERROR, || {
-        // SAFETY: nginx passes the data start gave it.
-        let Some((ctx, r)) = (unsafe { filter_request(data) }) else {
-            return ERROR;
-        };
+input_filter_init_handler! {
+    pub(super) fn filter_init(r) = "cache input_filter_init", {
         let pool = r.pool();
-        let Some(u) = r.upstream() else { return ERROR };
+        let Some((u, ctx)) = r.upstream_and_ctx::<Cache>() else { return ERROR };
         // nginx reads on while the length is not 0: any other value until
         // the exchange ends.
         u.set_length(ctx.exchange.expects_more() as off_t);
@@ -340,19 +317,15 @@ pub(super) extern "C" fn filter_init(data: *mut c_void) -> ngx_int_t {
             }
         }
         OK
-    })
+    }
 }
 
-/// Passes the value's bytes on as they arrive; the CRLF after it and the
-/// replies after the command are read and checked, not sent.
-pub(super) extern "C" fn filter(data: *mut c_void, bytes: isize) -> ngx_int_t {
-    guard(Log::cycle(), "cache input_filter", ERROR, || {
-        // SAFETY: nginx passes the data start gave it.
-        let Some((ctx, r)) = (unsafe { filter_request(data) }) else {
-            return ERROR;
-        };
+input_filter_handler! {
+    /// Passes the value's bytes on as they arrive; the CRLF after it and
+    /// the replies after the command are read and checked, not sent.
+    pub(super) fn filter(r, bytes) = "cache input_filter", {
         let (log, pool) = (r.log(), r.pool());
-        let Some(u) = r.upstream() else { return ERROR };
+        let Some((u, ctx)) = r.upstream_and_ctx::<Cache>() else { return ERROR };
         // SAFETY: the bytes are used within this call only.
         let fresh = unsafe { u.take_new(bytes.max(0) as usize) };
         let carried = !ctx.carry.is_empty();
@@ -409,5 +382,5 @@ pub(super) extern "C" fn filter(data: *mut c_void, bytes: isize) -> ngx_int_t {
             }
             input = &input[used..];
         }
-    })
+    }
 }

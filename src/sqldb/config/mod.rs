@@ -16,7 +16,7 @@ use gateway_core::target::Target;
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, HttpModuleServerConf, NgxHttpCoreModule};
 
 use super::driver::{ConnPool, Listener, Settings, Statement};
-use crate::common::hub::HubSink;
+use crate::common::hub::{HubRef, HubSink};
 use crate::ffi::conf::{ComplexValue, ConfError, Position};
 use crate::ffi::*;
 
@@ -141,12 +141,15 @@ pub struct SrvConf {
 impl SrvConf {
     /// The listening connection of this worker (to the upstream's first
     /// server: notifications are a server's own), made on first use.
-    pub fn listener(&mut self, sink: &'static dyn HubSink) -> Option<NonNull<Listener>> {
+    pub fn listener(&mut self, sink: &'static dyn HubSink) -> Option<HubRef> {
         if self.listener.is_none() {
             let first = self.addrs.first()?;
             self.listener = Some(Listener::new(first.conninfo.clone(), first.name_text(), sink));
         }
-        self.listener.as_deref_mut().map(NonNull::from)
+        let l: &mut dyn crate::common::hub::Hub = self.listener.as_deref_mut()?;
+        // SAFETY: the listener is boxed in the upstream's configuration,
+        // which outlives the worker's requests; it is never replaced.
+        Some(unsafe { HubRef::new(NonNull::from(l)) })
     }
 
     /// The server line of a peer the balancer picked: by nginx's pointer

@@ -259,17 +259,12 @@ pub fn find_upstream(
 /// The prefix of the variables of a token's claims.
 pub const CLAIM_PREFIX: &str = "sqldb_jwt_claim_";
 
-/// Until the gateway stores a value, a variable is not found.
-pub(crate) extern "C" fn not_set(r: *mut ngx_http_request_t, v: *mut ngx_variable_value_t, _data: usize) -> ngx_int_t {
-    // SAFETY: nginx passes a live request and the value slot to fill.
-    let log = unsafe { Req::from_raw(r) }.log();
-    guard(log, "variable", ERROR, || {
-        // SAFETY: as above.
-        if let Some(v) = unsafe { v.as_mut() } {
-            v.set_not_found(1);
-        }
+variable_handler! {
+    /// Until the gateway stores a value, a variable is not found.
+    pub(crate) fn not_set(_r, v, _data) = "variable", {
+        v.set_not_found(1);
         OK
-    })
+    }
 }
 
 conf_step_handler! {

@@ -9,7 +9,7 @@ use gateway_core::sql::has_several_statements;
 use super::error::{log_failure, Failure, StartError};
 use super::{peer, vars, Ctx};
 use crate::common::token as registry;
-use crate::ffi::upstream::Callbacks;
+use crate::ffi::upstream::{self, Callbacks};
 use crate::ffi::*;
 use crate::log;
 use crate::sqldb::config::upstream::{find_upstream, sqldb_srv_conf};
@@ -252,22 +252,13 @@ fn run(r: &mut Req) -> Result<(), StartError> {
 /// nginx's upstream calls these; the query goes out on the driver's own
 /// connections, so there is no request to create and no header to read.
 const CALLBACKS: Callbacks = Callbacks {
-    create_request: nothing_to_create,
-    reinit_request: nothing_to_create,
-    process_header: no_header,
-    abort_request: nothing_to_abort,
+    create_request: upstream::nothing_to_create,
+    reinit_request: upstream::nothing_to_create,
+    // (Never reached: nginx's reader is never installed on the stand-in.)
+    process_header: upstream::no_header,
+    abort_request: upstream::nothing_to_abort,
     finalize_request: peer::finalize_request,
 };
-
-extern "C" fn nothing_to_create(_r: *mut ngx_http_request_t) -> ngx_int_t {
-    OK
-}
-
-extern "C" fn no_header(_r: *mut ngx_http_request_t) -> ngx_int_t {
-    ERROR // never reached: nginx's reader is never installed on the stand-in
-}
-
-extern "C" fn nothing_to_abort(_r: *mut ngx_http_request_t) {}
 
 /// The SQL text and the values of its typed parameters for this request.
 fn build_query(r: &mut Req, tmpl: &Template) -> Result<(CString, Vec<CString>), StartError> {

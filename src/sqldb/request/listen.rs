@@ -2,11 +2,8 @@
 //! upstream's listening connection (driver::listen) and gets each NOTIFY on
 //! it as a server-sent event while it stays (crate::common::sse).
 
-use std::ptr::NonNull;
-
 use gateway_core::sse as format;
 
-use crate::common::hub::Hub;
 use crate::common::sse::{self, Fanout, Refused};
 use crate::ffi::*;
 use crate::sqldb::config::{LocConf, Sqldb, SrvConf};
@@ -38,6 +35,6 @@ pub fn subscribe(
             buffers_max,
         },
         &FANOUT,
-        |_| srv.listener(&FANOUT).map(|l| l as NonNull<dyn Hub>),
+        |_| srv.listener(&FANOUT),
     )
 }

@@ -97,13 +97,7 @@ pub(crate) static SINK: RequestSink = RequestSink;
 
 impl Sink for RequestSink {
     fn row(&self, token: ReqToken, res: &PgResult) -> RowVerdict {
-        let Some(r) = registry::lookup(token) else {
-            return RowVerdict::Continue;
-        };
-        // SAFETY: a registered request is live (it leaves the registry when
-        // its pool is destroyed); nginx runs nothing else meanwhile.
-        let r = unsafe { Req::from_raw(r.as_ptr()) };
-        stream::row(r, res)
+        registry::with_request(token, |r| stream::row(r, res)).unwrap_or(RowVerdict::Continue)
     }
 
     fn deliver(&self, out: Vec<Delivery>) {
@@ -137,15 +131,15 @@ event_handler! {
 
 /// The request's context. Each step of a request takes it anew (the
 /// steps call each other; none keeps it across such a call).
-fn ctx_of<'a>(r: &Req) -> Option<&'a mut Ctx> {
-    // SAFETY: the module's slot holds a Ctx (RequestCtx); see above for why
-    // no two references to it are in use at once.
-    unsafe { r.ctx::<Sqldb>() }
+fn ctx_of(r: &mut Req) -> Option<&mut Ctx> {
+    r.ctx_mut::<Sqldb>()
 }
 
-/// The pool of a request's upstream.
-fn pool_of(ctx: &Ctx) -> Option<&'static mut super::driver::ConnPool> {
-    // SAFETY: the upstream's configuration outlives its requests; nothing
-    // else refers to its pool while a request handler runs.
-    ctx.srv.map(|s| unsafe { &mut (*s.as_ptr()).pool })
+/// Runs `f` with the connection pool of a request's upstream.
+fn with_pool<T>(ctx: &Ctx, f: impl FnOnce(&mut super::driver::ConnPool) -> T) -> Option<T> {
+    let srv = ctx.srv?;
+    // SAFETY: the upstream's configuration outlives its requests. The
+    // reference lasts for the call only, and the pool calls no request
+    // back within it (what it has for them it returns, for SINK).
+    Some(f(unsafe { &mut (*srv.as_ptr()).pool }))
 }

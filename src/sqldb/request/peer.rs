@@ -9,7 +9,7 @@ use std::mem;
 use std::ptr::NonNull;
 
 use super::error::{log_failure, ConnError, Failure};
-use super::{ctx_of, deliver_later, pool_of, Ctx, SINK};
+use super::{ctx_of, deliver_later, with_pool, Ctx, SINK};
 use crate::ffi::balancer::{self, Inner, Wrapper};
 use crate::ffi::*;
 use crate::sqldb::config::upstream::sqldb_srv_conf;
@@ -99,18 +99,18 @@ fn init(r: &mut Req, us: &mut ngx_http_upstream_srv_conf_t) -> ngx_int_t {
     if srv.balancer_init.is_none() {
         return ERROR;
     }
-    let Some(ctx) = ctx_of(r) else { return ERROR };
     let Some(balancer) = Inner::init(r, us, srv.balancer_init) else {
         return ERROR;
     };
     srv.pool.set_sink(&SINK);
     let pool = r.pool();
-    let Some(u) = r.upstream() else { return ERROR };
-    let peer = u.peer();
+    let Some(ctx) = ctx_of(r).map(NonNull::from) else {
+        return ERROR;
+    };
     let pd = PeerData {
         srv: NonNull::from(&mut *srv),
         balancer,
-        ctx: NonNull::from(&mut *ctx),
+        ctx,
         // SAFETY: all-zero is the initial state of nginx's connection and events.
         standin: unsafe { mem::zeroed() },
         host: us.host,
@@ -122,8 +122,12 @@ fn init(r: &mut Req, us: &mut ngx_http_upstream_srv_conf_t) -> ngx_int_t {
     // SAFETY: just allocated in the request's pool; nothing else refers to it yet.
     let pdm = unsafe { pd.as_mut() };
     pdm.standin.link();
+    let srv = pdm.srv;
+    let Some(ctx) = ctx_of(r) else { return ERROR };
     ctx.peer = Some(pd);
-    ctx.srv = Some(pdm.srv);
+    ctx.srv = Some(srv);
+    let Some(u) = r.upstream() else { return ERROR };
+    let peer = u.peer();
     // (No TLS session hooks: nginx never calls them for us, u->ssl stays off.)
     balancer::install(peer, pd, (false, false));
     OK
@@ -349,15 +353,13 @@ fn use_conn(pc: &mut ngx_peer_connection_t, pd: &mut PeerData, ctx: &mut Ctx, id
     AGAIN
 }
 
-/// nginx's upstream finalizes the request (a client that left, say).
-pub(super) extern "C" fn finalize_request(r: *mut ngx_http_request_t, _rc: ngx_int_t) {
-    // SAFETY: called by nginx's upstream with a live request.
-    let r = unsafe { Req::from_raw(r) };
-    guard(r.log(), "finalize_request", (), || {
+request_handler! {
+    /// nginx's upstream finalizes the request (a client that left, say).
+    pub(super) fn finalize_request(r, _rc) = ("finalize_request") {
         if let Some(ctx) = ctx_of(r) {
             ctx.done = true;
         }
-    })
+    }
 }
 
 /// Takes the request over from nginx's upstream code once a connection is
@@ -369,18 +371,20 @@ pub fn attach(r: &mut Req) {
 /// `attach`; `fresh_timer`: the request's timer starts now (else a timer
 /// already running goes on: a request that moves keeps its deadline).
 fn attach_with(r: &mut Req, fresh_timer: bool) {
+    let (log, rp) = (r.log(), r.as_ptr());
+    let lcf: &LocConf = r.loc_conf::<Sqldb>();
     let Some(ctx) = ctx_of(r) else { return };
     if ctx.done {
         return;
     }
     if let Some(why) = ctx.unmet.take() {
-        log!(NGX_LOG_ERR, r.log(), "sqldb: {why}");
+        log!(NGX_LOG_ERR, log, "sqldb: {why}");
         fail(r, HTTP_BAD_GATEWAY, false);
         return;
     }
     if let Some(name) = ctx.rejected.take() {
         let e = ConnError::NoConnection(name);
-        log_failure(r.log(), &e);
+        log_failure(log, &e);
         return fail(r, e.status(), false);
     }
     let (Some(conn), false) = (ctx.conn, ctx.done) else {
@@ -389,17 +393,18 @@ fn attach_with(r: &mut Req, fresh_timer: bool) {
     let Some(mut pd) = ctx.peer else { return };
     // SAFETY: the peer data lives in the request's pool; nothing else uses it now.
     let pd = unsafe { pd.as_mut() };
-    let lcf: &LocConf = r.loc_conf::<Sqldb>();
     let timer = pd.standin.timer();
     let keep = !fresh_timer && timer.timer_set();
     if !keep {
         pd.standin.clear(); // nginx's connect timer
     }
     timer.set_handler(Some(request_timer));
-    timer.set_log(r.log());
-    pd.standin.c.data = r.as_ptr().cast();
-    let Some(pool) = pool_of(ctx) else { return };
-    match pool.submit(conn, ctx.token, ctx.query.clone()) {
+    timer.set_log(log);
+    pd.standin.c.data = rp.cast();
+    let Some(submitted) = with_pool(ctx, |pool| pool.submit(conn, ctx.token, ctx.query.clone())) else {
+        return;
+    };
+    match submitted {
         Ok(Submitted::Sent) => {
             if let Some(st) = r.upstream().and_then(|u| u.state()) {
                 st.connect_time = 0;
@@ -441,33 +446,26 @@ pub fn started(r: &mut Req, connecting: bool) {
 /// dropped; with nobody left on the connection, its queries are cancelled.
 pub fn detach(ctx: &mut Ctx) {
     let Some(conn) = ctx.conn.take() else { return };
-    let Some(pool) = pool_of(ctx) else { return };
     debug!(
         Log::cycle(),
         "sqldb: request {} leaves connection",
         ctx.token.0.as_u64()
     );
-    deliver_later(pool.abandon(conn, ctx.token));
+    if let Some(out) = with_pool(ctx, |pool| pool.abandon(conn, ctx.token)) {
+        deliver_later(out);
+    }
 }
 
-/// A request's own timer (on its stand-in): connect or result timeout.
-extern "C" fn request_timer(ev: *mut ngx_event_t) {
-    // SAFETY: the stand-in's events carry it; its data is the live request.
-    let r = unsafe {
-        let Some(ev) = Event::from_raw(ev) else { return };
+request_event_handler! {
+    /// A request's own timer (on its stand-in, whose data is the request):
+    /// connect or result timeout.
+    fn request_timer(r, ev) = ("request_timer", panic: |r: &mut Req| fail(r, HTTP_INTERNAL_SERVER_ERROR, false), via connection) {
         ev.take_timedout();
-        let c = ev.data() as *mut ngx_connection_t;
-        Req::from_raw((*c).data as *mut ngx_http_request_t)
-    };
-    r.set_log_request();
-    // Taken now: the timeout finalizes the request, which frees it.
-    let posted = r.posted();
-    guard_request(r, "request_timer", |r| {
         let Some(ctx) = ctx_of(r) else { return };
         let (Some(conn), false) = (ctx.conn, ctx.done) else {
             return;
         };
-        let connecting = pool_of(ctx).is_some_and(|p| p.is_connecting(conn));
+        let connecting = with_pool(ctx, |p| p.is_connecting(conn)).unwrap_or(false);
         detach(ctx);
         let lcf: &LocConf = r.loc_conf::<Sqldb>();
         if connecting {
@@ -479,8 +477,7 @@ extern "C" fn request_timer(ev: *mut ngx_event_t) {
             log_failure(r.log(), &e);
             fail(r, e.status(), true);
         }
-    });
-    posted.run();
+    }
 }
 
 /// Runs the body of an entry point that serves one request; a panic ends
@@ -554,39 +551,40 @@ pub fn move_unsent(r: &mut Req) {
     if ctx.done {
         return;
     }
-    let (Some(pd), Some(srv)) = (ctx.peer, ctx.srv) else {
+    let (Some(_), Some(srv)) = (ctx.peer, ctx.srv) else {
         return;
     };
     ctx.unsent_moves += 1;
     if ctx.unsent_moves > UNSENT_MOVES {
         return next_after_stale(r);
     }
-    // SAFETY: the peer data lives in the request's pool, the upstream's
-    // configuration outlives its requests; nothing else uses them now.
-    let (_pd, srv) = unsafe { (&mut *pd.as_ptr(), &mut *srv.as_ptr()) };
-    let Some(u) = r.upstream() else { return };
-    let Some((addr, name)) = peer_server(u.peer(), srv) else {
+    // SAFETY: the upstream's configuration outlives its requests; nothing
+    // else uses it now.
+    let srv = unsafe { &mut *srv.as_ptr() };
+    let log = r.log();
+    let Some((addr, name)) = r.upstream().and_then(|u| peer_server(u.peer(), srv)) else {
         return next_after_stale(r);
     };
+    let Some(ctx) = ctx_of(r) else { return };
     let alone = ctx.query.alone();
     let (id, fresh) = match srv.pool.pick(Some(addr), &ctx.query) {
         Pick::Idle(id) | Pick::Share(id) | Pick::Behind(id) => (id, false),
         Pick::Reject => {
             let e = ConnError::NoConnection(name);
-            log_failure(r.log(), &e);
+            log_failure(log, &e);
             return fail(r, e.status(), false);
         }
         Pick::New => match srv.pool.open(addr, &srv.addrs[addr].conninfo, name, ctx.token, alone) {
             Ok(id) => (id, true),
             Err(OpenError::Connect(msg)) => {
-                log!(NGX_LOG_ERR, r.log(), "sqldb: {msg}");
+                log!(NGX_LOG_ERR, log, "sqldb: {msg}");
                 return next(r, HTTP_BAD_GATEWAY, NGX_HTTP_UPSTREAM_FT_ERROR);
             }
             Err(OpenError::Nginx(_)) => return fail(r, HTTP_INTERNAL_SERVER_ERROR, false),
         },
     };
     debug!(
-        r.log(),
+        log,
         "sqldb: request {} moves to another connection (not sent)",
         ctx.token.0.as_u64()
     );

@@ -27,20 +27,17 @@ fn token_of(d: &Delivery) -> ReqToken {
 
 /// One delivery of the driver, to its request (if it is still there).
 pub fn deliver(d: Delivery) {
-    let Some(r) = registry::lookup(token_of(&d)) else {
-        return;
-    };
-    // SAFETY: a registered request is live (it leaves the registry when its
-    // pool is destroyed); the driver is done with its event.
-    let r = unsafe { Req::from_raw(r.as_ptr()) };
-    r.set_log_request();
-    // Taken now: apply may finalize the request, which frees it.
-    let posted = r.posted();
-    guard_request(r, "sqldb delivery", |r| apply(r, d));
-    posted.run();
+    registry::with_request(token_of(&d), |r| {
+        r.set_log_request();
+        // Taken now: apply may finalize the request, which frees it.
+        let posted = r.posted();
+        guard_request(r, "sqldb delivery", |r| apply(r, d));
+        posted.run();
+    });
 }
 
 fn apply(r: &mut Req, d: Delivery) {
+    let log = r.log();
     let Some(ctx) = ctx_of(r) else { return };
     match d {
         Delivery::Started(_, connecting) => started(r, connecting),
@@ -61,14 +58,14 @@ fn apply(r: &mut Req, d: Delivery) {
         Delivery::Refused(_, why) => {
             ctx.conn = None;
             let e = ResultError::Refused(why);
-            log_failure(r.log(), &e);
+            log_failure(log, &e);
             fail(r, e.status(), false);
         }
         Delivery::Unfit(_, why) => {
             ctx.conn = None;
             crate::log!(
                 NGX_LOG_INFO,
-                r.log(),
+                log,
                 "sqldb: {why}, not what \"sqldb_target {}\" asks: trying another server",
                 ctx.query.target.get()
             );
@@ -78,10 +75,10 @@ fn apply(r: &mut Req, d: Delivery) {
             ctx.conn = None;
             let e = ConnError::Lost(lost, why);
             match ctx.streaming.as_ref().filter(|s| s.started()) {
-                Some(s) => super::stream::log_cut_short(r.log(), NGX_LOG_ERR, s.sent, &e),
+                Some(s) => super::stream::log_cut_short(log, NGX_LOG_ERR, s.sent, &e),
                 // Not sent: it moves on (the connection said why, once).
-                None if lost == Lost::NotSent => debug!(r.log(), "sqldb: {e}: the query moves on"),
-                None => log_failure(r.log(), &e),
+                None if lost == Lost::NotSent => debug!(log, "sqldb: {e}: the query moves on"),
+                None => log_failure(log, &e),
             }
             match lost {
                 Lost::NotSent => move_unsent(r),
@@ -114,7 +111,7 @@ fn complete(r: &mut Req) {
     }
     if let Some(err) = ctx.error.take() {
         let summary = err.error_summary();
-        vars::store(r, Var::Error, summary.as_bytes());
+        let stored = summary.clone();
         // A value the server cannot read as its parameter's type is the
         // client's mistake: 400, logged as client errors are.
         // The role cannot be set: it does not exist (22023), or the login
@@ -135,6 +132,7 @@ fn complete(r: &mut Req) {
         } else {
             ResultError::Query(summary)
         };
+        vars::store(r, Var::Error, stored.as_bytes());
         return fail_with(r, e);
     }
     let Some(res) = ctx.last.take() else {

@@ -6,7 +6,7 @@
 use gateway_core::formats::{Stream, StreamFormat};
 
 use super::peer::{fail, finish_upstream, timer_of};
-use super::{ctx_of, pool_of, vars, SINK};
+use super::{ctx_of, vars, with_pool, SINK};
 use crate::ffi::buf::Reuse;
 use crate::ffi::*;
 use crate::log;
@@ -156,22 +156,31 @@ impl Streaming {
 /// A row of the request's query (the driver is reading): streamed, and
 /// whether the driver should pause for the client.
 pub fn row(r: &mut Req, res: &PgResult) -> RowVerdict {
+    let lcf: &LocConf = r.loc_conf::<Sqldb>();
     let Some(ctx) = ctx_of(r) else {
         return RowVerdict::Continue;
     };
-    let lcf: &LocConf = r.loc_conf::<Sqldb>();
     let format = ctx.stream_format.unwrap_or(StreamFormat::Rds);
-    let s = ctx
+    // Taken out while the row goes to the client, and put back.
+    let mut s = ctx
         .streaming
-        .get_or_insert_with(|| Streaming::new(format, lcf.output()));
-    match s.row(r, res) {
+        .take()
+        .unwrap_or_else(|| Streaming::new(format, lcf.output()));
+    let sent = s.row(r, res);
+    if sent.is_err() {
+        s.discard = true;
+    }
+    let Some(ctx) = ctx_of(r) else {
+        return RowVerdict::Continue;
+    };
+    ctx.streaming = Some(s);
+    match sent {
         Ok(false) => RowVerdict::Continue,
         Ok(true) => {
             pause(r);
             RowVerdict::Pause
         }
         Err(CutShort) => {
-            s.discard = true;
             ctx.stream_failed = true;
             RowVerdict::Continue
         }
@@ -181,11 +190,12 @@ pub fn row(r: &mut Req, res: &PgResult) -> RowVerdict {
 /// The client is behind: its pace now, not the database's (the request's
 /// timer stops; nginx's send_timeout runs on the client's write event).
 fn pause(r: &mut Req) {
+    let saved = r.write_handler();
     let Some(ctx) = ctx_of(r) else { return };
     if let Some(timer) = timer_of(ctx) {
         timer.del_timer();
     }
-    ctx.saved_write_handler = r.write_handler();
+    ctx.saved_write_handler = saved;
     r.set_write_handler(Some(stream_resume));
     r.wait_client_writable();
 }
@@ -199,8 +209,8 @@ request_handler! {
 }
 
 fn resume(r: &mut Req) {
-    let Some(ctx) = ctx_of(r) else { return };
-    if ctx.done {
+    let lcf: &LocConf = r.loc_conf::<Sqldb>();
+    if ctx_of(r).is_none_or(|c| c.done) {
         return;
     }
     let wev = r.client_write();
@@ -214,8 +224,14 @@ fn resume(r: &mut Req) {
         fail(r, HTTP_REQUEST_TIME_OUT, false);
         return;
     }
-    let Some(s) = ctx.streaming.as_mut() else { return };
-    match s.flush(r, false) {
+    // Taken out while what is pending goes to the client, and put back.
+    let Some(mut s) = ctx_of(r).and_then(|c| c.streaming.take()) else {
+        return;
+    };
+    let flushed = s.flush(r, false);
+    let Some(ctx) = ctx_of(r) else { return };
+    ctx.streaming = Some(s);
+    match flushed {
         Err(CutShort) => {
             ctx.stream_failed = true;
             fail(r, HTTP_INTERNAL_SERVER_ERROR, false);
@@ -227,17 +243,18 @@ fn resume(r: &mut Req) {
         }
         Ok(false) => {}
     }
+    let saved = ctx.saved_write_handler;
     r.client_caught_up();
-    r.set_write_handler(ctx.saved_write_handler);
+    r.set_write_handler(saved);
+    let Some(ctx) = ctx_of(r) else { return };
     let Some(conn) = ctx.conn else { return };
-    let lcf: &LocConf = r.loc_conf::<Sqldb>();
     if let Some(timer) = timer_of(ctx) {
         timer.add_timer(lcf.result_timeout);
     }
     // Results libpq already holds, then the socket's.
-    let Some(pool) = pool_of(ctx) else { return };
-    let out = pool.resume(conn);
-    SINK.deliver(out);
+    if let Some(out) = with_pool(ctx, |pool| pool.resume(conn)) {
+        SINK.deliver(out);
+    }
 }
 
 /// Every row is in (or the query failed after rows went out).
@@ -246,7 +263,6 @@ pub fn complete(r: &mut Req) {
     // Taken out: the steps below take the context anew.
     let Some(mut s) = ctx.streaming.take() else { return };
     let (rows, sent) = (s.enc.rows(), s.sent);
-    vars::store(r, Var::Rows, rows.to_string().as_bytes());
     // A client that could not take the rows (it left) is the client's
     // doing: info, as nginx logs those.
     let failed = match ctx.error.take() {
@@ -254,6 +270,7 @@ pub fn complete(r: &mut Req) {
         None if ctx.stream_failed => Some(("sending the rows to the client failed".to_owned(), NGX_LOG_INFO)),
         None => None,
     };
+    vars::store(r, Var::Rows, rows.to_string().as_bytes());
     if let Some((why, level)) = failed {
         vars::store(r, Var::Error, why.as_bytes());
         log_cut_short(r.log(), level, sent, &why);

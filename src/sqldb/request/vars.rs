@@ -113,23 +113,15 @@ fn escape(r: &mut Req) -> ngx_int_t {
     DECLINED
 }
 
-/// `$sqldb_jwt_claim_NAME`: the claim NAME of the request's verified token
-/// (a string as it is, another value as JSON); not found without one, and
-/// for a value with a control character (CR and LF in a header line would
-/// start another header).
-pub(crate) extern "C" fn claim_variable(
-    r: *mut ngx_http_request_t,
-    v: *mut ngx_variable_value_t,
-    data: usize,
-) -> ngx_int_t {
-    // SAFETY: nginx passes a live request to a variable's getter.
-    let r = unsafe { Req::from_raw(r) };
-    guard(r.log(), "claim_variable", ERROR, || {
+variable_handler! {
+    /// `$sqldb_jwt_claim_NAME`: the claim NAME of the request's verified
+    /// token (a string as it is, another value as JSON); not found without
+    /// one, and for a value with a control character (CR and LF in a header
+    /// line would start another header).
+    pub(crate) fn claim_variable(r, v, data) = "claim_variable", {
         // SAFETY: for a prefix variable nginx passes the variable's whole
-        // name (an ngx_str_t of the configuration) as data; and the value
-        // slot to fill.
-        let (name, v) = unsafe { ((data as *const ngx_str_t).as_ref(), v.as_mut()) };
-        let Some(v) = v else { return ERROR };
+        // name (an ngx_str_t of the configuration) as data.
+        let name = unsafe { (data as *const ngx_str_t).as_ref() };
         let claim = name
             .and_then(|n| {
                 n.as_bytes()
@@ -144,5 +136,5 @@ pub(crate) extern "C" fn claim_variable(
             None => v.set_not_found(1),
         }
         OK
-    })
+    }
 }

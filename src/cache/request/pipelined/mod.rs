@@ -6,7 +6,6 @@
 //! started; its `$upstream_*` states are kept the same way, and a failure
 //! goes to the next server by the rules of `cache_next_upstream`.
 
-use std::ffi::c_void;
 use std::rc::Rc;
 
 use gateway_core::pubsub;
@@ -119,7 +118,7 @@ impl SharedReq {
     }
 }
 
-fn shared_of<'a>(r: &Req) -> Option<&'a mut SharedReq> {
+fn shared_of(r: &mut Req) -> Option<&mut SharedReq> {
     ctx_of(r)?.shared.as_deref_mut()
 }
 
@@ -151,7 +150,7 @@ pub fn start(r: &mut Req, block: Option<&ngx_http_upstream_srv_conf_t>) -> Optio
     let s = shared_of(r)?;
     s.timer = Some(ev);
     s.tls = tls;
-    if !r.add_cleanup(cleanup, r.as_ptr().cast()) {
+    if !r.add_request_cleanup(cleanup) {
         return None;
     }
     let command = ctx_of(r)?.command;
@@ -250,6 +249,7 @@ const MAX_MOVES: u8 = 4;
 /// Queues the request's commands on connection `id` (or asks about its
 /// database first), and starts its timer.
 fn place(r: &mut Req, id: PipeId) {
+    let lcf: &CacheLocConf = r.loc_conf::<Cache>();
     let Some(ctx) = ctx_of(r) else { return };
     let Some(s) = ctx.shared.as_deref_mut() else { return };
     let want = ctx.db.unwrap_or(0);
@@ -326,7 +326,6 @@ fn place(r: &mut Req, id: PipeId) {
         Placed::On { connecting } => connecting,
     };
     s.conn = Some(id);
-    let lcf: &CacheLocConf = r.loc_conf::<Cache>();
     if let Some(t) = s.timer {
         if !t.timer_set() {
             s.timer_connecting = connecting;
@@ -343,8 +342,6 @@ fn place(r: &mut Req, id: PipeId) {
 /// request was to use closed before its commands went on it: not the
 /// server's failure).
 fn again(r: &mut Req) {
-    let Some(ctx) = ctx_of(r) else { return };
-    let Some(s) = ctx.shared.as_deref() else { return };
     // (A copy on the stack: a socket address is at most 128 bytes.)
     let mut room = [0u8; 128];
     let Some(len) = r.upstream().and_then(|u| u.peer_addr()).and_then(|(a, _)| {
@@ -354,11 +351,13 @@ fn again(r: &mut Req) {
     }) else {
         return end(r, HTTP_INTERNAL_SERVER_ERROR);
     };
+    let lcf: &CacheLocConf = r.loc_conf::<Cache>();
+    let Some(ctx) = ctx_of(r) else { return };
     // (A password Redis refused meanwhile: no new connection for it.)
     if ctx.auth_key.is_some_and(authfail::blocked) {
         return end(r, HTTP_BAD_GATEWAY);
     }
-    let lcf: &CacheLocConf = r.loc_conf::<Cache>();
+    let Some(s) = ctx.shared.as_deref() else { return };
     let to = Endpoint {
         addr: &room[..len],
         auth: ctx.auth.as_deref(),
@@ -453,7 +452,8 @@ fn end(r: &mut Req, status: ngx_int_t) {
         s.paused = false;
         release_held(s);
         if std::mem::take(&mut s.behind) {
-            r.set_write_handler(s.saved_write_handler);
+            let saved = s.saved_write_handler;
+            r.set_write_handler(saved);
         }
     }
     r.finalize(if started { ERROR } else { status });
@@ -535,18 +535,11 @@ fn next(r: &mut Req, ft: u32, sent: bool, reused: bool) {
     dispatch(r);
 }
 
-/// The request's timer: its replies are late.
-extern "C" fn timer_event(ev: *mut ngx_event_t) {
-    // SAFETY: the timer's data is its live request (the cleanup stops the
-    // timer before the request goes).
-    let r = unsafe {
-        let Some(ev) = Event::from_raw(ev) else { return };
+request_event_handler! {
+    /// The request's timer (the cleanup stops it before the request goes):
+    /// its replies are late.
+    fn timer_event(r, ev) = ("cache timer", panic: |r: &mut Req| end(r, HTTP_INTERNAL_SERVER_ERROR)) {
         ev.take_timedout();
-        Req::from_raw(ev.data() as *mut ngx_http_request_t)
-    };
-    r.set_log_request();
-    let posted = r.posted();
-    guard_request(r, "cache timer", |r| {
         let Some(s) = shared_of(r) else { return };
         if s.done {
             return;
@@ -568,16 +561,12 @@ extern "C" fn timer_event(ev: *mut ngx_event_t) {
             return end(r, ERROR);
         }
         next(r, NGX_HTTP_UPSTREAM_FT_TIMEOUT, true, false);
-    });
-    posted.run();
+    }
 }
 
-/// nginx ends the request (a client gone, say) or frees it.
-extern "C" fn cleanup(data: *mut c_void) {
-    // SAFETY: the data is the request the cleanup was added for; it is
-    // live while its cleanups run.
-    let r = unsafe { Req::from_raw(data as *mut ngx_http_request_t) };
-    guard(r.log(), "cache cleanup", (), || {
+request_cleanup_handler! {
+    /// nginx ends the request (a client gone, say) or frees it.
+    fn cleanup(r) = "cache cleanup", {
         let Some(s) = shared_of(r) else { return };
         let was_done = std::mem::replace(&mut s.done, true);
         if let Some(t) = s.handle.who.get() {
@@ -589,5 +578,5 @@ extern "C" fn cleanup(data: *mut c_void) {
         if !was_done {
             finish_try(r, NGX_HTTP_CLIENT_CLOSED_REQUEST as ngx_int_t, 0);
         }
-    })
+    }
 }

@@ -8,8 +8,7 @@ use super::*;
 request_handler! {
     /// The client took what was pending: the connection reads on.
     pub(super) fn client_writable(r) = ("cache client_writable", panic: |r: &mut Req| end(r, HTTP_INTERNAL_SERVER_ERROR)) {
-        let Some(s) = shared_of(r) else { return };
-        if s.done {
+        if shared_of(r).is_none_or(|s| s.done) {
             return;
         }
         let wev = r.client_write();
@@ -21,6 +20,7 @@ request_handler! {
         let pool = r.pool();
         // SAFETY: null: only what is pending goes on.
         let rc = unsafe { r.output_filter(std::ptr::null_mut()) };
+        let Some(s) = shared_of(r) else { return };
         s.bufs.update(pool, std::ptr::null_mut());
         if rc == ERROR {
             return end(r, ERROR);
@@ -29,16 +29,18 @@ request_handler! {
             r.wait_client_writable();
             return;
         }
-        r.client_caught_up();
         release_held(s);
         s.behind = false;
-        r.set_write_handler(s.saved_write_handler);
-        if std::mem::take(&mut s.paused) {
+        let saved = s.saved_write_handler;
+        let (paused, timer, conn) = (std::mem::take(&mut s.paused), s.timer, s.conn);
+        r.client_caught_up();
+        r.set_write_handler(saved);
+        if paused {
             let lcf: &CacheLocConf = r.loc_conf::<Cache>();
-            if let Some(t) = s.timer {
+            if let Some(t) = timer {
                 t.add_timer(lcf.upstream.read_timeout);
             }
-            if let Some(id) = s.conn {
+            if let Some(id) = conn {
                 driver::pipes().with(id, |c| c.resume());
             }
         }
@@ -46,7 +48,8 @@ request_handler! {
 }
 
 /// The status and headers of the answer, once (`head`).
-fn send_head(r: &mut Req, s: &mut SharedReq) {
+fn send_head(r: &mut Req) {
+    let Some(s) = shared_of(r) else { return };
     let Some((status, length, value)) = s.head.take() else {
         return;
     };
@@ -57,7 +60,9 @@ fn send_head(r: &mut Req, s: &mut SharedReq) {
         r.allow_ranges();
     }
     let rc = r.send_header();
-    if rc == ERROR || rc > OK || r.header_only() {
+    let header_only = r.header_only();
+    let Some(s) = shared_of(r) else { return };
+    if rc == ERROR || rc > OK || header_only {
         s.discard = true;
     }
     if rc > OK {
@@ -71,12 +76,9 @@ pub(super) fn release_held(s: &mut SharedReq) {
     HELD.set(HELD.get().saturating_sub(held));
 }
 
-/// The request of a handle, while it is there.
-fn request_of<'a>(who: &Handle) -> Option<&'a mut Req> {
-    let r = token::lookup(who.who.get()?)?;
-    // SAFETY: a registered request is live (its cleanup takes it out of
-    // the registry, before its pool goes).
-    Some(unsafe { Req::from_raw(r.as_ptr()) })
+/// Runs `f` with the request of a handle, while it is there.
+fn with_request<T>(who: &Handle, f: impl FnOnce(&mut Req) -> T) -> Option<T> {
+    token::with_request(who.who.get()?, f)
 }
 
 /// The pipelined requests, as the driver's connections call them.
@@ -86,103 +88,29 @@ pub(super) static REQUEST_SIDE: RequestSide = RequestSide;
 
 impl Sink for RequestSide {
     fn answer(&self, who: &Handle, status: u16, value: Option<u64>, count: Option<i64>) {
-        let Some(r) = request_of(who) else { return };
-        guard(r.log(), "cache answer", (), || {
-            let Some(s) = shared_of(r) else { return };
-            let lcf: &CacheLocConf = r.loc_conf::<Cache>();
-            let tries = r.upstream().map_or(0, |u| *u.tries());
-            if status == 404
-                && lcf.upstream.next_upstream & NGX_HTTP_UPSTREAM_FT_HTTP_404 as ngx_uint_t != 0
-                && tries > 1
-            {
-                s.retry_404 = true;
-                return;
-            }
-            if status == 404 {
-                // As for nginx's upstreams here (intercepted): nginx's own
-                // 404 page, or the location's error_page 404.
-                s.intercept = Some(NGX_HTTP_NOT_FOUND as ngx_int_t);
-                return;
-            }
-            if let Some(u) = r.upstream() {
-                let elapsed = u.elapsed();
-                if let Some(st) = u.state() {
-                    st.header_time = elapsed;
-                    st.status = ngx_uint_t::from(status);
-                    if st.connect_time == ngx_msec_t::MAX {
-                        st.connect_time = 0;
-                    }
-                }
-            }
-            s.count = count;
-            let length = match (value, count) {
-                (Some(n), _) => n as off_t,
-                (None, Some(n)) => pubsub::receivers_json(n).len() as off_t,
-                (None, None) => 0,
-            };
-            // The header goes out with the first bytes of the value (or at
-            // the end): until then a failure is still a status of its own.
-            s.head = Some((status, length, value.is_some()));
-        })
+        with_request(who, |r| {
+            guard(r.log(), "cache answer", (), || answer(r, status, value, count))
+        });
     }
 
     fn progress(&self, who: &Handle) {
-        let Some(r) = request_of(who) else { return };
-        let Some(s) = shared_of(r) else { return };
-        if s.done || s.paused {
-            return;
-        }
-        let lcf: &CacheLocConf = r.loc_conf::<Cache>();
-        if let Some(t) = s.timer {
-            t.add_timer(lcf.upstream.read_timeout);
-        }
+        with_request(who, |r| {
+            let lcf: &CacheLocConf = r.loc_conf::<Cache>();
+            let Some(s) = shared_of(r) else { return };
+            if s.done || s.paused {
+                return;
+            }
+            if let Some(t) = s.timer {
+                t.add_timer(lcf.upstream.read_timeout);
+            }
+        });
     }
 
     fn value(&self, who: &Handle, bytes: &[u8], others: bool) -> bool {
-        let Some(r) = request_of(who) else { return false };
-        guard(r.log(), "cache value", false, || {
-            let Some(s) = shared_of(r) else { return false };
-            s.length += bytes.len() as u64;
-            send_head(r, s);
-            if s.discard || !s.started {
-                return false;
-            }
-            let pool = r.pool();
-            let Some(out) = s.bufs.fill(pool, bytes, None, BATCH) else {
-                s.discard = true;
-                return false;
-            };
-            // SAFETY: a chain of the request's pool (fill).
-            let rc = unsafe { r.output_filter(out) };
-            s.bufs.update(pool, out);
-            if rc == ERROR {
-                s.discard = true;
-                return false;
-            }
-            if s.bufs.busy() <= MAX_PENDING {
-                return false;
-            }
-            if !s.behind {
-                // The client is behind: its pace now for what is pending
-                // (nginx's send_timeout).
-                s.behind = true;
-                s.saved_write_handler = r.write_handler();
-                r.set_write_handler(Some(client_writable));
-                r.wait_client_writable();
-            }
-            // Others wait after it on the connection: held for the client,
-            // up to the worker's limit.
-            if others && HELD.get() + bytes.len() <= HOLD_MAX {
-                HELD.set(HELD.get() + bytes.len());
-                s.held += bytes.len();
-                return false;
-            }
-            s.paused = true;
-            if let Some(t) = s.timer {
-                t.del_timer();
-            }
-            true
+        with_request(who, |r| {
+            guard(r.log(), "cache value", false, || value(r, bytes, others))
         })
+        .unwrap_or(false)
     }
 
     fn deliver(&self, out: Vec<Outcome>) {
@@ -190,49 +118,143 @@ impl Sink for RequestSide {
             let who = match &d {
                 Outcome::Connected(h) | Outcome::Done(h) | Outcome::Probed(h, _) | Outcome::Failed(h, _) => h.clone(),
             };
-            let Some(r) = request_of(&who) else { continue };
-            let posted = r.posted();
-            let entry = if matches!(d, Outcome::Connected(_)) {
-                "cache connected"
-            } else {
-                "cache reply"
-            };
-            guard_request(r, entry, |r| match d {
-                Outcome::Connected(_) => connected(r),
-                Outcome::Done(_) => done(r),
-                Outcome::Probed(_, Ok(())) => {
-                    if let Some(id) = shared_of(r).and_then(|s| s.conn) {
-                        place(r, id);
-                    }
-                }
-                Outcome::Probed(_, Err(message)) => {
-                    let db = ctx_of(r).and_then(|c| c.db).unwrap_or_default();
-                    log!(
-                        NGX_LOG_INFO,
-                        r.log(),
-                        "cache: redis refused SELECT {db} (\"$cache_db\"): {}",
-                        String::from_utf8_lossy(&message)
-                    );
-                    // The client's mistake; the server answered.
-                    if let Some(s) = shared_of(r) {
-                        s.conn = None;
-                    }
-                    if r.has_error_page(HTTP_BAD_REQUEST) {
-                        end(r, HTTP_BAD_REQUEST);
-                    } else {
-                        respond_empty(r, HTTP_BAD_REQUEST);
-                    }
-                }
-                Outcome::Failed(_, f) => failed(r, f),
+            with_request(&who, |r| {
+                let posted = r.posted();
+                let entry = if matches!(d, Outcome::Connected(_)) {
+                    "cache connected"
+                } else {
+                    "cache reply"
+                };
+                guard_request(r, entry, |r| outcome(r, d));
+                posted.run();
             });
-            posted.run();
         }
+    }
+}
+
+/// The command's reply is in: the answer's status, or another try.
+fn answer(r: &mut Req, status: u16, value: Option<u64>, count: Option<i64>) {
+    let lcf: &CacheLocConf = r.loc_conf::<Cache>();
+    let tries = r.upstream().map_or(0, |u| *u.tries());
+    let Some(s) = shared_of(r) else { return };
+    if status == 404 && lcf.upstream.next_upstream & NGX_HTTP_UPSTREAM_FT_HTTP_404 as ngx_uint_t != 0 && tries > 1 {
+        s.retry_404 = true;
+        return;
+    }
+    if status == 404 {
+        // As for nginx's upstreams here (intercepted): nginx's own 404
+        // page, or the location's error_page 404.
+        s.intercept = Some(NGX_HTTP_NOT_FOUND as ngx_int_t);
+        return;
+    }
+    s.count = count;
+    let length = match (value, count) {
+        (Some(n), _) => n as off_t,
+        (None, Some(n)) => pubsub::receivers_json(n).len() as off_t,
+        (None, None) => 0,
+    };
+    // The header goes out with the first bytes of the value (or at the
+    // end): until then a failure is still a status of its own.
+    s.head = Some((status, length, value.is_some()));
+    if let Some(u) = r.upstream() {
+        let elapsed = u.elapsed();
+        if let Some(st) = u.state() {
+            st.header_time = elapsed;
+            st.status = ngx_uint_t::from(status);
+            if st.connect_time == ngx_msec_t::MAX {
+                st.connect_time = 0;
+            }
+        }
+    }
+}
+
+/// Bytes of the value: on to the client. True when the connection must
+/// pause (the client is behind and no more can be held for it).
+fn value(r: &mut Req, bytes: &[u8], others: bool) -> bool {
+    let pool = r.pool();
+    let Some(s) = shared_of(r) else { return false };
+    s.length += bytes.len() as u64;
+    send_head(r);
+    let Some(s) = shared_of(r) else { return false };
+    if s.discard || !s.started {
+        return false;
+    }
+    let Some(out) = s.bufs.fill(pool, bytes, None, BATCH) else {
+        s.discard = true;
+        return false;
+    };
+    // SAFETY: a chain of the request's pool (fill).
+    let rc = unsafe { r.output_filter(out) };
+    let Some(s) = shared_of(r) else { return false };
+    s.bufs.update(pool, out);
+    if rc == ERROR {
+        s.discard = true;
+        return false;
+    }
+    if s.bufs.busy() <= MAX_PENDING {
+        return false;
+    }
+    if !std::mem::replace(&mut s.behind, true) {
+        // The client is behind: its pace now for what is pending (nginx's
+        // send_timeout).
+        let saved = r.write_handler();
+        if let Some(s) = shared_of(r) {
+            s.saved_write_handler = saved;
+        }
+        r.set_write_handler(Some(client_writable));
+        r.wait_client_writable();
+    }
+    let Some(s) = shared_of(r) else { return false };
+    // Others wait after it on the connection: held for the client, up to
+    // the worker's limit.
+    if others && HELD.get() + bytes.len() <= HOLD_MAX {
+        HELD.set(HELD.get() + bytes.len());
+        s.held += bytes.len();
+        return false;
+    }
+    s.paused = true;
+    if let Some(t) = s.timer {
+        t.del_timer();
+    }
+    true
+}
+
+/// What the connection reports of the request's exchange.
+fn outcome(r: &mut Req, d: Outcome) {
+    match d {
+        Outcome::Connected(_) => connected(r),
+        Outcome::Done(_) => done(r),
+        Outcome::Probed(_, Ok(())) => {
+            if let Some(id) = shared_of(r).and_then(|s| s.conn) {
+                place(r, id);
+            }
+        }
+        Outcome::Probed(_, Err(message)) => {
+            let db = ctx_of(r).and_then(|c| c.db).unwrap_or_default();
+            log!(
+                NGX_LOG_INFO,
+                r.log(),
+                "cache: redis refused SELECT {db} (\"$cache_db\"): {}",
+                String::from_utf8_lossy(&message)
+            );
+            // The client's mistake; the server answered.
+            if let Some(s) = shared_of(r) {
+                s.conn = None;
+            }
+            if r.has_error_page(HTTP_BAD_REQUEST) {
+                end(r, HTTP_BAD_REQUEST);
+            } else {
+                respond_empty(r, HTTP_BAD_REQUEST);
+            }
+        }
+        Outcome::Failed(_, f) => failed(r, f),
     }
 }
 
 /// The connection the request waited for is made: its commands go out,
 /// and its reply is due within `cache_read_timeout`.
 fn connected(r: &mut Req) {
+    let lcf: &CacheLocConf = r.loc_conf::<Cache>();
     let Some(s) = shared_of(r) else { return };
     if s.done || s.paused {
         return;
@@ -240,7 +262,6 @@ fn connected(r: &mut Req) {
     // The connect timeout gives way to the read timeout, once per try (a
     // request that moves to another connection keeps its deadline).
     if std::mem::take(&mut s.timer_connecting) {
-        let lcf: &CacheLocConf = r.loc_conf::<Cache>();
         if let Some(t) = s.timer {
             t.del_timer();
             t.add_timer(lcf.upstream.read_timeout);
@@ -274,9 +295,13 @@ fn done(r: &mut Req) {
     }
     let status = r.status() as ngx_int_t;
     finish_try(r, status, 0);
+    if let Some(s) = shared_of(r) {
+        s.done = true;
+    }
+    send_head(r);
+    let header_only = r.header_only();
+    let (pool, main) = (r.pool(), r.is_main());
     let Some(s) = shared_of(r) else { return };
-    s.done = true;
-    send_head(r, s);
     if !s.started {
         // (Cannot be: every exchange answers before it ends.)
         r.finalize(HTTP_BAD_GATEWAY);
@@ -285,7 +310,7 @@ fn done(r: &mut Req) {
     if s.discard {
         let rc = match s.refused_head {
             Some(status) => status,
-            None if r.header_only() => OK,
+            None if header_only => OK,
             None => ERROR,
         };
         r.finalize(rc);
@@ -293,8 +318,6 @@ fn done(r: &mut Req) {
     }
     let rc = match s.count {
         Some(n) => {
-            let pool = r.pool();
-            let main = r.is_main();
             match s.bufs.fill(pool, &pubsub::receivers_json(n), Some(main), BATCH) {
                 // SAFETY: a chain of the request's pool (fill).
                 Some(out) => unsafe { r.output_filter(out) },
