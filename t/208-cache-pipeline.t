@@ -356,13 +356,17 @@ sub value_for { my ($tag, $len) = @_; my $v = "<$tag>"; $v .= chr(97 + length($v
     is(calls_of($stats, 'get'), 40, 'each GET ran once');
 
     # Alternating databases, one request after the other: a SELECT for
-    # each change, never one for a request that stays.
+    # each change at most, never one for a request that stays (fewer when
+    # the pool has a connection in each database already: a slow machine
+    # keeps more of them open).
     redis_cli($authd, 'CONFIG', 'RESETSTAT');
     @r = map { $_ % 2 ? req('GET', '/a/?k=five&db=5') : req('GET', '/a/?k=five') } 1 .. 20;
     is_deeply([map { $_->{status} } @r], [map { $_ % 2 ? 200 : 404 } 1 .. 20], 'alternating databases 5 and 0: each in its own');
     $stats = redis_cli($authd, 'INFO', 'commandstats');
     $selects = calls_of($stats, 'select');
-    ok($selects >= 19 && $selects <= 20, "one SELECT per change of database ($selects for 20 requests)");
+    $used = redis_info($authd, 'clients', 'connected_clients') - 1;
+    ok($selects <= 20 && ($used > 1 || $selects >= 19),
+        "one SELECT per change of database at most ($selects for 20 requests, $used connections open)");
 }
 
 # --- 3. a hostile reply in the middle of a pipeline -------------------------
