@@ -140,7 +140,7 @@ fault: $(DEB_BUILD)/objs/ngx_auto_config.h FORCE
 # With debug logging (--with-debug), so that the suites see the module's
 # debug traces on one of the two builds.
 vendored: build-deps FORCE
-	$(call cargo_module,NGX_CONFIGURE_ARGS=--with-debug,--features vendored,$(VEN_MODULE))
+	$(call cargo_module,NGX_CONFIGURE_ARGS="--with-debug --with-threads",--features vendored,$(VEN_MODULE))
 	cp "$$(cat $(MODULE_TARGET)/release/nginx-build-dir)/nginx" $(VEN_NGINX)
 
 unittest:

@@ -1,10 +1,10 @@
-"""Head-of-line check for `make bench`: fast requests while one query runs
-for a second on the same upstream.
+"""Head-of-line check for `make bench`: fast requests while SLOW queries
+(default 1) run for a second each on the same upstream.
 
-    python3 hol.py BASE_URL COUNT CONCURRENCY
+    python3 hol.py BASE_URL COUNT CONCURRENCY [SLOW]
 
-Two rounds: the slow request goes first and the fast ones start 50 ms
-later; then the fast ones run and the slow one joins them in the middle.
+Two rounds: the slow requests go first and the fast ones start 50 ms
+later; then the fast ones run and the slow ones join them in the middle.
 Prints the fast requests' latency percentiles of each round."""
 
 import http.client
@@ -22,7 +22,7 @@ def get(conn, path):
     return resp.status, time.monotonic() - start
 
 
-def fast_requests(base, count, concurrency, slow_at=None):
+def fast_requests(base, count, concurrency, slow_at=None, slow_count=1):
     host = urllib.parse.urlsplit(base).netloc
     latencies = []
     lock = threading.Lock()
@@ -38,7 +38,8 @@ def fast_requests(base, count, concurrency, slow_at=None):
             if i >= count:
                 break
             if slow_at is not None and i == slow_at:
-                threading.Thread(target=slow, daemon=True).start()
+                for _ in range(slow_count):
+                    threading.Thread(target=slow, daemon=True).start()
             status, took = get(conn, "/b?id=%d" % (i % 10000 + 1))
             with lock:
                 latencies.append(took)
@@ -52,8 +53,8 @@ def fast_requests(base, count, concurrency, slow_at=None):
         conn.close()
 
     if slow_at is None:
-        t = threading.Thread(target=slow, daemon=True)
-        t.start()
+        for _ in range(slow_count):
+            threading.Thread(target=slow, daemon=True).start()
         time.sleep(0.05)
     threads = [threading.Thread(target=worker) for _ in range(concurrency)]
     for t in threads:
@@ -68,12 +69,13 @@ def fast_requests(base, count, concurrency, slow_at=None):
 
 def main():
     base, count, concurrency = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    slow_count = int(sys.argv[4]) if len(sys.argv) > 4 else 1
     # Warm the pool, then let the connections settle.
     fast_requests(base, 50, concurrency, slow_at=10**9)
-    p50, p99, mx, bad = fast_requests(base, count, concurrency)
+    p50, p99, mx, bad = fast_requests(base, count, concurrency, slow_count=slow_count)
     print("p99 %.2f ms, p50 %.2f ms, max %.1f ms, %d failed (slow query first);" % (p99, p50, mx, bad), end=" ")
-    time.sleep(1.2)
-    p50, p99, mx, bad = fast_requests(base, count, concurrency, slow_at=count // 4)
+    time.sleep(1.2 if slow_count == 1 else 2.2)
+    p50, p99, mx, bad = fast_requests(base, count, concurrency, slow_at=count // 4, slow_count=slow_count)
     print("p99 %.2f ms, p50 %.2f ms, max %.1f ms, %d failed (slow query joins mid-way)" % (p99, p50, mx, bad))
 
 

@@ -28,6 +28,7 @@ location /q { sqldb_pass database; sqldb_output value; sqldb_query "select 'one'
 ["one", "one"]
 --- error_log eval
 [qr/\[debug\].*sqldb: connection #\d+ opened/,
+ qr/\[debug\].*sqldb: a step of connection #\d+'s connect runs on a thread/,
  qr/\[debug\].*sqldb: connection #\d+ to \S+ is up \(backend \d+\)/,
  qr/\[debug\].*sqldb: pool picks idle connection #\d+/,
  qr/\[debug\].*sqldb: connection #\d+: Final routed: Result\(/,

@@ -258,6 +258,27 @@ impl Socket {
         self.get_mut().fd = -1;
     }
 
+    /// Gives the nginx connection back while its socket stays open for a
+    /// while yet (its owner closes it later): the socket leaves the event
+    /// module's watch now.
+    pub fn release_open(self) {
+        let (read, write) = (self.read(), self.write());
+        read.clear();
+        write.clear();
+        // SAFETY: the event module's actions are set; the events are live.
+        unsafe {
+            for (ev, what) in [(read, READ_EVENT), (write, WRITE_EVENT)] {
+                if ev.get().active() != 0 {
+                    if let Some(del) = ngx_event_actions.del {
+                        del(ev.as_ptr(), what as ngx_int_t, 0);
+                    }
+                }
+            }
+            ngx_free_connection(self.as_ptr());
+        }
+        self.get_mut().fd = -1;
+    }
+
     /// Closes the connection and its socket.
     pub fn close(self) {
         // SAFETY: the connection and its socket are the module's own.

@@ -17,6 +17,7 @@ pub mod pool;
 pub mod request;
 pub mod shm;
 pub mod ssl;
+pub mod thread;
 pub mod upstream;
 
 use std::ffi::c_char;

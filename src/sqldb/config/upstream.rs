@@ -291,10 +291,20 @@ conf_step_handler! {
 
 fn postconfigure<E: Entries>(cf: Conf) -> Result<(), ConfError> {
     let upstreams = cf.upstreams();
+    let mut wants_threads = true;
     for &uscf in upstreams {
         // SAFETY: the upstream module's configurations live as long as the configuration.
         let Some(u) = (unsafe { uscf.as_mut() }) else { continue };
         let Some(srv) = sqldb_srv_conf(u) else { continue };
+        // Connections are made with their password's proof computed on a
+        // thread (driver::events): nginx's default pool, when it has one.
+        if std::mem::take(&mut wants_threads) && !crate::ffi::thread::want_pool(cf) {
+            log!(
+                NGX_LOG_NOTICE,
+                cf.log(),
+                "sqldb: no thread pool: new database connections are made in the worker's event loop"
+            );
+        }
         if server_count(u) != srv.servers {
             return Err(format!(
                 "upstream \"{}\" mixes \"server\" and \"sqldb_server\" in {}",

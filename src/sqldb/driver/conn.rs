@@ -52,6 +52,11 @@ pub(super) struct Conn {
     /// The session's PID asked of the server once it is up (see
     /// ConnPool::check_pooler): sent, and not answered yet.
     pub checking_pid: bool,
+    /// A step of the connect (PQconnectPoll) runs on a thread: nothing
+    /// else may use the session meanwhile. `poll_again`: the socket was
+    /// ready meanwhile (its event is edge-triggered: step again then).
+    pub polling: bool,
+    pub poll_again: bool,
     /// The preambles (see Query::preamble) the session holds prepared, by
     /// name (as many as the configuration has texts at most).
     pub preambles: Vec<Rc<CString>>,
@@ -119,6 +124,8 @@ impl Conn {
             corkable: true,
             unnamed: false,
             checking_pid: false,
+            polling: false,
+            poll_again: false,
             preambles: Vec::new(),
             cancel_key: None,
             canceller: None,

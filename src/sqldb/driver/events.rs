@@ -121,14 +121,10 @@ impl ConnPool {
         }
     }
 
-    /// PQconnectPoll until the session is up; then the requests that
-    /// waited go out.
-    fn connecting(&mut self, id: ConnId, out: &mut Vec<Delivery>) {
+    /// What a step of the connect asks for next.
+    pub(super) fn connect_polled(&mut self, id: ConnId, poll: Poll, out: &mut Vec<Delivery>) {
         let Some(c) = self.conn(id) else { return };
-        if c.checking_pid {
-            return self.pid_answer(id, out);
-        }
-        let watched = match c.pg.poll_connect() {
+        let watched = match poll {
             Poll::Reading => c.want_write(false),
             Poll::Writing => c.want_write(true),
             Poll::Failed => {
@@ -195,7 +191,7 @@ impl ConnPool {
     }
 
     /// The answer to check_pooler's query.
-    fn pid_answer(&mut self, id: ConnId, out: &mut Vec<Delivery>) {
+    pub(super) fn pid_answer(&mut self, id: ConnId, out: &mut Vec<Delivery>) {
         let Some(c) = self.conn(id) else { return };
         if let Err(e) = c.flush() {
             return self.connect_failed(id, &format!("connecting failed: {e}"), out);

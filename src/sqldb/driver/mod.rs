@@ -8,6 +8,7 @@ mod batch;
 mod cancel;
 mod cancelling;
 mod conn;
+mod connect;
 mod events;
 mod listen;
 mod pool;

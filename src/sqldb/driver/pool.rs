@@ -670,6 +670,14 @@ impl ConnPool {
         if let Some(canceller) = c.canceller {
             canceller.close();
         }
+        if c.polling {
+            // A step of its connect runs on a thread: the socket leaves
+            // nginx's events now, the session is finished when the step is
+            // back (connect.rs).
+            c.socket.release_open();
+            super::connect::orphan(c.pg);
+            return;
+        }
         c.socket.release();
         drop(c.pg);
     }

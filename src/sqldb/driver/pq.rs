@@ -54,6 +54,35 @@ pub fn check_conninfo(conninfo: &CStr) -> Result<(), PqError> {
 /// An owned libpq connection; dropping it closes the socket (PQfinish).
 pub struct PgConn(NonNull<pq::PGconn>);
 
+/// A connection being made, for one step of its connect on another thread
+/// (PgConn::poll_handle). It compares equal to the handle of the same
+/// connection.
+#[derive(Debug, PartialEq, Eq)]
+pub struct PollHandle(NonNull<pq::PGconn>);
+
+// SAFETY: libpq's connections may be used from any thread, one thread at
+// a time; the PgConn's owner does not use it while a step runs (see
+// PgConn::poll_handle).
+unsafe impl Send for PollHandle {}
+
+impl PollHandle {
+    /// One step of the connect (PQconnectPoll).
+    pub fn poll_connect(&mut self) -> Poll {
+        // SAFETY: a live connection started with PQconnectStart, used by
+        // nothing else during the step (poll_handle).
+        poll_status(unsafe { pq::PQconnectPoll(self.0.as_ptr()) })
+    }
+}
+
+fn poll_status(s: pq::PostgresPollingStatusType) -> Poll {
+    match s {
+        pq::PostgresPollingStatusType::PGRES_POLLING_READING => Poll::Reading,
+        pq::PostgresPollingStatusType::PGRES_POLLING_WRITING => Poll::Writing,
+        pq::PostgresPollingStatusType::PGRES_POLLING_OK => Poll::Ready,
+        _ => Poll::Failed,
+    }
+}
+
 extern "C" fn ignore_notice(_arg: *mut c_void, _message: *const c_char) {}
 
 fn cstr_lossy(p: *const c_char) -> String {
@@ -96,14 +125,17 @@ impl PgConn {
         unsafe { pq::PQsocket(self.raw()) }
     }
 
+    /// One step of the connect (PQconnectPoll), in place.
     pub fn poll_connect(&mut self) -> Poll {
         // SAFETY: live connection started with PQconnectStart.
-        match unsafe { pq::PQconnectPoll(self.raw()) } {
-            pq::PostgresPollingStatusType::PGRES_POLLING_READING => Poll::Reading,
-            pq::PostgresPollingStatusType::PGRES_POLLING_WRITING => Poll::Writing,
-            pq::PostgresPollingStatusType::PGRES_POLLING_OK => Poll::Ready,
-            _ => Poll::Failed,
-        }
+        poll_status(unsafe { pq::PQconnectPoll(self.raw()) })
+    }
+
+    /// The connection, for a step of its connect on another thread. The
+    /// owner must not use the connection (nor drop it) until the step is
+    /// done.
+    pub fn poll_handle(&self) -> PollHandle {
+        PollHandle(self.0)
     }
 
     /// libpq's failure of the last call on the connection.

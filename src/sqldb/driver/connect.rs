@@ -1,0 +1,131 @@
+//! Making a database connection: libpq's nonblocking connect, one step
+//! (PQconnectPoll) at a time as the socket is ready. Each step runs on a
+//! thread of nginx's pool when there is one (ffi::thread): the step that
+//! answers the server's SCRAM challenge computes the password's proof,
+//! milliseconds of CPU that would hold up every other request of the
+//! worker. What a step asks for next is events.rs's `connect_polled`.
+
+use std::cell::RefCell;
+use std::ptr::NonNull;
+
+use super::pq::{PgConn, Poll, PollHandle};
+use super::{deliver, ConnId, ConnPool, Delivery};
+use crate::debug;
+use crate::ffi::{fault_setting, thread, Log};
+
+/// A step of the connect, for a thread.
+pub(super) struct ConnectStep {
+    pg: PollHandle,
+    pool: NonNull<ConnPool>,
+    id: ConnId,
+    poll: Poll,
+    /// Fault injection only (NGX_GATEWAY_SLOW_CONNECT_STEP=<ms>): the step
+    /// takes that much longer on its thread.
+    delay_ms: u64,
+}
+
+impl ConnectStep {
+    fn run(&mut self) {
+        if self.delay_ms > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(self.delay_ms));
+        }
+        self.poll = self.pg.poll_connect();
+    }
+}
+
+thread_local! {
+    /// Sessions of connections closed while a step of their connect ran
+    /// on a thread: finished when the step is back.
+    static ORPHANS: RefCell<Vec<PgConn>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A connection closes while a step of its connect runs on a thread: its
+/// session is finished once the step is back (connect_step_done).
+pub(super) fn orphan(pg: PgConn) {
+    ORPHANS.with(|o| o.borrow_mut().push(pg));
+}
+
+/// Back in the event loop, from the thread.
+fn connect_stepped(step: ConnectStep) {
+    // SAFETY: a pool lives in its upstream's configuration for the
+    // worker's life, and nothing else uses it while an event's handler
+    // runs.
+    let pool = unsafe { &mut *step.pool.as_ptr() };
+    let mut out = Vec::new();
+    let id = step.id;
+    pool.connect_step_done(step, &mut out);
+    pool.show(id);
+    let sink = pool.sink;
+    deliver(sink, out);
+}
+
+impl ConnPool {
+    /// PQconnectPoll until the session is up; then the requests that
+    /// waited go out. Each step runs on a thread of nginx's pool when there
+    /// is one: the step that answers the server's SCRAM challenge computes
+    /// the password's proof, milliseconds of CPU that would hold up every
+    /// other request of the worker.
+    pub(super) fn connecting(&mut self, id: ConnId, out: &mut Vec<Delivery>) {
+        let pool = NonNull::from(&mut *self);
+        let Some(c) = self.conn(id) else { return };
+        if c.checking_pid {
+            return self.pid_answer(id, out);
+        }
+        if c.polling {
+            c.poll_again = true;
+            return;
+        }
+        let step = ConnectStep {
+            pg: c.pg.poll_handle(),
+            pool,
+            id,
+            poll: Poll::Failed,
+            delay_ms: fault_setting("NGX_GATEWAY_SLOW_CONNECT_STEP")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
+        };
+        // SAFETY: the step touches only the session, which nothing else
+        // uses while `polling` is set (ConnPool::close leaves it to
+        // connect_stepped when it closes the connection meanwhile).
+        match unsafe { thread::post(step, ConnectStep::run, connect_stepped) } {
+            Ok(()) => {
+                c.polling = true;
+                debug!(
+                    Log::cycle(),
+                    "sqldb: a step of connection #{}'s connect runs on a thread",
+                    id.0.as_u64()
+                );
+            }
+            Err(mut step) => {
+                step.run();
+                self.connect_polled(id, step.poll, out);
+            }
+        }
+    }
+
+    /// A step of the connect came back from its thread.
+    fn connect_step_done(&mut self, step: ConnectStep, out: &mut Vec<Delivery>) {
+        let Some(c) = self.conn(step.id).filter(|c| c.pg.poll_handle() == step.pg) else {
+            // Closed meanwhile: the session is finished now.
+            debug!(
+                Log::cycle(),
+                "sqldb: connection #{} closed while a step of its connect ran on a thread: its session ends now",
+                step.id.0.as_u64()
+            );
+            ORPHANS.with(|o| o.borrow_mut().retain(|pg| pg.poll_handle() != step.pg));
+            return;
+        };
+        c.polling = false;
+        let again = std::mem::take(&mut c.poll_again);
+        self.connect_polled(step.id, step.poll, out);
+        // The socket was ready while the step ran: step again (its event
+        // will not come twice).
+        if again
+            && self
+                .conn(step.id)
+                .is_some_and(|c| c.pipeline.is_connecting() && !c.checking_pid)
+        {
+            self.connecting(step.id, out);
+        }
+    }
+}
