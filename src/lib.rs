@@ -391,9 +391,9 @@ static mut CACHE_COMMANDS: [ngx_command_t; 24] = [
     command(
         "cache_ssl_trusted_certificate\0",
         LOC_ANY | NGX_CONF_TAKE1,
-        ngx_conf_set_str_slot,
+        cc::cmd_cache_ssl_trusted_certificate,
         LOC,
-        offset_of!(cc::CacheLocConf, ssl_trusted_certificate),
+        0,
     ),
     command(
         "cache_ssl_name\0",
@@ -412,16 +412,16 @@ static mut CACHE_COMMANDS: [ngx_command_t; 24] = [
     command(
         "cache_ssl_certificate\0",
         LOC_ANY | NGX_CONF_TAKE1,
-        ngx_conf_set_str_slot,
+        cc::cmd_cache_ssl_certificate,
         LOC,
-        offset_of!(cc::CacheLocConf, ssl_certificate),
+        0,
     ),
     command(
         "cache_ssl_certificate_key\0",
         LOC_ANY | NGX_CONF_TAKE1,
-        ngx_conf_set_str_slot,
+        cc::cmd_cache_ssl_certificate_key,
         LOC,
-        offset_of!(cc::CacheLocConf, ssl_certificate_key),
+        0,
     ),
     command(
         "cache_ssl_session_reuse\0",
