@@ -274,7 +274,7 @@ cycle_handler! {
 
 use cache::config as cc;
 
-static mut CACHE_COMMANDS: [ngx_command_t; 24] = [
+static mut CACHE_COMMANDS: [ngx_command_t; 25] = [
     command(
         "cache_pass\0",
         NGX_HTTP_LOC_CONF | NGX_HTTP_LIF_CONF | NGX_CONF_TAKE1,
@@ -359,6 +359,13 @@ static mut CACHE_COMMANDS: [ngx_command_t; 24] = [
         ngx_conf_set_flag_slot,
         LOC,
         offset_of!(cc::CacheLocConf, pipeline),
+    ),
+    command(
+        "cache_escape_key\0",
+        LOC_ANY | NGX_CONF_FLAG,
+        ngx_conf_set_flag_slot,
+        LOC,
+        offset_of!(cc::CacheLocConf, escape_key),
     ),
     command(
         "cache_socket_keepalive\0",

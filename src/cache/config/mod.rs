@@ -68,6 +68,8 @@ pub struct CacheLocConf {
     pub pipeline: ngx_flag_t,
     /// `cache_publish CHANNEL`: POST publishes its body.
     pub publish: Option<ComplexValue>,
+    /// `cache_escape_key`: keys are sent escaped (core's `redis::escape_key`).
+    pub escape_key: ngx_flag_t,
     next_upstream_set: bool,
     /// `cache_ssl` (the TLS settings live in `upstream`, as nginx's
     /// upstream code reads them, and in the files below).
@@ -152,6 +154,7 @@ create_conf_handler! {
             subscribe_heartbeat: CONF_UNSET_MSEC,
             pipeline: CONF_UNSET,
             publish: None,
+            escape_key: CONF_UNSET,
             next_upstream_set: false,
             ssl: CONF_UNSET,
             ssl_verify_depth: CONF_UNSET,
@@ -212,6 +215,7 @@ impl CacheLocConf {
         merge_or(&mut u.buffer_size, p.buffer_size, CONF_UNSET_SIZE, pagesize());
         merge_or(&mut u.socket_keepalive, p.socket_keepalive, CONF_UNSET, 0);
         merge_or(&mut self.pipeline, prev.pipeline, CONF_UNSET, 1);
+        merge_or(&mut self.escape_key, prev.escape_key, CONF_UNSET, 1);
         if !self.next_upstream_set {
             self.next_upstream_set = prev.next_upstream_set;
             u.next_upstream = if prev.next_upstream_set {
