@@ -274,7 +274,7 @@ cycle_handler! {
 
 use cache::config as cc;
 
-static mut CACHE_COMMANDS: [ngx_command_t; 25] = [
+static mut CACHE_COMMANDS: [ngx_command_t; 26] = [
     command(
         "cache_pass\0",
         NGX_HTTP_LOC_CONF | NGX_HTTP_LIF_CONF | NGX_CONF_TAKE1,
@@ -366,6 +366,13 @@ static mut CACHE_COMMANDS: [ngx_command_t; 25] = [
         ngx_conf_set_flag_slot,
         LOC,
         offset_of!(cc::CacheLocConf, escape_key),
+    ),
+    command(
+        "cache_gzip_flag\0",
+        LOC_ANY | NGX_CONF_TAKE1,
+        ngx_conf_set_num_slot,
+        LOC,
+        offset_of!(cc::CacheLocConf, gzip_flag),
     ),
     command(
         "cache_socket_keepalive\0",

@@ -1,15 +1,19 @@
 # Configurations written for the C module ngx_http_redis, with redis_pass
-# renamed cache_pass (and $redis_key $cache_key, ...), behave as they did
-# there: keys go to Redis escaped
+# renamed cache_pass (and $redis_key $cache_key, redis_gzip_flag
+# cache_gzip_flag, ...), behave as they did there: keys go to Redis escaped
 # as nginx's memcached module escapes its keys (cache_escape_key, on by
 # default), so that the keys its users' applications wrote are found, on
 # every path (shared connections, cache_pipeline off, a Redis Cluster,
-# whose slot is that of the escaped key).
+# whose slot is that of the escaped key); cache_gzip_flag answers values
+# with Content-Encoding: gzip, which nginx's gunzip decodes for clients
+# that do not take it.
 use strict;
 use warnings;
 use lib 't/lib';
 use GatewayTest qw(conf_line_of nginx_start stop_nginx nginx_error_log http_request start_redis redis_cli free_port
     wait_until key_slot);
+use HttpClient qw(unchunk);
+use IO::Compress::Gzip qw(gzip $GzipError);
 use Test::More;
 
 my $redis = start_redis();
@@ -133,8 +137,66 @@ like(nginx_error_log(), qr/\[info\].*the "\$cache_key" variable is empty/, 'logg
 unlike(nginx_error_log(), qr/\[(alert|emerg|crit)\]/, 'no alert');
 stop_nginx();
 
+# cache_gzip_flag: Redis has no flags, so the directive alone says that
+# the values are gzipped. A value is answered with Content-Encoding: gzip;
+# nginx's gunzip decodes it for a client that does not take gzip.
+my $text = join '', map { sprintf "X%03dXXXXXX", $_ } 0 .. 99;
+gzip(\$text => \my $gz) or die $GzipError;
+open my $cli, '|-', 'redis-cli', '-p', $redis->{port}, '-x', 'SET', '/gz/doc' or die "redis-cli: $!";
+print $cli $gz;
+close $cli;
+redis_cli($redis, 'SET', '/gz/plain', 'not gzipped');
+
+# (Debian's nginx has ngx_http_gunzip_module; an nginx built without it
+# skips those checks.)
+my $gunzip = `@{[ $ENV{TEST_NGINX_BINARY} || 'nginx' ]} -V 2>&1` =~ /--with-http_gunzip_module/;
+my $gunzip_locations = $gunzip ? <<'CONF' : '';
+    location /gunzip-on { gunzip on; cache_pass redis; }
+    location /gunzip-off { gunzip on; cache_pipeline off; cache_pass redis; }
+CONF
+$port = nginx_start(<<"HTTP");
+upstream redis { server 127.0.0.1:$redis->{port}; keepalive 4; }
+server {
+    listen 127.0.0.1:\$PORT;
+    cache_gzip_flag 2;
+    set \$cache_key \$arg_key;
+    location /on { cache_pass redis; }
+    location /off { cache_pipeline off; cache_pass redis; }
+    location /unflagged { cache_gzip_flag 0; cache_pass redis; }
+$gunzip_locations}
+HTTP
+
+my $encoding = sub { ($_[0] =~ /^Content-Encoding: (.*?)\r?$/mi)[0] // 'none' };
+for my $via (qw(on off)) {
+    my ($status, $body, $head) = http_request($port, 'GET', "/$via?key=/gz/doc", undef, 'Accept-Encoding: gzip');
+    is("$status " . $encoding->($head), '200 gzip', "$via: a value is answered with Content-Encoding: gzip");
+    ok($body eq $gz, "$via: the value as Redis holds it");
+    ($status, $body, $head) = http_request($port, 'HEAD', "/$via?key=/gz/doc");
+    is("$status " . $encoding->($head), '200 gzip', "$via: HEAD too");
+    ($status, $body, $head) = http_request($port, 'GET', "/$via?key=/gz/missing");
+    is("$status " . $encoding->($head), '404 none', "$via: a miss is not gzipped");
+    ($status, $body, $head) = http_request($port, 'PUT', "/$via?key=/gz/new", 'x');
+    is("$status " . $encoding->($head), '201 none', "$via: nor is a store");
+    SKIP: {
+        skip 'nginx is built without ngx_http_gunzip_module', 5 unless $gunzip;
+        ($status, $body, $head) = http_request($port, 'GET', "/gunzip-$via?key=/gz/doc");
+        is("$status " . $encoding->($head), '200 none', "gunzip, $via: a client that does not take gzip gets it decoded");
+        # (Decoded, the length is not known before: chunked.)
+        like($head, qr/^Transfer-Encoding: chunked\r?$/mi, "gunzip, $via: chunked");
+        is(unchunk($body), $text, "gunzip, $via: the text");
+        ($status, $body, $head) = http_request($port, 'GET', "/gunzip-$via?key=/gz/doc", undef, 'Accept-Encoding: gzip');
+        is("$status " . $encoding->($head), '200 gzip', "gunzip, $via: a client that takes gzip gets it as it is");
+        ok($body eq $gz, "gunzip, $via: gzipped");
+    }
+}
+my ($status, $body, $head) = http_request($port, 'GET', '/unflagged?key=/gz/plain');
+is("$status " . $encoding->($head) . " $body", '200 none not gzipped', 'cache_gzip_flag 0 in a location turns it off');
+unlike(nginx_error_log(), qr/\[(alert|emerg|crit)\]/, 'no alert');
+stop_nginx();
+
 # nginx -t names the directive and its line.
 for my $case (
+    ['cache_gzip_flag yes;', qr/"cache_gzip_flag" directive invalid number in \S+nginx\.conf:\d+/],
     ['cache_escape_key maybe;', qr/invalid value "maybe" in "cache_escape_key" directive, it must be "on" or "off" in \S+nginx\.conf:\d+/],
   )
 {

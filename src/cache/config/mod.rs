@@ -70,6 +70,9 @@ pub struct CacheLocConf {
     pub publish: Option<ComplexValue>,
     /// `cache_escape_key`: keys are sent escaped (core's `redis::escape_key`).
     pub escape_key: ngx_flag_t,
+    /// `cache_gzip_flag`: not 0, a value is answered with
+    /// `Content-Encoding: gzip`.
+    pub gzip_flag: ngx_int_t,
     next_upstream_set: bool,
     /// `cache_ssl` (the TLS settings live in `upstream`, as nginx's
     /// upstream code reads them, and in the files below).
@@ -155,6 +158,7 @@ create_conf_handler! {
             pipeline: CONF_UNSET,
             publish: None,
             escape_key: CONF_UNSET,
+            gzip_flag: CONF_UNSET,
             next_upstream_set: false,
             ssl: CONF_UNSET,
             ssl_verify_depth: CONF_UNSET,
@@ -216,6 +220,7 @@ impl CacheLocConf {
         merge_or(&mut u.socket_keepalive, p.socket_keepalive, CONF_UNSET, 0);
         merge_or(&mut self.pipeline, prev.pipeline, CONF_UNSET, 1);
         merge_or(&mut self.escape_key, prev.escape_key, CONF_UNSET, 1);
+        merge_or(&mut self.gzip_flag, prev.gzip_flag, CONF_UNSET, 0);
         if !self.next_upstream_set {
             self.next_upstream_set = prev.next_upstream_set;
             u.next_upstream = if prev.next_upstream_set {

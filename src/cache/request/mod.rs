@@ -69,6 +69,12 @@ pub(super) fn ctx_of<'a>(r: &Req) -> Option<&'a mut Ctx> {
     unsafe { r.ctx::<Cache>() }
 }
 
+/// `cache_gzip_flag`: a value is answered with `Content-Encoding: gzip`
+/// (false when nginx had no memory for the header).
+fn gzip_flagged(r: &mut Req) -> bool {
+    r.loc_conf::<Cache>().gzip_flag == 0 || r.set_content_encoding_gzip()
+}
+
 /// Why a cache request cannot start.
 #[derive(Debug)]
 enum StartError {

@@ -56,7 +56,11 @@ fn send_head(r: &mut Req, s: &mut SharedReq) {
     if value {
         r.allow_ranges();
     }
-    let rc = r.send_header();
+    let rc = if value && !super::super::gzip_flagged(r) {
+        ERROR
+    } else {
+        r.send_header()
+    };
     if rc == ERROR || rc > OK || r.header_only() {
         s.discard = true;
     }
