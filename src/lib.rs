@@ -274,7 +274,7 @@ cycle_handler! {
 
 use cache::config as cc;
 
-static mut CACHE_COMMANDS: [ngx_command_t; 24] = [
+static mut CACHE_COMMANDS: [ngx_command_t; 26] = [
     command(
         "cache_pass\0",
         NGX_HTTP_LOC_CONF | NGX_HTTP_LIF_CONF | NGX_CONF_TAKE1,
@@ -361,6 +361,20 @@ static mut CACHE_COMMANDS: [ngx_command_t; 24] = [
         offset_of!(cc::CacheLocConf, pipeline),
     ),
     command(
+        "cache_escape_key\0",
+        LOC_ANY | NGX_CONF_FLAG,
+        ngx_conf_set_flag_slot,
+        LOC,
+        offset_of!(cc::CacheLocConf, escape_key),
+    ),
+    command(
+        "cache_gzip_flag\0",
+        LOC_ANY | NGX_CONF_TAKE1,
+        ngx_conf_set_num_slot,
+        LOC,
+        offset_of!(cc::CacheLocConf, gzip_flag),
+    ),
+    command(
         "cache_socket_keepalive\0",
         LOC_ANY | NGX_CONF_FLAG,
         ngx_conf_set_flag_slot,
@@ -391,9 +405,9 @@ static mut CACHE_COMMANDS: [ngx_command_t; 24] = [
     command(
         "cache_ssl_trusted_certificate\0",
         LOC_ANY | NGX_CONF_TAKE1,
-        ngx_conf_set_str_slot,
+        cc::cmd_cache_ssl_trusted_certificate,
         LOC,
-        offset_of!(cc::CacheLocConf, ssl_trusted_certificate),
+        0,
     ),
     command(
         "cache_ssl_name\0",
@@ -412,16 +426,16 @@ static mut CACHE_COMMANDS: [ngx_command_t; 24] = [
     command(
         "cache_ssl_certificate\0",
         LOC_ANY | NGX_CONF_TAKE1,
-        ngx_conf_set_str_slot,
+        cc::cmd_cache_ssl_certificate,
         LOC,
-        offset_of!(cc::CacheLocConf, ssl_certificate),
+        0,
     ),
     command(
         "cache_ssl_certificate_key\0",
         LOC_ANY | NGX_CONF_TAKE1,
-        ngx_conf_set_str_slot,
+        cc::cmd_cache_ssl_certificate_key,
         LOC,
-        offset_of!(cc::CacheLocConf, ssl_certificate_key),
+        0,
     ),
     command(
         "cache_ssl_session_reuse\0",

@@ -130,11 +130,17 @@ stop_nginx();
 for my $case (
     ['cache_ssl_verify on;', qr/no "cache_ssl_trusted_certificate" for "cache_ssl_verify" in \S+nginx\.conf:\d+/,
         qr/cache_ssl_verify on;/],
-    ["cache_ssl_certificate $d/client.crt;", qr/no "cache_ssl_certificate_key" for "cache_ssl_certificate"/],
+    ["cache_ssl_certificate $d/client.crt;",
+        qr/no "cache_ssl_certificate_key" for "cache_ssl_certificate" in \S+nginx\.conf:\d+/, qr/cache_ssl_certificate \S+client\.crt;/],
+    ["cache_ssl_certificate_key $d/client.key;",
+        qr/no "cache_ssl_certificate" for "cache_ssl_certificate_key" in \S+nginx\.conf:\d+/, qr/cache_ssl_certificate_key \S+client\.key;/],
     ["cache_ssl_trusted_certificate $d/missing.crt;", qr/missing\.crt/],
     ["cache_ssl_certificate $d/client.crt; cache_ssl_certificate_key $d/ca.key;", qr/SSL_CTX_check_private_key|key values mismatch|failed/],
     ['cache_ssl_verify_depth deep;', qr/"cache_ssl_verify_depth" directive invalid number in .*nginx\.conf:\d+/],
-    ['cache_ssl_verify on; cache_ssl_trusted_certificate "";', qr/empty file name in "cache_ssl_trusted_certificate"/],
+    ["cache_ssl_verify on;\n    cache_ssl_trusted_certificate \"\";",
+        qr/empty file name in "cache_ssl_trusted_certificate" in \S+nginx\.conf:\d+/, qr/cache_ssl_trusted_certificate "";/],
+    ["cache_ssl_certificate \"\";\n    cache_ssl_certificate_key $d/client.key;",
+        qr/empty file name in "cache_ssl_certificate" in \S+nginx\.conf:\d+/, qr/cache_ssl_certificate "";/],
   )
 {
     my ($lines, $want, $line) = @$case;
@@ -150,6 +156,19 @@ HTTP
     } // $@;
     like($err, $want, "nginx refuses: $lines");
     like(conf_line_of($err), $line, "and names the directive's line") if $line;
+}
+
+# A file inherited from the server level is named at the line it was
+# written on.
+{
+    my $err = eval { nginx_start(<<"HTTP"); stop_nginx(); 'started' } // $@;
+upstream r { server 127.0.0.1:$tls; }
+server { listen 127.0.0.1:\$PORT;
+    cache_ssl_certificate_key $d/client.key;
+    location / { set \$cache_key k; cache_ssl on; cache_pass r; } }
+HTTP
+    like($err, qr/no "cache_ssl_certificate" for "cache_ssl_certificate_key"/, 'nginx refuses an inherited key without a certificate');
+    like(conf_line_of($err), qr/^\s*cache_ssl_certificate_key \S+client\.key;/, 'and names the server-level line');
 }
 
 # A TLS handshake that never ends (a server that accepts and says nothing)

@@ -106,6 +106,34 @@ fn parse_digits(v: &[u8]) -> Option<u64> {
     std::str::from_utf8(v).ok()?.parse().ok()
 }
 
+/// Whether `cache_escape_key` writes a byte of a key escaped: the control
+/// bytes (0x00 to 0x1F), space and `%`, the bytes nginx's memcached module
+/// escapes in its keys (`ngx_escape_uri` with `NGX_ESCAPE_MEMCACHED`).
+pub fn escaped_in_key(b: u8) -> bool {
+    b <= b' ' || b == b'%'
+}
+
+/// A key as `cache_escape_key on` sends it: each byte `escaped_in_key`
+/// names becomes `%` and two upper-case hex digits, as nginx writes them;
+/// the others stay. `%` being one of them, two keys never escape to the
+/// same bytes.
+pub fn escape_key(key: Vec<u8>) -> Vec<u8> {
+    let n = key.iter().filter(|&&b| escaped_in_key(b)).count();
+    if n == 0 {
+        return key;
+    }
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let mut out = Vec::with_capacity(key.len() + 2 * n);
+    for b in key {
+        if escaped_in_key(b) {
+            out.extend_from_slice(&[b'%', HEX[usize::from(b >> 4)], HEX[usize::from(b & 0x0f)]]);
+        } else {
+            out.push(b);
+        }
+    }
+    out
+}
+
 /// One request, as the configuration and the variables give it.
 #[derive(Debug, Clone, Copy)]
 pub struct Request<'a> {
@@ -769,6 +797,58 @@ impl Exchange {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// nginx's own table for memcached keys (ngx_string.c), a bit per
+    /// byte, 32 bytes a word.
+    const NGINX_MEMCACHED: [u32; 8] = [0xffffffff, 0x00000021, 0, 0, 0, 0, 0, 0];
+
+    #[test]
+    fn the_bytes_escaped_in_keys_are_nginx_memcached_ones() {
+        for b in 0..=255u8 {
+            let nginx = NGINX_MEMCACHED[usize::from(b >> 5)] & (1 << (b & 0x1f)) != 0;
+            assert_eq!(escaped_in_key(b), nginx, "byte {b:#04x}");
+        }
+    }
+
+    #[test]
+    fn keys_escaped() {
+        for (key, sent) in [
+            (&b"/file sp"[..], &b"/file%20sp"[..]),
+            (b"/file%20sp", b"/file%2520sp"),
+            (b"a\r\nb\x00\x1f\x7f", b"a%0D%0Ab%00%1F\x7f"),
+            (b"caf\xc3\xa9", b"caf\xc3\xa9"),
+            (b"plain/{tag}:key", b"plain/{tag}:key"),
+            (b"", b""),
+        ] {
+            assert_eq!(escape_key(key.to_vec()), sent.to_vec(), "{}", key.escape_ascii());
+        }
+    }
+
+    /// Escaped keys decode to the key they came from: no two keys share an
+    /// escaped form, and no byte of the set is left in it.
+    #[test]
+    fn escaped_keys_decode_to_their_key() {
+        let mut rng = crate::testrng::TestRng::new(27);
+        for _ in 0..2000 {
+            let len = rng.index(24);
+            let key: Vec<u8> = (0..len).map(|_| rng.below(256) as u8).collect();
+            let sent = escape_key(key.clone());
+            assert!(sent.iter().all(|&b| b == b'%' || !escaped_in_key(b)));
+            let mut back = Vec::new();
+            let mut i = 0;
+            while i < sent.len() {
+                if sent[i] == b'%' {
+                    let hex = std::str::from_utf8(&sent[i + 1..i + 3]).unwrap();
+                    back.push(u8::from_str_radix(hex, 16).unwrap());
+                    i += 3;
+                } else {
+                    back.push(sent[i]);
+                    i += 1;
+                }
+            }
+            assert_eq!(back, key);
+        }
+    }
 
     #[test]
     fn replies_that_break_the_protocol() {

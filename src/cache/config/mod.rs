@@ -3,14 +3,15 @@
 //! variables it reads.
 
 pub mod cluster;
-
-use std::ptr::NonNull;
+mod tls;
 
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
+pub(crate) use tls::{
+    cmd_cache_ssl_certificate, cmd_cache_ssl_certificate_key, cmd_cache_ssl_trusted_certificate, cmd_cache_ssl_verify,
+};
 
 use crate::common::upstream::OwnerOf;
 use crate::ffi::conf::{ComplexValue, ConfError, Position};
-use crate::ffi::ssl::SslFiles;
 use crate::ffi::*;
 use crate::log;
 
@@ -67,14 +68,19 @@ pub struct CacheLocConf {
     pub pipeline: ngx_flag_t,
     /// `cache_publish CHANNEL`: POST publishes its body.
     pub publish: Option<ComplexValue>,
+    /// `cache_escape_key`: keys are sent escaped (core's `redis::escape_key`).
+    pub escape_key: ngx_flag_t,
+    /// `cache_gzip_flag`: not 0, a value is answered with
+    /// `Content-Encoding: gzip`.
+    pub gzip_flag: ngx_int_t,
     next_upstream_set: bool,
     /// `cache_ssl` (the TLS settings live in `upstream`, as nginx's
     /// upstream code reads them, and in the files below).
     pub ssl: ngx_flag_t,
     pub ssl_verify_depth: ngx_int_t,
-    pub ssl_trusted_certificate: ngx_str_t,
-    pub ssl_certificate: ngx_str_t,
-    pub ssl_certificate_key: ngx_str_t,
+    ssl_trusted_certificate: Option<tls::FileAt>,
+    ssl_certificate: Option<tls::FileAt>,
+    ssl_certificate_key: Option<tls::FileAt>,
     /// What the TLS settings of this location are, as one text ("" for
     /// none): locations passing to the same upstream must agree on it.
     tls: String,
@@ -151,12 +157,14 @@ create_conf_handler! {
             subscribe_heartbeat: CONF_UNSET_MSEC,
             pipeline: CONF_UNSET,
             publish: None,
+            escape_key: CONF_UNSET,
+            gzip_flag: CONF_UNSET,
             next_upstream_set: false,
             ssl: CONF_UNSET,
             ssl_verify_depth: CONF_UNSET,
-            ssl_trusted_certificate: ngx_str_t::default(),
-            ssl_certificate: ngx_str_t::default(),
-            ssl_certificate_key: ngx_str_t::default(),
+            ssl_trusted_certificate: None,
+            ssl_certificate: None,
+            ssl_certificate_key: None,
             tls: String::new(),
             ssl_verify_at: None,
             channel_at: None,
@@ -171,56 +179,6 @@ fn merge_or<T: PartialEq + Copy>(conf: &mut T, prev: T, unset: T, default: T) {
 }
 
 impl CacheLocConf {
-    /// The `cache_ssl_*` settings, inherited; with `cache_ssl on` in a
-    /// location that passes requests, its TLS context (the parent's, when
-    /// nothing of it changed).
-    fn merge_ssl(&mut self, prev: &CacheLocConf, conf: Conf) -> Result<(), ConfError> {
-        let (p, u) = (&prev.upstream, &mut self.upstream);
-        merge_or(&mut self.ssl, prev.ssl, CONF_UNSET, 0);
-        if u.ssl_verify == CONF_UNSET {
-            self.ssl_verify_at = prev.ssl_verify_at.clone();
-        }
-        merge_or(&mut u.ssl_verify, p.ssl_verify, CONF_UNSET, 0);
-        merge_or(&mut u.ssl_server_name, p.ssl_server_name, CONF_UNSET, 0);
-        merge_or(&mut u.ssl_session_reuse, p.ssl_session_reuse, CONF_UNSET, 1);
-        merge_or(&mut self.ssl_verify_depth, prev.ssl_verify_depth, CONF_UNSET, 1);
-        let unset: *mut ngx_http_complex_value_t = CONF_UNSET_PTR.cast();
-        merge_or(&mut u.ssl_name, p.ssl_name, unset, std::ptr::null_mut());
-        for (this, parent) in [
-            (&mut self.ssl_trusted_certificate, &prev.ssl_trusted_certificate),
-            (&mut self.ssl_certificate, &prev.ssl_certificate),
-            (&mut self.ssl_certificate_key, &prev.ssl_certificate_key),
-        ] {
-            if this.data.is_null() {
-                *this = *parent;
-            }
-        }
-        let passes = !self.upstream.upstream.is_null() || self.pass_var.is_some();
-        if self.ssl == 0 || !passes {
-            return Ok(());
-        }
-        let files = self.ssl_files()?;
-        if self.upstream.ssl_verify == 1 && files.trusted.is_none() {
-            let m = "no \"cache_ssl_trusted_certificate\" for \"cache_ssl_verify\"".to_owned();
-            return Err(match &self.ssl_verify_at {
-                Some(at) => ConfError::At(m, at.clone()),
-                None => m.into(),
-            });
-        }
-        // SAFETY: a complex value compiled into configuration memory.
-        let name = unsafe { self.upstream.ssl_name.as_ref() }
-            .map(|cv| String::from_utf8_lossy(cv.value.as_bytes()).into_owned());
-        self.tls = format!(
-            "{files:?} verify={} server_name={} name={name:?}",
-            self.upstream.ssl_verify, self.upstream.ssl_server_name
-        );
-        self.upstream.ssl = match (NonNull::new(prev.upstream.ssl), prev.ssl_files()) {
-            (Some(ctx), Ok(pf)) if pf == files => ctx.as_ptr(),
-            _ => conf.ssl_context(&files)?.as_ptr(),
-        };
-        Ok(())
-    }
-
     /// `cache_subscribe` and `cache_publish` need `cache_pass` beside them.
     fn check_channel(&self) -> Result<(), ConfError> {
         // (Found when the levels are merged: named at the directive's line.)
@@ -253,39 +211,6 @@ impl CacheLocConf {
         Ok(())
     }
 
-    fn ssl_files(&self) -> Result<SslFiles, ConfError> {
-        for (s, d) in [
-            (&self.ssl_trusted_certificate, "cache_ssl_trusted_certificate"),
-            (&self.ssl_certificate, "cache_ssl_certificate"),
-            (&self.ssl_certificate_key, "cache_ssl_certificate_key"),
-        ] {
-            if !s.data.is_null() && s.len == 0 {
-                return Err(format!("empty file name in \"{d}\"").into());
-            }
-        }
-        let some = |s: &ngx_str_t| (!s.data.is_null()).then(|| s.as_bytes().to_vec());
-        let certificate = match (some(&self.ssl_certificate), some(&self.ssl_certificate_key)) {
-            (Some(c), Some(k)) => Some((c, k)),
-            (None, None) => None,
-            (Some(_), None) => {
-                return Err("no \"cache_ssl_certificate_key\" for \"cache_ssl_certificate\""
-                    .to_owned()
-                    .into())
-            }
-            (None, Some(_)) => {
-                return Err("no \"cache_ssl_certificate\" for \"cache_ssl_certificate_key\""
-                    .to_owned()
-                    .into())
-            }
-        };
-        Ok(SslFiles {
-            certificate,
-            trusted: some(&self.ssl_trusted_certificate),
-            verify_depth: self.ssl_verify_depth,
-            session_reuse: self.upstream.ssl_session_reuse != 0,
-        })
-    }
-
     fn merge(&mut self, prev: &CacheLocConf, conf: Conf) {
         let (p, u) = (&prev.upstream, &mut self.upstream);
         merge_or(&mut u.connect_timeout, p.connect_timeout, CONF_UNSET_MSEC, 60_000);
@@ -294,6 +219,8 @@ impl CacheLocConf {
         merge_or(&mut u.buffer_size, p.buffer_size, CONF_UNSET_SIZE, pagesize());
         merge_or(&mut u.socket_keepalive, p.socket_keepalive, CONF_UNSET, 0);
         merge_or(&mut self.pipeline, prev.pipeline, CONF_UNSET, 1);
+        merge_or(&mut self.escape_key, prev.escape_key, CONF_UNSET, 1);
+        merge_or(&mut self.gzip_flag, prev.gzip_flag, CONF_UNSET, 0);
         if !self.next_upstream_set {
             self.next_upstream_set = prev.next_upstream_set;
             u.next_upstream = if prev.next_upstream_set {
@@ -414,29 +341,6 @@ fn channel_directive(cf: Conf, lcf: &mut CacheLocConf, publish: bool) -> Result<
 }
 
 directive_handler! {
-    /// `cache_ssl_verify on | off`
-    pub(crate) fn cmd_cache_ssl_verify = "cmd_cache_ssl_verify",
-    |cf: Conf, lcf: &mut CacheLocConf| {
-        if lcf.upstream.ssl_verify != CONF_UNSET {
-            return Err("\"cache_ssl_verify\" directive is duplicate".to_owned().into());
-        }
-        lcf.upstream.ssl_verify = match cf.args()[1].to_ascii_lowercase().as_slice() {
-            b"on" => 1,
-            b"off" => 0,
-            _ => {
-                return Err(format!(
-                    "invalid value \"{}\" in \"cache_ssl_verify\" directive, it must be \"on\" or \"off\"",
-                    String::from_utf8_lossy(cf.args()[1])
-                )
-                .into())
-            }
-        };
-        lcf.ssl_verify_at = Some(cf.position());
-        Ok(())
-    }
-}
-
-directive_handler! {
     /// `cache_subscribe CHANNEL`
     pub(crate) fn cmd_cache_subscribe = "cmd_cache_subscribe",
     |cf: Conf, lcf: &mut CacheLocConf| channel_directive(cf, lcf, false)
@@ -504,43 +408,6 @@ conf_step_handler! {
     postconfigure
 }
 
-/// nginx keeps connections (`keepalive`) and TLS sessions per upstream
-/// block, whatever the location that made them: locations passing to one
-/// upstream (a literal `host:port` written twice is one too) must agree on
-/// their TLS settings, or a connection or session that one location's
-/// settings let in would serve another's requests unchecked.
-fn same_tls_per_upstream(cf: &Conf, pending: &[PendingPass]) -> Result<(), ConfError> {
-    let mut seen: std::collections::HashMap<usize, &PendingPass> = Default::default();
-    for p in pending {
-        if p.upstream.is_null() {
-            continue;
-        }
-        let Some(first) = seen.get(&(p.upstream as usize)) else {
-            seen.insert(p.upstream as usize, p);
-            continue;
-        };
-        // SAFETY: locations' configurations live as long as the
-        // configuration; merging is over.
-        let (a, b) = unsafe { (&*first.lcf, &*p.lcf) };
-        if a.tls != b.tls {
-            // SAFETY: as above.
-            let name = String::from_utf8_lossy(unsafe { (*p.upstream).host.as_bytes() }).into_owned();
-            log!(
-                NGX_LOG_EMERG,
-                cf.log(),
-                "\"cache_pass\" to \"{name}\" in {}:{} and in {}:{} with different \"cache_ssl*\" settings: \
-                 nginx keeps connections and TLS sessions per upstream, so give each setting an upstream block of its own",
-                first.claim.file(),
-                first.claim.line(),
-                p.claim.file(),
-                p.claim.line()
-            );
-            return Err(ConfError::Logged);
-        }
-    }
-    Ok(())
-}
-
 fn postconfigure(cf: Conf) -> Result<(), ConfError> {
     let mcf = cf.main_conf::<Cache>();
     cluster::check(mcf)?;
@@ -580,7 +447,7 @@ fn postconfigure(cf: Conf) -> Result<(), ConfError> {
             return Err(ConfError::Logged);
         }
     }
-    same_tls_per_upstream(&cf, &mcf.pending)?;
+    tls::same_tls_per_upstream(&cf, &mcf.pending)?;
     let index = |name: &str| {
         if !cf.variable_declared(name.as_bytes()) {
             return Ok(-1);

@@ -67,6 +67,12 @@ pub(super) fn ctx_of(r: &mut Req) -> Option<&mut Ctx> {
     r.ctx_mut::<Cache>()
 }
 
+/// `cache_gzip_flag`: a value is answered with `Content-Encoding: gzip`
+/// (false when nginx had no memory for the header).
+fn gzip_flagged(r: &mut Req) -> bool {
+    r.loc_conf::<Cache>().gzip_flag == 0 || r.set_content_encoding_gzip()
+}
+
 /// Why a cache request cannot start.
 #[derive(Debug)]
 enum StartError {
@@ -209,7 +215,16 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
     let key = match lcf.publish {
         // (Checked above.)
         Some(cv) => r.complex_value(cv).ok_or(StartError::Nginx)?.to_vec(),
-        None => variable(r, mcf.key).ok_or(StartError::EmptyKey)?,
+        // Escaped here, so that every command and a cluster's slot have the
+        // bytes that are sent.
+        None => {
+            let key = variable(r, mcf.key).ok_or(StartError::EmptyKey)?;
+            if lcf.escape_key != 0 {
+                redis::escape_key(key)
+            } else {
+                key
+            }
+        }
     };
     let text = |v: &[u8]| String::from_utf8_lossy(v).into_owned();
     // Channels are the server's, whatever its database.

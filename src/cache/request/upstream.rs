@@ -11,7 +11,7 @@ use gateway_core::redis::{self, Event, ReplyError, Setup};
 use gateway_core::resp;
 
 use super::cluster::{log_refused, log_stop, MAX_REDIRECTS};
-use super::{ctx_of, Ctx};
+use super::{ctx_of, gzip_flagged, Ctx};
 use crate::cache::config::Cache;
 use crate::cache::driver::{authfail, next_ping};
 use crate::ffi::upstream::{self, Callbacks};
@@ -208,7 +208,7 @@ request_handler! {
                     match (value, ctx.exchange.count()) {
                         (Some(n), _) => {
                             u.set_content_length(n as off_t);
-                            return OK;
+                            return if gzip_flagged(r) { OK } else { ERROR };
                         }
                         // PUBLISH: the receivers, as JSON (filter_init).
                         (None, Some(n)) => u.set_content_length(pubsub::receivers_json(n).len() as off_t),

@@ -59,7 +59,11 @@ fn send_head(r: &mut Req) {
     if value {
         r.allow_ranges();
     }
-    let rc = r.send_header();
+    let rc = if value && !super::super::gzip_flagged(r) {
+        ERROR
+    } else {
+        r.send_header()
+    };
     let header_only = r.header_only();
     let Some(s) = shared_of(r) else { return };
     if rc == ERROR || rc > OK || header_only {
