@@ -337,13 +337,15 @@ impl PipeConn {
             tls: to.tls,
             connect_timeout: to.connect_timeout,
             keepalive: to.so_keepalive,
+            log: None,
         };
         match c.conn.open::<PipeConn>(&dial, data.cast()) {
-            Step::Lost(why) => {
+            Err(e) => return Err(e.to_string()),
+            Ok(Step::Lost(why)) => {
                 c.conn.close();
                 return Err(why);
             }
-            step => c.step(0, step),
+            Ok(step) => c.step(0, step),
         }
         Ok(c)
     }
