@@ -9,7 +9,7 @@ use std::ffi::c_void;
 use gateway_core::pgwire::cancel_request;
 
 use super::pq::CancelKey;
-use crate::ffi::net::{Outbound, Peer};
+use crate::ffi::net::{Outbound, Peer, TIMED_OUT};
 use crate::ffi::*;
 
 /// Where a cancel request stands.
@@ -62,7 +62,12 @@ impl Canceller {
     /// then wait for the server to close.
     pub fn on_event(&mut self, timed_out: bool) -> Progress {
         if timed_out {
-            return Progress::Failed("timed out".into());
+            let doing = if self.sent {
+                "reading upstream"
+            } else {
+                "connecting to upstream"
+            };
+            return Progress::Failed(format!("{TIMED_OUT} while {doing}"));
         }
         if !self.sent {
             if let Err(why) = self.conn.connect_result() {
