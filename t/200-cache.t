@@ -482,6 +482,22 @@ location /c/ {
 
 
 
+=== TEST 21b: a unix socket that is not there: 502, and one line, nginx's, as for its upstream: why connect() failed, while connecting to upstream, for which request
+--- config
+location /u/ {
+    set $cache_key /c/k21b;
+    cache_pass unix:/nonexistent/redis.sock;
+}
+--- request
+GET /u/
+--- error_code: 502
+--- error_log eval
+qr/\[crit\].*connect\(\) to unix:\/nonexistent\/redis\.sock failed \(2: No such file or directory\) while connecting to upstream, client: .*, request: "GET \/u\/ HTTP\/1\.1"/
+--- no_error_log
+cache: connect() failed
+
+
+
 === TEST 22: a backup server serves while the primary refuses
 --- http_config
 upstream withbackup {

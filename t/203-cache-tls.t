@@ -87,6 +87,9 @@ $before = length nginx_error_log();
 ($st) = request('GET', '/no-client-cert');
 is($st, 502, 'a server that wants a client certificate, none given: 502');
 like(substr(nginx_error_log(), $before), qr{\[(error|crit|info)\].*(SSL|upstream: "rediss://127\.0\.0\.1:$mtls")}, "the log names the TLS upstream");
+like(substr(nginx_error_log(), $before), qr{\[(error|crit)\].*SSL_\w+\(\) failed .* while (SSL handshaking to|reading|sending request to) upstream, upstream: 127\.0\.0\.1:$mtls},
+    "nginx's own line says what the shared connection was doing, and to which server");
+unlike(substr(nginx_error_log(), $before), qr/while \S+ while/, 'one "while" a line');
 is(join(' ', (request('GET', '/client-cert'))[0, 1]), '200 hello over tls', 'mutual TLS with cache_ssl_certificate');
 
 # Redis does not take plain RESP on its TLS port: it resets the connection.

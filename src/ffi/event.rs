@@ -148,6 +148,35 @@ impl Socket {
         Some(s)
     }
 
+    /// A connection that nginx connected (ngx_event_connect_peer), logging
+    /// to `log` from now on, and watched as the module's other sockets are:
+    /// nginx registered both its events edge-triggered (epoll's
+    /// add_conn); the module's owners watch one event at a time,
+    /// level-triggered (`watch_read`, `watch_write`), and stop watching
+    /// reads while a client holds them back. Nothing is watched until
+    /// they ask.
+    ///
+    /// # Safety
+    /// `c` is a live connection of nginx's that nothing else uses.
+    pub(super) unsafe fn adopt(c: NonNull<ngx_connection_t>, log: Log) -> Socket {
+        let s = Socket(c);
+        s.set_log(log);
+        // SAFETY: the event module's actions are set before any connection
+        // is made; the connection is live (as the caller promises).
+        unsafe {
+            match ngx_event_actions.del_conn {
+                Some(del_conn) if s.read().get().active() != 0 => {
+                    del_conn(c.as_ptr(), 0);
+                }
+                _ => {
+                    s.watch_read(false);
+                    s.watch_write(false);
+                }
+            }
+        }
+        s
+    }
+
     // A handle to nginx's connection, like a raw pointer (see Event::get).
     #[allow(clippy::mut_from_ref)]
     fn get_mut(&self) -> &mut ngx_connection_t {

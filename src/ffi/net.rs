@@ -1,14 +1,34 @@
 //! Outbound connections of the module's own (not a request's upstream,
 //! which nginx's upstream code connects): the cache's pipelined and
 //! subscribing connections to Redis and the database driver's cancel
-//! requests. A nonblocking connect watched by nginx's events, TLS with
-//! nginx's context (as `proxy_ssl*` does it), and reads and writes through
-//! either.
+//! requests. nginx makes them as it makes its upstream connections
+//! (`ngx_event_connect_peer`): its socket and connection, its reads and
+//! writes (`c->recv`, `c->send`, which TLS replaces by its own), TLS with
+//! nginx's context (as `proxy_ssl*` does it), and `ngx_close_connection`.
+//! Each has a log of its own, a copy of the cycle's whose lines end as
+//! nginx's upstream lines do: "while connecting to upstream" (or what else
+//! the connection was doing), then the server.
 
-use std::ffi::c_int;
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::fmt;
 use std::io;
+use std::ptr::NonNull;
 
 use super::*;
+
+/// What nginx's lines about a connection say it was doing (its words for
+/// its own upstream connections).
+const CONNECTING: &CStr = c"connecting to upstream";
+const HANDSHAKING: &CStr = c"SSL handshaking to upstream";
+const SENDING: &CStr = c"sending request to upstream";
+const READING: &CStr = c"reading upstream";
+
+/// nginx's words for a connection to a server that timed out.
+pub const TIMED_OUT: &str = "upstream timed out (110: Connection timed out)";
+
+/// Room for a server's address as text ("unix:" and a socket's path at
+/// most; nginx's NGX_SOCKADDR_STRLEN is less).
+const NAME_ROOM: usize = 160;
 
 /// TLS to a server: nginx's context, as a location's settings made it, and
 /// what to check.
@@ -46,39 +66,216 @@ impl IoError {
     }
 }
 
+/// Where a connection goes, and how.
+pub struct Peer<'a> {
+    /// The server's address: a sockaddr's bytes (IPv4, IPv6 or a Unix
+    /// socket).
+    pub sockaddr: &'a [u8],
+    /// SO_KEEPALIVE.
+    pub keepalive: bool,
+    /// TCP_NODELAY (TCP only: nginx leaves it off on Unix sockets). nginx
+    /// turns it on for its upstream connections once they are kept or
+    /// start TLS: for a connection that writes again while what it wrote
+    /// before is not answered yet, which Nagle's algorithm would hold back.
+    pub nodelay: bool,
+    /// Where nginx writes why a connect failed at once: a request's log
+    /// (the line then names the request, as nginx's upstream lines do), or
+    /// None for the connection's own.
+    pub log: Option<Log>,
+}
+
+/// A connect that did not start. nginx has logged why, "while connecting
+/// to upstream"; this says it in a few words, for a line of the caller's
+/// that tells what the failure comes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectError(&'static str);
+
+impl fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
 /// A connection of the module's own to a server, watched by nginx.
 pub struct Outbound {
     socket: Socket,
-    /// TLS was started on it (reads and writes go through OpenSSL).
-    tls: bool,
+    /// Its log and the server's name, which nginx's lines about it use
+    /// (freed by `close`, after the connection).
+    named: NonNull<Named>,
+}
+
+/// A connection's own log, and the server's name that its lines end with.
+/// nginx holds pointers to both (the connection's log, and the log's
+/// data), so they stay where `Named::new` put them, in their box.
+struct Named {
+    log: ngx_log_t,
+    name: ngx_str_t,
+    text: [u8; NAME_ROOM],
+    addr: libc::sockaddr_storage,
+    socklen: libc::socklen_t,
+}
+
+impl Named {
+    /// The address and its text, and a copy of the cycle's log that ends
+    /// its lines with `log_line_end`. None when the bytes are not a socket
+    /// address.
+    fn new(sockaddr: &[u8]) -> Option<NonNull<Named>> {
+        let len = sockaddr.len();
+        let storage = std::mem::size_of::<libc::sockaddr_storage>();
+        if len < std::mem::size_of::<libc::sa_family_t>() || len > storage {
+            return None;
+        }
+        // SAFETY: a plain read of the cycle's log (Log::cycle), copied.
+        let log = unsafe { Log::cycle().as_ptr().as_ref() }.copied()?;
+        // SAFETY: all-zero is a valid value of each of these C structs and
+        // arrays (pointers null, lengths 0).
+        let mut n: Box<Named> = Box::new(unsafe { std::mem::zeroed() });
+        // SAFETY: `len` bytes into a storage of at least that many (checked).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                sockaddr.as_ptr(),
+                (&mut n.addr as *mut libc::sockaddr_storage).cast(),
+                len,
+            )
+        };
+        n.socklen = len as libc::socklen_t;
+        // SAFETY: a socket address of its length, aligned as any is (in a
+        // sockaddr_storage); nginx writes at most NAME_ROOM bytes of text.
+        let written = unsafe {
+            ngx_sock_ntop(
+                (&mut n.addr as *mut libc::sockaddr_storage).cast(),
+                n.socklen,
+                n.text.as_mut_ptr(),
+                NAME_ROOM,
+                1,
+            )
+        };
+        let n = NonNull::from(Box::leak(n));
+        // SAFETY: the box just leaked, which nothing else uses yet; the
+        // pointers taken into it stay valid until `Outbound::close` (or
+        // `drop_named`) frees it.
+        unsafe {
+            let me = &mut *n.as_ptr();
+            me.name = ngx_str_t {
+                len: written.min(NAME_ROOM),
+                data: me.text.as_mut_ptr(),
+            };
+            me.log = log;
+            me.log.handler = Some(log_line_end);
+            me.log.data = n.as_ptr().cast();
+            me.log.action = std::ptr::null_mut();
+            me.log.connection = 0;
+        }
+        Some(n)
+    }
+}
+
+/// Frees a connection's log and name, once nothing of nginx's points at
+/// them any more.
+///
+/// # Safety
+/// `named` came from `Named::new` and is not used after.
+unsafe fn drop_named(named: NonNull<Named>) {
+    // SAFETY: as the caller promises: the box Named::new leaked.
+    drop(unsafe { Box::from_raw(named.as_ptr()) });
 }
 
 impl Outbound {
-    /// A nonblocking socket for the address (TCP_NODELAY on TCP, and
-    /// SO_KEEPALIVE when `keepalive`), its connect started, and an nginx
-    /// connection watching it. Its events carry `data` to `handler`.
+    /// nginx's socket and connection for `peer`, its connect started
+    /// (nonblocking), with TCP_NODELAY and SO_KEEPALIVE as `peer` asks.
+    /// Its events carry `data` to `handler` once its owner watches them.
     pub fn connect(
-        sockaddr: &[u8],
-        keepalive: bool,
+        peer: &Peer<'_>,
         handler: ngx_event_handler_pt,
-        data: *mut std::ffi::c_void,
-    ) -> Result<(Outbound, Connect), String> {
-        let (fd, rc) = nonblocking_connect(sockaddr).map_err(|e| format!("connect() failed ({e})"))?;
-        if keepalive {
-            set_int_option(fd, libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1);
-        }
-        let Some(socket) = Socket::get(fd, Log::cycle()) else {
-            // SAFETY: the socket is ours and nothing else holds it.
-            unsafe { libc::close(fd) };
-            return Err("no free connection (worker_connections)".to_owned());
+        data: *mut c_void,
+    ) -> Result<(Outbound, Connect), ConnectError> {
+        let Some(named) = Named::new(peer.sockaddr) else {
+            crate::log!(
+                NGX_LOG_ALERT,
+                peer.log.unwrap_or_else(Log::cycle),
+                "connect() of {} bytes that are no socket address",
+                peer.sockaddr.len()
+            );
+            return Err(ConnectError("connect() failed"));
         };
+        let (rc, c) = {
+            // SAFETY: Named::new's box, live until the Outbound closes (or
+            // below, on failure); nothing else uses it yet.
+            let me = unsafe { &mut *named.as_ptr() };
+            // SAFETY: all-zero is a peer connection with nothing set
+            // (pointers null, no local address, SOCK_STREAM).
+            let mut pc: ngx_peer_connection_t = unsafe { std::mem::zeroed() };
+            pc.sockaddr = (&mut me.addr as *mut libc::sockaddr_storage).cast();
+            pc.socklen = me.socklen;
+            pc.name = &mut me.name;
+            pc.get = Some(ngx_event_get_peer);
+            pc.set_so_keepalive(peer.keepalive.into());
+            // nginx's lines for reads and writes that fail on the socket (a
+            // server that resets the connection, say) are at info: the
+            // owner's line says so, error included, at its level (TLS
+            // raises it: see start_tls).
+            pc.set_log_error(ngx_connection_log_error_e_NGX_ERROR_INFO as _);
+            me.log.action = CONNECTING.as_ptr() as *mut c_char;
+            let own: *mut ngx_log_t = &mut me.log;
+            let log = peer.log.map_or(own, Log::as_ptr);
+            pc.log = log;
+            // SAFETY: pc's address, name and log are live for the call (the
+            // caller's log: Log's promise); nginx's connection array and
+            // event loop are this thread's. The caller's log says what it
+            // is doing for the call only.
+            let rc = unsafe {
+                let was = (*log).action;
+                (*log).action = CONNECTING.as_ptr() as *mut c_char;
+                let rc = ngx_event_connect_peer(&mut pc);
+                if log != own {
+                    (*log).action = was;
+                }
+                rc
+            };
+            (rc, NonNull::new(pc.connection))
+        };
+        let c = match (rc, c) {
+            (OK | AGAIN, Some(c)) => c,
+            _ => {
+                // SAFETY: nothing of nginx's points at it: it closed the
+                // connection it may have made (ngx_event_connect_peer).
+                unsafe { drop_named(named) };
+                return Err(ConnectError(match rc {
+                    DECLINED => "connect() failed",
+                    BUSY => "no live upstreams",
+                    _ => "no socket or no free connection",
+                }));
+            }
+        };
+        // SAFETY: nginx's new connection, which nothing else uses; its own
+        // log lives as long as the Outbound, which closes the connection
+        // before it frees the log.
+        let socket = unsafe {
+            let own = &mut (*named.as_ptr()).log;
+            own.connection = c.as_ref().number;
+            Socket::adopt(c, Log::from_raw(own))
+        };
+        if peer.nodelay {
+            // (Best effort: nginx logs a failure; on a Unix socket it does
+            // nothing.)
+            // SAFETY: a live connection of nginx's.
+            unsafe { ngx_tcp_nodelay(socket.as_ptr()) };
+        }
         socket.set_data(data);
         socket.set_handler(handler);
-        Ok((Outbound { socket, tls: false }, rc))
+        let rc = if rc == OK { Connect::Done } else { Connect::InProgress };
+        Ok((Outbound { socket, named }, rc))
     }
 
     pub fn socket(&self) -> &Socket {
         &self.socket
+    }
+
+    /// What nginx's lines about the connection say it is doing.
+    fn set_action(&self, action: &'static CStr) {
+        // SAFETY: the connection's own log (Named), live until close; nginx
+        // only reads it, between calls of this thread.
+        unsafe { (*self.named.as_ptr()).log.action = action.as_ptr() as *mut c_char };
     }
 
     /// The outcome of the connect, once the socket is writable.
@@ -95,12 +292,12 @@ impl Outbound {
                 &mut len,
             )
         };
-        let e = match (rc, err) {
+        let err = match (rc, err) {
             (0, 0) => return Ok(()),
-            (0, err) => io::Error::from_raw_os_error(err),
-            _ => io::Error::last_os_error(),
+            (0, err) => err,
+            _ => io::Error::last_os_error().raw_os_error().unwrap_or(0),
         };
-        Err(format!("connect() failed ({e})"))
+        Err(format!("connect() failed {}", os_error(err)))
     }
 
     /// Starts the TLS handshake on the connected socket: Ok(true) when it
@@ -108,7 +305,7 @@ impl Outbound {
     /// handler has the events (it calls `done` when it ends, well or not).
     pub fn start_tls(&mut self, tls: &TlsClient, done: ngx_connection_handler_pt) -> Result<bool, String> {
         let c = self.socket.as_ptr();
-        self.tls = true;
+        self.set_action(HANDSHAKING);
         // SAFETY: our own connection and nginx's TLS context, which lives
         // as long as the configuration; OpenSSL copies the name.
         let rc = unsafe {
@@ -132,6 +329,9 @@ impl Outbound {
                 SSL_ctrl(conn, SSL_CTRL_SET_TLSEXT_HOSTNAME as _, 0, name.as_ptr() as *mut _);
             }
             (*(*c).ssl).handler = done;
+            // Only nginx's lines say why TLS failed (the owner's, that it
+            // did): at error, as for nginx's upstream connections.
+            (*c).set_log_error(ngx_connection_log_error_e_NGX_ERROR_ERR as _);
             ngx_ssl_handshake(c)
         };
         Ok(rc != AGAIN)
@@ -184,54 +384,49 @@ impl Outbound {
         self.io(buf.as_mut_ptr(), buf.len(), true)
     }
 
+    /// One read or write through the connection's own functions: nginx's
+    /// for a socket (`ngx_recv`, `ngx_send`), OpenSSL's through nginx once
+    /// the TLS handshake is done.
     fn io(&self, p: *mut u8, len: usize, recv: bool) -> Result<usize, IoError> {
-        let (c, fd) = (self.socket.as_ptr(), self.socket.fd());
-        loop {
-            // SAFETY: plain socket calls on our own socket, or nginx's TLS
-            // calls on its own connection (made by the handshake), each
-            // with a buffer of the caller's of the length given.
-            let n = unsafe {
-                match (recv, self.tls) {
-                    (false, false) => libc::send(fd, p as *const _, len, libc::MSG_NOSIGNAL),
-                    (false, true) => ngx_ssl_write(c, p, len),
-                    (true, false) => libc::recv(fd, p.cast(), len, 0),
-                    (true, true) => ngx_ssl_recv(c, p, len),
+        let c = self.socket.as_ptr();
+        self.set_action(if recv { READING } else { SENDING });
+        // SAFETY: nginx set the connection's recv and send when it made it
+        // (and the TLS handshake replaced them); the buffer is the caller's,
+        // of the length given.
+        let (n, tls) = unsafe {
+            let f = if recv { (*c).recv } else { (*c).send };
+            (f.map_or(ERROR, |f| f(c, p, len)), !(*c).ssl.is_null())
+        };
+        // (Read first: nothing in between may change it.)
+        let err = io::Error::last_os_error().raw_os_error().unwrap_or(0);
+        match n {
+            n if n > 0 => Ok(n as usize),
+            0 if recv => Err(IoError::Closed),
+            0 => Ok(0),
+            AGAIN => Ok(0),
+            // (nginx has logged why, at its level.)
+            _ if tls => Err(IoError::Failed(
+                if recv {
+                    "SSL_read() failed"
+                } else {
+                    "SSL_write() failed"
                 }
-            };
-            if n > 0 {
-                return Ok(n as usize);
-            }
-            if n == 0 && recv {
-                return Err(IoError::Closed);
-            }
-            if self.tls {
-                return match n as ngx_int_t {
-                    AGAIN => Ok(0),
-                    // (nginx has logged why, at its level.)
-                    _ => Err(IoError::Failed(format!(
-                        "a TLS error while {}",
-                        if recv { "reading" } else { "sending" }
-                    ))),
-                };
-            }
-            let e = io::Error::last_os_error();
-            match e.kind() {
-                io::ErrorKind::WouldBlock => return Ok(0),
-                io::ErrorKind::Interrupted => continue,
-                _ => {
-                    return Err(IoError::Failed(format!(
-                        "{}() failed ({e})",
-                        if recv { "recv" } else { "send" }
-                    )))
-                }
-            }
+                .to_owned(),
+            )),
+            // (nginx's line is at info: this one says why.)
+            _ => Err(IoError::Failed(format!(
+                "{}() failed {}",
+                if recv { "recv" } else { "send" },
+                os_error(err)
+            ))),
         }
     }
 
     /// Closes the connection, and frees its TLS state at once (no
     /// close_notify sent or awaited).
     pub fn close(self) {
-        let c = self.socket.as_ptr();
+        let Outbound { socket, named } = self;
+        let c = socket.as_ptr();
         // SAFETY: our own connection; its TLS state, if any, is nginx's.
         let pool = unsafe {
             if let Some(ssl) = (*c).ssl.as_mut() {
@@ -241,56 +436,55 @@ impl Outbound {
             }
             std::mem::replace(&mut (*c).pool, std::ptr::null_mut())
         };
-        self.socket.close();
+        socket.close();
         if !pool.is_null() {
             // SAFETY: the pool made for the connection's TLS state, which
             // is freed; nothing else refers to it.
             unsafe { ngx_destroy_pool(pool) };
         }
+        // SAFETY: the connection that logged to it is closed.
+        unsafe { drop_named(named) };
     }
 }
 
-/// A nonblocking socket for the address, and its connect started.
-fn nonblocking_connect(sockaddr: &[u8]) -> Result<(c_int, Connect), io::Error> {
-    if sockaddr.len() < std::mem::size_of::<libc::sa_family_t>() {
-        return Err(io::Error::from(io::ErrorKind::InvalidInput));
-    }
-    // SAFETY: the address starts with its family (any sockaddr does);
-    // read unaligned from the bytes.
-    let family = c_int::from(unsafe { std::ptr::read_unaligned(sockaddr.as_ptr() as *const libc::sa_family_t) });
-    // SAFETY: a plain system call.
-    let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if family != libc::AF_UNIX {
-        set_int_option(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, 1);
-    }
-    // SAFETY: our socket, and an address of its stated length.
-    let rc = unsafe { libc::connect(fd, sockaddr.as_ptr().cast(), sockaddr.len() as libc::socklen_t) };
-    if rc == 0 {
-        return Ok((fd, Connect::Done));
-    }
-    let e = io::Error::last_os_error();
-    if e.raw_os_error() == Some(libc::EINPROGRESS) {
-        return Ok((fd, Connect::InProgress));
-    }
-    // SAFETY: our socket, not handed to anyone.
-    unsafe { libc::close(fd) };
-    Err(e)
+/// An OS error as nginx writes it: "(111: Connection refused)".
+fn os_error(err: c_int) -> String {
+    let mut text = [0u8; 128];
+    // SAFETY: nginx writes at most the room given and returns the end of
+    // what it wrote.
+    let end = unsafe { ngx_strerror(err, text.as_mut_ptr(), text.len()) };
+    let n = (end as usize).saturating_sub(text.as_ptr() as usize).min(text.len());
+    format!("({err}: {})", String::from_utf8_lossy(&text[..n]))
 }
 
-/// An int socket option (best effort: a socket that does not take it
-/// works without).
-fn set_int_option(fd: c_int, level: c_int, name: c_int, value: c_int) {
-    // SAFETY: a setsockopt on our socket with a local int of its size.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            name,
-            (&value as *const c_int).cast(),
-            std::mem::size_of::<c_int>() as libc::socklen_t,
-        )
-    };
+/// Ends nginx's lines about one of the connections, as its upstream lines
+/// end: what it was doing (" while connecting to upstream"), and the
+/// server (", upstream: 127.0.0.1:6379").
+extern "C" fn log_line_end(log: *mut ngx_log_t, buf: *mut u8, len: usize) -> *mut u8 {
+    guard(Log::cycle(), "outbound connection log", buf, || {
+        // SAFETY: nginx passes the log whose line it writes (a Named's,
+        // whose data is the Named, live while its connection is) and the
+        // room left in the line.
+        let (log, room) = unsafe { (&*log, std::slice::from_raw_parts_mut(buf, len)) };
+        let mut at = 0;
+        if !log.action.is_null() {
+            put(room, &mut at, b" while ");
+            // SAFETY: actions are static C strings (set_action).
+            put(room, &mut at, unsafe { CStr::from_ptr(log.action) }.to_bytes());
+        }
+        // SAFETY: as above: the log's data is its Named.
+        if let Some(named) = unsafe { (log.data as *const Named).as_ref() } {
+            put(room, &mut at, b", upstream: ");
+            put(room, &mut at, &named.text[..named.name.len]);
+        }
+        // SAFETY: `at` is within the room nginx gave.
+        unsafe { buf.add(at) }
+    })
+}
+
+/// Copies what fits of `bytes` into `room` at `at`.
+fn put(room: &mut [u8], at: &mut usize, bytes: &[u8]) {
+    let n = bytes.len().min(room.len() - *at);
+    room[*at..*at + n].copy_from_slice(&bytes[..n]);
+    *at += n;
 }

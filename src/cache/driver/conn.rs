@@ -7,7 +7,7 @@
 
 use std::ffi::c_void;
 
-use crate::ffi::net::{Connect, Outbound, TlsClient};
+use crate::ffi::net::{Connect, ConnectError, Outbound, Peer, TlsClient, TIMED_OUT};
 use crate::ffi::*;
 
 /// Bytes asked of the socket per read.
@@ -47,6 +47,9 @@ pub struct Dial<'a> {
     pub connect_timeout: ngx_msec_t,
     /// SO_KEEPALIVE (`cache_socket_keepalive`).
     pub keepalive: bool,
+    /// The log of the request the connection is made for, if any: nginx's
+    /// line for a connect that fails at once names the request.
+    pub log: Option<Log>,
 }
 
 pub struct RedisConn {
@@ -106,23 +109,29 @@ impl RedisConn {
 
     /// Starts a connection; its events go to owner `O` with `data`. Up when
     /// it connected at once (and needs no TLS handshake), else Wait, or
-    /// Lost (why) when it cannot start.
+    /// Lost (why) when it cannot go on; an error when the connect did not
+    /// start (nginx has logged why).
     /// What its owner queued before stays queued.
-    pub fn open<O: Owner>(&mut self, to: &Dial<'_>, data: *mut c_void) -> Step {
+    pub fn open<O: Owner>(&mut self, to: &Dial<'_>, data: *mut c_void) -> Result<Step, ConnectError> {
         if let Some(s) = self.sock.take() {
             s.close();
         }
         self.tls = to.tls.cloned();
         self.connect_timeout = to.connect_timeout;
         self.timed_out = false;
-        let (sock, rc) = match Outbound::connect(to.addr, to.keepalive, Some(socket_event::<O>), data) {
-            Ok(v) => v,
-            Err(why) => return Step::Lost(why),
+        let peer = Peer {
+            sockaddr: to.addr,
+            keepalive: to.keepalive,
+            // Requests are written while those before them wait for their
+            // replies (and TLS's short records): none waits for an ACK.
+            nodelay: true,
+            log: to.log,
         };
+        let (sock, rc) = Outbound::connect(&peer, Some(socket_event::<O>), data)?;
         self.sock = Some(sock);
         self.state = State::Connecting;
         if rc == Connect::Done {
-            return self.transport_ready::<O>();
+            return Ok(self.transport_ready::<O>());
         }
         let timeout = self.connect_timeout;
         let watched = self.socket().is_some_and(|s| {
@@ -130,9 +139,9 @@ impl RedisConn {
             s.watch_write(true)
         });
         if !watched {
-            return self.lost("cannot watch the connection");
+            return Ok(self.lost("cannot watch the connection"));
         }
-        Step::Wait
+        Ok(Step::Wait)
     }
 
     /// A failure: the owner, told, closes the connection (its state says
@@ -172,7 +181,7 @@ impl RedisConn {
         if let Err(why) = sock.check_tls(tls) {
             if timedout {
                 self.timed_out = true;
-                return self.lost("upstream timed out (110: Connection timed out) in the TLS handshake");
+                return self.lost(&format!("{TIMED_OUT} in the TLS handshake"));
             }
             return self.lost(&why);
         }
@@ -201,7 +210,7 @@ impl RedisConn {
             State::Down | State::Handshaking => Step::Wait,
             State::Connecting if timedout => {
                 self.timed_out = true;
-                self.lost("upstream timed out (110: Connection timed out)")
+                self.lost(TIMED_OUT)
             }
             State::Connecting => match self.sock.as_ref().map(Outbound::connect_result) {
                 Some(Ok(())) => self.transport_ready::<O>(),

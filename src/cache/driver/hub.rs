@@ -250,10 +250,16 @@ impl RedisHub {
             tls: self.tls.as_ref(),
             connect_timeout: self.connect_timeout,
             keepalive: false,
+            log: None,
         };
         let l = &mut self.links[i];
         let data: *mut Link = l;
-        let step = l.conn.open::<RedisHub>(&dial, data.cast());
+        // (A connect that did not start: nginx's line says why, this one
+        // what it comes to.)
+        let step = l
+            .conn
+            .open::<RedisHub>(&dial, data.cast())
+            .unwrap_or_else(|e| Step::Lost(e.to_string()));
         if let Some(s) = l.conn.socket() {
             // nginx tells an idle connection when it exits (a reload, a quit).
             s.set_idle(true);

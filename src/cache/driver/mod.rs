@@ -20,7 +20,7 @@ use gateway_core::redis::ReplyError;
 use crate::common::hub::HubRef;
 use crate::common::token::ReqToken;
 use crate::ffi::net::TlsClient;
-use crate::ffi::ngx_msec_t;
+use crate::ffi::{ngx_msec_t, Log};
 
 pub use pipes::Pipes;
 
@@ -136,6 +136,18 @@ pub struct Endpoint<'a> {
     pub db: u32,
     /// `cache_socket_keepalive`.
     pub so_keepalive: bool,
+    /// The request's log: nginx's line for a connect that fails at once
+    /// names the request.
+    pub log: Log,
+}
+
+/// Why a request has no connection.
+#[derive(Debug)]
+pub enum OpenError {
+    /// The connect did not start: nginx has logged why, on the request's log.
+    Logged,
+    /// Why, for the request's line.
+    Failed(String),
 }
 
 /// A number for the next request's PING token: never the same twice in a

@@ -25,7 +25,7 @@ use gateway_core::redis::{self, Event as RedisEvent, Exchange, Plan, ReplyError,
 use gateway_core::resp::{self, Reply};
 
 use super::conn::{run_owner, Dial, Owner, RedisConn, Step};
-use super::{next_ping, DbStep, Endpoint, ExchangeError, Handle, Outcome, PipeId, Sink};
+use super::{next_ping, DbStep, Endpoint, ExchangeError, Handle, OpenError, Outcome, PipeId, Sink};
 use crate::ffi::net::TlsClient;
 use crate::ffi::*;
 use crate::log;
@@ -297,7 +297,7 @@ impl PipeConn {
             .is_some_and(|w| now.wrapping_sub(w.since) >= SLOW_MS)
     }
 
-    pub(super) fn open(id: PipeId, to: &Endpoint<'_>, sink: &'static dyn Sink) -> Result<Box<PipeConn>, String> {
+    pub(super) fn open(id: PipeId, to: &Endpoint<'_>, sink: &'static dyn Sink) -> Result<Box<PipeConn>, OpenError> {
         let mut c = Box::new(PipeConn {
             id,
             addr: to.addr.to_vec(),
@@ -337,13 +337,15 @@ impl PipeConn {
             tls: to.tls,
             connect_timeout: to.connect_timeout,
             keepalive: to.so_keepalive,
+            log: Some(to.log),
         };
         match c.conn.open::<PipeConn>(&dial, data.cast()) {
-            Step::Lost(why) => {
+            Err(_) => return Err(OpenError::Logged),
+            Ok(Step::Lost(why)) => {
                 c.conn.close();
-                return Err(why);
+                return Err(OpenError::Failed(why));
             }
-            step => c.step(0, step),
+            Ok(step) => c.step(0, step),
         }
         Ok(c)
     }

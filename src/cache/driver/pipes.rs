@@ -4,7 +4,7 @@
 use std::cell::{Cell, RefCell};
 
 use super::pipe::{PipeConn, DEPTH, MAX_CONNS};
-use super::{Endpoint, PipeId, Sink};
+use super::{Endpoint, OpenError, PipeId, Sink};
 use crate::ffi::*;
 
 /// The worker's pipelined connections (driver::pipes).
@@ -22,7 +22,7 @@ impl Pipes {
     /// that is neither deep nor slow (one in the request's database before
     /// the others), else a new one (up to `MAX_CONNS`), else the least
     /// loaded.
-    pub fn pick(&self, to: &Endpoint<'_>, sink: &'static dyn Sink) -> Result<PipeId, String> {
+    pub fn pick(&self, to: &Endpoint<'_>, sink: &'static dyn Sink) -> Result<PipeId, OpenError> {
         let mut conns = self.conns.borrow_mut();
         // Closed connections go (nothing refers to them: their requests
         // heard of it, and their events are off).
@@ -72,7 +72,7 @@ impl Pipes {
         let c = PipeConn::open(id, to, sink)?;
         if c.is_closed() {
             // (It failed at once: a TLS setup that could not start, say.)
-            return Err(c.closed_why.clone());
+            return Err(OpenError::Failed(c.closed_why.clone()));
         }
         conns.push(c);
         Ok(id)

@@ -9,7 +9,7 @@ use std::ffi::c_void;
 use gateway_core::pgwire::cancel_request;
 
 use super::pq::CancelKey;
-use crate::ffi::net::Outbound;
+use crate::ffi::net::{Outbound, Peer, TIMED_OUT};
 use crate::ffi::*;
 
 /// Where a cancel request stands.
@@ -30,9 +30,17 @@ pub struct Canceller {
 
 impl Canceller {
     /// Connects (nonblocking) to the server of `key`; `handler` runs on the
-    /// connection's events, which carry `data`.
+    /// connection's events, which carry `data`. A connect that did not
+    /// start is logged by nginx; the error says so in a few words.
     pub fn start(key: &CancelKey, handler: ngx_event_handler_pt, data: *mut c_void) -> Result<Canceller, String> {
-        let (conn, _) = Outbound::connect(&key.addr, false, handler, data)?;
+        let peer = Peer {
+            sockaddr: &key.addr,
+            keepalive: false,
+            // One packet, then the server closes: nothing to hold back.
+            nodelay: false,
+            log: None,
+        };
+        let (conn, _) = Outbound::connect(&peer, handler, data).map_err(|e| e.to_string())?;
         let me = Canceller {
             conn,
             packet: cancel_request(key.pid, key.key),
@@ -54,7 +62,12 @@ impl Canceller {
     /// then wait for the server to close.
     pub fn on_event(&mut self, timed_out: bool) -> Progress {
         if timed_out {
-            return Progress::Failed("timed out".into());
+            let doing = if self.sent {
+                "reading upstream"
+            } else {
+                "connecting to upstream"
+            };
+            return Progress::Failed(format!("{TIMED_OUT} while {doing}"));
         }
         if !self.sent {
             if let Err(why) = self.conn.connect_result() {

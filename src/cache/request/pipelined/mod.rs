@@ -13,7 +13,9 @@ use gateway_core::redis;
 
 use super::{ctx_of, tls_of_location};
 use crate::cache::config::{Cache, CacheLocConf};
-use crate::cache::driver::{self, authfail, next_ping, DbStep, Endpoint, ExchangeError, Handle, Outcome, PipeId, Sink};
+use crate::cache::driver::{
+    self, authfail, next_ping, DbStep, Endpoint, ExchangeError, Handle, OpenError, Outcome, PipeId, Sink,
+};
 use crate::common::token::{self, ReqToken};
 use crate::ffi::buf::Reuse;
 use crate::ffi::net::TlsClient;
@@ -365,11 +367,16 @@ fn again(r: &mut Req) {
         connect_timeout: lcf.upstream.connect_timeout,
         db: ctx.db.unwrap_or(0),
         so_keepalive: lcf.upstream.socket_keepalive == 1,
+        log: r.log(),
     };
     match driver::pipes().pick(&to, &REQUEST_SIDE) {
         Ok(id) => place(r, id),
-        Err(why) => {
-            log!(NGX_LOG_ERR, r.log(), "cache: {why} while connecting to upstream");
+        Err(e) => {
+            // (nginx's line for a connect that did not start names the
+            // request already.)
+            if let OpenError::Failed(why) = e {
+                log!(NGX_LOG_ERR, r.log(), "cache: {why} while connecting to upstream");
+            }
             next(r, NGX_HTTP_UPSTREAM_FT_ERROR, false, false)
         }
     }
