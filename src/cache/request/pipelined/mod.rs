@@ -354,6 +354,7 @@ fn again(r: &mut Req) {
         return end(r, HTTP_INTERNAL_SERVER_ERROR);
     };
     let lcf: &CacheLocConf = r.loc_conf::<Cache>();
+    let log = r.log();
     let Some(ctx) = ctx_of(r) else { return };
     // (A password Redis refused meanwhile: no new connection for it.)
     if ctx.auth_key.is_some_and(authfail::blocked) {
@@ -367,7 +368,7 @@ fn again(r: &mut Req) {
         connect_timeout: lcf.upstream.connect_timeout,
         db: ctx.db.unwrap_or(0),
         so_keepalive: lcf.upstream.socket_keepalive == 1,
-        log: r.log(),
+        log,
     };
     match driver::pipes().pick(&to, &REQUEST_SIDE) {
         Ok(id) => place(r, id),
