@@ -1,9 +1,11 @@
 //! Making a database connection: libpq's nonblocking connect, one step
-//! (PQconnectPoll) at a time as the socket is ready. Each step runs on a
-//! thread of nginx's pool when there is one (ffi::thread): the step that
-//! answers the server's SCRAM challenge computes the password's proof,
-//! milliseconds of CPU that would hold up every other request of the
-//! worker. What a step asks for next is events.rs's `connect_polled`.
+//! (PQconnectPoll) at a time as the socket is ready. The steps that may
+//! cost milliseconds of CPU run on a thread of nginx's pool when there is
+//! one (ffi::thread): those that read the server's authentication requests
+//! (the answer to a SCRAM challenge computes the password's proof) and
+//! those of a TLS handshake; they would hold up every other request of
+//! the worker. The others run in place. What a step asks for next is
+//! events.rs's `connect_polled`.
 
 use std::cell::RefCell;
 use std::ptr::NonNull;
@@ -60,11 +62,8 @@ fn connect_stepped(step: ConnectStep) {
 }
 
 impl ConnPool {
-    /// PQconnectPoll until the session is up; then the requests that
-    /// waited go out. Each step runs on a thread of nginx's pool when there
-    /// is one: the step that answers the server's SCRAM challenge computes
-    /// the password's proof, milliseconds of CPU that would hold up every
-    /// other request of the worker.
+    /// PQconnectPoll until the session is up (a costly step on a thread);
+    /// then the requests that waited go out.
     pub(super) fn connecting(&mut self, id: ConnId, out: &mut Vec<Delivery>) {
         let pool = NonNull::from(&mut *self);
         let Some(c) = self.conn(id) else { return };
@@ -74,6 +73,11 @@ impl ConnPool {
         if c.polling {
             c.poll_again = true;
             return;
+        }
+        if !c.pg.connect_step_is_heavy() && fault_setting("NGX_GATEWAY_SLOW_CONNECT_STEP").is_none() {
+            // (A cheap step: in place, without a round trip to a thread.)
+            let poll = c.pg.poll_connect();
+            return self.connect_polled(id, poll, out);
         }
         let step = ConnectStep {
             pg: c.pg.poll_handle(),

@@ -125,6 +125,18 @@ impl PgConn {
         unsafe { pq::PQsocket(self.raw()) }
     }
 
+    /// The next step of the connect may cost milliseconds of CPU: it reads
+    /// the server's authentication requests (a SCRAM challenge's proof is
+    /// computed then) or goes on with a TLS handshake.
+    pub fn connect_step_is_heavy(&self) -> bool {
+        // SAFETY: live connection.
+        let status = unsafe { pq::PQstatus(self.raw()) };
+        matches!(
+            status,
+            pq::ConnStatusType::CONNECTION_AWAITING_RESPONSE | pq::ConnStatusType::CONNECTION_SSL_STARTUP
+        )
+    }
+
     /// One step of the connect (PQconnectPoll), in place.
     pub fn poll_connect(&mut self) -> Poll {
         // SAFETY: live connection started with PQconnectStart.
