@@ -130,6 +130,8 @@ pub struct Source {
     pub every: ngx_msec_t,
     /// The worker's bound (`*_buffers_max`; unset: the default).
     pub buffers_max: usize,
+    /// The `retry:` field sent first, in ms (CONF_UNSET_MSEC: none).
+    pub retry: ngx_msec_t,
 }
 
 /// Starts a subscription to `channel` (checked by `valid`) of the hub that
@@ -204,13 +206,14 @@ pub fn start(
     s.heartbeat.log = r.log().as_ptr();
     let now = hub.with(|h| h.subscribe(&channel, token));
     metrics::add(Id::Subscribers, &[fan.source], 1);
-    // The header now; a first line once the server has the subscription
-    // (events reach the client from then on).
-    let written = if now {
-        write(s, SUBSCRIBED).is_ok()
-    } else {
-        r.send_flush() != ERROR
-    };
+    // The header now (`retry:` first); a first line once the server has the
+    // subscription (events reach the client from then on).
+    let mut written = source.retry == CONF_UNSET_MSEC || write(s, &sse::retry(source.retry as u64)).is_ok();
+    if written && now {
+        written = write(s, SUBSCRIBED).is_ok();
+    } else if written {
+        written = r.send_flush() != ERROR;
+    }
     if !written {
         return Ok(ERROR);
     }

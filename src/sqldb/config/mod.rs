@@ -244,6 +244,8 @@ pub struct LocConf {
     pub listen: Option<(ComplexValue, Position)>,
     /// `sqldb_listen_heartbeat`: a comment line this often.
     pub listen_heartbeat: ngx_msec_t,
+    /// `sqldb_listen_retry`: the `retry:` field of the streams (unset: none).
+    pub listen_retry: ngx_msec_t,
     /// `sqldb_jwt_key`: requests carry a bearer token, verified here.
     pub jwt: Option<Rc<auth::JwtConf>>,
     /// `sqldb_jwt_leeway` (seconds).
@@ -356,6 +358,7 @@ create_conf_handler! {
         escapes: Vec::new(),
         listen: None,
         listen_heartbeat: CONF_UNSET_MSEC,
+        listen_retry: CONF_UNSET_MSEC,
         jwt: None,
         jwt_leeway: CONF_UNSET as time_t,
         jwt_role_claim: None,
@@ -407,6 +410,10 @@ impl LocConf {
             prev.listen_heartbeat,
             DEFAULT_LISTEN_HEARTBEAT,
         );
+        // (No `retry:` line unless set.)
+        if self.listen_retry == CONF_UNSET_MSEC {
+            self.listen_retry = prev.listen_retry;
+        }
         merge_flag(&mut self.stream, prev.stream, 0);
         self.stream_connections = self.stream_connections.or(prev.stream_connections);
         merge_flag(&mut self.prepare, prev.prepare, 1);

@@ -33,6 +33,7 @@ pub fn subscribe(
             block,
             every: lcf.listen_heartbeat,
             buffers_max,
+            retry: lcf.listen_retry,
         },
         &FANOUT,
         |_| srv.listener(&FANOUT),
