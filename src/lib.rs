@@ -64,7 +64,7 @@ impl cache::config::Entries for CacheEntries {
         &[(Some(sqldb::request::content_handler), "\"sqldb_pass\"")];
 }
 
-static mut SQLDB_COMMANDS: [ngx_command_t; 26] = [
+static mut SQLDB_COMMANDS: [ngx_command_t; 27] = [
     command(
         "sqldb_server\0",
         NGX_HTTP_UPS_CONF | NGX_CONF_1MORE,
@@ -120,6 +120,13 @@ static mut SQLDB_COMMANDS: [ngx_command_t; 26] = [
         ffi::conf::set_timeout_slot,
         LOC,
         offset_of!(sc::LocConf, listen_heartbeat),
+    ),
+    command(
+        "sqldb_listen_replay\0",
+        NGX_HTTP_LOC_CONF | NGX_HTTP_LIF_CONF | NGX_CONF_TAKE1,
+        sc::replay::cmd_sqldb_listen_replay,
+        LOC,
+        0,
     ),
     command(
         "sqldb_listen_retry\0",
