@@ -64,7 +64,7 @@ impl cache::config::Entries for CacheEntries {
         &[(Some(sqldb::request::content_handler), "\"sqldb_pass\"")];
 }
 
-static mut SQLDB_COMMANDS: [ngx_command_t; 25] = [
+static mut SQLDB_COMMANDS: [ngx_command_t; 27] = [
     command(
         "sqldb_server\0",
         NGX_HTTP_UPS_CONF | NGX_CONF_1MORE,
@@ -120,6 +120,20 @@ static mut SQLDB_COMMANDS: [ngx_command_t; 25] = [
         ffi::conf::set_timeout_slot,
         LOC,
         offset_of!(sc::LocConf, listen_heartbeat),
+    ),
+    command(
+        "sqldb_listen_replay\0",
+        NGX_HTTP_LOC_CONF | NGX_HTTP_LIF_CONF | NGX_CONF_TAKE1,
+        sc::replay::cmd_sqldb_listen_replay,
+        LOC,
+        0,
+    ),
+    command(
+        "sqldb_listen_retry\0",
+        LOC_ANY | NGX_CONF_TAKE1,
+        ffi::conf::set_timeout_slot,
+        LOC,
+        offset_of!(sc::LocConf, listen_retry),
     ),
     command(
         "sqldb_listen_buffers_max\0",
@@ -274,7 +288,7 @@ cycle_handler! {
 
 use cache::config as cc;
 
-static mut CACHE_COMMANDS: [ngx_command_t; 26] = [
+static mut CACHE_COMMANDS: [ngx_command_t; 27] = [
     command(
         "cache_pass\0",
         NGX_HTTP_LOC_CONF | NGX_HTTP_LIF_CONF | NGX_CONF_TAKE1,
@@ -296,6 +310,13 @@ static mut CACHE_COMMANDS: [ngx_command_t; 26] = [
         ffi::conf::set_timeout_slot,
         LOC,
         offset_of!(cc::CacheLocConf, subscribe_heartbeat),
+    ),
+    command(
+        "cache_subscribe_retry\0",
+        LOC_ANY | NGX_CONF_TAKE1,
+        ffi::conf::set_timeout_slot,
+        LOC,
+        offset_of!(cc::CacheLocConf, subscribe_retry),
     ),
     command(
         "cache_subscribe_buffers_max\0",

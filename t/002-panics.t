@@ -224,6 +224,20 @@ GET /off/c/there
 
 
 
+=== TEST 13f: a replay of sqldb_listen_replay: the client that resumes gets 500
+--- entry: sqldb replay
+--- config
+location /r {
+    sqldb_pass database; sqldb_listen $arg_channel;
+    sqldb_listen_replay "select 1::bigint, 'x' where $sqldb_last_event_id::bigint > 0 limit 1";
+}
+--- request eval
+["GET /r?channel=x&last_event_id=1", "GET /alive"]
+--- error_code eval
+[500, 200]
+
+
+
 === TEST 14: the finalizer of the database upstream (a client that leaves mid-query)
 --- entry: finalize_request
 --- config

@@ -83,6 +83,22 @@ pub fn changes_session(sql: &[u8]) -> bool {
     found
 }
 
+/// True when one of `words` (lower case) is a word of the SQL, outside
+/// literals, quoted names and comments, in any letter case.
+pub fn has_word(sql: &[u8], words: &[&str]) -> bool {
+    let mut found = false;
+    scan(sql, |token, range| {
+        if token == Token::Word
+            && words
+                .iter()
+                .any(|w| sql[range.clone()].eq_ignore_ascii_case(w.as_bytes()))
+        {
+            found = true;
+        }
+    });
+    found
+}
+
 /// Where a piece of SQL is not plain code: the text inside it is data
 /// (a string), a name, or nothing at all (a comment).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -435,5 +451,22 @@ mod quote_tests {
         assert_eq!(quote_literal(b"a\\' or 1=1 --").unwrap(), b"E'a\\\\'' or 1=1 --'");
         assert_eq!(quote_literal(b"").unwrap(), b"''");
         assert_eq!(quote_literal(b"nul\0"), None);
+    }
+}
+
+#[cfg(test)]
+mod word_tests {
+    use super::has_word;
+
+    #[test]
+    fn words_outside_quotes_and_comments() {
+        let q = b"select id, data from outbox where id > $1::bigint order by id LIMIT 100";
+        assert!(has_word(q, &["limit", "fetch"]));
+        assert!(has_word(b"select 1 fetch first 5 rows only", &["limit", "fetch"]));
+        assert!(!has_word(
+            b"select 'limit 5', \"limit\" -- limit\n/* limit */",
+            &["limit"]
+        ));
+        assert!(!has_word(b"select unlimited, limits from t", &["limit"]));
     }
 }

@@ -50,6 +50,81 @@ pub fn reconnect() -> Vec<u8> {
     event("reconnect", b"")
 }
 
+/// The `retry:` field alone: how long (ms) a client waits before it comes
+/// back. Readers take it without dispatching an event (it has no data).
+pub fn retry(ms: u64) -> Vec<u8> {
+    format!("retry: {ms}\n\n").into_bytes()
+}
+
+/// The longest id taken from a payload: a first word past it is data.
+pub const ID_MAX: usize = 256;
+
+/// A payload whose first word is its event's id (`pg_notify('c', id || ' '
+/// || data)`): the id and the rest (after the one space). No id when the
+/// first word is empty, longer than `ID_MAX`, or holds a control byte (a
+/// line end would end the field early): the whole payload is the data.
+pub fn split_id(payload: &[u8]) -> (Option<&[u8]>, &[u8]) {
+    let end = payload.iter().position(|&b| b == b' ').unwrap_or(payload.len());
+    let id = &payload[..end];
+    if !valid_id(id) {
+        return (None, payload);
+    }
+    (Some(id), payload.get(end + 1..).unwrap_or(&[]))
+}
+
+/// An id an `id:` line can carry: 1 to `ID_MAX` bytes, no space and no
+/// control byte.
+pub fn valid_id(id: &[u8]) -> bool {
+    !id.is_empty() && id.len() <= ID_MAX && id.iter().all(|&b| b > b' ' && b != 0x7f)
+}
+
+/// An optional '-' and digits (leading zeros allowed).
+fn integer(id: &[u8]) -> Option<(bool, &[u8])> {
+    let (neg, digits) = match id.strip_prefix(b"-") {
+        Some(rest) => (true, rest),
+        None => (false, id),
+    };
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let first = digits.iter().position(|&d| d != b'0').unwrap_or(digits.len());
+    let digits = &digits[first..];
+    // (-0 is 0.)
+    Some((neg && !digits.is_empty(), digits))
+}
+
+/// The order of two ids: as numbers when both are integers (of any
+/// length), else as bytes.
+pub fn compare_ids(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
+    use std::cmp::Ordering;
+    let (Some((na, da)), Some((nb, db))) = (integer(a), integer(b)) else {
+        return a.cmp(b);
+    };
+    let magnitude = da.len().cmp(&db.len()).then_with(|| da.cmp(db));
+    match (na, nb) {
+        (false, false) => magnitude,
+        (true, true) => magnitude.reverse(),
+        (true, false) => Ordering::Less,
+        (false, true) => Ordering::Greater,
+    }
+}
+
+/// An event goes to a subscriber that was last sent `last`: ids above it do
+/// (so does any id when nothing was sent yet).
+pub fn is_after(id: &[u8], last: Option<&[u8]>) -> bool {
+    last.is_none_or(|l| compare_ids(id, l) == std::cmp::Ordering::Greater)
+}
+
+/// `event` with an `id:` line first (the id is `valid_id`).
+pub fn event_with_id(id: &[u8], name: &str, data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(id.len() + 5);
+    out.extend_from_slice(b"id: ");
+    out.extend_from_slice(id);
+    out.push(b'\n');
+    out.extend_from_slice(&event(name, data));
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -84,5 +159,70 @@ mod tests {
         // No line of the payload can end the event early or start a field.
         let e = event("c", b"x\n\nevent: evil\ndata: y");
         assert_eq!(e, b"event: c\ndata: x\ndata: \ndata: event: evil\ndata: data: y\n\n");
+    }
+
+    #[test]
+    fn retry_field() {
+        assert_eq!(retry(2500), b"retry: 2500\n\n");
+    }
+
+    #[test]
+    fn ids_are_the_first_word() {
+        assert_eq!(split_id(b"42 hello world"), (Some(&b"42"[..]), &b"hello world"[..]));
+        assert_eq!(split_id(b"42"), (Some(&b"42"[..]), &b""[..]));
+        assert_eq!(split_id(b"42 "), (Some(&b"42"[..]), &b""[..]));
+        assert_eq!(split_id(b"42  two"), (Some(&b"42"[..]), &b" two"[..]));
+        assert_eq!(split_id(b"a-b:c x\ny"), (Some(&b"a-b:c"[..]), &b"x\ny"[..]));
+        // No id: the whole payload is the data.
+        assert_eq!(split_id(b""), (None, &b""[..]));
+        assert_eq!(split_id(b" lead"), (None, &b" lead"[..]));
+        assert_eq!(split_id(b"4\n2 x"), (None, &b"4\n2 x"[..]));
+        assert_eq!(split_id(b"4\r2 x"), (None, &b"4\r2 x"[..]));
+        assert_eq!(split_id(b"4\x002 x"), (None, &b"4\x002 x"[..]));
+        let long = [b'7'; ID_MAX + 1];
+        assert_eq!(split_id(&long).0, None);
+        assert_eq!(split_id(&long[..ID_MAX]).0, Some(&long[..ID_MAX]));
+    }
+
+    #[test]
+    fn ids_compare_as_numbers_when_both_are() {
+        use std::cmp::Ordering::*;
+        assert_eq!(compare_ids(b"9", b"10"), Less);
+        assert_eq!(compare_ids(b"10", b"9"), Greater);
+        assert_eq!(compare_ids(b"010", b"10"), Equal);
+        assert_eq!(compare_ids(b"-5", b"3"), Less);
+        assert_eq!(compare_ids(b"-5", b"-30"), Greater);
+        assert_eq!(compare_ids(b"-0", b"0"), Equal);
+        assert_eq!(compare_ids(b"0", b"-1"), Greater);
+        let big = b"123456789012345678901234567890";
+        assert_eq!(compare_ids(big, b"9223372036854775807"), Greater);
+        // Else as bytes.
+        assert_eq!(compare_ids(b"9", b"10a"), Greater);
+        assert_eq!(compare_ids(b"1-0", b"1-1"), Less);
+        assert_eq!(compare_ids(b"b", b"abc"), Greater);
+        assert_eq!(compare_ids(b"-", b"-"), Equal);
+        assert!(is_after(b"10", Some(b"9")));
+        assert!(!is_after(b"9", Some(b"9")));
+        assert!(!is_after(b"8", Some(b"9")));
+        assert!(is_after(b"1", None));
+    }
+
+    #[test]
+    fn integer_order_is_a_total_order_like_the_numbers() {
+        let ns: [i64; 9] = [i64::MIN, -1000, -7, -1, 0, 1, 7, 1000, i64::MAX];
+        for a in ns {
+            for b in ns {
+                let (sa, sb) = (a.to_string(), b.to_string());
+                assert_eq!(compare_ids(sa.as_bytes(), sb.as_bytes()), a.cmp(&b), "{a} {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn event_with_its_id() {
+        assert_eq!(
+            event_with_id(b"7", "c", b"x\ny"),
+            b"id: 7\nevent: c\ndata: x\ndata: y\n\n"
+        );
     }
 }

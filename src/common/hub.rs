@@ -177,4 +177,9 @@ pub trait HubSink {
     fn subscribed(&self, to: &[ReqToken]);
     /// nginx is exiting: the subscriptions end.
     fn closing(&self, to: &[ReqToken]);
+    /// The server confirmed the channel on the connection now up (after
+    /// `subscribed`, if it had subscribers waiting).
+    fn listening(&self, _channel: &str) {}
+    /// A subscriber left.
+    fn left(&self, _who: ReqToken) {}
 }

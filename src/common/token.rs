@@ -66,10 +66,17 @@ pub fn unregister(t: ReqToken) {
     REQUESTS.with(|l| l.unregister(t));
 }
 
+/// A token of the requests' kind for work of the gateway's own that no
+/// request carries (a query it runs for subscribers): a driver takes it
+/// as a request's, `with_request` finds nothing for it. `unregister` ends it.
+pub fn reserve() -> ReqToken {
+    REQUESTS.with(|l| l.register(NonNull::dangling()))
+}
+
 /// Runs `f` with the request of a token, if it is still there. The
 /// request is borrowed for the call only.
 pub fn with_request<T>(t: ReqToken, f: impl FnOnce(&mut Req) -> T) -> Option<T> {
-    let p = REQUESTS.with(|l| l.lookup(t))?;
+    let p = REQUESTS.with(|l| l.lookup(t)).filter(|p| *p != NonNull::dangling())?;
     // SAFETY: a registered request is live (it leaves the registry before
     // its pool goes); the reference does not outlive the call.
     Some(f(unsafe { Req::from_raw(p.as_ptr()) }))

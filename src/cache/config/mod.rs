@@ -64,6 +64,8 @@ pub struct CacheLocConf {
     pub subscribe: Option<ComplexValue>,
     /// `cache_subscribe_heartbeat`.
     pub subscribe_heartbeat: ngx_msec_t,
+    /// `cache_subscribe_retry`: the streams' `retry:` field (unset: none).
+    pub subscribe_retry: ngx_msec_t,
     /// `cache_pipeline`: requests share pipelined connections (pipe.rs).
     pub pipeline: ngx_flag_t,
     /// `cache_publish CHANNEL`: POST publishes its body.
@@ -155,6 +157,7 @@ create_conf_handler! {
             auth: None,
             subscribe: None,
             subscribe_heartbeat: CONF_UNSET_MSEC,
+            subscribe_retry: CONF_UNSET_MSEC,
             pipeline: CONF_UNSET,
             publish: None,
             escape_key: CONF_UNSET,
@@ -235,6 +238,12 @@ impl CacheLocConf {
             prev.subscribe_heartbeat,
             CONF_UNSET_MSEC,
             15_000,
+        );
+        merge_or(
+            &mut self.subscribe_retry,
+            prev.subscribe_retry,
+            CONF_UNSET_MSEC,
+            CONF_UNSET_MSEC,
         );
         // An `if` block (or limit_except) without cache_pass of its own
         // passes its location's requests to the same backend.

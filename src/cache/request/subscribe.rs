@@ -37,6 +37,7 @@ pub fn start(r: &mut Req, lcf: &CacheLocConf) -> Result<ngx_int_t, Refused> {
             block: lcf.upstream.upstream,
             every: lcf.subscribe_heartbeat,
             buffers_max,
+            retry: lcf.subscribe_retry,
         },
         &FANOUT,
         |r| hub(r, lcf, auth),

@@ -51,11 +51,12 @@ thread_local! {
     static TEXTS: std::cell::RefCell<std::collections::HashMap<Vec<u8>, u32>> = Default::default();
 }
 
-/// Compiles a template: text pieces and typed parameters.
-fn compile_template(cf: Conf, text: &[u8]) -> Result<Template, ConfError> {
+/// The typed parameters of a template are written where they can be
+/// parameters, each with its type.
+pub(super) fn check_params(directive: &str, text: &[u8]) -> Result<(), ConfError> {
     if let Some(var) = template::cast_without_type(text) {
         return Err(format!(
-            "\"sqldb_query\" directive: \"{var}\" has no type after \"::\" (a typed parameter is written $name::type)"
+            "{directive}: \"{var}\" has no type after \"::\" (a typed parameter is written $name::type)"
         )
         .into());
     }
@@ -66,10 +67,27 @@ fn compile_template(cf: Conf, text: &[u8]) -> Result<Template, ConfError> {
             Region::Comment => "a comment",
         };
         return Err(format!(
-            "\"sqldb_query\" directive: the typed parameter \"{param}\" is inside {inside}, where it cannot be a parameter; write it outside the quotes (for example 'prefix' || {param})"
+            "{directive}: the typed parameter \"{param}\" is inside {inside}, where it cannot be a parameter; write it outside the quotes (for example 'prefix' || {param})"
         )
         .into());
     }
+    Ok(())
+}
+
+/// The statement of an SQL text (templates of the same text share its number).
+pub(super) fn statement_for(sql: &[u8]) -> Rc<Statement> {
+    let id = TEXTS.with(|t| {
+        let mut t = t.borrow_mut();
+        let next = t.len() as u32;
+        *t.entry(sql.to_vec()).or_insert(next)
+    });
+    let name = CString::new(gateway_core::sql::statement_name(sql)).expect("no NUL in hex digits");
+    Rc::new(Statement::new(id, name))
+}
+
+/// Compiles a template: text pieces and typed parameters.
+fn compile_template(cf: Conf, text: &[u8]) -> Result<Template, ConfError> {
+    check_params("\"sqldb_query\" directive", text)?;
     let mut pieces = Vec::new();
     let mut constant = true;
     let mut sql = Vec::new();
@@ -106,15 +124,9 @@ fn compile_template(cf: Conf, text: &[u8]) -> Result<Template, ConfError> {
                 .into(),
         );
     }
-    let id = TEXTS.with(|t| {
-        let mut t = t.borrow_mut();
-        let next = t.len() as u32;
-        *t.entry(sql.clone()).or_insert(next)
-    });
-    let name = CString::new(gateway_core::sql::statement_name(&sql)).expect("no NUL in hex digits");
     Ok(Template {
         pieces,
-        statement: Rc::new(Statement::new(id, name)),
+        statement: statement_for(&sql),
         constant,
         several,
         at: cf.position(),

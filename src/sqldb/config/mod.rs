@@ -4,6 +4,7 @@
 
 pub mod auth;
 pub mod directives;
+pub mod replay;
 pub mod upstream;
 
 use std::ffi::CString;
@@ -244,6 +245,10 @@ pub struct LocConf {
     pub listen: Option<(ComplexValue, Position)>,
     /// `sqldb_listen_heartbeat`: a comment line this often.
     pub listen_heartbeat: ngx_msec_t,
+    /// `sqldb_listen_replay`: the events after a client's last id.
+    pub listen_replay: Option<Rc<replay::Replay>>,
+    /// `sqldb_listen_retry`: the `retry:` field of the streams (unset: none).
+    pub listen_retry: ngx_msec_t,
     /// `sqldb_jwt_key`: requests carry a bearer token, verified here.
     pub jwt: Option<Rc<auth::JwtConf>>,
     /// `sqldb_jwt_leeway` (seconds).
@@ -356,6 +361,8 @@ create_conf_handler! {
         escapes: Vec::new(),
         listen: None,
         listen_heartbeat: CONF_UNSET_MSEC,
+        listen_replay: None,
+        listen_retry: CONF_UNSET_MSEC,
         jwt: None,
         jwt_leeway: CONF_UNSET as time_t,
         jwt_role_claim: None,
@@ -407,6 +414,11 @@ impl LocConf {
             prev.listen_heartbeat,
             DEFAULT_LISTEN_HEARTBEAT,
         );
+        // (No `retry:` line unless set.)
+        if self.listen_retry == CONF_UNSET_MSEC {
+            self.listen_retry = prev.listen_retry;
+        }
+        self.check_replay()?;
         merge_flag(&mut self.stream, prev.stream, 0);
         self.stream_connections = self.stream_connections.or(prev.stream_connections);
         merge_flag(&mut self.prepare, prev.prepare, 1);

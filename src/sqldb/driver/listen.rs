@@ -6,7 +6,7 @@
 //! is subscribed), listens to every channel again, and the subscribers are
 //! told (notifications sent in between are lost).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::CString;
 
 use super::pq::{PgConn, Poll};
@@ -42,6 +42,11 @@ pub struct Listener {
     was_up: bool,
     /// The timer that makes the connection again.
     retry: RetryTimer,
+    /// When each channel was confirmed on the connection now up (a count
+    /// of confirmations): a replay that ran while it stayed so missed no
+    /// notification.
+    confirmed: HashMap<String, u64>,
+    confirmations: u64,
 }
 
 fn quoted(channel: &str) -> String {
@@ -65,6 +70,8 @@ impl Listener {
             busy: false,
             was_up: false,
             retry: RetryTimer::new(std::ptr::null_mut(), Some(retry_event)),
+            confirmed: HashMap::new(),
+            confirmations: 0,
         });
         let data: *mut Listener = &mut *l;
         l.retry.set_data(data.cast());
@@ -89,9 +96,11 @@ impl Listener {
 
     /// A subscriber leaves: UNLISTEN after the channel's last one.
     fn remove(&mut self, channel: &str, who: ReqToken) {
+        self.sink.left(who);
         if !self.channels.remove(channel, who) {
             return;
         }
+        self.confirmed.remove(channel);
         if self.channels.is_empty() {
             // Nobody listens any more: the connection goes too.
             self.close();
@@ -112,6 +121,7 @@ impl Listener {
         self.queue.clear();
         self.in_flight = None;
         self.channels.deactivate();
+        self.confirmed.clear();
         // A connection made later for new subscribers is no reconnect.
         self.was_up = false;
     }
@@ -165,6 +175,7 @@ impl Listener {
         self.queue.clear();
         self.in_flight = None;
         self.channels.deactivate();
+        self.confirmed.clear();
         if self.channels.is_empty() {
             return;
         }
@@ -287,7 +298,10 @@ impl Listener {
                     self.busy = false;
                     if let Some((channel, false)) = self.in_flight.take() {
                         let to = self.channels.confirm(&channel);
+                        self.confirmations += 1;
+                        self.confirmed.insert(channel.clone(), self.confirmations);
                         self.sink.subscribed(&to);
+                        self.sink.listening(&channel);
                     }
                 }
             }
@@ -299,6 +313,17 @@ impl Listener {
             }
         }
         self.send_next();
+    }
+}
+
+impl Listener {
+    /// The channel is listened to on the connection now up: since which
+    /// confirmation (the same number as long as it stays so).
+    pub fn in_effect(&self, channel: &str) -> Option<u64> {
+        if self.state != State::Up {
+            return None;
+        }
+        self.confirmed.get(channel).copied()
     }
 }
 

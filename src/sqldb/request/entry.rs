@@ -57,8 +57,9 @@ fn start_listening(r: &mut Req, lcf: &'static LocConf) -> ngx_int_t {
     let (block, srv) = match upstream_of(r, lcf) {
         Ok(uscf) => {
             // SAFETY: the upstream configuration lives as long as the configuration.
-            match unsafe { uscf.as_ref() }.and_then(sqldb_srv_conf) {
-                Some(srv) => (uscf, srv),
+            let block: Option<&'static ngx_http_upstream_srv_conf_t> = unsafe { uscf.as_ref() };
+            match block.and_then(|b| Some((b, sqldb_srv_conf(b)?))) {
+                Some(found) => found,
                 None => return HTTP_INTERNAL_SERVER_ERROR,
             }
         }

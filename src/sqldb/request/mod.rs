@@ -9,7 +9,7 @@ mod error;
 mod listen;
 mod output;
 mod peer;
-
+mod replay;
 mod respond;
 mod series;
 mod stream;
@@ -101,7 +101,8 @@ impl Sink for RequestSink {
     }
 
     fn deliver(&self, out: Vec<Delivery>) {
-        for d in out {
+        // (A replay's query is no request's.)
+        for d in out.into_iter().filter_map(replay::deliver) {
             respond::deliver(d);
         }
     }

@@ -12,7 +12,7 @@ use crate::ffi::*;
 use crate::sqldb::config::{LocConf, Sqldb, Var};
 use crate::sqldb::driver::{Delivery, PgResult, ReqToken, ResultKind};
 
-fn token_of(d: &Delivery) -> ReqToken {
+pub(super) fn token_of(d: &Delivery) -> ReqToken {
     match d {
         Delivery::Started(t, _)
         | Delivery::Result(t, _)

@@ -6,6 +6,12 @@
 //! heartbeat; `event: reconnect` when the hub's connection was lost and
 //! made again. The request ends when its client leaves, when it falls too
 //! far behind, or when nginx exits.
+//!
+//! Events may carry ids (resume.rs): a subscription that comes with the
+//! client's last id gets the events after it (replayed by its gateway)
+//! before the live ones, none twice.
+
+mod resume;
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -14,7 +20,7 @@ use gateway_core::metrics::Id;
 use gateway_core::sse;
 
 use super::hub::{HubRef, HubSink};
-use super::token::{Registry, ReqToken};
+use super::token::{self, Registry, ReqToken};
 use crate::ffi::buf::Outbox;
 use crate::ffi::*;
 use crate::{log, metrics};
@@ -36,9 +42,13 @@ const BEHIND_HARD: usize = 16 << 20;
 /// `sqldb_listen_buffers_max` / `cache_subscribe_buffers_max` say.
 pub const BUFFERS_MAX: usize = 64 << 20;
 
+pub use resume::{Resume, SubState};
+
 /// A subscription, in the request's pool (dropped with it).
 struct Sub {
     r: *mut ngx_http_request_t,
+    /// The request, as common::token knows it.
+    req: ReqToken,
     token: ReqToken,
     /// What waits for the client: a stream that lasts holds no more than
     /// that, and an event costs the same however much waits.
@@ -55,6 +65,12 @@ struct Sub {
     fan: &'static Fanout,
     every: ngx_msec_t,
     heartbeat: ngx_event_t,
+    /// The response header has gone out (a subscription that resumes sends
+    /// it once its first replayed events are in: `Fanout::open`); what is
+    /// written before waits.
+    header_out: bool,
+    /// Its events carry ids (resume.rs).
+    ids: Option<resume::Ids>,
 }
 
 impl Sub {
@@ -76,6 +92,7 @@ impl Drop for Sub {
             BY_REQUEST.with(|b| b.borrow_mut().remove(&(self.r as usize)));
         }
         self.fan.count(std::mem::take(&mut self.counted), 0);
+        token::unregister(self.req);
         // The hub may be what ended the request (a write that failed while
         // it fanned out): it hears of the leave after the handler.
         LEAVING.with(|l| {
@@ -130,6 +147,8 @@ pub struct Source {
     pub every: ngx_msec_t,
     /// The worker's bound (`*_buffers_max`; unset: the default).
     pub buffers_max: usize,
+    /// The `retry:` field sent first, in ms (CONF_UNSET_MSEC: none).
+    pub retry: ngx_msec_t,
 }
 
 /// Starts a subscription to `channel` (checked by `valid`) of the hub that
@@ -142,6 +161,20 @@ pub fn start(
     fan: &'static Fanout,
     hub: impl FnOnce(&mut Req) -> Option<HubRef>,
 ) -> Result<ngx_int_t, Refused> {
+    start_resuming(r, channel, valid, source, fan, hub, None).map(|(rc, _)| rc)
+}
+
+/// `start`, for a subscription whose events carry ids: what the content
+/// handler returns, and the subscription's token once it is on.
+pub fn start_resuming(
+    r: &mut Req,
+    channel: &[u8],
+    valid: fn(&[u8]) -> bool,
+    source: Source,
+    fan: &'static Fanout,
+    hub: impl FnOnce(&mut Req) -> Option<HubRef>,
+    resume: Option<Resume>,
+) -> Result<(ngx_int_t, Option<ReqToken>), Refused> {
     if r.method() & (NGX_HTTP_GET | NGX_HTTP_HEAD) == 0 {
         return Err(Refused::NotAllowed);
     }
@@ -151,7 +184,7 @@ pub fn start(
     let channel = String::from_utf8_lossy(channel).into_owned();
     let rc = r.discard_body();
     if rc != OK {
-        return Ok(rc);
+        return Ok((rc, None));
     }
     r.set_content_type("text/event-stream");
     r.set_status(200);
@@ -161,11 +194,17 @@ pub fn start(
     }
     if r.method() & NGX_HTTP_HEAD != 0 {
         r.set_header_only();
-        return Ok(r.send_header());
+        return Ok((r.send_header(), None));
     }
-    let rc = r.send_header();
-    if rc == ERROR || rc > OK {
-        return Ok(rc);
+    // A client that resumes gets the header with its first replayed events
+    // (a replay that cannot run is still an error status).
+    let ids = resume.map(resume::Ids::new);
+    let header_out = !ids.as_ref().is_some_and(resume::Ids::holding);
+    if header_out {
+        let rc = r.send_header();
+        if rc == ERROR || rc > OK {
+            return Ok((rc, None));
+        }
     }
     let hub = hub(r).ok_or(Refused::Nginx)?;
     // The metrics and `$upstream_*` name the upstream and its servers.
@@ -180,6 +219,7 @@ pub fn start(
     });
     let sub = Sub {
         r: r.as_ptr(),
+        req: token::register(r),
         token: LIVE.with(Registry::next),
         out: Outbox::new(fan.tag()),
         ended: false,
@@ -192,6 +232,8 @@ pub fn start(
         every: source.every,
         // SAFETY: all-zero is the initial state of an event.
         heartbeat: unsafe { std::mem::zeroed() },
+        header_out,
+        ids,
     };
     let mut sub = r.pool().alloc(sub).ok_or(Refused::Nginx)?;
     let token = LIVE.with(|l| l.register(sub));
@@ -204,15 +246,16 @@ pub fn start(
     s.heartbeat.log = r.log().as_ptr();
     let now = hub.with(|h| h.subscribe(&channel, token));
     metrics::add(Id::Subscribers, &[fan.source], 1);
-    // The header now; a first line once the server has the subscription
-    // (events reach the client from then on).
-    let written = if now {
-        write(s, SUBSCRIBED).is_ok()
-    } else {
-        r.send_flush() != ERROR
-    };
+    // The header now (`retry:` first); a first line once the server has the
+    // subscription (events reach the client from then on).
+    let mut written = source.retry == CONF_UNSET_MSEC || write(s, &sse::retry(source.retry as u64)).is_ok();
+    if written && now {
+        written = write(s, SUBSCRIBED).is_ok();
+    } else if written && header_out {
+        written = r.send_flush() != ERROR;
+    }
     if !written {
-        return Ok(ERROR);
+        return Ok((ERROR, None));
     }
     // SAFETY: the event is the Sub's own, in the request's pool.
     if let Some(ev) = unsafe { Event::from_raw(&mut s.heartbeat) } {
@@ -224,7 +267,7 @@ pub fn start(
     r.count_up();
     r.set_read_handler_test_reading();
     r.set_write_handler(Some(flush_pending));
-    Ok(DONE)
+    Ok((DONE, Some(token)))
 }
 
 /// Why a subscriber cannot take more.
@@ -270,6 +313,10 @@ fn write(sub: &mut Sub, bytes: &[u8]) -> Result<(), Cannot> {
 /// before is still going out (the write handler hands it then); false
 /// when the connection failed.
 fn send(sub: &mut Sub, r: &mut Req) -> bool {
+    if !sub.header_out {
+        // (It goes with the header: Fanout::open.)
+        return true;
+    }
     let cl = match sub.out.next(r.pool()) {
         Ok(Some(cl)) => cl,
         Ok(None) => return true,
@@ -297,30 +344,35 @@ fn too_far_behind(sub: &mut Sub, r: &Req) -> bool {
         sub.progress_at = now;
     }
     let behind = sub.out.waiting();
-    behind > BEHIND_HARD || (behind > BEHIND_MAX && now.wrapping_sub(sub.progress_at) >= STALL_MS)
+    // (Before the header, nothing could be taken yet.)
+    let stalled = sub.header_out && now.wrapping_sub(sub.progress_at) >= STALL_MS;
+    behind > BEHIND_HARD || (behind > BEHIND_MAX && stalled)
 }
 
 request_handler! {
     /// The client's connection can take more: what waits goes out.
     fn flush_pending(r) = ("subscription write") {
-        // SAFETY: no new output, only what the filters hold.
-        let rc = unsafe { r.output_filter(std::ptr::null_mut()) };
         let sub = BY_REQUEST
             .with(|b| b.borrow().get(&(r.as_ptr() as usize)).copied())
-            .and_then(|t| LIVE.with(|l| l.lookup(t)));
+            .and_then(|t| LIVE.with(|l| l.lookup(t)))
+            // SAFETY: a live Sub is in its live request's pool; nothing
+            // else uses it while the handler runs.
+            .map(|s| unsafe { &mut *s.as_ptr() });
+        if sub.as_ref().is_some_and(|s| !s.header_out) {
+            // (Nothing goes before the header: Fanout::open.)
+            return;
+        }
+        // SAFETY: no new output, only what the filters hold.
+        let rc = unsafe { r.output_filter(std::ptr::null_mut()) };
         let ok = match sub {
             // What the filters held is out: what is queued goes next.
             Some(sub) if rc == OK => {
-                // SAFETY: a live Sub is in its live request's pool; nothing
-                // else uses it while the handler runs.
-                let sub = unsafe { &mut *sub.as_ptr() };
                 let sent = send(sub, r);
                 recount(sub);
                 sent
             }
             Some(sub) => {
-                // SAFETY: as above.
-                recount(unsafe { &mut *sub.as_ptr() });
+                recount(sub);
                 rc != ERROR && r.watch_writable()
             }
             None => rc != ERROR && (rc != AGAIN || r.watch_writable()),
@@ -349,6 +401,11 @@ fn end(sub: &mut Sub, rc: ngx_int_t) {
     // SAFETY: the Sub's request is live while its pool (and so the Sub) is.
     let r = unsafe { Req::from_raw(sub.r) };
     let c = r.connection_ptr();
+    let rc = if rc == OK && !sub.header_out && !open_header(sub, r) {
+        ERROR
+    } else {
+        rc
+    };
     if rc == OK {
         // What is queued goes before the end.
         if let Some(cl) = sub.out.rest(r.pool()) {
@@ -361,6 +418,15 @@ fn end(sub: &mut Sub, rc: ngx_int_t) {
     // SAFETY: the client connection outlives the finalizing of its
     // request; nothing of the request is used after this.
     unsafe { ngx_http_run_posted_requests(c) };
+}
+
+/// Sends the response header of a subscription that waited for it (what
+/// was written meanwhile follows it); false when that failed.
+fn open_header(sub: &mut Sub, r: &mut Req) -> bool {
+    sub.header_out = true;
+    sub.progress_at = current_msec();
+    let rc = r.send_header();
+    rc != ERROR && rc <= OK && !r.header_only()
 }
 
 event_handler! {
@@ -511,15 +577,22 @@ impl Fanout {
     /// worker's bound).
     fn write_all(&self, to: &[ReqToken], bytes: &[u8]) -> i64 {
         let mut sent = 0;
-        self.each(to, |sub| match write(sub, bytes) {
-            Ok(()) => sent += 1,
+        self.each(to, |sub| sent += i64::from(self.put(sub, bytes)));
+        self.shed();
+        sent
+    }
+
+    /// Writes `bytes` to one subscriber; one that cannot take them is
+    /// dropped (false).
+    fn put(&self, sub: &mut Sub, bytes: &[u8]) -> bool {
+        match write(sub, bytes) {
+            Ok(()) => true,
             Err(why) => {
                 self.dropped(sub.log(), why);
                 end(sub, ERROR);
+                false
             }
-        });
-        self.shed();
-        sent
+        }
     }
 
     fn send(&self, to: &[ReqToken], bytes: &[u8]) {
@@ -531,7 +604,8 @@ impl Fanout {
 
 impl HubSink for Fanout {
     fn notify(&self, to: &[ReqToken], channel: &str, payload: &[u8]) {
-        self.send(to, &sse::event(channel, payload));
+        let sent = self.live_event(to, channel, payload);
+        metrics::add(Id::EventsSent, &[self.source], sent);
     }
 
     fn reconnected(&self, to: &[ReqToken]) {
