@@ -287,6 +287,29 @@ impl Socket {
         self.get_mut().fd = -1;
     }
 
+    /// The owner's library closed this socket and made another (`fd`): the
+    /// nginx connection follows it, with the same handler, data and log,
+    /// nothing watched yet. (The closed one left epoll with its close.)
+    /// False when nginx has no free connection (the old one stays).
+    pub fn follow(&mut self, fd: c_int) -> bool {
+        let (data, handler, log) = {
+            let c = self.get_mut();
+            // SAFETY: a live connection's read event and log.
+            unsafe { (c.data, (*c.read).handler, Log::from_raw(c.log)) }
+        };
+        // (The new one first: with nginx's free list empty the old one
+        // stays, for its owner to give back as usual. With an fd map, nginx
+        // keeps a slot for the new one and frees the old one's only if it
+        // is still its own.)
+        let Some(new) = Socket::get(fd, log) else {
+            return false;
+        };
+        new.set_data(data);
+        new.set_handler(handler);
+        std::mem::replace(self, new).release();
+        true
+    }
+
     /// Gives the nginx connection back while its socket stays open for a
     /// while yet (its owner closes it later): the socket leaves the event
     /// module's watch now.

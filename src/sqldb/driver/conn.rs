@@ -170,6 +170,18 @@ impl Conn {
     }
 
     /// Watches the socket for writability only while libpq has bytes to send.
+    /// libpq made a new socket while connecting: watched from now on as
+    /// the old one was (reads; writes as want_write asks next).
+    pub fn follow_new_socket(&mut self) -> bool {
+        if !self.socket.follow(self.pg.socket()) {
+            return false;
+        }
+        self.write_watched = false;
+        self.reading_paused = false;
+        self.corkable = true;
+        self.socket.watch_read(true)
+    }
+
     pub fn want_write(&mut self, on: bool) -> bool {
         if on != self.write_watched {
             if !self.socket.watch_write(on) {

@@ -137,6 +137,13 @@ impl PgConn {
         )
     }
 
+    /// After a step of the connect: libpq has just started connecting a
+    /// socket (a new one: the first was started before any step).
+    pub fn connect_started(&self) -> bool {
+        // SAFETY: live connection.
+        unsafe { pq::PQstatus(self.raw()) == pq::ConnStatusType::CONNECTION_STARTED }
+    }
+
     /// One step of the connect (PQconnectPoll), in place.
     pub fn poll_connect(&mut self) -> Poll {
         // SAFETY: live connection started with PQconnectStart.
