@@ -186,8 +186,39 @@ fn entry(item: Value) -> Result<Entry, NotXread> {
     Ok(e)
 }
 
+/// The value of the query argument `name` in `args` (the first one),
+/// %-decoded and `+` as a space.
+pub fn query_arg(args: &[u8], name: &[u8]) -> Option<Vec<u8>> {
+    let raw = args
+        .split(|&b| b == b'&')
+        .find_map(|kv| kv.strip_prefix(name)?.strip_prefix(b"="))?;
+    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let mut out = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        match raw[i] {
+            b'%' if i + 2 < raw.len() && hex(raw[i + 1]).is_some() && hex(raw[i + 2]).is_some() => {
+                out.push(hex(raw[i + 1])? * 16 + hex(raw[i + 2])?);
+                i += 3;
+                continue;
+            }
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn query_args() {
+        assert_eq!(query_arg(b"a=1&event=x%41+y&event=z", b"event"), Some(b"xA y".to_vec()));
+        assert_eq!(query_arg(b"events=1&xevent=2", b"event"), None);
+        assert_eq!(query_arg(b"event=%4", b"event"), Some(b"%4".to_vec()));
+    }
     use super::*;
 
     #[test]
