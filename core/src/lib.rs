@@ -20,6 +20,7 @@ pub mod rewrite;
 pub mod slab;
 pub mod sql;
 pub mod sse;
+pub mod streams;
 pub mod target;
 pub mod template;
 #[cfg(any(test, feature = "testrng"))]

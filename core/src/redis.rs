@@ -28,12 +28,14 @@ pub enum Command {
     Del,
     /// `PUBLISH channel body` (`cache_publish`; the key is the channel).
     Publish,
+    /// `XADD key MAXLEN ~ N * data body [event e]` (`cache_stream_add`).
+    StreamAdd,
 }
 
 impl Command {
     /// The request body goes out as the command's last argument.
     pub fn sends_body(self) -> bool {
-        matches!(self, Command::Set | Command::Publish)
+        matches!(self, Command::Set | Command::Publish | Command::StreamAdd)
     }
 
     pub fn name(self) -> &'static str {
@@ -42,6 +44,7 @@ impl Command {
             Command::Set => "SET",
             Command::Del => "DEL",
             Command::Publish => "PUBLISH",
+            Command::StreamAdd => "XADD",
         }
     }
 }
@@ -142,6 +145,9 @@ pub struct Request<'a> {
     pub auth: Option<&'a [u8]>,
     pub db: Option<u32>,
     pub exptime: Option<u64>,
+    /// `XADD`'s trimming (`MAXLEN ~`) and its `event` field.
+    pub maxlen: u64,
+    pub event: Option<&'a [u8]>,
     /// A number no earlier request on the connection used: the PING token.
     pub ping: u64,
     /// To a node of a Redis Cluster: what goes before the command.
@@ -160,6 +166,9 @@ pub struct ClusterSteps {
 /// The longest `CLUSTER SLOTS` reply read (a cluster of hundreds of
 /// masters with fragmented slot ranges stays far below it).
 pub const MAX_SLOTS_REPLY: usize = 4 * 1024 * 1024;
+
+/// The longest reply to `XADD` read (an ID is 41 bytes at most).
+const STREAM_ID_REPLY_MAX: usize = 64;
 
 /// The length of a PING token (a u64 in hex).
 pub const PING_TOKEN_LEN: usize = 16;
@@ -258,6 +267,9 @@ fn command_bytes(req: &Request<'_>, body_len: usize, head: &mut Vec<u8>) -> Vec<
             resp::bulk(head, req.key);
             resp::bulk_header(head, body_len);
             tail.extend_from_slice(b"\r\n");
+        }
+        Command::StreamAdd => {
+            tail = crate::streams::xadd(head, req.key, req.maxlen, body_len, req.event);
         }
         Command::Set => {
             resp::array_header(head, if req.exptime.is_some() { 5 } else { 3 });
@@ -455,6 +467,8 @@ pub struct Exchange {
     keep: bool,
     /// The integer that answered the command (`PUBLISH`: its receivers).
     count: Option<i64>,
+    /// The ID that answered `XADD`.
+    id: Option<Vec<u8>>,
     /// Setup commands only (`plan_setup`): done after the last of them.
     no_command: bool,
 }
@@ -476,6 +490,7 @@ impl Exchange {
             slots: Vec::new(),
             keep: true,
             count: None,
+            id: None,
             no_command: false,
         }
     }
@@ -507,6 +522,7 @@ impl Exchange {
     pub fn restart(&mut self) {
         self.slots.clear();
         self.count = None;
+        self.id = None;
         self.phase = if self.before.is_empty() {
             Phase::Command
         } else {
@@ -517,6 +533,16 @@ impl Exchange {
     /// The integer reply to the command, once it is read (`PUBLISH`).
     pub fn count(&self) -> Option<i64> {
         self.count
+    }
+
+    /// The body of an answer made here, once its reply is read: JSON of
+    /// `PUBLISH`'s receivers or of `XADD`'s ID.
+    pub fn answer_body(&self) -> Option<Vec<u8>> {
+        match (self.count, &self.id) {
+            (Some(n), _) => Some(crate::pubsub::receivers_json(n)),
+            (None, Some(id)) => Some(crate::streams::id_json(id)),
+            (None, None) => None,
+        }
     }
 
     /// Every reply has been read to its end.
@@ -735,6 +761,21 @@ impl Exchange {
                 self.count = Some(n);
                 (200, None)
             }
+            (Command::StreamAdd, Reply::Bulk(_)) => match resp::value(buf, STREAM_ID_REPLY_MAX) {
+                Ok(None) => return (Event::More, 0),
+                Ok(Some((Value::Bulk(id), all))) => {
+                    self.id = Some(id);
+                    self.after_command();
+                    return (
+                        Event::Answer {
+                            status: 201,
+                            value: None,
+                        },
+                        all,
+                    );
+                }
+                _ => return self.fail(ReplyError::Unexpected { what }),
+            },
             (_, Reply::Error(msg)) if self.cluster && cluster::parse_redirect(msg).is_some() => {
                 let redirect = cluster::parse_redirect(msg);
                 self.after_command();
@@ -887,6 +928,8 @@ mod tests {
             auth: None,
             db: None,
             exptime: None,
+            maxlen: 0,
+            event: None,
             ping: 7,
             cluster: None,
         }
@@ -1057,6 +1100,44 @@ mod tests {
         let mut ex = plan(&req(Command::Publish), 0).exchange;
         let (events, _) = run(&mut ex, &[ECHO, b"+OK\r\n"].concat(), 64);
         assert_eq!(events, ["failed redis sent an invalid reply to PUBLISH"]);
+    }
+
+    #[test]
+    fn stream_add_sends_the_body_and_answers_its_id() {
+        let p = plan(
+            &Request {
+                key: b"s",
+                maxlen: 5,
+                event: Some(&b"e"[..]),
+                ..req(Command::StreamAdd)
+            },
+            1,
+        );
+        let mut whole = p.head.clone();
+        whole.push(b'x');
+        whole.extend_from_slice(&p.tail);
+        let mut want = Vec::new();
+        resp::command(&mut want, &[b"PING", b"0000000000000007"]);
+        resp::command(
+            &mut want,
+            &[
+                b"XADD", b"s", b"MAXLEN", b"~", b"5", b"*", b"data", b"x", b"event", b"e",
+            ],
+        );
+        assert_eq!(whole, want);
+        let input = [ECHO, b"$15\r\n1700000000000-0\r\n"].concat();
+        for piece in 1..input.len() + 1 {
+            let mut ex = p.exchange.clone();
+            let (events, rest) = run(&mut ex, &input, piece);
+            assert_eq!(events, ["answer 201 None", "done"], "{piece}");
+            assert!(rest.is_empty());
+            assert_eq!(ex.answer_body().unwrap(), b"{\"id\":\"1700000000000-0\"}");
+            ex.restart();
+            assert_eq!(ex.answer_body(), None);
+        }
+        let mut ex = plan(&req(Command::StreamAdd), 0).exchange;
+        let (events, _) = run(&mut ex, &[ECHO, b":1\r\n"].concat(), 64);
+        assert_eq!(events, ["failed redis sent an invalid reply to XADD"]);
     }
 
     #[test]

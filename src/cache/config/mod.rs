@@ -70,6 +70,10 @@ pub struct CacheLocConf {
     pub pipeline: ngx_flag_t,
     /// `cache_publish CHANNEL`: POST publishes its body.
     pub publish: Option<ComplexValue>,
+    /// `cache_stream_add KEY`: POST or PUT appends its body to a stream.
+    pub stream_add: Option<ComplexValue>,
+    /// `cache_stream_add`'s `maxlen=`.
+    pub stream_maxlen: u64,
     /// `cache_escape_key`: keys are sent escaped (core's `redis::escape_key`).
     pub escape_key: ngx_flag_t,
     /// `cache_gzip_flag`: not 0, a value is answered with
@@ -160,6 +164,8 @@ create_conf_handler! {
             subscribe_retry: CONF_UNSET_MSEC,
             pipeline: CONF_UNSET,
             publish: None,
+            stream_add: None,
+            stream_maxlen: gateway_core::streams::DEFAULT_MAXLEN,
             escape_key: CONF_UNSET,
             gzip_flag: CONF_UNSET,
             next_upstream_set: false,
@@ -189,9 +195,10 @@ impl CacheLocConf {
             Some(p) => ConfError::At(m, p.clone()),
             None => m.into(),
         };
-        let name = match (&self.subscribe, &self.publish) {
-            (Some(_), _) => "cache_subscribe",
-            (_, Some(_)) => "cache_publish",
+        let name = match (&self.subscribe, &self.publish, &self.stream_add) {
+            (Some(_), _, _) => "cache_subscribe",
+            (_, Some(_), _) => "cache_publish",
+            (_, _, Some(_)) => "cache_stream_add",
             _ => return Ok(()),
         };
         if self.upstream.upstream.is_null() && self.pass_var.is_none() {
@@ -259,7 +266,7 @@ impl CacheLocConf {
         u.pass_request_body = 0;
         u.intercept_errors = 1;
         // (A publish's answer is not a value to take parts of.)
-        u.force_ranges = ngx_flag_t::from(self.publish.is_none()) as _;
+        u.force_ranges = ngx_flag_t::from(self.publish.is_none() && self.stream_add.is_none()) as _;
         u.set_intercept_404(1);
         u.module = static_str("cache");
     }
@@ -317,7 +324,7 @@ directive_handler! {
 /// the channel of a location, one of the two.
 fn channel_directive(cf: Conf, lcf: &mut CacheLocConf, publish: bool) -> Result<(), ConfError> {
     let name = if publish { "cache_publish" } else { "cache_subscribe" };
-    if lcf.subscribe.is_some() || lcf.publish.is_some() {
+    if lcf.subscribe.is_some() || lcf.publish.is_some() || lcf.stream_add.is_some() {
         let other = if lcf.publish.is_some() {
             "cache_publish"
         } else {
@@ -359,6 +366,28 @@ directive_handler! {
     /// `cache_publish CHANNEL`
     pub(crate) fn cmd_cache_publish = "cmd_cache_publish",
     |cf: Conf, lcf: &mut CacheLocConf| channel_directive(cf, lcf, true)
+}
+
+directive_handler! {
+    /// `cache_stream_add KEY [maxlen=N]`
+    pub(crate) fn cmd_cache_stream_add = "cmd_cache_stream_add",
+    |cf: Conf, lcf: &mut CacheLocConf| {
+        if lcf.subscribe.is_some() || lcf.publish.is_some() || lcf.stream_add.is_some() {
+            return Err("\"cache_stream_add\" directive is duplicate, or beside \"cache_subscribe\" or \"cache_publish\"".to_owned().into());
+        }
+        let args = cf.args();
+        if let Some(arg) = args.get(2) {
+            lcf.stream_maxlen = gateway_core::streams::parse_maxlen_arg(arg).ok_or_else(|| {
+                format!(
+                    "invalid parameter \"{}\" in \"cache_stream_add\" directive (maxlen=N, N at least 1)",
+                    String::from_utf8_lossy(arg)
+                )
+            })?;
+        }
+        lcf.stream_add = Some(cf.compile(args[1]).ok_or(ConfError::Logged)?);
+        lcf.channel_at = Some(cf.position());
+        Ok(())
+    }
 }
 
 /// The smallest `cache_buffer_size`. nginx reads a reply's header into the
@@ -421,7 +450,9 @@ fn postconfigure(cf: Conf) -> Result<(), ConfError> {
     let mcf = cf.main_conf::<Cache>();
     cluster::check(mcf)?;
     // SAFETY: locations' configurations live as long as the configuration.
-    let keyed = |p: &&PendingPass| unsafe { (*p.lcf).subscribe.is_none() && (*p.lcf).publish.is_none() };
+    let keyed = |p: &&PendingPass| unsafe {
+        (*p.lcf).subscribe.is_none() && (*p.lcf).publish.is_none() && (*p.lcf).stream_add.is_none()
+    };
     if let Some(first) = mcf
         .pending
         .iter()

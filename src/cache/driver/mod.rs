@@ -96,8 +96,9 @@ pub enum Outcome {
 /// The request side, as a pipelined connection calls it while it reads
 /// (a request's response goes out as its replies arrive).
 pub trait Sink {
-    /// The command's reply: its status and, for a value, its length.
-    fn answer(&self, who: &Handle, status: u16, value: Option<u64>, count: Option<i64>);
+    /// The command's reply: its status and, for a value, its length;
+    /// `made`: a body made of the reply (JSON of PUBLISH's or XADD's).
+    fn answer(&self, who: &Handle, status: u16, value: Option<u64>, made: Option<Vec<u8>>);
     /// More of a value came: the requests waiting on the connection see
     /// it moving (their `cache_read_timeout` starts again).
     fn progress(&self, who: &Handle);

@@ -428,11 +428,11 @@ impl PipeConn {
                             return self.broken(&e.to_string(), true);
                         }
                     }
-                    let count = w.exchange.count();
+                    let made = w.exchange.answer_body();
                     let done = w.exchange.is_done();
                     self.heavy = value.is_some_and(|n| n >= HEAVY_VALUE);
                     if let (Some(h), Kind::Request) = (&who, w.kind) {
-                        self.sink.answer(h, status, value, count);
+                        self.sink.answer(h, status, value, made);
                     }
                     if done {
                         self.finish_head();

@@ -10,6 +10,7 @@ use std::fmt;
 use gateway_core::cluster as kslot;
 use gateway_core::pubsub;
 use gateway_core::redis::{self, Command, Exchange};
+use gateway_core::streams;
 
 use crate::cache::config::{Cache, CacheLocConf, CacheMainConf};
 use crate::cache::driver::authfail;
@@ -35,6 +36,9 @@ pub struct Ctx {
     pub(super) key: Vec<u8>,
     pub(super) db: Option<u32>,
     pub(super) exptime: Option<u64>,
+    /// `XADD`'s trimming and its `event` field (`cache_stream_add`).
+    pub(super) maxlen: u64,
+    pub(super) event: Option<Vec<u8>>,
     pub(super) auth: Option<Vec<u8>>,
     /// The password's key in the worker's table of refused ones.
     pub(super) auth_key: Option<u64>,
@@ -98,7 +102,7 @@ impl fmt::Display for StartError {
             StartError::NotAllowed => f.write_str("method not allowed"),
             StartError::Nginx => f.write_str("nginx could not set the request up"),
             StartError::AuthRefused => f.write_str("redis refused the password less than a second ago"),
-            StartError::EmptyKey => f.write_str("the \"$cache_key\" variable is empty"),
+            StartError::EmptyKey => f.write_str("the key (\"$cache_key\", or the stream's) is empty"),
             StartError::BadChannel(v) => write!(
                 f,
                 "channel \"{}\" is not 1 to {} visible ASCII characters",
@@ -202,6 +206,11 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
             return Err(StartError::BadChannel(String::from_utf8_lossy(&channel).into_owned()));
         }
         Command::Publish
+    } else if lcf.stream_add.is_some() {
+        if method & (NGX_HTTP_POST | NGX_HTTP_PUT) == 0 {
+            return Err(StartError::NotAllowed);
+        }
+        Command::StreamAdd
     } else if method & (NGX_HTTP_GET | NGX_HTTP_HEAD) != 0 {
         Command::Get
     } else if method & (NGX_HTTP_PUT | NGX_HTTP_POST) != 0 {
@@ -212,8 +221,8 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
         return Err(StartError::NotAllowed);
     };
     // Values that come from the client are the client's mistakes.
-    let key = match lcf.publish {
-        // (Checked above.)
+    let key = match lcf.publish.or(lcf.stream_add) {
+        // (A channel was checked above.)
         Some(cv) => r.complex_value(cv).ok_or(StartError::Nginx)?.to_vec(),
         // Escaped here, so that every command and a cluster's slot have the
         // bytes that are sent.
@@ -225,6 +234,13 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
                 key
             }
         }
+    };
+    if key.is_empty() {
+        return Err(StartError::EmptyKey);
+    }
+    let event = match command {
+        Command::StreamAdd => streams::query_arg(r.args(), b"event").filter(|e| !e.is_empty()),
+        _ => None,
     };
     let text = |v: &[u8]| String::from_utf8_lossy(v).into_owned();
     // Channels are the server's, whatever its database.
@@ -306,6 +322,8 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
         key,
         db,
         exptime,
+        maxlen: lcf.stream_maxlen,
+        event,
         auth,
         auth_key,
         exchange: Exchange::new(Vec::new(), command, Vec::new()),
@@ -316,7 +334,7 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
         shared: shared.then(|| Box::new(pipelined::SharedReq::new(crate::common::token::register(r)))),
     };
     r.set_ctx::<Cache>(ctx).ok_or(StartError::Nginx)?;
-    if command == Command::Publish {
+    if matches!(command, Command::Publish | Command::StreamAdd) {
         r.set_content_type("application/json");
     }
     if shared {

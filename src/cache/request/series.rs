@@ -20,6 +20,8 @@ pub fn count_request(r: &mut Req, t: Table, known: &mut Memo<SeriesKey>, block: 
     let m = r.method();
     let command = if lcf.publish.is_some() {
         "PUBLISH"
+    } else if lcf.stream_add.is_some() {
+        "XADD"
     } else if lcf.subscribe.is_some() {
         "SUBSCRIBE"
     } else if m & (NGX_HTTP_GET | NGX_HTTP_HEAD) != 0 {

@@ -6,7 +6,6 @@
 //! kept.
 
 use gateway_core::cluster::{self as kslot, RedirectKind};
-use gateway_core::pubsub;
 use gateway_core::redis::{self, Event, ReplyError, Setup};
 use gateway_core::resp;
 
@@ -56,6 +55,8 @@ pub(super) fn build_request(r: &mut Req) -> bool {
                 auth: ctx.auth.as_deref(),
                 db: ctx.db,
                 exptime: ctx.exptime,
+                maxlen: ctx.maxlen,
+                event: ctx.event.as_deref(),
                 ping: next_ping(),
                 cluster: ctx.cluster.as_ref().map(|c| c.steps),
             },
@@ -205,13 +206,13 @@ request_handler! {
                     }
                     ctx.answered = true;
                     u.set_status(ngx_uint_t::from(status));
-                    match (value, ctx.exchange.count()) {
+                    match (value, ctx.exchange.answer_body()) {
                         (Some(n), _) => {
                             u.set_content_length(n as off_t);
                             return if gzip_flagged(r) { OK } else { ERROR };
                         }
-                        // PUBLISH: the receivers, as JSON (filter_init).
-                        (None, Some(n)) => u.set_content_length(pubsub::receivers_json(n).len() as off_t),
+                        // PUBLISH's receivers, XADD's ID: as JSON (filter_init).
+                        (None, Some(b)) => u.set_content_length(b.len() as off_t),
                         (None, None) => u.set_content_length(0),
                     }
                 }
@@ -310,9 +311,9 @@ input_filter_init_handler! {
         // nginx reads on while the length is not 0: any other value until
         // the exchange ends.
         u.set_length(ctx.exchange.expects_more() as off_t);
-        if let (Some(n), true) = (ctx.exchange.count(), ctx.answered) {
+        if let (Some(b), true) = (ctx.exchange.answer_body(), ctx.answered) {
             // (Before any bytes after the header: they are replies, not body.)
-            if !u.emit_copy(pool, &pubsub::receivers_json(n)) {
+            if !u.emit_copy(pool, &b) {
                 return ERROR;
             }
         }

@@ -8,7 +8,6 @@
 
 use std::rc::Rc;
 
-use gateway_core::pubsub;
 use gateway_core::redis;
 
 use super::{ctx_of, tls_of_location};
@@ -61,8 +60,8 @@ pub struct SharedReq {
     refused_head: Option<ngx_int_t>,
     /// A 404 that goes to the next server (`cache_next_upstream not_found`).
     retry_404: bool,
-    /// PUBLISH's receivers.
-    count: Option<i64>,
+    /// The body made of the reply (PUBLISH's receivers, XADD's ID).
+    made: Option<Vec<u8>>,
     bufs: Reuse,
     /// The client is behind: the connection waits for it.
     paused: bool,
@@ -103,7 +102,7 @@ impl SharedReq {
             discard: false,
             refused_head: None,
             retry_404: false,
-            count: None,
+            made: None,
             bufs: Reuse::new(<Cache as ngx::http::HttpModule>::module()),
             paused: false,
             behind: false,
@@ -282,6 +281,8 @@ fn place(r: &mut Req, id: PipeId) {
                 auth: None,
                 db: select,
                 exptime: ctx.exptime,
+                maxlen: ctx.maxlen,
+                event: ctx.event.as_deref(),
                 ping: next_ping(),
                 cluster: None,
             },
@@ -535,7 +536,7 @@ fn next(r: &mut Req, ft: u32, sent: bool, reused: bool) {
         s.started = false;
         s.discard = false;
         s.retry_404 = false;
-        s.count = None;
+        s.made = None;
         s.head = None;
         s.intercept = None;
         s.moves = 0;

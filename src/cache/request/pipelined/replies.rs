@@ -91,9 +91,9 @@ pub(super) struct RequestSide;
 pub(super) static REQUEST_SIDE: RequestSide = RequestSide;
 
 impl Sink for RequestSide {
-    fn answer(&self, who: &Handle, status: u16, value: Option<u64>, count: Option<i64>) {
+    fn answer(&self, who: &Handle, status: u16, value: Option<u64>, made: Option<Vec<u8>>) {
         with_request(who, |r| {
-            guard(r.log(), "cache answer", (), || answer(r, status, value, count))
+            guard(r.log(), "cache answer", (), || answer(r, status, value, made))
         });
     }
 
@@ -137,7 +137,7 @@ impl Sink for RequestSide {
 }
 
 /// The command's reply is in: the answer's status, or another try.
-fn answer(r: &mut Req, status: u16, value: Option<u64>, count: Option<i64>) {
+fn answer(r: &mut Req, status: u16, value: Option<u64>, made: Option<Vec<u8>>) {
     let lcf: &CacheLocConf = r.loc_conf::<Cache>();
     let tries = r.upstream().map_or(0, |u| *u.tries());
     let Some(s) = shared_of(r) else { return };
@@ -151,12 +151,12 @@ fn answer(r: &mut Req, status: u16, value: Option<u64>, count: Option<i64>) {
         s.intercept = Some(NGX_HTTP_NOT_FOUND as ngx_int_t);
         return;
     }
-    s.count = count;
-    let length = match (value, count) {
+    let length = match (value, &made) {
         (Some(n), _) => n as off_t,
-        (None, Some(n)) => pubsub::receivers_json(n).len() as off_t,
+        (None, Some(b)) => b.len() as off_t,
         (None, None) => 0,
     };
+    s.made = made;
     // The header goes out with the first bytes of the value (or at the
     // end): until then a failure is still a status of its own.
     s.head = Some((status, length, value.is_some()));
@@ -320,9 +320,9 @@ fn done(r: &mut Req) {
         r.finalize(rc);
         return;
     }
-    let rc = match s.count {
-        Some(n) => {
-            match s.bufs.fill(pool, &pubsub::receivers_json(n), Some(main), BATCH) {
+    let rc = match s.made.take() {
+        Some(body) => {
+            match s.bufs.fill(pool, &body, Some(main), BATCH) {
                 // SAFETY: a chain of the request's pool (fill).
                 Some(out) => unsafe { r.output_filter(out) },
                 None => ERROR,
