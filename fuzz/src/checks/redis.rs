@@ -102,7 +102,7 @@ impl Shape {
         };
         Shape {
             before,
-            command: src.pick(&[Command::Get, Command::Set, Command::Del, Command::Publish]),
+            command: src.pick(&[Command::Get, Command::Set, Command::Del, Command::Publish, Command::StreamAdd]),
             after: (0..src.below(2))
                 .map(|_| src.pick(&[Setup::Reset, Setup::SelectZero]))
                 .collect(),
@@ -176,6 +176,12 @@ fn replies(src: &mut Source, shape: &Shape) -> (Vec<u8>, Outcome) {
             let n = src.below(3);
             out.extend_from_slice(format!(":{n}\r\n").as_bytes());
             ((if n > 0 { 204 } else { 404 }, None), Vec::new())
+        }
+        Command::StreamAdd => {
+            // The entry's ID, a bulk string (read whole, not passed on).
+            let id = format!("{}-{}", src.below(1_000_000), src.below(10));
+            out.extend_from_slice(format!("${}\r\n{id}\r\n", id.len()).as_bytes());
+            ((201, None), Vec::new())
         }
     };
     for _ in &shape.after {
