@@ -46,7 +46,7 @@ like(redis_cli($redis, 'xrange', 's2', '-', '+'), qr/\Q$id3\E\s+data\s+x/, 'pipe
 is((http_request($port, 'GET', '/add?key=s1'))[0], 405, 'GET: 405');
 is((http_request($port, 'DELETE', '/add?key=s1'))[0], 405, 'DELETE: 405');
 is((http_request($port, 'POST', '/add', 'x'))[0], 400, 'an empty key: 400');
-like(nginx_error_log(), qr/\[info\].*the key .* is empty/, 'the empty key is logged at info');
+like(nginx_error_log(), qr/\[info\].*the stream's key is empty/, 'the empty key is logged at info');
 
 # 3. maxlen=5 trims (MAXLEN ~ trims whole macro nodes: the stream stays
 # far below the 300 added, at most a node's entries above 5).

@@ -82,6 +82,7 @@ fn gzip_flagged(r: &mut Req) -> bool {
 enum StartError {
     NotAllowed,
     EmptyKey,
+    EmptyStreamKey,
     BadChannel(String),
     BadDb(String),
     BadExptime(String),
@@ -102,7 +103,8 @@ impl fmt::Display for StartError {
             StartError::NotAllowed => f.write_str("method not allowed"),
             StartError::Nginx => f.write_str("nginx could not set the request up"),
             StartError::AuthRefused => f.write_str("redis refused the password less than a second ago"),
-            StartError::EmptyKey => f.write_str("the key (\"$cache_key\", or the stream's) is empty"),
+            StartError::EmptyKey => f.write_str("the \"$cache_key\" variable is empty"),
+            StartError::EmptyStreamKey => f.write_str("the stream's key is empty"),
             StartError::BadChannel(v) => write!(
                 f,
                 "channel \"{}\" is not 1 to {} visible ASCII characters",
@@ -130,6 +132,7 @@ impl Failure for StartError {
         match self {
             StartError::NotAllowed => HTTP_NOT_ALLOWED,
             StartError::EmptyKey
+            | StartError::EmptyStreamKey
             | StartError::BadChannel(_)
             | StartError::BadDb(_)
             | StartError::BadExptime(_)
@@ -145,6 +148,7 @@ impl Failure for StartError {
             // refusal was logged, once a minute at most.)
             StartError::NotAllowed | StartError::Nginx | StartError::AuthRefused => None,
             StartError::EmptyKey
+            | StartError::EmptyStreamKey
             | StartError::BadChannel(_)
             | StartError::BadDb(_)
             | StartError::ClusterDb(_)
@@ -236,7 +240,7 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
         }
     };
     if key.is_empty() {
-        return Err(StartError::EmptyKey);
+        return Err(StartError::EmptyStreamKey);
     }
     let event = match command {
         Command::StreamAdd => streams::query_arg(r.args(), b"event").filter(|e| !e.is_empty()),
