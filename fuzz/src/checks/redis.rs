@@ -102,7 +102,13 @@ impl Shape {
         };
         Shape {
             before,
-            command: src.pick(&[Command::Get, Command::Set, Command::Del, Command::Publish, Command::StreamAdd]),
+            command: src.pick(&[
+                Command::Get,
+                Command::Set,
+                Command::Del,
+                Command::Publish,
+                Command::StreamAdd,
+            ]),
             after: (0..src.below(2))
                 .map(|_| src.pick(&[Setup::Reset, Setup::SelectZero]))
                 .collect(),
