@@ -267,18 +267,24 @@ impl Socket {
     }
 
     /// Gives the nginx connection back; the socket stays open (its owner,
-    /// libpq, closes it).
+    /// libpq, closes it now: its events are not taken out of epoll, which
+    /// drops them with the close).
     pub fn release(self) {
+        self.give_back(NGX_CLOSE_EVENT as ngx_uint_t);
+    }
+
+    /// The nginx connection back to nginx's free list, its events taken
+    /// out of the event module's watch with `flags`.
+    fn give_back(self, flags: ngx_uint_t) {
         let (read, write) = (self.read(), self.write());
         read.clear();
         write.clear();
-        // Removed with NGX_CLOSE_EVENT: the socket is about to be closed.
         // SAFETY: the event module's actions are set; the events are live.
         unsafe {
             for (ev, what) in [(read, READ_EVENT), (write, WRITE_EVENT)] {
                 if ev.get().active() != 0 {
                     if let Some(del) = ngx_event_actions.del {
-                        del(ev.as_ptr(), what as ngx_int_t, NGX_CLOSE_EVENT as ngx_uint_t);
+                        del(ev.as_ptr(), what as ngx_int_t, flags);
                     }
                 }
             }
@@ -314,21 +320,7 @@ impl Socket {
     /// while yet (its owner closes it later): the socket leaves the event
     /// module's watch now.
     pub fn release_open(self) {
-        let (read, write) = (self.read(), self.write());
-        read.clear();
-        write.clear();
-        // SAFETY: the event module's actions are set; the events are live.
-        unsafe {
-            for (ev, what) in [(read, READ_EVENT), (write, WRITE_EVENT)] {
-                if ev.get().active() != 0 {
-                    if let Some(del) = ngx_event_actions.del {
-                        del(ev.as_ptr(), what as ngx_int_t, 0);
-                    }
-                }
-            }
-            ngx_free_connection(self.as_ptr());
-        }
-        self.get_mut().fd = -1;
+        self.give_back(0);
     }
 
     /// Closes the connection and its socket.
