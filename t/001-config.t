@@ -758,7 +758,7 @@ location /a {
 }
 --- request
 GET /a
---- response_body chomp
+--- response_body
 streamed
 
 

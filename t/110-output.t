@@ -69,7 +69,7 @@ location /t {
 GET /t
 --- response_headers
 Content-Type: text/plain
---- response_body chomp
+--- response_body
 1
 (null)
 2

@@ -38,7 +38,7 @@ location /t { sqldb_pass database; sqldb_stream on; sqldb_output text; sqldb_que
 --- response_body eval
 ['[{"id":1,"name":"Tom","notes":null},{"id":2,"name":"Bob","notes":""},{"id":3,"name":"Jerry","notes":"no data"}]',
  "id,name,notes\r\n1,Tom,\r\n2,Bob,\r\n3,Jerry,no data\r\n",
- "1\n(null)\n2\n\n3\nno data"]
+ "1\n(null)\n2\n\n3\nno data\n"]
 
 
 
@@ -133,7 +133,7 @@ location /e { sqldb_pass database; sqldb_stream on; sqldb_output text; sqldb_que
 --- request eval
 ["GET /t", "GET /c", "GET /e", "GET /t"]
 --- response_body eval
-["x" x 20000, "v\r\n" . ("y" x 20000) . "\r\n", "", "x" x 20000]
+["x" x 20000 . "\n", "v\r\n" . ("y" x 20000) . "\r\n", "", "x" x 20000 . "\n"]
 --- no_error_log
 zero size buf
 [alert]

@@ -23,7 +23,7 @@ location /one { sqldb_pass database; sqldb_output text; sqldb_query "select 'x' 
 --- error_code eval
 [200, 200, 200, 200]
 --- response_body eval
-["", "", "", "x"]
+["", "\n", "", "x\n"]
 --- timeout: 5
 
 
@@ -57,7 +57,7 @@ location /after { sqldb_pass database; sqldb_output text; sqldb_query "select 'n
 --- error_code eval
 [200, 200, 200, 200, 200]
 --- response_body eval
-["", "a\r\n", "[]", GatewayTest::rds_rows([['a', 23]], []), "next"]
+["", "a\r\n", "[]", GatewayTest::rds_rows([['a', 23]], []), "next\n"]
 --- timeout: 5
 
 
@@ -77,7 +77,7 @@ location /n { sqldb_pass database; sqldb_output none; sqldb_query "select 1"; }
 --- error_code eval
 [404, 200, 200, 200]
 --- response_body eval
-["", "", "", "x"]
+["", "", "", "x\n"]
 --- timeout: 5
 
 

@@ -168,7 +168,7 @@ location /m {
 --- error_code eval
 [201, 206]
 --- response_body eval
-["1", "1"]
+["1\n", "1\n"]
 
 
 

@@ -9,17 +9,18 @@ const BOOL: u32 = 16;
 const JSON: u32 = 114;
 const JSONB: u32 = 3802;
 
-/// Every cell, row by row, one per line; NULL as `(null)`.
+/// Every cell, row by row, one per line, each line ended by `\n` (so an
+/// empty last cell is still a line); NULL as `(null)`.
 pub fn text<R: ResultSet + ?Sized>(rs: &R, out: &mut Vec<u8>) {
-    let mut first = true;
     for r in 0..rs.rows() {
-        for c in 0..rs.columns() {
-            if !first {
-                out.push(b'\n');
-            }
-            first = false;
-            out.extend_from_slice(rs.value(r, c).unwrap_or(b"(null)"));
-        }
+        text_row(rs, r, out);
+    }
+}
+
+fn text_row<R: ResultSet + ?Sized>(rs: &R, r: usize, out: &mut Vec<u8>) {
+    for c in 0..rs.columns() {
+        out.extend_from_slice(rs.value(r, c).unwrap_or(b"(null)"));
+        out.push(b'\n');
     }
 }
 
@@ -211,8 +212,20 @@ mod tests {
         text(&sample(), &mut out);
         assert_eq!(
             String::from_utf8(out).unwrap(),
-            "1\na \"quoted\", line\nbreak\nt\n{\"x\": [1]}\n1.50\n2\n(null)\nf\n(null)\nNaN"
+            "1\na \"quoted\", line\nbreak\nt\n{\"x\": [1]}\n1.50\n2\n(null)\nf\n(null)\nNaN\n"
         );
+    }
+
+    /// An empty last cell is still a line of its own.
+    #[test]
+    fn text_ends_every_line() {
+        let mut out = Vec::new();
+        let rows = T {
+            cols: vec![("a", 25), ("b", 25)],
+            rows: vec![vec![Some(b"x"), Some(b"")]],
+        };
+        text(&rows, &mut out);
+        assert_eq!(out, b"x\n\n");
     }
 
     #[test]
@@ -388,14 +401,7 @@ impl Stream {
                     json_row(rs, r, out);
                 }
                 StreamFormat::Csv => csv_row(rs, r, out),
-                StreamFormat::Text => {
-                    for c in 0..rs.columns() {
-                        if self.rows > 0 || c > 0 {
-                            out.push(b'\n');
-                        }
-                        out.extend_from_slice(rs.value(r, c).unwrap_or(b"(null)"));
-                    }
-                }
+                StreamFormat::Text => text_row(rs, r, out),
             }
             self.rows += 1;
         }
