@@ -60,7 +60,7 @@ cmp_ok($listeners, '<=', 2, "one listening connection per worker ($listeners)");
 psql("select pg_terminate_backend(pid) from pg_stat_activity where application_name = 'listen'");
 pump(\@subs, 6, sub { !grep { !grep { $_ eq 'reconnect=' } events($_) } @subs });
 is(scalar(grep { my @e = events($_); grep { $_ eq 'reconnect=' } @e } @subs), 6, 'every subscriber is told of the reconnect');
-like(nginx_error_log(), qr/\[error\].*sqldb: the listening connection to \S+ was lost: .*; trying again in 1000 ms/,
+like(nginx_error_log(), qr/\[error\].*sqldb: the listening connection to \S+ was lost: .*; trying again every 1000 ms/,
     'one error line says the connection was lost');
 ok(wait_until(sub {
     psql("select count(*) from pg_stat_activity where application_name = 'listen' and query like 'LISTEN%'") > 0

@@ -103,7 +103,7 @@ like($subs[0]{buf}, qr/: heartbeat\n\n/, 'comment lines keep the stream alive');
 redis_cli($redis, 'client', 'kill', 'type', 'pubsub');
 pump(\@subs, 6, sub { !grep { !grep { $_ eq 'reconnect=' } events($_) } @subs });
 is(scalar(grep { my @e = events($_); grep { $_ eq 'reconnect=' } @e } @subs), 6, 'every subscriber is told of the reconnect');
-like(nginx_error_log(), qr/\[error\].*cache: the subscribing connection to 127\.0\.0\.1:$rport of upstream "red" was lost: upstream prematurely closed connection; trying again in 1000 ms/,
+like(nginx_error_log(), qr/\[error\].*cache: the subscribing connection to 127\.0\.0\.1:$rport of upstream "red" was lost: upstream prematurely closed connection; trying again every 1000 ms/,
     'one error line says the connection was lost');
 ok(wait_until(sub { redis_numsub($redis, 'news') == $workers }, 5), 'it subscribes again');
 publish('news', 'after');
@@ -206,7 +206,7 @@ HTTP
 @subs = (open_sse($port, '/sub?channel=turn'));
 pump(\@subs, 3, subscribed(@subs));
 ok(wait_until(sub { redis_numsub($redis, 'turn') == 1 }, 5), 'subscribed through the second server');
-like(nginx_error_log(), qr/\[error\].*cache: the subscribing connection to 127\.0\.0\.1:$closed of upstream "red" failed: connect\(\) failed \(111: Connection refused\); trying again in 1000 ms/,
+like(nginx_error_log(), qr/\[error\].*cache: the subscribing connection to 127\.0\.0\.1:$closed of upstream "red" failed: connect\(\) failed \(111: Connection refused\); trying again every 1000 ms/,
     'the first one refused, logged');
 redis_cli($redis, 'publish', 'turn', 'arrived');
 pump(\@subs, 3, sub { scalar(events($subs[0])) >= 1 });

@@ -50,6 +50,13 @@ pub fn reconnect() -> Vec<u8> {
     event("reconnect", b"")
 }
 
+/// What subscribers get when the server cannot be reached (once per
+/// outage): events sent there are not heard until it is back, which
+/// `: subscribed` or `event: reconnect` tells.
+pub fn unavailable() -> Vec<u8> {
+    event("unavailable", b"")
+}
+
 /// The `retry:` field alone: how long (ms) a client waits before it comes
 /// back. Readers take it without dispatching an event (it has no data).
 pub fn retry(ms: u64) -> Vec<u8> {
@@ -148,6 +155,7 @@ mod tests {
     fn empty_payload_is_one_empty_data_line() {
         assert_eq!(event("c", b""), b"event: c\ndata: \n\n");
         assert_eq!(reconnect(), b"event: reconnect\ndata: \n\n");
+        assert_eq!(unavailable(), b"event: unavailable\ndata: \n\n");
     }
 
     #[test]

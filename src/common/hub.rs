@@ -9,10 +9,76 @@ use std::collections::BTreeMap;
 use std::ptr::NonNull;
 
 use super::token::ReqToken;
-use crate::ffi::ngx_msec_t;
+use crate::ffi::{current_msec, ngx_msec_t};
 
 /// How long after a lost connection another is tried (ms).
 pub const RETRY: ngx_msec_t = 1000;
+
+/// An outage of one of a hub's connections: from its first failure (lost,
+/// or an attempt to connect that failed) to the next time it is up. The
+/// error log has one line when it begins, and one for a connection made in
+/// between and lost for another reason (the attempts every `RETRY` ms that
+/// fail are debug lines), and a notice when it ends; the subscribers
+/// are told once, at the first attempt that fails (a connection lost and
+/// made again at once is no outage for them: they get `event: reconnect`).
+#[derive(Default)]
+pub struct Outage {
+    /// The failures of this outage (0: none is going on).
+    failures: u32,
+    since: ngx_msec_t,
+    /// Its subscribers were told.
+    told: bool,
+    /// The reason of the last failure.
+    why: String,
+}
+
+/// What a failure asks of the hub.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Failed {
+    /// The first of its outage: the one error-log line.
+    pub log: bool,
+    /// The first attempt of the outage that failed: the subscribers are to
+    /// hear that the server is unavailable.
+    pub tell: bool,
+}
+
+impl Outage {
+    /// A failure, and why: `attempt` when an attempt to connect failed
+    /// (not a connection that was up and is lost).
+    pub fn failed(&mut self, attempt: bool, why: &str) -> Failed {
+        self.failures = self.failures.saturating_add(1);
+        if self.failures == 1 {
+            self.since = current_msec();
+        }
+        let log = self.failures == 1 || (!attempt && self.why != why);
+        if self.why != why {
+            why.clone_into(&mut self.why);
+        }
+        let tell = attempt && !self.told;
+        self.told |= tell;
+        Failed { log, tell }
+    }
+
+    /// The connection is up: the failures and milliseconds of the outage
+    /// it ends, if one was going on.
+    pub fn ended(&mut self) -> Option<(u32, ngx_msec_t)> {
+        let failures = std::mem::take(&mut self.failures);
+        self.told = false;
+        self.why.clear();
+        (failures > 0).then(|| (failures, current_msec().wrapping_sub(self.since)))
+    }
+
+    /// Its subscribers have been told the server is unavailable (and it
+    /// is not up again).
+    pub fn told(&self) -> bool {
+        self.told
+    }
+
+    /// Nobody is subscribed any more: no outage is followed.
+    pub fn forget(&mut self) {
+        *self = Outage::default();
+    }
+}
 
 /// A shared connection that subscribers come to and leave, by channel
 /// (this listener, and the cache gateway's subscribing connection).
@@ -23,6 +89,9 @@ pub trait Hub {
     fn unsubscribe(&mut self, channel: &str, who: ReqToken);
     /// The servers it hears (for `$upstream_addr`).
     fn servers(&self) -> Vec<String>;
+    /// Its subscribers have been told that a server is unavailable, and it
+    /// is not back yet: a new subscriber is told at once.
+    fn unavailable(&self) -> bool;
 }
 
 /// A hub, as a subscription keeps it: the hubs live for the worker's life
@@ -177,6 +246,9 @@ pub trait HubSink {
     fn subscribed(&self, to: &[ReqToken]);
     /// nginx is exiting: the subscriptions end.
     fn closing(&self, to: &[ReqToken]);
+    /// A server could not be reached: what is sent there is not heard
+    /// until it is back (once per outage; `Outage`).
+    fn unavailable(&self, to: &[ReqToken]);
     /// The server confirmed the channel on the connection now up (after
     /// `subscribed`, if it had subscribers waiting).
     fn listening(&self, _channel: &str) {}

@@ -394,6 +394,11 @@ impl RetryTimer {
         self.0.timer_set() != 0
     }
 
+    /// It is in nginx's posted queue (`post`), not run yet.
+    pub fn posted(&self) -> bool {
+        self.0.posted() != 0
+    }
+
     /// Starts the timer unless it runs already.
     pub fn start(&mut self, ms: ngx_msec_t) {
         if self.pending() {

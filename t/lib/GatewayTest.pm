@@ -411,7 +411,8 @@ sub start_redis {
     my $bin = $ENV{REDIS_SERVER} || 'redis-server';
     my $dir = tempdir('ngx-gateway-redis-XXXXXX', TMPDIR => 1, CLEANUP => 1);
     chmod 0755, $dir;    # nginx workers reach the socket in it
-    my $port = free_port();
+    # (port => N: on that port, e.g. the one of an instance killed before.)
+    my $port = $opt{port} // free_port();
     my @args = ('--port', $port, '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no',
         '--dir', $dir, '--logfile', "$dir/redis.log", '--daemonize', 'no');
     push @args, '--requirepass', $opt{password} if defined $opt{password};

@@ -15,7 +15,9 @@
 //! has confirmed its channel. A connection that is lost is made again after
 //! `RETRY` ms (to the next address, for a cluster), subscribes to every
 //! channel again, and the subscribers get `event: reconnect`: what was
-//! published on that server in between is lost. The subscribers' side is
+//! published on that server in between is lost. While a server cannot be
+//! reached, the log says so once for that connection and the subscribers
+//! hear it once (hub::Outage). The subscribers' side is
 //! crate::common::sse's, shared with `sqldb_listen`.
 
 use std::collections::BTreeSet;
@@ -25,7 +27,7 @@ use gateway_core::pubsub::{self, Push};
 
 use super::authfail;
 use super::conn::{run_owner, Dial, Owner, RedisConn, State, Step};
-use crate::common::hub::{Added, Channels, Hub, HubSink, RETRY};
+use crate::common::hub::{Added, Channels, Hub, HubSink, Outage, RETRY};
 use crate::common::token::ReqToken;
 use crate::ffi::net::TlsClient;
 use crate::ffi::*;
@@ -61,6 +63,8 @@ struct Link {
     confirmed: BTreeSet<String>,
     /// The timer that makes the connection again.
     retry: RetryTimer,
+    /// Its server is down (since the first failure, until it is up).
+    outage: Outage,
 }
 
 pub struct RedisHub {
@@ -78,8 +82,13 @@ pub struct RedisHub {
     channels: Channels,
     /// Runs `settle_all` after a connection that was up is lost (posted:
     /// a loss may come while a request subscribes, which the subscribers'
-    /// side must not hear of then).
+    /// side must not hear of then); tells the subscribers that a server
+    /// is unavailable (`tell`).
     settle_later: RetryTimer,
+    /// The subscribers are to hear that the servers are unavailable.
+    tell: bool,
+    /// They heard it (or are to), and no connection is up since.
+    told: bool,
 }
 
 /// What a hub is made of.
@@ -115,6 +124,8 @@ impl RedisHub {
             sink,
             channels: Channels::default(),
             settle_later: RetryTimer::new(std::ptr::null_mut(), Some(settle_event)),
+            tell: false,
+            told: false,
         });
         let hub: *mut RedisHub = &mut *h;
         h.settle_later.set_data(hub.cast());
@@ -133,6 +144,7 @@ impl RedisHub {
                 auth_refused: None,
                 confirmed: BTreeSet::new(),
                 retry: RetryTimer::new(std::ptr::null_mut(), Some(retry_event)),
+                outage: Outage::default(),
             })
             .collect();
         // (The links stay where they are now.)
@@ -164,8 +176,11 @@ impl RedisHub {
             l.retry.stop();
             // A connection made later for new subscribers is no reconnect.
             l.was_up = false;
+            l.outage.forget();
         }
         self.settle_later.stop();
+        self.tell = false;
+        self.told = false;
         self.channels.deactivate();
     }
 
@@ -200,10 +215,11 @@ impl RedisHub {
         if self.channels.is_empty() {
             return;
         }
+        let failed = self.links[i].outage.failed(was != State::Up, why);
         log!(
-            NGX_LOG_ERR,
+            if failed.log { NGX_LOG_ERR } else { NGX_LOG_DEBUG },
             Log::cycle(),
-            "cache: the subscribing connection to {} of upstream \"{}\" {}: {why}; trying again in {} ms",
+            "cache: the subscribing connection to {} of upstream \"{}\" {}: {why}; trying again every {} ms",
             self.server(i),
             self.upstream,
             if was == State::Up { "was lost" } else { "failed" },
@@ -212,8 +228,15 @@ impl RedisHub {
         let l = &mut self.links[i];
         l.next = (l.next + 1) % l.addrs.len().max(1);
         l.retry.start(RETRY);
+        // The subscribers hear it once when an attempt failed and no
+        // connection is up or on its way (with several servers, the others
+        // carry the subscriptions).
+        if failed.tell && !self.told && self.links.iter().all(|l| l.conn.state() == State::Down) {
+            self.told = true;
+            self.tell = true;
+        }
         // The channels the other connections confirmed are in effect now.
-        if was == State::Up {
+        if was == State::Up || self.tell {
             self.settle_later.post();
         }
     }
@@ -361,9 +384,26 @@ impl RedisHub {
             }
             Push::Subscribed(channel) => {
                 let l = &mut self.links[i];
-                if !std::mem::replace(&mut l.live, true) && std::mem::replace(&mut l.was_up, true) {
-                    let all = self.channels.settled();
-                    self.sink.reconnected(&all);
+                if !std::mem::replace(&mut l.live, true) {
+                    self.told = false;
+                    let l = &mut self.links[i];
+                    let was_up = std::mem::replace(&mut l.was_up, true);
+                    if let Some((failures, ms)) = l.outage.ended() {
+                        log!(
+                            NGX_LOG_NOTICE,
+                            Log::cycle(),
+                            "cache: the subscribing connection to {} of upstream \"{}\" is up again, after {} failure{} in {} ms",
+                            self.server(i),
+                            self.upstream,
+                            failures,
+                            if failures == 1 { "" } else { "s" },
+                            ms
+                        );
+                    }
+                    if was_up {
+                        let all = self.channels.settled();
+                        self.sink.reconnected(&all);
+                    }
                 }
                 if let Ok(c) = std::str::from_utf8(&channel) {
                     self.links[i].confirmed.insert(c.to_owned());
@@ -436,6 +476,10 @@ impl Hub for RedisHub {
     fn servers(&self) -> Vec<String> {
         (0..self.links.len()).map(|i| self.server(i).to_owned()).collect()
     }
+
+    fn unavailable(&self) -> bool {
+        self.told && !self.tell
+    }
 }
 
 impl Owner for RedisHub {
@@ -472,6 +516,10 @@ event_handler! {
         // SAFETY: the event's data is its hub, which lives for the
         // worker's life (its Drop would take the event out of the queue).
         let h = unsafe { &mut *(ev.data() as *mut RedisHub) };
+        if std::mem::take(&mut h.tell) {
+            let all = h.channels.everyone();
+            h.sink.unavailable(&all);
+        }
         h.settle_all();
     }
 }

@@ -4,7 +4,8 @@
 //! connection that listens for the upstream) and gets each event of it as
 //! `event: CHANNEL` / `data:` lines while it stays; a comment line every
 //! heartbeat; `event: reconnect` when the hub's connection was lost and
-//! made again. The request ends when its client leaves, when it falls too
+//! made again; `event: unavailable` once when its server cannot be reached
+//! (common::hub::Outage). The request ends when its client leaves, when it falls too
 //! far behind, or when nginx exits.
 //!
 //! Events may carry ids (resume.rs): a subscription that comes with the
@@ -251,6 +252,9 @@ pub fn start_resuming(
     let mut written = source.retry == CONF_UNSET_MSEC || write(s, &sse::retry(source.retry as u64)).is_ok();
     if written && now {
         written = write(s, SUBSCRIBED).is_ok();
+    } else if written && hub.with(|h| h.unavailable()) {
+        // The server is down now: the client hears it as the others did.
+        written = write(s, &sse::unavailable()).is_ok();
     } else if written && header_out {
         written = r.send_flush() != ERROR;
     }
@@ -618,5 +622,9 @@ impl HubSink for Fanout {
 
     fn closing(&self, to: &[ReqToken]) {
         self.each(to, |sub| end(sub, OK));
+    }
+
+    fn unavailable(&self, to: &[ReqToken]) {
+        self.send(to, &sse::unavailable());
     }
 }

@@ -2,15 +2,16 @@
 //! shared by every subscriber of every channel. LISTEN when a channel's
 //! first subscriber comes, UNLISTEN after its last one leaves; each
 //! notification goes to its channel's subscribers through a `HubSink` (common::hub).
-//! A connection that is lost is made again (after `RETRY` ms, while anyone
+//! A connection that is lost is made again (every `RETRY` ms, while anyone
 //! is subscribed), listens to every channel again, and the subscribers are
-//! told (notifications sent in between are lost).
+//! told (notifications sent in between are lost). While the server cannot
+//! be reached, the log and the subscribers hear it once (hub::Outage).
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::CString;
 
 use super::pq::{PgConn, Poll};
-use crate::common::hub::{Added, Channels, Hub, HubSink, RETRY};
+use crate::common::hub::{Added, Channels, Hub, HubSink, Outage, RETRY};
 use crate::common::token::ReqToken;
 use crate::ffi::*;
 use crate::log;
@@ -42,6 +43,11 @@ pub struct Listener {
     was_up: bool,
     /// The timer that makes the connection again.
     retry: RetryTimer,
+    /// The server is down (since the first failure, until it is up).
+    outage: Outage,
+    /// Tells the subscribers the server is unavailable (posted: a failure
+    /// may come while a request subscribes).
+    tell_later: RetryTimer,
     /// When each channel was confirmed on the connection now up (a count
     /// of confirmations): a replay that ran while it stayed so missed no
     /// notification.
@@ -70,11 +76,14 @@ impl Listener {
             busy: false,
             was_up: false,
             retry: RetryTimer::new(std::ptr::null_mut(), Some(retry_event)),
+            outage: Outage::default(),
+            tell_later: RetryTimer::new(std::ptr::null_mut(), Some(tell_event)),
             confirmed: HashMap::new(),
             confirmations: 0,
         });
         let data: *mut Listener = &mut *l;
         l.retry.set_data(data.cast());
+        l.tell_later.set_data(data.cast());
         l
     }
 
@@ -112,6 +121,8 @@ impl Listener {
     /// Closes the connection (no retry).
     fn close(&mut self) {
         self.retry.stop();
+        self.tell_later.stop();
+        self.outage.forget();
         if let Some(s) = self.socket.take() {
             s.release();
         }
@@ -179,14 +190,18 @@ impl Listener {
         if self.channels.is_empty() {
             return;
         }
+        let failed = self.outage.failed(was != State::Up, why);
         log!(
-            NGX_LOG_ERR,
+            if failed.log { NGX_LOG_ERR } else { NGX_LOG_DEBUG },
             Log::cycle(),
-            "sqldb: the listening connection to {} {}: {why}; trying again in {} ms",
+            "sqldb: the listening connection to {} {}: {why}; trying again every {} ms",
             self.name,
             if was == State::Up { "was lost" } else { "failed" },
             RETRY
         );
+        if failed.tell {
+            self.tell_later.post();
+        }
         self.retry.start(RETRY);
     }
 
@@ -222,6 +237,17 @@ impl Listener {
                     return self.lost(&e.0);
                 }
                 self.state = State::Up;
+                if let Some((failures, ms)) = self.outage.ended() {
+                    log!(
+                        NGX_LOG_NOTICE,
+                        Log::cycle(),
+                        "sqldb: the listening connection to {} is up again, after {} failure{} in {} ms",
+                        self.name,
+                        failures,
+                        if failures == 1 { "" } else { "s" },
+                        ms
+                    );
+                }
                 let channels: Vec<String> = self.channels.names().map(str::to_owned).collect();
                 for c in channels {
                     self.listen(&c);
@@ -339,6 +365,10 @@ impl Hub for Listener {
     fn servers(&self) -> Vec<String> {
         vec![self.name.clone()]
     }
+
+    fn unavailable(&self) -> bool {
+        self.outage.told() && !self.tell_later.posted()
+    }
 }
 
 impl Drop for Listener {
@@ -366,6 +396,19 @@ event_handler! {
         let l = unsafe { &mut *(ev.data() as *mut Listener) };
         if l.state == State::Down && !l.channels.is_empty() && !exiting() {
             l.connect();
+        }
+    }
+}
+
+event_handler! {
+    /// The subscribers hear that the server cannot be reached.
+    fn tell_event(ev) = "sqldb listen unavailable", {
+        // SAFETY: the event's data is the Listener that owns it (its Drop
+        // takes the event out of the queue).
+        let l = unsafe { &mut *(ev.data() as *mut Listener) };
+        if l.outage.told() {
+            let all = l.channels.everyone();
+            l.sink.unavailable(&all);
         }
     }
 }

@@ -74,6 +74,10 @@ impl HubSink for Heard {
         FANOUT.closing(to);
     }
 
+    fn unavailable(&self, to: &[ReqToken]) {
+        FANOUT.unavailable(to);
+    }
+
     fn listening(&self, channel: &str) {
         replay::listening(channel);
     }
