@@ -40,6 +40,8 @@ chmod 0755 "$dir"    # nginx's workers and the postgres user reach their folders
 # Whatever fails from here (a port in use, say): what was started stops.
 trap 'echo "run.sh: make run failed (see above); what it started is stopped" >&2; stop' ERR
 "$here/pg-sandbox.sh" start "$dir/pg" "$pgport" "$here/sample.sql"
+# The outbox of events.conf (as the demo role, its owner).
+PGPASSWORD='demo pass' psql -X -q -h 127.0.0.1 -p "$pgport" -U demo -d demo -v ON_ERROR_STOP=1 -f "$here/outbox.sql"
 # Roles, grants and the row-level security policy of jwt.conf (as the superuser).
 PGPASSWORD=$(cat "$dir/pg/superpw") psql -X -q -h 127.0.0.1 -p "$pgport" -U postgres -d demo -v ON_ERROR_STOP=1 -f "$here/jwt.sql"
 # Tokens for it, signed with the demo secret (HS256, valid for a day).
@@ -86,11 +88,12 @@ ngx_gateway demo is running: nginx on 127.0.0.1:$port, PostgreSQL on 127.0.0.1:$
   curl -si http://127.0.0.1:$port/api/cats/3                # 404 now
 
   Live events (nginx-conf/events.conf): open this page in a browser,
-    http://127.0.0.1:$port/events.html?channel=demo
-  then send events to it:
-  curl --data-binary 'hello' 'http://127.0.0.1:$port/notify?channel=demo'
-  curl --data-binary \$'two\nlines' 'http://127.0.0.1:$port/notify?channel=demo'
-  curl -N 'http://127.0.0.1:$port/listen?channel=demo'      # the stream itself
+    http://127.0.0.1:$port/events.html?room=demo
+  then send events to it (each one is a row of the outbox table, with its id):
+  curl --data-binary 'hello' http://127.0.0.1:$port/send/demo
+  curl --data-binary \$'two\nlines' http://127.0.0.1:$port/send/demo
+  curl -N http://127.0.0.1:$port/events/demo                          # the stream itself
+  curl -N -H 'Last-Event-ID: 1' http://127.0.0.1:$port/events/demo    # what came after event 1, then live
   Bearer tokens and row-level security (nginx-conf/jwt.conf, jwt.sql):
   curl -s http://127.0.0.1:$port/notes                                     # anonymous: the public note
   curl -s -H 'Authorization: Bearer $alice' http://127.0.0.1:$port/notes   # alice: her notes

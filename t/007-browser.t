@@ -1,8 +1,12 @@
-# The browser example of nginx-conf/ (events.conf included as it is, and
-# events.html) in a real browser: Debian's chromium, headless, opens the
-# page, whose EventSource subscribes through sqldb_listen; the test sends
-# notifications (psql, and POST /notify through the gateway) and reads what
-# the page shows, through the DevTools protocol on a pipe
+# The browser example of nginx-conf/ (events.conf included as it is,
+# events.html and outbox.sql) in a real browser: Debian's chromium,
+# headless, opens the page, whose EventSource subscribes through
+# sqldb_listen with sqldb_listen_replay; the test adds events (rows of the
+# outbox, with psql and with POST /send through the gateway) and reads what
+# the page shows: every event once, in order, with its id, across a
+# pg_terminate_backend of the listening connection, an nginx reload and an
+# nginx restart while events keep coming, and PostgreSQL stopped and
+# started again. Through the DevTools protocol on a pipe
 # (--remote-debugging-pipe: JSON messages ended by a NUL byte, the browser
 # reads fd 3 and writes fd 4). Skipped only when chromium cannot start.
 use strict;
@@ -116,8 +120,15 @@ if (my $why = start_chromium()) {
 
 copy("$conf_dir/events.html", "$tmp/events.html") or die "copy: $!";
 chmod 0644, "$tmp/events.html";
+# The page's outbox, as `make run` makes it.
+{
+    open my $fh, '<', "$conf_dir/outbox.sql" or die $!;
+    local $/;
+    psql(<$fh>);
+    psql('grant select, insert on outbox to gateway; grant usage on sequence outbox_id_seq to gateway');
+}
 my $server = GatewayTest::pg_server_line('browser');
-my $port = nginx_start(<<"HTTP");
+my $conf = <<"HTTP";
 upstream demo_db { sqldb_server $server; }
 server {
     listen 127.0.0.1:\$PORT;
@@ -125,92 +136,147 @@ server {
     include $conf_dir/events.conf;
 }
 HTTP
+my $port = nginx_start($conf);
 
 my ($st, $body, $head) = http_request($port, 'GET', '/events.html');
 is($st, 200, 'the page is served');
 like($head, qr{^Content-Type: text/html}mi, 'as text/html');
-like($body, qr{new EventSource\('/listen\?channel='}, 'with its EventSource');
+like($body, qr{new EventSource\('/events/' \+}, 'with its EventSource');
 
-# The page's tab, and what it shows: the connection's state and the list.
-my $target = cdp('Target.createTarget', { url => "http://127.0.0.1:$port/events.html?channel=browser" })->{targetId};
+my $target = cdp('Target.createTarget', { url => "http://127.0.0.1:$port/events.html?room=browser" })->{targetId};
 my $session = cdp('Target.attachToTarget', { targetId => $target, flatten => JSON::PP::true })->{sessionId};
 my $read_page = q{JSON.stringify({
     state: document.getElementById('state') ? document.getElementById('state').textContent : null,
-    channel: document.getElementById('channel') ? document.getElementById('channel').textContent : null,
+    room: document.getElementById('room') ? document.getElementById('room').textContent : null,
+    last: document.getElementById('last') ? document.getElementById('last').textContent : null,
     items: Array.from(document.querySelectorAll('#log li'), li => [li.className, li.textContent]),
-    markup: document.querySelectorAll('#log li *').length
+    markup: document.querySelectorAll('#log li :not(.id)').length,
+    opens: window.opens
 })};
 my $page;
 sub page {
-    # (While the page is still loading there may be no document to ask
-    # yet: that reads as an empty page, and the callers ask again.)
     my $r = eval { cdp('Runtime.evaluate', { expression => $read_page, returnByValue => JSON::PP::true }, $session) }
         or return $page = { error => $@ };
-    # (A string of characters already: decoded without utf8.)
     return $page = JSON::PP->new->decode($r->{result}{value} // 'null') // {};
 }
 sub listening {
     psql("select count(*) from pg_stat_activity where application_name = 'browser' and state = 'idle' "
-        . "and query = 'LISTEN \"browser\"'") > 0;
+        . "and query = 'LISTEN \"room_browser\"'") > 0;
 }
 
 ok(wait_until(sub { (page()->{state} // '') eq 'open' }, 15), 'the page opened its EventSource')
     or diag(explain($page));
-is($page->{channel}, 'browser', 'on the channel of its ?channel=');
-ok(wait_until(\&listening, 5), 'the gateway listens to the channel');
+is($page->{room}, 'browser', 'on the room of its ?room=');
+ok(wait_until(\&listening, 5), 'the gateway listens to the room\'s channel');
 
-# Notifications: psql, and POST /notify (pg_notify through the gateway).
-# One of another channel must not show; markup is shown as text.
-sub notify_post {
-    my ($payload) = @_;
-    my ($st) = http_request($port, 'POST', '/notify?channel=browser', $payload);
-    is($st, 200, 'POST /notify: 200');
+# What the page should show: [class, text] of each item.
+my @want;
+sub insert {
+    my ($data) = @_;
+    my $id = psql("insert into outbox (channel, data) values ('room_browser', \$q\$$data\$q\$) returning id");
+    push @want, ['event', "#$id $data"];
 }
-psql("notify browser, 'first'");
-notify_post('second, through /notify');
-psql("notify other, 'not for the page'");
-psql(q{select pg_notify('browser', E'line one\nline two\n\nline four')});
-notify_post("also\r\nthrough /notify");
-notify_post('<b>not markup</b> & "quotes"');
-psql(q{select pg_notify('browser', 'café ✓')});
+sub send_post {
+    my ($data) = @_;
+    my ($st, $body) = http_request($port, 'POST', '/send/browser', $data);
+    is($st, 201, 'POST /send: 201');
+    my ($id) = $body =~ /"id":(\d+)/;
+    ok($id, "with the new row's id ($body)");
+    push @want, ['event', "#$id " . ($data =~ s/\r\n/\n/gr)];
+}
+# Inserts N rows, one every MS milliseconds, each committed, in a child
+# process (events keep coming while the test does something else); the
+# rows are pushed to @want once it is done.
+sub trickle {
+    my ($tag, $n, $ms) = @_;
+    my $pid = fork // die "fork: $!";
+    if (!$pid) {
+        psql("do \$\$ begin for i in 1..$n loop insert into outbox (channel, data) values ('room_browser', '$tag ' || i); "
+            . "commit; perform pg_sleep($ms / 1000.0); end loop; end \$\$");
+        POSIX::_exit(0);
+    }
+    return sub {
+        waitpid($pid, 0);
+        for (split /\n/, psql("select id || ' ' || data from outbox where data like '$tag %' order by id")) {
+            my ($id, $d) = /^(\d+) (.*)$/;
+            push @want, ['event', "#$id $d"];
+        }
+    };
+}
+# The page shows @want, all of it, in order, once.
+sub shows_all {
+    my ($name) = @_;
+    wait_until(sub { @{ page()->{items} // [] } >= @want }, 15);
+    # (A little longer: nothing more may come.)
+    sleep 0.3;
+    page();
+    is_deeply($page->{items}, \@want, $name) or diag(explain([ @{ $page->{items} // [] }[-5 .. -1] ]));
+}
 
-my @want = (
-    ['event', 'first'],
-    ['event', 'second, through /notify'],
-    ['event', "line one\nline two\n\nline four"],
-    ['event', "also\nthrough /notify"],
-    ['event', '<b>not markup</b> & "quotes"'],
-    ['event', "caf\x{e9} \x{2713}"],
-);
-wait_until(sub { @{ page()->{items} // [] } >= @want }, 10);
-is_deeply($page->{items}, \@want, 'the page shows every event of its channel, in order, multi-line ones whole');
+insert('first');
+send_post('second, through /send');
+psql("notify room_other, '1 not for the page'");
+insert("line one\nline two\n\nline four");
+send_post("also\r\nthrough /send");
+send_post('<b>not markup</b> & "quotes"');
+insert('café ✓');
+utf8::decode($_->[1]) for @want;
+shows_all('the page shows every event of its room with its id, in order, multi-line ones whole');
 is($page->{markup}, 0, 'payloads are shown as text, never as markup');
+is($page->{last}, ($want[-1][1] =~ /^#(\d+)/)[0], 'and the last event id');
 
-# The gateway's connection to PostgreSQL is lost and made again: the page
-# hears "reconnect", and the events after it.
-psql("select pg_terminate_backend(pid) from pg_stat_activity where application_name = 'browser'");
-push @want, ['reconnect', '(reconnected: events may have been missed)'];
-ok(wait_until(sub { @{ page()->{items} // [] } >= @want }, 10), 'the page shows the reconnect')
-    or diag(explain($page));
+# The listening connection is ended while events keep coming: its
+# subscribers get what they missed (the outbox replayed), no reconnect note.
+my $done = trickle('terminated', 30, 40);
+sleep 0.3;
+psql("select pg_terminate_backend(pid) from pg_stat_activity where application_name = 'browser' and query like 'LISTEN%'");
+$done->();
 ok(wait_until(\&listening, 5), 'the gateway listens again');
-psql("notify browser, 'after the reconnect'");
-push @want, ['event', 'after the reconnect'];
-wait_until(sub { @{ page()->{items} // [] } >= @want }, 10);
-is_deeply($page->{items}, \@want, 'and the events after it');
-is($page->{state}, 'open', 'the EventSource is open (the stream itself was never cut)');
+shows_all('across pg_terminate_backend of the listening connection: every event once, in order');
+is($page->{state}, 'open', 'the EventSource stayed open (the stream itself was never cut)');
+is($page->{opens}, 1, 'opened once');
 
-# The example's mistakes answer as they should.
-($st) = http_request($port, 'GET', '/notify?channel=browser');
-is($st, 405, 'GET /notify: 405');
-($st) = http_request($port, 'POST', '/notify', 'no channel');
-is($st, 500, 'POST /notify without a channel: 500 (pg_notify refuses it)');
-($st) = http_request($port, 'GET', '/listen?channel=not-an-identifier');
-is($st, 400, '/listen with a channel that is not an identifier: 400');
+# nginx reloads while events keep coming: the old worker ends the stream,
+# the page comes back with Last-Event-ID to the new one.
+$done = trickle('reloaded', 40, 40);
+sleep 0.3;
+GatewayTest::nginx_signal('HUP');
+$done->();
+ok(wait_until(sub { (page()->{opens} // 0) >= 2 && $page->{state} eq 'open' }, 15), 'after a reload the page opened its stream again')
+    or diag(explain($page));
+shows_all('across nginx -s reload: every event once, in order');
+
+# The gateway stops, events are added meanwhile, and it starts again on the
+# same port: the page resumes.
+stop_nginx();
+ok(wait_until(sub { (page()->{state} // '') eq 'reconnecting' }, 10), 'while nginx is stopped, the page is reconnecting')
+    or diag(explain($page));
+insert("while nginx was stopped $_") for 1 .. 5;
+$port = nginx_start($conf, port => $port);
+ok(wait_until(sub { (page()->{opens} // 0) >= 3 && $page->{state} eq 'open' }, 15), 'once it is back, the page opened its stream again')
+    or diag(explain($page));
+insert('after the restart');
+shows_all('across a restart of nginx: every event once, in order');
+
+# PostgreSQL stops: the page hears that the database cannot be reached;
+# once it is back, what was added meanwhile (here: nothing) and after.
+GatewayTest::pg_stop();
+push @want, ['note', '(the database cannot be reached; waiting for it)'];
+shows_all('the page says when the database cannot be reached');
+GatewayTest::pg_start();
+ok(wait_until(\&listening, 10), 'the gateway listens again once PostgreSQL is back');
+insert('after PostgreSQL came back');
+shows_all('and goes on once it is back, nothing lost, no reconnect note');
+
+($st) = http_request($port, 'GET', '/send/browser');
+is($st, 405, 'GET /send: 405');
+($st) = http_request($port, 'GET', '/events/not-a-room');
+is($st, 404, 'a room that is not a name: 404 (no channel of another application)');
+($st) = http_request($port, 'GET', '/events/browser', undef, 'Last-Event-ID: x');
+is($st, 400, 'a Last-Event-ID that is not an id: 400');
 
 unlike(nginx_error_log(), qr/\[(alert|emerg)\]|exited on signal/, 'no alert, no worker died');
 
-# Nothing of chromium is left: no process of its process group, nor one
-# with its profile folder (killed ones may take a moment to go).
 my $group = $chrome_pid;
 stop_chromium();
 sub chromium_left {

@@ -586,7 +586,8 @@ sub nginx_start {
     $NginxRoot = tempdir('ngx-gateway-nginx-XXXXXX', TMPDIR => 1, CLEANUP => 1);
     chmod 0755, $NginxRoot;    # workers (nobody) use the temp folders in it
     mkdir "$NginxRoot/logs";
-    my $port = free_port();
+    # (port => N: on that port again, e.g. nginx started anew for its clients.)
+    my $port = $opt{port} // free_port();
     my $modules = join '', map { "load_module $_;\n" } grep { length } split /[\s:]+/, $ENV{TEST_NGINX_LOAD_MODULES} || '';
     $modules = ($opt{main} // '') . $modules;
     my $workers = $opt{workers} || 1;
