@@ -3,9 +3,9 @@
     python3 bench/fanout.py [SUBSCRIBERS]     (default 10000)
 
 Starts a throwaway PostgreSQL, Redis and nginx (one worker) with a
-`sqldb_listen` and a `cache_subscribe` location. For each, in turn: opens
-SUBSCRIBERS event streams on one channel, sends one event (NOTIFY, or
-PUBLISH with redis-cli), and prints the worker's RSS with everyone
+`sqldb_listen`, a `cache_subscribe` and a `cache_stream` location. For
+each, in turn: opens SUBSCRIBERS event streams on one channel (or stream
+key), sends one event (NOTIFY, PUBLISH or XADD with redis-cli), and prints the worker's RSS with everyone
 subscribed and the time from the event to each subscriber's copy (p50,
 p99, max: the clients run on the same machine, so these include their own
 scheduling).
@@ -115,6 +115,7 @@ http {{
         listen 127.0.0.1:{port} backlog=4096;
         location /events {{ sqldb_pass db; sqldb_listen $arg_channel; }}
         location /cache-events {{ cache_pass 127.0.0.1:{rport}; cache_subscribe $arg_channel; }}
+        location /stream-events {{ cache_pass 127.0.0.1:{rport}; cache_stream $arg_key; }}
     }}
 }}
 """)
@@ -127,6 +128,8 @@ http {{
              ["psql", "-X", "-q", "-h", "127.0.0.1", "-p", str(pgport), "-U", "demo", "demo", "-c", "notify fan, 'go'"]),
             ("cache_subscribe, one PUBLISH", "/cache-events?channel=fan",
              ["redis-cli", "-p", str(rport), "publish", "fan", "go"]),
+            ("cache_stream, one XADD", "/stream-events?key=fan",
+             ["redis-cli", "-p", str(rport), "xadd", "fan", "*", "data", "go"]),
         ]:
             print(f"== {name}")
             asyncio.run(run(n, port, path, send, master))

@@ -182,7 +182,10 @@ mod tests {
         assert_eq!(compare_ids(b"10", b"10-0"), Equal);
         assert!(is_after(b"1700000000001-0", Some(b"1700000000000-7")));
         assert!(!is_after(b"5-1", Some(b"5-1")));
-        assert_eq!(entry_event(b"1-2", Some(b"e"), b"a\nb"), b"id: 1-2\nevent: e\ndata: a\ndata: b\n\n");
+        assert_eq!(
+            entry_event(b"1-2", Some(b"e"), b"a\nb"),
+            b"id: 1-2\nevent: e\ndata: a\ndata: b\n\n"
+        );
         assert_eq!(entry_event(b"1-2", None, b""), b"id: 1-2\ndata: \n\n");
         assert_eq!(entry_event(b"1-2", Some(b"x\ny"), b"d"), b"id: 1-2\ndata: d\n\n");
     }

@@ -119,7 +119,17 @@ pub fn xread(out: &mut Vec<u8>, count: usize, block_ms: Option<u64>, keys: &[(&[
 /// `XRANGE key (<after> + COUNT <count>`: the entries after an ID.
 pub fn xrange_after(out: &mut Vec<u8>, key: &[u8], after: EntryId, count: usize) {
     let from = format!("({after}");
-    resp::command(out, &[b"XRANGE", key, from.as_bytes(), b"+", b"COUNT", count.to_string().as_bytes()]);
+    resp::command(
+        out,
+        &[
+            b"XRANGE",
+            key,
+            from.as_bytes(),
+            b"+",
+            b"COUNT",
+            count.to_string().as_bytes(),
+        ],
+    );
 }
 
 /// `XREVRANGE key + - COUNT 1`: the stream's last entry (where a reader

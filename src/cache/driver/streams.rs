@@ -313,7 +313,7 @@ impl StreamHub {
             if pages >= PAGES_PER_ROUND {
                 break;
             }
-            if c.asked || !self.keys.get(&c.key).is_some_and(|k| k.pos.is_some()) {
+            if c.asked || self.keys.get(&c.key).is_none_or(|k| k.pos.is_none()) {
                 continue;
             }
             match self.sink.backlog(c.who) {
