@@ -48,7 +48,11 @@ HTTP
 sub entries {
     my ($sub) = @_;
     my @ev;
-    for my $block (split /\n\n/, body($sub)) {
+    # (Whole events only: a client that leaves may have half of one.)
+    my $body = body($sub);
+    my $end = rindex($body, "\n\n");
+    $body = $end < 0 ? '' : substr($body, 0, $end + 2);
+    for my $block (split /\n\n/, $body) {
         my ($id) = $block =~ /^id: (.*)$/m or next;
         my ($name) = $block =~ /^event: (.*)$/m;
         my @data = $block =~ /^data: ?(.*)$/mg;
