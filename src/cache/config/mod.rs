@@ -497,19 +497,6 @@ fn postconfigure(cf: Conf) -> Result<(), ConfError> {
         .into());
     }
     for p in &mcf.pending {
-        // SAFETY: locations' configurations live as long as the configuration.
-        let lcf = unsafe { &*p.lcf };
-        if lcf.stream.is_some() && mcf.cluster_of(p.upstream).is_some() {
-            // (Its one reading connection would meet keys of other nodes.)
-            let (file, line) = lcf
-                .channel_at
-                .as_ref()
-                .map_or((p.claim.file(), p.claim.line()), |at| (at.file.as_str(), at.line));
-            return Err(format!(
-                "\"cache_stream\" cannot read from a Redis Cluster (its upstream has \"cache_cluster on\") in {file}:{line}"
-            )
-            .into());
-        }
         // SAFETY: the upstream module's configurations live as long as the configuration.
         if let Some(u) = unsafe { p.upstream.as_ref() } {
             if let Some(owner) = mcf.foreign_owner(u) {

@@ -113,7 +113,14 @@ fn hub(r: &mut Req, lcf: &CacheLocConf, auth: Option<Vec<u8>>) -> Option<HubRef>
         let auth_key = auth
             .as_deref()
             .map(|pw| authfail::key(&authfail::block_scope(block), pw));
+        // A cluster's keys are read on the masters of their slots, as the
+        // worker's map says (the addresses are its seeds).
+        let cluster = r
+            .main_conf::<Cache>()
+            .cluster_of(block)
+            .map(|c| driver::cluster_map(block as usize, || c.seeds.clone()));
         Some(StreamSettings {
+            cluster,
             upstream: name,
             addrs,
             auth: auth.clone(),

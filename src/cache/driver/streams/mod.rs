@@ -34,9 +34,25 @@
 //! server) and reading goes on from each key's position: nothing is lost
 //! while the entries are still in the stream, and subscribers hear of no
 //! gap. The subscribers' side is common::sse's (stream.rs).
+//!
+//! On a Redis Cluster (`cache_cluster`) a key is read on the master of its
+//! slot, as the worker's map of the cluster says (driver::cluster_map,
+//! trusted as far as the configured seeds: core's `cluster::Topology`):
+//! one connection per master that has subscribed keys, made when a key
+//! needs it, each working in rounds as above, with one `XREAD` per slot
+//! (Redis reads several keys at once only in one slot; only the round's
+//! last one blocks). A map that does not know a slot's master yet, or a
+//! `-MOVED`, or a lost master, makes the seed connection (the configured
+//! servers in turn) ask `CLUSTER SLOTS`; the keys go where the new map
+//! says and read on from their positions.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
 use std::ffi::c_void;
+use std::net::SocketAddr;
+use std::rc::Rc;
+
+use gateway_core::cluster::{self as kslot, Topology};
 
 use gateway_core::pubsub;
 use gateway_core::resp::{self, Value};
@@ -51,6 +67,8 @@ use crate::common::token::ReqToken;
 use crate::ffi::net::TlsClient;
 use crate::ffi::*;
 use crate::log;
+
+mod cluster;
 
 /// How long one `XREAD` waits for new entries (ms): also the longest a
 /// key that comes waits for its reading to start.
@@ -75,6 +93,10 @@ struct Key {
     pos: Option<EntryId>,
     /// Its `XREVRANGE` is out.
     asked: bool,
+    /// Its slot (a cluster's).
+    slot: u16,
+    /// The connection that reads it (None: a cluster's map must say).
+    link: Option<usize>,
 }
 
 /// A subscriber's catch-up.
@@ -95,9 +117,12 @@ enum Op {
     Last(String),
     Range(ReqToken),
     Read,
+    Slots,
 }
 
-/// The hub's connection (a hub has one; the index is Owner's).
+/// One of the hub's connections: to the upstream's servers in turn (the
+/// first, and a cluster's seed connection), or to one master of a
+/// cluster. Boxed: its events carry a pointer to it.
 struct Link {
     hub: *mut StreamHub,
     index: usize,
@@ -107,11 +132,27 @@ struct Link {
     retry: RetryTimer,
     /// Redis refused the password (its message).
     auth_refused: Option<String>,
+    /// What each reply to come answers.
+    inflight: VecDeque<Op>,
+    /// The master it goes to (a cluster's).
+    node: Option<SocketAddr>,
+}
+
+/// A cluster's side of a hub.
+struct ClusterSide {
+    map: Rc<RefCell<Topology>>,
+    /// `CLUSTER SLOTS` is out, or to go on the seed connection.
+    want_slots: bool,
+    asked_slots: bool,
 }
 
 pub struct StreamHub {
     upstream: String,
-    links: Vec<Link>,
+    /// Boxed: a link's events carry its address, which must not move when
+    /// a cluster's master adds one.
+    #[allow(clippy::vec_box)]
+    links: Vec<Box<Link>>,
+    cluster: Option<ClusterSide>,
     auth: Option<Vec<u8>>,
     auth_key: Option<u64>,
     tls: Option<TlsClient>,
@@ -119,7 +160,6 @@ pub struct StreamHub {
     sink: &'static dyn StreamSink,
     keys: BTreeMap<String, Key>,
     catchups: Vec<CatchUp>,
-    inflight: VecDeque<Op>,
 }
 
 /// What a stream hub is made of.
@@ -131,6 +171,8 @@ pub struct StreamSettings {
     pub auth_key: Option<u64>,
     pub tls: Option<TlsClient>,
     pub connect_timeout: ngx_msec_t,
+    /// A cluster's map (`cache_cluster`): the addresses are its seeds.
+    pub cluster: Option<Rc<RefCell<Topology>>>,
 }
 
 impl StreamHub {
@@ -138,6 +180,11 @@ impl StreamHub {
         let mut h = Box::new(StreamHub {
             upstream: s.upstream,
             links: Vec::new(),
+            cluster: s.cluster.map(|map| ClusterSide {
+                map,
+                want_slots: false,
+                asked_slots: false,
+            }),
             auth: s.auth,
             auth_key: s.auth_key,
             tls: s.tls,
@@ -145,22 +192,52 @@ impl StreamHub {
             sink,
             keys: BTreeMap::new(),
             catchups: Vec::new(),
-            inflight: VecDeque::new(),
         });
-        let hub: *mut StreamHub = &mut *h;
-        h.links.push(Link {
+        h.add_link(s.addrs, None);
+        h
+    }
+
+    /// A new connection (not made yet): its index.
+    fn add_link(&mut self, addrs: Vec<Addr>, node: Option<SocketAddr>) -> usize {
+        let hub: *mut StreamHub = self;
+        let index = self.links.len();
+        let mut l = Box::new(Link {
             hub,
-            index: 0,
-            addrs: s.addrs,
+            index,
+            addrs,
             next: 0,
             conn: RedisConn::new(),
             retry: RetryTimer::new(std::ptr::null_mut(), Some(retry_event)),
             auth_refused: None,
+            inflight: VecDeque::new(),
+            node,
         });
-        // (The link stays where it is now.)
-        let data: *mut Link = &mut h.links[0];
-        h.links[0].retry.set_data(data.cast());
-        h
+        let data: *mut Link = &mut *l;
+        l.retry.set_data(data.cast());
+        self.links.push(l);
+        index
+    }
+
+    /// Starts every connection that has work and is down, and the next
+    /// round of each that is idle.
+    fn kick_all(&mut self) {
+        self.resolve();
+        for i in 0..self.links.len() {
+            if !self.has_work(i) {
+                continue;
+            }
+            match self.links[i].conn.state() {
+                State::Up => self.kick(i),
+                State::Down if !self.links[i].retry.pending() => self.connect(i),
+                _ => {}
+            }
+        }
+    }
+
+    /// A connection has keys to read (or, the seed's, a map to ask for).
+    fn has_work(&self, i: usize) -> bool {
+        let slots = i == 0 && self.cluster.as_ref().is_some_and(|c| c.want_slots || c.asked_slots);
+        slots || self.keys.values().any(|k| k.link == Some(i))
     }
 
     fn server(&self, i: usize) -> &str {
@@ -168,30 +245,45 @@ impl StreamHub {
         l.addrs.get(l.next % l.addrs.len().max(1)).map_or("", |a| &a.name)
     }
 
-    /// What was out on a connection that went is asked again on the next.
-    fn forget_inflight(&mut self) {
-        self.inflight.clear();
-        for k in self.keys.values_mut() {
-            k.asked = false;
-        }
+    /// What was out on a connection that went is asked again on the next
+    /// (a cluster's keys where the map will say).
+    fn forget_inflight(&mut self, i: usize) {
+        self.links[i].inflight.clear();
+        let keys = &self.keys;
         for c in &mut self.catchups {
-            c.asked = false;
+            if keys.get(&c.key).is_none_or(|k| k.link == Some(i)) {
+                c.asked = false;
+            }
+        }
+        let cluster = self.cluster.is_some();
+        for k in self.keys.values_mut().filter(|k| k.link == Some(i)) {
+            k.asked = false;
+            if cluster && i != 0 {
+                k.link = None;
+            }
+        }
+        if let Some(c) = self.cluster.as_mut() {
+            if i == 0 {
+                c.asked_slots = false;
+            } else {
+                c.map.borrow_mut().mark_stale();
+            }
         }
     }
 
-    /// Closes the connection (no retry): nobody reads any more.
+    /// Closes the connections (no retry): nobody reads any more.
     fn close(&mut self) {
-        for l in &mut self.links {
-            l.conn.close();
-            l.retry.stop();
+        for i in 0..self.links.len() {
+            self.links[i].conn.close();
+            self.links[i].retry.stop();
+            self.forget_inflight(i);
         }
-        self.forget_inflight();
     }
 
     fn lost(&mut self, i: usize, why: &str) {
         let was = self.links[i].conn.state();
         self.links[i].conn.close();
-        self.forget_inflight();
+        self.forget_inflight(i);
         if self.keys.is_empty() {
             return;
         }
@@ -207,6 +299,10 @@ impl StreamHub {
         let l = &mut self.links[i];
         l.next = (l.next + 1) % l.addrs.len().max(1);
         l.retry.start(RETRY);
+        if self.cluster.is_some() && i != 0 {
+            // Its keys go where the next map says.
+            self.kick_all();
+        }
     }
 
     /// Every subscriber of every key.
@@ -244,7 +340,7 @@ impl StreamHub {
             log: None,
         };
         let l = &mut self.links[i];
-        let data: *mut Link = l;
+        let data: *mut Link = &mut **l;
         let step = l
             .conn
             .open::<StreamHub>(&dial, data.cast())
@@ -262,10 +358,10 @@ impl StreamHub {
             Step::Up => {
                 let l = &mut self.links[i];
                 l.conn.out.clear();
-                self.forget_inflight();
+                l.inflight.clear();
                 if let Some(pw) = &self.auth {
-                    pubsub::auth(&mut self.links[i].conn.out, pw);
-                    self.inflight.push_back(Op::Auth);
+                    pubsub::auth(&mut l.conn.out, pw);
+                    l.inflight.push_back(Op::Auth);
                 }
                 self.round(i);
             }
@@ -290,20 +386,32 @@ impl StreamHub {
 
     /// The next round, once the last one is answered.
     fn kick(&mut self, i: usize) {
-        if self.links[i].conn.is_up() && self.inflight.is_empty() {
+        if self.links[i].conn.is_up() && self.links[i].inflight.is_empty() {
             self.round(i);
         }
     }
 
-    /// Queues and sends one round (module comment).
+    /// Queues and sends one round of connection `i` (module comment).
     fn round(&mut self, i: usize) {
         let mut out = std::mem::take(&mut self.links[i].conn.out);
+        let mut ops = std::mem::take(&mut self.links[i].inflight);
         let mut others = false;
-        for (name, k) in self.keys.iter_mut() {
+        if i == 0 {
+            if let Some(c) = self.cluster.as_mut() {
+                if c.want_slots && !c.asked_slots {
+                    resp::command(&mut out, &[b"CLUSTER", b"SLOTS"]);
+                    c.want_slots = false;
+                    c.asked_slots = true;
+                    ops.push_back(Op::Slots);
+                    others = true;
+                }
+            }
+        }
+        for (name, k) in self.keys.iter_mut().filter(|(_, k)| k.link == Some(i)) {
             if k.pos.is_none() && !k.asked {
                 streams::xlast(&mut out, name.as_bytes());
                 k.asked = true;
-                self.inflight.push_back(Op::Last(name.clone()));
+                ops.push_back(Op::Last(name.clone()));
                 others = true;
             }
         }
@@ -313,7 +421,11 @@ impl StreamHub {
             if pages >= PAGES_PER_ROUND {
                 break;
             }
-            if c.asked || self.keys.get(&c.key).is_none_or(|k| k.pos.is_none()) {
+            let here = self
+                .keys
+                .get(&c.key)
+                .is_some_and(|k| k.pos.is_some() && k.link == Some(i));
+            if c.asked || !here {
                 continue;
             }
             match self.sink.backlog(c.who) {
@@ -330,21 +442,29 @@ impl StreamHub {
             streams::xrange_after(&mut out, c.key.as_bytes(), c.after, PAGE);
             c.asked = true;
             pages += 1;
-            self.inflight.push_back(Op::Range(c.who));
+            ops.push_back(Op::Range(c.who));
             others = true;
         }
         self.catchups.retain(|c| !gone.contains(&c.who));
-        let read: Vec<(&[u8], String)> = self
-            .keys
-            .iter()
-            .filter_map(|(name, k)| k.pos.map(|p| (name.as_bytes(), p.to_string())))
-            .collect();
-        if !read.is_empty() {
-            let ids: Vec<(&[u8], &[u8])> = read.iter().map(|(k, p)| (*k, p.as_bytes())).collect();
-            streams::xread(&mut out, READ_COUNT, (!others).then_some(BLOCK_MS), &ids);
-            self.inflight.push_back(Op::Read);
+        // One XREAD (a cluster's: one per slot; the last one blocks).
+        let mut groups: BTreeMap<u16, Vec<(&[u8], String)>> = BTreeMap::new();
+        let cluster = self.cluster.is_some();
+        for (name, k) in self.keys.iter().filter(|(_, k)| k.link == Some(i)) {
+            if let Some(p) = k.pos {
+                let g = if cluster { k.slot } else { 0 };
+                groups.entry(g).or_default().push((name.as_bytes(), p.to_string()));
+            }
         }
-        self.links[i].conn.out = out;
+        let n = groups.len();
+        for (at, read) in groups.values().enumerate() {
+            let ids: Vec<(&[u8], &[u8])> = read.iter().map(|(k, p)| (*k, p.as_bytes())).collect();
+            let block = (!others && at + 1 == n).then_some(BLOCK_MS);
+            streams::xread(&mut out, READ_COUNT, block, &ids);
+            ops.push_back(Op::Read);
+        }
+        let l = &mut self.links[i];
+        l.conn.out = out;
+        l.inflight = ops;
         self.flush(i);
     }
 
@@ -377,11 +497,11 @@ impl StreamHub {
                 Err(_) => return Err("a reply that is not RESP, or one past 64 MB".to_owned()),
             };
             l.conn.in_at += used;
-            let Some(op) = self.inflight.pop_front() else {
+            let Some(op) = l.inflight.pop_front() else {
                 return Err("a reply to nothing that was asked".to_owned());
             };
             self.take_reply(i, op, v)?;
-            if self.inflight.is_empty() {
+            if self.links[i].inflight.is_empty() {
                 self.kick(i);
             }
         }
@@ -402,7 +522,20 @@ impl StreamHub {
     }
 
     fn take_reply(&mut self, i: usize, op: Op, v: Value) -> Result<(), String> {
+        if let Value::Error(msg) = &v {
+            if !matches!(op, Op::Auth | Op::Slots) && self.redirected(i, msg) {
+                // (Asked again where the map says, once this round is in.)
+                if self.links[i].inflight.is_empty() {
+                    self.kick_all();
+                }
+                return Ok(());
+            }
+        }
         match (op, v) {
+            (Op::Slots, v) => {
+                self.slots_answer(i, &v);
+                self.kick_all();
+            }
             (Op::Auth, Value::Error(msg)) => {
                 let why = format!("AUTH was refused: {}", String::from_utf8_lossy(&msg));
                 self.links[i].auth_refused = Some(why.clone());
@@ -484,7 +617,12 @@ impl StreamHub {
     /// Subscribes `who` to `key`, from the entries after `from` when given
     /// (an id the request side checked), else from those that come next.
     fn join(&mut self, key: &str, who: ReqToken, from: Option<EntryId>) -> bool {
-        let k = self.keys.entry(key.to_owned()).or_default();
+        let cluster = self.cluster.is_some();
+        let k = self.keys.entry(key.to_owned()).or_insert_with(|| Key {
+            slot: kslot::key_slot(key.as_bytes()),
+            link: (!cluster).then_some(0),
+            ..Key::default()
+        });
         k.subs.push(who);
         let now = k.pos.is_some();
         if !now {
@@ -499,11 +637,7 @@ impl StreamHub {
                 asked: false,
             });
         }
-        match self.links[0].conn.state() {
-            State::Up => self.kick(0),
-            State::Down if !self.links[0].retry.pending() => self.connect(0),
-            _ => {}
-        }
+        self.kick_all();
         now
     }
 }
@@ -571,7 +705,10 @@ event_handler! {
         ev.take_timedout();
         run_owner::<StreamHub>(ev.data(), "cache stream retry", |h, i| {
             if h.links[i].conn.state() == State::Down && !h.keys.is_empty() && !exiting() {
-                h.connect(i);
+                h.resolve();
+                if h.has_work(i) {
+                    h.connect(i);
+                }
             }
         });
     }
