@@ -77,16 +77,38 @@ impl StreamHub {
             .addrs
             .get(self.links[i].next)
             .and_then(|a| socket_addr(&a.sockaddr));
-        {
+        let followed = {
             let mut map = c.map.borrow_mut();
             match (r.kind, r.addr(answered)) {
-                (RedirectKind::Moved, Some(to)) => {
-                    map.moved(r.slot, to);
+                (RedirectKind::Moved, Some(to)) => map.moved(r.slot, to),
+                _ => {
+                    map.mark_stale();
+                    false
                 }
-                _ => map.mark_stale(),
             }
-        }
+        };
         c.want_slots = true;
+        if !followed {
+            // A node the map does not trust (only a seed's map names one),
+            // or a slot being migrated (ASK): its keys' streams end rather
+            // than ask again and again; their clients come back with their
+            // last ids, to the map made meanwhile.
+            log!(
+                NGX_LOG_ERR,
+                Log::cycle(),
+                "cache: redis {} of upstream \"{}\" answered \"{r}\" for a stream; the streams of slot {} end",
+                self.server(i),
+                self.upstream,
+                r.slot
+            );
+            let who: Vec<_> = self
+                .keys
+                .values()
+                .filter(|k| k.slot == r.slot)
+                .flat_map(|k| k.subs.iter().copied())
+                .collect();
+            self.sink.fail(&who, HTTP_BAD_GATEWAY);
+        }
         for k in self.keys.values_mut().filter(|k| k.slot == r.slot) {
             k.link = None;
             k.asked = false;
