@@ -170,6 +170,27 @@ close $after->{s};
     close $s->{s};
 }
 
+# 4b. A client far behind that does not read: its catch-up pauses (it
+# gets no more pages while 256 kB wait for it) instead of pulling the
+# whole stream into the worker; once it reads, it gets every entry.
+{
+    my $n = 5000;
+    open my $cli, '|-', "redis-cli -p $rport >/dev/null" or die;
+    print $cli "XADD big * data " . sprintf('%05d', $_) . ('x' x 4000) . "\n" for 1 .. $n;
+    close $cli;
+    my $pages = sub { (redis_cli($redis, 'info', 'commandstats') =~ /cmdstat_xrange:calls=(\d+)/)[0] // 0 };
+    my $before = $pages->();
+    my $s = open_sse($port, '/s?key=big&last_event_id=0-0');
+    sleep stretch(3);
+    my $paused = $pages->() - $before;
+    cmp_ok($paused, '<', 20, "a client that does not read: $paused pages of the 26 the catch-up needs");
+    pump([$s], stretch(30), sub { entries($s) >= $n });
+    my @e = entries($s);
+    is(scalar(@e), $n, "once it reads: all $n entries");
+    is(scalar(grep { $e[$_][2] =~ /^\Q@{[sprintf('%05d', $_ + 1)]}\E/ } 0 .. $#e), $n, 'in order');
+    close $s->{s};
+}
+
 # 5. Many keys, one subscriber each: each gets its own key's entry only.
 {
     my @many = map { open_sse($port, "/s?key=m$_") } 1 .. 40;

@@ -66,6 +66,10 @@ impl StreamSink for Fanout {
     fn replayed(&self, who: ReqToken, entries: &[Entry]) {
         let sent = self.id_events(&[who], &events(entries), false);
         metrics::add(Id::EventsSent, &[self.source], sent);
+        // The response header goes with the first page: what waits behind
+        // it flows from now on (a catch-up that pauses for a subscriber
+        // with much waiting must see it taken).
+        self.open(&[who]);
     }
 
     fn begin_round(&self, who: ReqToken) {
