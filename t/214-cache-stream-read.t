@@ -4,14 +4,16 @@
 # last_event_id) resumes after that entry: none twice, none missing, also
 # for clients that leave at random moments in a burst of thousands of
 # entries; a Redis restart and a killed reading connection lose nothing
-# still in the stream; many keys; 400 for a bad id; 405; TLS; a Redis
-# Cluster (keys on each of its masters, and resuming there); nginx -t.
+# still in the stream; a client far behind that does not read pauses its
+# catch-up; heartbeats, HEAD, a reload and coming back; many keys; 400
+# for a bad id; 405; TLS; a Redis Cluster (keys on each of its masters,
+# and resuming there); nginx -t.
 use strict;
 use warnings;
 use lib 't/lib';
 use SseClient qw(open_sse pump body subscribed metric);
 use GatewayTest qw(conf_line_of http_request nginx_start stop_nginx nginx_error_log start_redis redis_cli
-    wait_until tls_files stretch);
+    wait_until tls_files stretch nginx_signal);
 use IO::Socket::INET;
 use POSIX ();
 use Test::More;
@@ -233,6 +235,31 @@ close $after->{s};
     is(scalar(grep { body($_) =~ /reconnect/ || $_->{eof} } @s), 0, 'no event: reconnect, no stream ended');
     like(nginx_error_log(), qr/stream reading connection .* (was lost|failed)/, 'the lost connection is logged');
     close $_->{s} for @s;
+}
+
+# 6b. Heartbeats; HEAD; a reload ends the stream, and the client that
+# comes back with its last id gets what was added while it was away.
+{
+    my $s = open_sse($port, '/s?key=rl');
+    pump([$s], stretch(5), subscribed($s));
+    pump([$s], stretch(5), sub { body($s) =~ /: heartbeat/ });
+    like(body($s), qr/: heartbeat\n\n/, 'a heartbeat comes (cache_subscribe_heartbeat)');
+    my ($st, undef, $head) = http_request($port, 'HEAD', '/s?key=rl');
+    is($st, 200, 'HEAD: 200');
+    like($head, qr{Content-Type: text/event-stream}i, 'HEAD: the stream\'s type');
+    my $first = xadd($redis, 'rl', 'data', 'first');
+    pump([$s], stretch(5), sub { entries($s) >= 1 });
+    nginx_signal('HUP');
+    pump([$s], stretch(15), sub { $s->{eof} });
+    ok($s->{eof}, 'a reload ends the stream');
+    my $away = xadd($redis, 'rl', 'data', 'while away');
+    sleep 0.5;
+    my $back = open_sse($port, '/s?key=rl', "Last-Event-ID: $first");
+    pump([$back], stretch(10), sub { entries($back) >= 1 });
+    my $next = xadd($redis, 'rl', 'data', 'next');
+    pump([$back], stretch(10), sub { entries($back) >= 2 });
+    is_deeply([map { $_->[0] } entries($back)], [$away, $next], 'after the reload: what came while away, then the live one');
+    close $_->{s} for $s, $back;
 }
 
 # 7. Over TLS.
