@@ -311,8 +311,40 @@ HTTP
     my $r = open_sse($cport, "/c?key=$k", "Last-Event-ID: $id{$k}");
     pump([$r], stretch(10), sub { entries($r) >= 1 });
     is_deeply([map { $_->[0] } entries($r)], [$second], 'cluster: Last-Event-ID resumes on the key\'s master');
-    close $_->{s} for values %sub, $r;
+    close $r->{s};
     unlike(nginx_error_log(), qr/\[(error|alert|crit)\]/, 'cluster: no error in the log');
+
+    # The slot of a key moves to another master (as a resharding moves
+    # it): its client, coming back with its last id where its stream
+    # ended, misses nothing, and the entries added on the new master come.
+    my $mk = $keys[1];
+    my $from = $owner{$mk};
+    my ($to) = grep { $_ != $from } @nodes;
+    my $slot = redis_cli($from, 'cluster', 'keyslot', $mk);
+    my $id_of = sub { my $id = redis_cli($_[0], 'cluster', 'myid'); chomp $id; $id };
+    my ($fid, $tid) = ($id_of->($from), $id_of->($to));
+    my $c = $sub{$mk};
+    my @got = entries($c);
+    redis_cli($to, 'cluster', 'setslot', $slot, 'importing', $fid);
+    redis_cli($from, 'cluster', 'setslot', $slot, 'migrating', $tid);
+    redis_cli($from, 'migrate', '127.0.0.1', $to->{port}, '', 0, 5000, 'keys', $mk);
+    redis_cli($_, 'cluster', 'setslot', $slot, 'node', $tid) for @nodes;
+    my @after = map { xadd($to, $mk, 'data', "moved $_") } 1 .. 3;
+    my $deadline = time + stretch(20);
+    while (time < $deadline && (!@got || $got[-1][0] ne $after[-1])) {
+        pump([$c], 0.5);
+        my @e = entries($c);
+        if ($c->{eof}) {
+            # (Its stream ended: it comes back as a browser does.)
+            push @got, @e;
+            $c = open_sse($cport, "/c?key=$mk", 'Last-Event-ID: ' . $got[-1][0]);
+        } elsif (@e) {
+            @got = @e;
+        }
+    }
+    is_deeply([map { $_->[0] } @got], [$id{$mk}, @after], 'a moved slot: every entry once, in order, from the new master')
+        or diag(join('', grep { /stream|MOVED|ASK/ } split /^/, nginx_error_log()) . 'eof: ' . ($c->{eof} // 0) . "\n" . body($c) . redis_cli($to, 'xrange', $mk, '-', '+') . "\n" . redis_cli($from, 'client', 'list') . "\n" . redis_cli($to, 'client', 'list'));
+    close $_->{s} for values %sub, $c;
     stop_nginx();
 }
 

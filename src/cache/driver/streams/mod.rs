@@ -524,10 +524,9 @@ impl StreamHub {
     fn take_reply(&mut self, i: usize, op: Op, v: Value) -> Result<(), String> {
         if let Value::Error(msg) = &v {
             if !matches!(op, Op::Auth | Op::Slots) && self.redirected(i, msg) {
-                // (Asked again where the map says, once this round is in.)
-                if self.links[i].inflight.is_empty() {
-                    self.kick_all();
-                }
+                // Asked again where the map says (a connection that is
+                // busy asks in its next round).
+                self.kick_all();
                 return Ok(());
             }
         }
