@@ -324,7 +324,7 @@ HTTP
     my $id_of = sub { my $id = redis_cli($_[0], 'cluster', 'myid'); chomp $id; $id };
     my ($fid, $tid) = ($id_of->($from), $id_of->($to));
     my $c = $sub{$mk};
-    my @got = entries($c);
+    my (@got, @ended) = entries($c);
     redis_cli($to, 'cluster', 'setslot', $slot, 'importing', $fid);
     redis_cli($from, 'cluster', 'setslot', $slot, 'migrating', $tid);
     redis_cli($from, 'migrate', '127.0.0.1', $to->{port}, '', 0, 5000, 'keys', $mk);
@@ -333,13 +333,11 @@ HTTP
     my $deadline = time + stretch(20);
     while (time < $deadline && (!@got || $got[-1][0] ne $after[-1])) {
         pump([$c], 0.5);
-        my @e = entries($c);
+        @got = (@ended, entries($c));
         if ($c->{eof}) {
             # (Its stream ended: it comes back as a browser does.)
-            push @got, @e;
+            @ended = @got;
             $c = open_sse($cport, "/c?key=$mk", 'Last-Event-ID: ' . $got[-1][0]);
-        } elsif (@e) {
-            @got = @e;
         }
     }
     is_deeply([map { $_->[0] } @got], [$id{$mk}, @after], 'a moved slot: every entry once, in order, from the new master')
