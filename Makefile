@@ -12,7 +12,7 @@
 #   make stop     stop what make run started (the same DIR=)
 #   make bench    wrk through the gateway next to pgbench in the same run
 #   make bench-scale  the figures behind the README's Scaling out (pool sizes, PgBouncer, a cluster's slot map, a partition)
-#   make bench-fanout one event to 10,000 subscribers (sqldb_listen, cache_subscribe): worker RSS and delivery times
+#   make bench-fanout one event to 10,000 subscribers (sqldb_listen, cache_subscribe, cache_stream): worker RSS and delivery times
 #   make check    cargo fmt --check, clippy -D warnings, the panic guards and tools/code-metrics
 #   make miri     core's unit and random-sequence tests under Miri (nightly)
 #   make fuzztest the fuzz checks on stable Rust over the seeds and pseudo-random inputs (part of make test)

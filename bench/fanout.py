@@ -1,11 +1,14 @@
 """`make bench-fanout`: one event to many server-sent-event subscribers.
 
-    python3 bench/fanout.py [SUBSCRIBERS]     (default 10000)
+    python3 bench/fanout.py [SUBSCRIBERS [SOURCE...]]
+        (default 10000 subscribers, each source in turn: sqldb_listen,
+        cache_subscribe, cache_stream; name some to run only those, e.g.
+        for a worker's RSS that no run before it has grown)
 
 Starts a throwaway PostgreSQL, Redis and nginx (one worker) with a
-`sqldb_listen` and a `cache_subscribe` location. For each, in turn: opens
-SUBSCRIBERS event streams on one channel, sends one event (NOTIFY, or
-PUBLISH with redis-cli), and prints the worker's RSS with everyone
+`sqldb_listen`, a `cache_subscribe` and a `cache_stream` location. For
+each, in turn: opens SUBSCRIBERS event streams on one channel (or stream
+key), sends one event (NOTIFY, PUBLISH or XADD with redis-cli), and prints the worker's RSS with everyone
 subscribed and the time from the event to each subscriber's copy (p50,
 p99, max: the clients run on the same machine, so these include their own
 scheduling).
@@ -57,6 +60,7 @@ async def subscriber(port, path, ready, got):
 async def run(n, port, path, send, master_pid):
     ready, got = [], []
     tasks = []
+    rss0 = worker_rss_kb(master_pid)
     for _ in range(n):
         tasks.append(asyncio.create_task(subscriber(port, path, ready, got)))
         if len(tasks) % 500 == 0:
@@ -79,13 +83,15 @@ async def run(n, port, path, send, master_pid):
         print("no subscriber received the event")
         return
     print(f"{len(ready)} of {n} subscribed, one nginx worker: RSS {rss} kB ({rss * 1024 // max(len(ready), 1)} bytes "
-          f"per subscriber with the worker's own)")
+          f"per subscriber with the worker's own; {(rss - rss0) * 1024 // max(len(ready), 1)} bytes per subscriber "
+          f"over the {rss0} kB before they came)")
     print(f"event to subscriber: p50 {lat[len(lat) // 2]:.1f} ms, p99 {lat[int(len(lat) * 0.99)]:.1f} ms, "
           f"max {lat[-1]:.1f} ms; {len(lat)} of {len(ready)} received it")
 
 
 def main():
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 10000
+    only = set(sys.argv[2:])
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     hard = hard if hard != resource.RLIM_INFINITY else 1 << 20
     want = min(hard, n + 1000)
@@ -115,6 +121,7 @@ http {{
         listen 127.0.0.1:{port} backlog=4096;
         location /events {{ sqldb_pass db; sqldb_listen $arg_channel; }}
         location /cache-events {{ cache_pass 127.0.0.1:{rport}; cache_subscribe $arg_channel; }}
+        location /stream-events {{ cache_pass 127.0.0.1:{rport}; cache_stream $arg_key; }}
     }}
 }}
 """)
@@ -127,7 +134,11 @@ http {{
              ["psql", "-X", "-q", "-h", "127.0.0.1", "-p", str(pgport), "-U", "demo", "demo", "-c", "notify fan, 'go'"]),
             ("cache_subscribe, one PUBLISH", "/cache-events?channel=fan",
              ["redis-cli", "-p", str(rport), "publish", "fan", "go"]),
+            ("cache_stream, one XADD", "/stream-events?key=fan",
+             ["redis-cli", "-p", str(rport), "xadd", "fan", "*", "data", "go"]),
         ]:
+            if only and name.split(",")[0] not in only:
+                continue
             print(f"== {name}")
             asyncio.run(run(n, port, path, send, master))
             time.sleep(1)

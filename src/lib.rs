@@ -288,7 +288,7 @@ cycle_handler! {
 
 use cache::config as cc;
 
-static mut CACHE_COMMANDS: [ngx_command_t; 28] = [
+static mut CACHE_COMMANDS: [ngx_command_t; 29] = [
     command(
         "cache_pass\0",
         NGX_HTTP_LOC_CONF | NGX_HTTP_LIF_CONF | NGX_CONF_TAKE1,
@@ -329,6 +329,13 @@ static mut CACHE_COMMANDS: [ngx_command_t; 28] = [
         "cache_publish\0",
         NGX_HTTP_LOC_CONF | NGX_CONF_TAKE1,
         cc::cmd_cache_publish,
+        LOC,
+        0,
+    ),
+    command(
+        "cache_stream\0",
+        NGX_HTTP_LOC_CONF | NGX_CONF_TAKE1,
+        cc::cmd_cache_stream,
         LOC,
         0,
     ),

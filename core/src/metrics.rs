@@ -75,7 +75,7 @@ families! {
     CacheDuration = "cache_request_duration_seconds", Histogram, ["upstream", "command"],
         "Time from a cache request's start to its reply.";
     Subscribers = "subscribers", Gauge, ["source"],
-        "Clients subscribed to server-sent events (source: sqldb_listen, cache_subscribe).";
+        "Clients subscribed to server-sent events (source: sqldb_listen, cache_subscribe, cache_stream).";
     EventsSent = "events_sent_total", Counter, ["source"],
         "Server-sent events written to subscribers.";
     Dropped = "metrics_dropped_total", Counter, [],

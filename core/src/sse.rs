@@ -19,6 +19,12 @@ pub fn event(name: &str, payload: &[u8]) -> Vec<u8> {
     out.extend_from_slice(b"event: ");
     out.extend_from_slice(name.as_bytes());
     out.push(b'\n');
+    data_lines(&mut out, payload);
+    out
+}
+
+/// The payload as `data:` lines, and the blank line that ends the event.
+fn data_lines(out: &mut Vec<u8>, payload: &[u8]) {
     let mut rest = payload;
     loop {
         let end = rest.iter().position(|c| *c == b'\n' || *c == b'\r');
@@ -38,6 +44,22 @@ pub fn event(name: &str, payload: &[u8]) -> Vec<u8> {
         }
     }
     out.push(b'\n');
+}
+
+/// An entry of a Redis stream as an event: `id:`, `event:` when the entry
+/// has a name that fits on the line (no line end in it), its data as
+/// `data:` lines.
+pub fn entry_event(id: &[u8], name: Option<&[u8]>, data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(id.len() + data.len() + 32);
+    out.extend_from_slice(b"id: ");
+    out.extend_from_slice(id);
+    out.push(b'\n');
+    if let Some(n) = name.filter(|n| !n.is_empty() && !n.iter().any(|&b| b == b'\n' || b == b'\r')) {
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(n);
+        out.push(b'\n');
+    }
+    data_lines(&mut out, data);
     out
 }
 
@@ -105,6 +127,11 @@ fn integer(id: &[u8]) -> Option<(bool, &[u8])> {
 pub fn compare_ids(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
     use std::cmp::Ordering;
     let (Some((na, da)), Some((nb, db))) = (integer(a), integer(b)) else {
+        // Redis stream entry IDs (`ms-seq`; `ms` alone is `ms-0`): by ms, then seq.
+        if let (Some((am, asq)), Some((bm, bsq))) = (entry_id(a), entry_id(b)) {
+            let num = |x: &[u8], y: &[u8]| x.len().cmp(&y.len()).then_with(|| x.cmp(y));
+            return num(am, bm).then_with(|| num(asq, bsq));
+        }
         return a.cmp(b);
     };
     let magnitude = da.len().cmp(&db.len()).then_with(|| da.cmp(db));
@@ -113,6 +140,22 @@ pub fn compare_ids(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
         (true, true) => magnitude.reverse(),
         (true, false) => Ordering::Less,
         (false, true) => Ordering::Greater,
+    }
+}
+
+/// A Redis stream entry ID's two numbers (leading zeros dropped), for
+/// `ms-seq` or `ms` alone (seq 0).
+fn entry_id(id: &[u8]) -> Option<(&[u8], &[u8])> {
+    fn digits(d: &[u8]) -> Option<&[u8]> {
+        if d.is_empty() || !d.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        let first = d.iter().position(|&c| c != b'0').unwrap_or(d.len());
+        Some(&d[first..])
+    }
+    match id.iter().position(|&b| b == b'-') {
+        None => Some((digits(id)?, &[])),
+        Some(i) => Some((digits(&id[..i])?, digits(&id[i + 1..])?)),
     }
 }
 
@@ -135,6 +178,24 @@ pub fn event_with_id(id: &[u8], name: &str, data: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stream_ids_and_entries() {
+        use std::cmp::Ordering::*;
+        assert_eq!(compare_ids(b"9-0", b"10-0"), Less);
+        assert_eq!(compare_ids(b"10-2", b"10-10"), Less);
+        assert_eq!(compare_ids(b"10-3", b"10-3"), Equal);
+        assert_eq!(compare_ids(b"11", b"10-99"), Greater);
+        assert_eq!(compare_ids(b"10", b"10-0"), Equal);
+        assert!(is_after(b"1700000000001-0", Some(b"1700000000000-7")));
+        assert!(!is_after(b"5-1", Some(b"5-1")));
+        assert_eq!(
+            entry_event(b"1-2", Some(b"e"), b"a\nb"),
+            b"id: 1-2\nevent: e\ndata: a\ndata: b\n\n"
+        );
+        assert_eq!(entry_event(b"1-2", None, b""), b"id: 1-2\ndata: \n\n");
+        assert_eq!(entry_event(b"1-2", Some(b"x\ny"), b"d"), b"id: 1-2\ndata: d\n\n");
+    }
 
     #[test]
     fn channels() {

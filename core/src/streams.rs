@@ -96,19 +96,53 @@ pub fn id_json(id: &[u8]) -> Vec<u8> {
 /// `XREAD COUNT <count> BLOCK <ms> STREAMS k1 k2 ... id1 id2 ...`: one
 /// read of many keys, each after its own ID (`$` for a key whose reader
 /// starts with new entries).
-pub fn xread(out: &mut Vec<u8>, count: usize, block_ms: u64, keys: &[(&[u8], &[u8])]) {
-    resp::array_header(out, 6 + 2 * keys.len());
+/// Without `block_ms`, the read does not block (`BLOCK 0` would block
+/// for ever).
+pub fn xread(out: &mut Vec<u8>, count: usize, block_ms: Option<u64>, keys: &[(&[u8], &[u8])]) {
+    resp::array_header(out, 4 + 2 * usize::from(block_ms.is_some()) + 2 * keys.len());
     resp::bulk(out, b"XREAD");
     resp::bulk(out, b"COUNT");
     resp::bulk(out, count.to_string().as_bytes());
-    resp::bulk(out, b"BLOCK");
-    resp::bulk(out, block_ms.to_string().as_bytes());
+    if let Some(ms) = block_ms {
+        resp::bulk(out, b"BLOCK");
+        resp::bulk(out, ms.to_string().as_bytes());
+    }
     resp::bulk(out, b"STREAMS");
     for (k, _) in keys {
         resp::bulk(out, k);
     }
     for (_, id) in keys {
         resp::bulk(out, id);
+    }
+}
+
+/// `XRANGE key (<after> + COUNT <count>`: the entries after an ID.
+pub fn xrange_after(out: &mut Vec<u8>, key: &[u8], after: EntryId, count: usize) {
+    let from = format!("({after}");
+    resp::command(
+        out,
+        &[
+            b"XRANGE",
+            key,
+            from.as_bytes(),
+            b"+",
+            b"COUNT",
+            count.to_string().as_bytes(),
+        ],
+    );
+}
+
+/// `XREVRANGE key + - COUNT 1`: the stream's last entry (where a reader
+/// that starts with new entries starts).
+pub fn xlast(out: &mut Vec<u8>, key: &[u8]) {
+    resp::command(out, &[b"XREVRANGE", key, b"+", b"-", b"COUNT", b"1"]);
+}
+
+/// The entries of a reply to `XRANGE` or `XREVRANGE`, as Redis gave them.
+pub fn parse_range(v: Value) -> Result<Vec<Entry>, NotXread> {
+    match v {
+        Value::Array(items) => items.into_iter().map(entry).collect(),
+        _ => Err(NotXread),
     }
 }
 
@@ -289,7 +323,7 @@ mod tests {
     #[test]
     fn xread_of_several_keys() {
         let mut out = Vec::new();
-        xread(&mut out, 100, 5000, &[(b"a", b"1-0"), (b"b", b"$")]);
+        xread(&mut out, 100, Some(5000), &[(b"a", b"1-0"), (b"b", b"$")]);
         let mut want = Vec::new();
         resp::command(
             &mut want,
@@ -298,6 +332,29 @@ mod tests {
             ],
         );
         assert_eq!(out, want);
+    }
+
+    #[test]
+    fn ranges() {
+        let mut out = Vec::new();
+        xrange_after(&mut out, b"k", EntryId { ms: 5, seq: 1 }, 100);
+        let mut want = Vec::new();
+        resp::command(&mut want, &[b"XRANGE", b"k", b"(5-1", b"+", b"COUNT", b"100"]);
+        assert_eq!(out, want);
+        let mut out = Vec::new();
+        xread(&mut out, 7, None, &[(b"a", b"1-0")]);
+        let mut want = Vec::new();
+        resp::command(&mut want, &[b"XREAD", b"COUNT", b"7", b"STREAMS", b"a", b"1-0"]);
+        assert_eq!(out, want);
+        let bulk = |s: &str| Value::Bulk(s.as_bytes().to_vec());
+        assert_eq!(parse_range(Value::Array(vec![])), Ok(vec![]));
+        let got = parse_range(Value::Array(vec![Value::Array(vec![
+            bulk("3-4"),
+            Value::Array(vec![bulk("data"), bulk("x")]),
+        ])]))
+        .unwrap();
+        assert_eq!(got[0].id, EntryId { ms: 3, seq: 4 });
+        assert_eq!(parse_range(Value::Nil), Err(NotXread));
     }
 
     #[test]

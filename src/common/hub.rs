@@ -86,6 +86,12 @@ pub trait Hub {
     /// True when the subscription is in effect now; else the sink's
     /// `subscribed` tells when it is.
     fn subscribe(&mut self, channel: &str, who: ReqToken) -> bool;
+    /// `subscribe`, for a subscriber that comes with its last id (a hub
+    /// that replays by itself starts there; the others leave the replay to
+    /// the request's side).
+    fn subscribe_from(&mut self, channel: &str, who: ReqToken, _from: Option<&[u8]>) -> bool {
+        self.subscribe(channel, who)
+    }
     fn unsubscribe(&mut self, channel: &str, who: ReqToken);
     /// The servers it hears (for `$upstream_addr`).
     fn servers(&self) -> Vec<String>;

@@ -618,6 +618,29 @@ pub fn upstream_servers(us: &ngx_http_upstream_srv_conf_t, with_down: bool) -> V
     out
 }
 
+/// A sockaddr's bytes for an IP address and port (the inverse of
+/// `socket_addr`): sockaddr_in or sockaddr_in6, zeros where unset.
+pub fn sockaddr_bytes(addr: std::net::SocketAddr) -> Vec<u8> {
+    use std::net::SocketAddr;
+    let mut out = Vec::with_capacity(28);
+    match addr {
+        SocketAddr::V4(a) => {
+            out.extend_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
+            out.extend_from_slice(&a.port().to_be_bytes());
+            out.extend_from_slice(&a.ip().octets());
+            out.resize(std::mem::size_of::<libc::sockaddr_in>(), 0);
+        }
+        SocketAddr::V6(a) => {
+            out.extend_from_slice(&(libc::AF_INET6 as u16).to_ne_bytes());
+            out.extend_from_slice(&a.port().to_be_bytes());
+            out.extend_from_slice(&[0; 4]);
+            out.extend_from_slice(&a.ip().octets());
+            out.resize(std::mem::size_of::<libc::sockaddr_in6>(), 0);
+        }
+    }
+    out
+}
+
 /// The IP address and port of a sockaddr's bytes (IPv4, IPv6).
 pub fn socket_addr(sa: &[u8]) -> Option<std::net::SocketAddr> {
     use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};

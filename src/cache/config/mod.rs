@@ -72,6 +72,10 @@ pub struct CacheLocConf {
     pub publish: Option<ComplexValue>,
     /// `cache_stream_add KEY`: POST or PUT appends its body to a stream.
     pub stream_add: Option<ComplexValue>,
+    /// `cache_stream KEY`: GET reads a stream (server-sent events).
+    pub stream: Option<ComplexValue>,
+    /// `$http_last_event_id`, for `cache_stream`.
+    pub stream_last_id: Option<ComplexValue>,
     /// `cache_stream_add`'s `maxlen=`.
     pub stream_maxlen: u64,
     /// `cache_escape_key`: keys are sent escaped (core's `redis::escape_key`).
@@ -160,6 +164,8 @@ create_conf_handler! {
             pass_var: None,
             auth: None,
             subscribe: None,
+            stream: None,
+            stream_last_id: None,
             subscribe_heartbeat: CONF_UNSET_MSEC,
             subscribe_retry: CONF_UNSET_MSEC,
             pipeline: CONF_UNSET,
@@ -195,27 +201,26 @@ impl CacheLocConf {
             Some(p) => ConfError::At(m, p.clone()),
             None => m.into(),
         };
-        let name = match (&self.subscribe, &self.publish, &self.stream_add) {
-            (Some(_), _, _) => "cache_subscribe",
-            (_, Some(_), _) => "cache_publish",
-            (_, _, Some(_)) => "cache_stream_add",
+        let name = match (&self.subscribe, &self.publish, &self.stream_add, &self.stream) {
+            (Some(_), _, _, _) => "cache_subscribe",
+            (_, Some(_), _, _) => "cache_publish",
+            (_, _, Some(_), _) => "cache_stream_add",
+            (_, _, _, Some(_)) => "cache_stream",
             _ => return Ok(()),
         };
         if self.upstream.upstream.is_null() && self.pass_var.is_none() {
             return Err(at(format!("\"{name}\" needs \"cache_pass\" in the same location")));
         }
-        if self.subscribe.is_some() {
+        if self.subscribe.is_some() || self.stream.is_some() {
             if self.pass_var.is_some() {
-                return Err(at(
-                    "\"cache_subscribe\" needs \"cache_pass\" to name an upstream or an address, not a variable"
-                        .to_owned(),
-                ));
+                return Err(at(format!(
+                    "\"{name}\" needs \"cache_pass\" to name an upstream or an address, not a variable"
+                )));
             }
             // SAFETY: the upstream block lives in configuration memory.
             let servers = unsafe { self.upstream.upstream.as_ref() }.map_or(std::ptr::null_mut(), |u| u.servers);
             if servers.is_null() {
-                return Err(at("\"cache_subscribe\" needs \"cache_pass\" to name an upstream block or one address (a host name of several addresses is neither)"
-                    .to_owned()));
+                return Err(at(format!("\"{name}\" needs \"cache_pass\" to name an upstream block or one address (a host name of several addresses is neither)")));
             }
         }
         Ok(())
@@ -324,9 +329,13 @@ directive_handler! {
 /// the channel of a location, one of the two.
 fn channel_directive(cf: Conf, lcf: &mut CacheLocConf, publish: bool) -> Result<(), ConfError> {
     let name = if publish { "cache_publish" } else { "cache_subscribe" };
-    if lcf.subscribe.is_some() || lcf.publish.is_some() || lcf.stream_add.is_some() {
+    if lcf.subscribe.is_some() || lcf.publish.is_some() || lcf.stream_add.is_some() || lcf.stream.is_some() {
         let other = if lcf.publish.is_some() {
             "cache_publish"
+        } else if lcf.stream_add.is_some() {
+            "cache_stream_add"
+        } else if lcf.stream.is_some() {
+            "cache_stream"
         } else {
             "cache_subscribe"
         };
@@ -372,8 +381,8 @@ directive_handler! {
     /// `cache_stream_add KEY [maxlen=N]`
     pub(crate) fn cmd_cache_stream_add = "cmd_cache_stream_add",
     |cf: Conf, lcf: &mut CacheLocConf| {
-        if lcf.subscribe.is_some() || lcf.publish.is_some() || lcf.stream_add.is_some() {
-            return Err("\"cache_stream_add\" directive is duplicate, or beside \"cache_subscribe\" or \"cache_publish\"".to_owned().into());
+        if lcf.subscribe.is_some() || lcf.publish.is_some() || lcf.stream_add.is_some() || lcf.stream.is_some() {
+            return Err("\"cache_stream_add\" directive is duplicate, or beside \"cache_subscribe\", \"cache_publish\" or \"cache_stream\"".to_owned().into());
         }
         let args = cf.args();
         if let Some(arg) = args.get(2) {
@@ -385,6 +394,24 @@ directive_handler! {
             })?;
         }
         lcf.stream_add = Some(cf.compile(args[1]).ok_or(ConfError::Logged)?);
+        lcf.channel_at = Some(cf.position());
+        Ok(())
+    }
+}
+
+directive_handler! {
+    /// `cache_stream KEY`
+    pub(crate) fn cmd_cache_stream = "cmd_cache_stream",
+    |cf: Conf, lcf: &mut CacheLocConf| {
+        if lcf.subscribe.is_some() || lcf.publish.is_some() || lcf.stream_add.is_some() || lcf.stream.is_some() {
+            return Err("\"cache_stream\" directive is duplicate, or beside \"cache_subscribe\", \"cache_publish\" or \"cache_stream_add\"".to_owned().into());
+        }
+        let value = cf.args()[1];
+        if value.is_empty() {
+            return Err("empty key in \"cache_stream\" directive".to_owned().into());
+        }
+        lcf.stream = Some(cf.compile(value).ok_or(ConfError::Logged)?);
+        lcf.stream_last_id = Some(cf.compile(b"$http_last_event_id").ok_or(ConfError::Logged)?);
         lcf.channel_at = Some(cf.position());
         Ok(())
     }
@@ -451,7 +478,10 @@ fn postconfigure(cf: Conf) -> Result<(), ConfError> {
     cluster::check(mcf)?;
     // SAFETY: locations' configurations live as long as the configuration.
     let keyed = |p: &&PendingPass| unsafe {
-        (*p.lcf).subscribe.is_none() && (*p.lcf).publish.is_none() && (*p.lcf).stream_add.is_none()
+        (*p.lcf).subscribe.is_none()
+            && (*p.lcf).publish.is_none()
+            && (*p.lcf).stream_add.is_none()
+            && (*p.lcf).stream.is_none()
     };
     if let Some(first) = mcf
         .pending

@@ -10,6 +10,7 @@ mod conn;
 pub mod hub;
 pub mod pipe;
 mod pipes;
+pub mod streams;
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -188,12 +189,18 @@ pub fn next_ping() -> u64 {
 /// A hub of the worker's: its upstream block (the address), its password.
 type HubEntry = (usize, Option<Vec<u8>>, Box<hub::RedisHub>);
 
+/// A stream hub of the worker's: its upstream block, its password.
+type StreamEntry = (usize, Option<Vec<u8>>, Box<streams::StreamHub>);
+
 /// The worker's state: made on first use, for the worker's life.
 struct Worker {
     pipes: Pipes,
     /// The subscribing hubs, by upstream block (its address) and password
     /// (boxed: subscriptions keep pointers to them).
     hubs: RefCell<Vec<HubEntry>>,
+    /// The stream reading hubs, by upstream block and password (boxed,
+    /// as the subscribing ones).
+    streams: RefCell<Vec<StreamEntry>>,
     /// Each `cache_cluster` upstream's map, by its block's address.
     maps: RefCell<Vec<(usize, Rc<RefCell<Topology>>)>>,
 }
@@ -202,6 +209,7 @@ thread_local! {
     static WORKER: &'static Worker = Box::leak(Box::new(Worker {
         pipes: Pipes::default(),
         hubs: RefCell::new(Vec::new()),
+        streams: RefCell::new(Vec::new()),
         maps: RefCell::new(Vec::new()),
     }));
 }
@@ -225,6 +233,30 @@ pub fn hub(
             Some(at) => at,
             None => {
                 hubs.push((key, auth, hub::RedisHub::new(make()?, sink)));
+                hubs.len() - 1
+            }
+        };
+        let h: &mut dyn crate::common::hub::Hub = &mut *hubs[at].2;
+        // SAFETY: the worker's hubs are boxed and never dropped while it
+        // runs (WORKER): each lives, unmoved, for the worker's life.
+        Some(unsafe { HubRef::new(std::ptr::NonNull::from(h)) })
+    })
+}
+
+/// The worker's stream hub for an upstream block (`key`) and password,
+/// made by `make` on first use (None: it cannot be made).
+pub fn stream_hub(
+    key: usize,
+    auth: Option<Vec<u8>>,
+    sink: &'static dyn crate::common::sse::StreamSink,
+    make: impl FnOnce() -> Option<streams::StreamSettings>,
+) -> Option<HubRef> {
+    WORKER.with(|w| {
+        let mut hubs = w.streams.borrow_mut();
+        let at = match hubs.iter().position(|(k, a, _)| *k == key && *a == auth) {
+            Some(at) => at,
+            None => {
+                hubs.push((key, auth, streams::StreamHub::new(make()?, sink)));
                 hubs.len() - 1
             }
         };

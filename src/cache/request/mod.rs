@@ -27,6 +27,7 @@ pub mod balancer;
 mod cluster;
 mod pipelined;
 mod series;
+mod stream;
 mod subscribe;
 mod upstream;
 
@@ -83,6 +84,10 @@ enum StartError {
     NotAllowed,
     EmptyKey,
     EmptyStreamKey,
+    /// A `cache_stream` key that is too long or not UTF-8.
+    BadStreamKey(String),
+    /// A `Last-Event-ID` (or `last_event_id`) that is not an entry ID.
+    BadLastEventId(String),
     BadChannel(String),
     BadDb(String),
     BadExptime(String),
@@ -105,6 +110,17 @@ impl fmt::Display for StartError {
             StartError::AuthRefused => f.write_str("redis refused the password less than a second ago"),
             StartError::EmptyKey => f.write_str("the \"$cache_key\" variable is empty"),
             StartError::EmptyStreamKey => f.write_str("the stream's key is empty"),
+            StartError::BadStreamKey(v) => write!(
+                f,
+                "stream key \"{}\" is not 1 to {} bytes of UTF-8",
+                v.escape_default(),
+                stream::KEY_MAX
+            ),
+            StartError::BadLastEventId(v) => write!(
+                f,
+                "the last event id \"{}\" (Last-Event-ID, or the argument last_event_id) is not a stream entry ID (ms-seq)",
+                v.escape_default()
+            ),
             StartError::BadChannel(v) => write!(
                 f,
                 "channel \"{}\" is not 1 to {} visible ASCII characters",
@@ -133,6 +149,8 @@ impl Failure for StartError {
             StartError::NotAllowed => HTTP_NOT_ALLOWED,
             StartError::EmptyKey
             | StartError::EmptyStreamKey
+            | StartError::BadStreamKey(_)
+            | StartError::BadLastEventId(_)
             | StartError::BadChannel(_)
             | StartError::BadDb(_)
             | StartError::BadExptime(_)
@@ -149,6 +167,8 @@ impl Failure for StartError {
             StartError::NotAllowed | StartError::Nginx | StartError::AuthRefused => None,
             StartError::EmptyKey
             | StartError::EmptyStreamKey
+            | StartError::BadStreamKey(_)
+            | StartError::BadLastEventId(_)
             | StartError::BadChannel(_)
             | StartError::BadDb(_)
             | StartError::ClusterDb(_)
@@ -187,12 +207,20 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
     if r.answer_under_way() {
         return Err(StartError::AnswerUnderWay);
     }
-    if lcf.subscribe.is_some() {
+    if lcf.subscribe.is_some() || lcf.stream.is_some() {
         if let Some(cv) = lcf.auth {
             let pw = r.complex_value(cv).ok_or(StartError::Nginx)?;
             if !authfail::may_try(authfail::key(&authfail::block_scope(lcf.upstream.upstream), pw)) {
                 return Err(StartError::AuthRefused);
             }
+        }
+        if lcf.stream.is_some() {
+            return stream::start(r, lcf).map_err(|e| match e {
+                stream::Refusal::BadLastId(v) => StartError::BadLastEventId(v),
+                stream::Refusal::Sse(Refused::BadChannel(v)) => StartError::BadStreamKey(v),
+                stream::Refusal::Sse(Refused::NotAllowed) => StartError::NotAllowed,
+                stream::Refusal::Sse(Refused::Nginx) => StartError::Nginx,
+            });
         }
         return subscribe::start(r, lcf).map_err(|e| match e {
             Refused::BadChannel(v) => StartError::BadChannel(v),

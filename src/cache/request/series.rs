@@ -24,6 +24,8 @@ pub fn count_request(r: &mut Req, t: Table, known: &mut Memo<SeriesKey>, block: 
         "XADD"
     } else if lcf.subscribe.is_some() {
         "SUBSCRIBE"
+    } else if lcf.stream.is_some() {
+        "XREAD"
     } else if m & (NGX_HTTP_GET | NGX_HTTP_HEAD) != 0 {
         "GET"
     } else if m & (NGX_HTTP_PUT | NGX_HTTP_POST) != 0 {

@@ -13,6 +13,7 @@
 //! before the live ones, none twice.
 
 mod resume;
+mod stream;
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -44,6 +45,7 @@ const BEHIND_HARD: usize = 16 << 20;
 pub const BUFFERS_MAX: usize = 64 << 20;
 
 pub use resume::{Resume, SubState};
+pub use stream::StreamSink;
 
 /// A subscription, in the request's pool (dropped with it).
 struct Sub {
@@ -199,6 +201,7 @@ pub fn start_resuming(
     }
     // A client that resumes gets the header with its first replayed events
     // (a replay that cannot run is still an error status).
+    let from = resume.as_ref().and_then(|r| r.from.clone());
     let ids = resume.map(resume::Ids::new);
     let header_out = !ids.as_ref().is_some_and(resume::Ids::holding);
     if header_out {
@@ -245,7 +248,7 @@ pub fn start_resuming(
     s.heartbeat.handler = Some(heartbeat);
     s.heartbeat.data = sub.as_ptr().cast();
     s.heartbeat.log = r.log().as_ptr();
-    let now = hub.with(|h| h.subscribe(&channel, token));
+    let now = hub.with(|h| h.subscribe_from(&channel, token, from.as_deref()));
     metrics::add(Id::Subscribers, &[fan.source], 1);
     // The header now (`retry:` first); a first line once the server has the
     // subscription (events reach the client from then on).

@@ -126,6 +126,31 @@ impl Fanout {
         sent
     }
 
+    /// Events that carry their own ids and names (the entries of a Redis
+    /// stream): `(id, bytes)` in order, to each subscriber of `to` that was
+    /// not sent one as high; held for those whose catch-up runs. `live`:
+    /// counted as live events (else as replayed ones, which are never held).
+    pub(super) fn id_events(&self, to: &[ReqToken], events: &[(Vec<u8>, Rc<[u8]>)], live: bool) -> i64 {
+        let mut sent = 0;
+        for (id, bytes) in events {
+            self.each(to, |sub| {
+                let Some(ids) = sub.ids.as_mut() else { return };
+                if !sse::is_after(id, ids.last.as_deref()) {
+                    return;
+                }
+                if live {
+                    if let Some(held) = ids.held.as_mut() {
+                        return held.push(Some(id), bytes.clone());
+                    }
+                }
+                ids.last = Some(id.clone());
+                sent += i64::from(self.put(sub, bytes));
+            });
+        }
+        self.shed();
+        sent
+    }
+
     /// What a replay needs to know of a subscription, if it is still there
     /// and its events carry ids.
     pub fn state(&self, t: ReqToken) -> Option<SubState> {

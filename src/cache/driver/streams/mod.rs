@@ -1,0 +1,714 @@
+//! The reading hubs of `cache_stream`: Redis `XREAD` for the worker's
+//! stream subscribers.
+//!
+//! Each worker keeps one hub per upstream (and `cache_auth` password),
+//! shared by every subscriber of every key, with one connection: to the
+//! upstream's servers in turn (a stream lives on one server; the first
+//! that answers is read). The connection works in rounds: one round is a
+//! pipeline of
+//!
+//! - `XREVRANGE key + - COUNT 1` for each key that came since the last
+//!   round: where its reading starts (its last entry; 0-0 when it has
+//!   none), after which its subscribers are told they are subscribed;
+//! - `XRANGE key (<id> + COUNT PAGE` for a page of each catch-up (a
+//!   subscriber that came with `Last-Event-ID`), at most `PAGES_PER_ROUND`
+//!   pages a round, none for a subscriber with more than `PAUSE_AT` bytes
+//!   waiting (its catch-up goes on when it has taken them);
+//! - `XREAD COUNT READ_COUNT [BLOCK BLOCK_MS] STREAMS k1 k2 ... id1 id2 ...`
+//!   over every key whose position is known, each after the last entry
+//!   read of it. It blocks only when nothing else is in the round.
+//!
+//! The next round goes once every reply of this one is in. A key that
+//! comes while an `XREAD` blocks waits for it to return: at most
+//! `BLOCK_MS`, the price of one connection instead of two (no entry is
+//! lost meanwhile: its reading starts where its `XREVRANGE` found it).
+//!
+//! None twice, none missing: the reader's position per key only grows; a
+//! subscriber is never sent an id that is not above the last it was sent
+//! (common::sse). A catch-up pages from the client's id until a page comes
+//! back short; meanwhile the live entries of its key are held for it
+//! (bounded, common::sse's `HELD_MAX`: past it they are let go and one more
+//! round of pages finds them in the stream), then released.
+//!
+//! A connection that is lost is made again after `RETRY` ms (to the next
+//! server) and reading goes on from each key's position: nothing is lost
+//! while the entries are still in the stream, and subscribers hear of no
+//! gap. The subscribers' side is common::sse's (stream.rs).
+//!
+//! On a Redis Cluster (`cache_cluster`) a key is read on the master of its
+//! slot, as the worker's map of the cluster says (driver::cluster_map,
+//! trusted as far as the configured seeds: core's `cluster::Topology`):
+//! one connection per master that has subscribed keys, made when a key
+//! needs it, each working in rounds as above, with one `XREAD` per slot
+//! (Redis reads several keys at once only in one slot; only the round's
+//! last one blocks). A map that does not know a slot's master yet, or a
+//! `-MOVED`, or a lost master, makes the seed connection (the configured
+//! servers in turn) ask `CLUSTER SLOTS`; the keys go where the new map
+//! says and read on from their positions.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, VecDeque};
+use std::ffi::c_void;
+use std::net::SocketAddr;
+use std::rc::Rc;
+
+use gateway_core::cluster::{self as kslot, Topology};
+
+use gateway_core::pubsub;
+use gateway_core::resp::{self, Value};
+use gateway_core::streams::{self, EntryId};
+
+use super::authfail;
+use super::conn::{run_owner, Dial, Owner, RedisConn, State, Step};
+use super::hub::Addr;
+use crate::common::hub::{Hub, RETRY};
+use crate::common::sse::StreamSink;
+use crate::common::token::ReqToken;
+use crate::ffi::net::TlsClient;
+use crate::ffi::*;
+use crate::log;
+
+mod cluster;
+
+/// How long one `XREAD` waits for new entries (ms): also the longest a
+/// key that comes waits for its reading to start.
+pub const BLOCK_MS: u64 = 250;
+/// Entries per key per `XREAD`.
+pub const READ_COUNT: usize = 200;
+/// Entries per page of a catch-up.
+pub const PAGE: usize = 200;
+/// Catch-up pages per round (per hub).
+pub const PAGES_PER_ROUND: usize = 16;
+/// A subscriber with more bytes than this waiting gets no page this round.
+pub const PAUSE_AT: usize = 256 << 10;
+/// The largest reply taken (a bigger one breaks the connection).
+const REPLY_MAX: usize = 64 << 20;
+
+#[derive(Default)]
+struct Key {
+    subs: Vec<ReqToken>,
+    /// Those not told yet that the key is read.
+    waiting: Vec<ReqToken>,
+    /// The last entry read of it (None: not known yet).
+    pos: Option<EntryId>,
+    /// Its `XREVRANGE` is out.
+    asked: bool,
+    /// Its slot (a cluster's).
+    slot: u16,
+    /// The connection that reads it (None: a cluster's map must say).
+    link: Option<usize>,
+}
+
+/// A subscriber's catch-up.
+struct CatchUp {
+    who: ReqToken,
+    key: String,
+    /// The last entry it was given.
+    after: EntryId,
+    /// Its first round began.
+    started: bool,
+    /// A page is out.
+    asked: bool,
+}
+
+/// What each reply in flight answers.
+enum Op {
+    Auth,
+    Last(String),
+    Range(ReqToken),
+    Read,
+    Slots,
+}
+
+/// One of the hub's connections: to the upstream's servers in turn (the
+/// first, and a cluster's seed connection), or to one master of a
+/// cluster. Boxed: its events carry a pointer to it.
+struct Link {
+    hub: *mut StreamHub,
+    index: usize,
+    addrs: Vec<Addr>,
+    next: usize,
+    conn: RedisConn,
+    retry: RetryTimer,
+    /// Redis refused the password (its message).
+    auth_refused: Option<String>,
+    /// What each reply to come answers.
+    inflight: VecDeque<Op>,
+    /// The master it goes to (a cluster's).
+    node: Option<SocketAddr>,
+}
+
+/// A cluster's side of a hub.
+struct ClusterSide {
+    map: Rc<RefCell<Topology>>,
+    /// `CLUSTER SLOTS` is out, or to go on the seed connection.
+    want_slots: bool,
+    asked_slots: bool,
+}
+
+pub struct StreamHub {
+    upstream: String,
+    /// Boxed: a link's events carry its address, which must not move when
+    /// a cluster's master adds one.
+    #[allow(clippy::vec_box)]
+    links: Vec<Box<Link>>,
+    cluster: Option<ClusterSide>,
+    auth: Option<Vec<u8>>,
+    auth_key: Option<u64>,
+    tls: Option<TlsClient>,
+    connect_timeout: ngx_msec_t,
+    sink: &'static dyn StreamSink,
+    keys: BTreeMap<String, Key>,
+    catchups: Vec<CatchUp>,
+}
+
+/// What a stream hub is made of.
+pub struct StreamSettings {
+    pub upstream: String,
+    /// The servers, tried in turn.
+    pub addrs: Vec<Addr>,
+    pub auth: Option<Vec<u8>>,
+    pub auth_key: Option<u64>,
+    pub tls: Option<TlsClient>,
+    pub connect_timeout: ngx_msec_t,
+    /// A cluster's map (`cache_cluster`): the addresses are its seeds.
+    pub cluster: Option<Rc<RefCell<Topology>>>,
+}
+
+impl StreamHub {
+    pub fn new(s: StreamSettings, sink: &'static dyn StreamSink) -> Box<StreamHub> {
+        let mut h = Box::new(StreamHub {
+            upstream: s.upstream,
+            links: Vec::new(),
+            cluster: s.cluster.map(|map| ClusterSide {
+                map,
+                want_slots: false,
+                asked_slots: false,
+            }),
+            auth: s.auth,
+            auth_key: s.auth_key,
+            tls: s.tls,
+            connect_timeout: s.connect_timeout,
+            sink,
+            keys: BTreeMap::new(),
+            catchups: Vec::new(),
+        });
+        h.add_link(s.addrs, None);
+        h
+    }
+
+    /// A new connection (not made yet): its index.
+    fn add_link(&mut self, addrs: Vec<Addr>, node: Option<SocketAddr>) -> usize {
+        let hub: *mut StreamHub = self;
+        let index = self.links.len();
+        let mut l = Box::new(Link {
+            hub,
+            index,
+            addrs,
+            next: 0,
+            conn: RedisConn::new(),
+            retry: RetryTimer::new(std::ptr::null_mut(), Some(retry_event)),
+            auth_refused: None,
+            inflight: VecDeque::new(),
+            node,
+        });
+        let data: *mut Link = &mut *l;
+        l.retry.set_data(data.cast());
+        self.links.push(l);
+        index
+    }
+
+    /// Starts every connection that has work and is down, and the next
+    /// round of each that is idle.
+    fn kick_all(&mut self) {
+        self.resolve();
+        for i in 0..self.links.len() {
+            if !self.has_work(i) {
+                continue;
+            }
+            match self.links[i].conn.state() {
+                State::Up => self.kick(i),
+                State::Down if !self.links[i].retry.pending() => self.connect(i),
+                _ => {}
+            }
+        }
+    }
+
+    /// A connection has keys to read (or, the seed's, a map to ask for).
+    fn has_work(&self, i: usize) -> bool {
+        let slots = i == 0 && self.cluster.as_ref().is_some_and(|c| c.want_slots || c.asked_slots);
+        slots || self.keys.values().any(|k| k.link == Some(i))
+    }
+
+    fn server(&self, i: usize) -> &str {
+        let l = &self.links[i];
+        l.addrs.get(l.next % l.addrs.len().max(1)).map_or("", |a| &a.name)
+    }
+
+    /// What was out on a connection that went is asked again on the next
+    /// (a cluster's keys where the map will say).
+    fn forget_inflight(&mut self, i: usize) {
+        self.links[i].inflight.clear();
+        let keys = &self.keys;
+        for c in &mut self.catchups {
+            if keys.get(&c.key).is_none_or(|k| k.link == Some(i)) {
+                c.asked = false;
+            }
+        }
+        let cluster = self.cluster.is_some();
+        for k in self.keys.values_mut().filter(|k| k.link == Some(i)) {
+            k.asked = false;
+            if cluster && i != 0 {
+                k.link = None;
+            }
+        }
+        if let Some(c) = self.cluster.as_mut() {
+            if i == 0 {
+                c.asked_slots = false;
+            } else {
+                c.map.borrow_mut().mark_stale();
+            }
+        }
+    }
+
+    /// Closes the connections (no retry): nobody reads any more.
+    fn close(&mut self) {
+        for i in 0..self.links.len() {
+            self.links[i].conn.close();
+            self.links[i].retry.stop();
+            self.forget_inflight(i);
+        }
+    }
+
+    fn lost(&mut self, i: usize, why: &str) {
+        let was = self.links[i].conn.state();
+        self.links[i].conn.close();
+        self.forget_inflight(i);
+        if self.keys.is_empty() {
+            return;
+        }
+        log!(
+            NGX_LOG_ERR,
+            Log::cycle(),
+            "cache: the stream reading connection to {} of upstream \"{}\" {}: {why}; trying again in {} ms",
+            self.server(i),
+            self.upstream,
+            if was == State::Up { "was lost" } else { "failed" },
+            RETRY
+        );
+        let l = &mut self.links[i];
+        l.next = (l.next + 1) % l.addrs.len().max(1);
+        l.retry.start(RETRY);
+        if self.cluster.is_some() && i != 0 {
+            // Its keys go where the next map says.
+            self.kick_all();
+        }
+    }
+
+    /// Every subscriber of every key.
+    fn everyone(&self) -> Vec<ReqToken> {
+        self.keys.values().flat_map(|k| k.subs.iter()).copied().collect()
+    }
+
+    fn refused(&mut self, i: usize, why: &str) {
+        if let Some(k) = self.auth_key {
+            authfail::refused(
+                k,
+                Log::cycle(),
+                format_args!(
+                    "{why}, by redis {} of upstream \"{}\" (reading streams); its streams end",
+                    self.server(i),
+                    self.upstream
+                ),
+            );
+        }
+        let all = self.everyone();
+        self.close();
+        self.sink.closing(&all);
+    }
+
+    fn connect(&mut self, i: usize) {
+        let l = &self.links[i];
+        let Some(addr) = l.addrs.get(l.next % l.addrs.len().max(1)).map(|a| a.sockaddr.clone()) else {
+            return;
+        };
+        let dial = Dial {
+            addr: &addr,
+            tls: self.tls.as_ref(),
+            connect_timeout: self.connect_timeout,
+            keepalive: false,
+            log: None,
+        };
+        let l = &mut self.links[i];
+        let data: *mut Link = &mut **l;
+        let step = l
+            .conn
+            .open::<StreamHub>(&dial, data.cast())
+            .unwrap_or_else(|e| Step::Lost(e.to_string()));
+        if let Some(s) = l.conn.socket() {
+            // nginx tells an idle connection when it exits (a reload, a quit).
+            s.set_idle(true);
+        }
+        self.step(i, step);
+    }
+
+    fn step(&mut self, i: usize, step: Step) {
+        match step {
+            Step::Wait => {}
+            Step::Up => {
+                let l = &mut self.links[i];
+                l.conn.out.clear();
+                l.inflight.clear();
+                if let Some(pw) = &self.auth {
+                    pubsub::auth(&mut l.conn.out, pw);
+                    l.inflight.push_back(Op::Auth);
+                }
+                self.round(i);
+            }
+            Step::Ready => {
+                self.flush(i);
+                self.read(i);
+            }
+            Step::Lost(why) => self.lost(i, &why),
+            Step::Exit => {
+                let all = self.everyone();
+                self.close();
+                self.sink.closing(&all);
+            }
+        }
+    }
+
+    fn flush(&mut self, i: usize) {
+        if let Err(why) = self.links[i].conn.flush() {
+            self.lost(i, &why);
+        }
+    }
+
+    /// The next round, once the last one is answered.
+    fn kick(&mut self, i: usize) {
+        if self.links[i].conn.is_up() && self.links[i].inflight.is_empty() {
+            self.round(i);
+        }
+    }
+
+    /// Queues and sends one round of connection `i` (module comment).
+    fn round(&mut self, i: usize) {
+        let mut out = std::mem::take(&mut self.links[i].conn.out);
+        let mut ops = std::mem::take(&mut self.links[i].inflight);
+        let mut others = false;
+        if i == 0 {
+            if let Some(c) = self.cluster.as_mut() {
+                if c.want_slots && !c.asked_slots {
+                    resp::command(&mut out, &[b"CLUSTER", b"SLOTS"]);
+                    c.want_slots = false;
+                    c.asked_slots = true;
+                    ops.push_back(Op::Slots);
+                    others = true;
+                }
+            }
+        }
+        for (name, k) in self.keys.iter_mut().filter(|(_, k)| k.link == Some(i)) {
+            if k.pos.is_none() && !k.asked {
+                streams::xlast(&mut out, name.as_bytes());
+                k.asked = true;
+                ops.push_back(Op::Last(name.clone()));
+                others = true;
+            }
+        }
+        let mut pages = 0;
+        let mut gone = Vec::new();
+        for c in &mut self.catchups {
+            if pages >= PAGES_PER_ROUND {
+                break;
+            }
+            let here = self
+                .keys
+                .get(&c.key)
+                .is_some_and(|k| k.pos.is_some() && k.link == Some(i));
+            if c.asked || !here {
+                continue;
+            }
+            match self.sink.backlog(c.who) {
+                None => {
+                    gone.push(c.who);
+                    continue;
+                }
+                Some(b) if b > PAUSE_AT => continue,
+                Some(_) => {}
+            }
+            if !std::mem::replace(&mut c.started, true) {
+                self.sink.begin_round(c.who);
+            }
+            streams::xrange_after(&mut out, c.key.as_bytes(), c.after, PAGE);
+            c.asked = true;
+            pages += 1;
+            ops.push_back(Op::Range(c.who));
+            others = true;
+        }
+        self.catchups.retain(|c| !gone.contains(&c.who));
+        // One XREAD (a cluster's: one per slot; the last one blocks).
+        let mut groups: BTreeMap<u16, Vec<(&[u8], String)>> = BTreeMap::new();
+        let cluster = self.cluster.is_some();
+        for (name, k) in self.keys.iter().filter(|(_, k)| k.link == Some(i)) {
+            if let Some(p) = k.pos {
+                let g = if cluster { k.slot } else { 0 };
+                groups.entry(g).or_default().push((name.as_bytes(), p.to_string()));
+            }
+        }
+        let n = groups.len();
+        for (at, read) in groups.values().enumerate() {
+            let ids: Vec<(&[u8], &[u8])> = read.iter().map(|(k, p)| (*k, p.as_bytes())).collect();
+            let block = (!others && at + 1 == n).then_some(BLOCK_MS);
+            streams::xread(&mut out, READ_COUNT, block, &ids);
+            ops.push_back(Op::Read);
+        }
+        let l = &mut self.links[i];
+        l.conn.out = out;
+        l.inflight = ops;
+        self.flush(i);
+    }
+
+    /// Reads until the socket (and TLS) has nothing more.
+    fn read(&mut self, i: usize) {
+        while self.links[i].conn.is_up() {
+            match self.links[i].conn.read() {
+                Ok(0) => return,
+                Ok(_) => {}
+                Err(why) => return self.lost(i, &why),
+            }
+            if let Err(e) = self.take_replies(i) {
+                return match self.links[i].auth_refused.take() {
+                    Some(why) => self.refused(i, &why),
+                    None => self.lost(i, &e),
+                };
+            }
+        }
+    }
+
+    fn take_replies(&mut self, i: usize) -> Result<(), String> {
+        loop {
+            let l = &mut self.links[i];
+            if !l.conn.is_up() {
+                return Ok(());
+            }
+            let (v, used) = match resp::value(&l.conn.input[l.conn.in_at..], REPLY_MAX) {
+                Ok(None) => return Ok(()),
+                Ok(Some(x)) => x,
+                Err(_) => return Err("a reply that is not RESP, or one past 64 MB".to_owned()),
+            };
+            l.conn.in_at += used;
+            let Some(op) = l.inflight.pop_front() else {
+                return Err("a reply to nothing that was asked".to_owned());
+            };
+            self.take_reply(i, op, v)?;
+            if self.links[i].inflight.is_empty() {
+                self.kick(i);
+            }
+        }
+    }
+
+    /// A Redis error for a key's subscribers: logged, their streams end
+    /// (502 before the header; their clients come back with their last id).
+    fn key_error(&mut self, i: usize, what: &str, who: &[ReqToken], msg: &[u8]) {
+        log!(
+            NGX_LOG_ERR,
+            Log::cycle(),
+            "cache: redis {} of upstream \"{}\" refused {what}: {}",
+            self.server(i),
+            self.upstream,
+            String::from_utf8_lossy(msg)
+        );
+        self.sink.fail(who, HTTP_BAD_GATEWAY);
+    }
+
+    fn take_reply(&mut self, i: usize, op: Op, v: Value) -> Result<(), String> {
+        if let Value::Error(msg) = &v {
+            if !matches!(op, Op::Auth | Op::Slots) && self.redirected(i, msg) {
+                // Asked again where the map says (a connection that is
+                // busy asks in its next round).
+                self.kick_all();
+                return Ok(());
+            }
+        }
+        match (op, v) {
+            (Op::Slots, v) => {
+                self.slots_answer(i, &v);
+                self.kick_all();
+            }
+            (Op::Auth, Value::Error(msg)) => {
+                let why = format!("AUTH was refused: {}", String::from_utf8_lossy(&msg));
+                self.links[i].auth_refused = Some(why.clone());
+                return Err(why);
+            }
+            (Op::Auth, _) => {
+                if let Some(k) = self.auth_key {
+                    authfail::accepted(k);
+                }
+            }
+            (Op::Last(name), Value::Error(msg)) => {
+                let who = self.keys.get(&name).map(|k| k.subs.clone()).unwrap_or_default();
+                self.key_error(i, &format!("to read stream \"{name}\""), &who, &msg);
+            }
+            (Op::Last(name), v) => {
+                let last = streams::parse_range(v).map_err(|_| "a reply to XREVRANGE that is not one".to_owned())?;
+                if let Some(k) = self.keys.get_mut(&name) {
+                    k.asked = false;
+                    k.pos = Some(last.first().map_or(EntryId { ms: 0, seq: 0 }, |e| e.id));
+                    let to = std::mem::take(&mut k.waiting);
+                    if !to.is_empty() {
+                        self.sink.subscribed(&to);
+                    }
+                }
+            }
+            (Op::Range(who), Value::Error(msg)) => {
+                let key = self.catchups.iter().find(|c| c.who == who).map(|c| c.key.clone());
+                self.catchups.retain(|c| c.who != who);
+                if let Some(key) = key {
+                    self.key_error(i, &format!("a catch-up read of stream \"{key}\""), &[who], &msg);
+                }
+            }
+            (Op::Range(who), v) => {
+                let entries = streams::parse_range(v).map_err(|_| "a reply to XRANGE that is not one".to_owned())?;
+                let Some(at) = self.catchups.iter().position(|c| c.who == who) else {
+                    return Ok(());
+                };
+                let c = &mut self.catchups[at];
+                c.asked = false;
+                if let Some(e) = entries.last() {
+                    c.after = c.after.max(e.id);
+                    self.sink.replayed(who, &entries);
+                }
+                if entries.len() < PAGE {
+                    if self.sink.lapsed(who) {
+                        // Held live entries were let go: one more round.
+                        self.sink.begin_round(who);
+                    } else {
+                        self.catchups.remove(at);
+                        self.sink.release(who);
+                    }
+                }
+            }
+            (Op::Read, Value::Error(msg)) => {
+                // (A key that is no stream any more: every stream ends, and
+                // the one whose key it is fails when it comes back.)
+                let all = self.everyone();
+                self.key_error(i, "XREAD", &all, &msg);
+            }
+            (Op::Read, v) => {
+                let read = streams::parse_xread(v).map_err(|_| "a reply to XREAD that is not one".to_owned())?;
+                for (name, entries) in read {
+                    let Some(k) = std::str::from_utf8(&name).ok().and_then(|n| self.keys.get_mut(n)) else {
+                        continue;
+                    };
+                    let from = k.pos.unwrap_or(EntryId { ms: 0, seq: 0 });
+                    let new: Vec<_> = entries.into_iter().filter(|e| e.id > from).collect();
+                    if let Some(e) = new.last() {
+                        k.pos = Some(e.id);
+                        let to = k.subs.clone();
+                        self.sink.entries(&to, &new);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Subscribes `who` to `key`, from the entries after `from` when given
+    /// (an id the request side checked), else from those that come next.
+    fn join(&mut self, key: &str, who: ReqToken, from: Option<EntryId>) -> bool {
+        let cluster = self.cluster.is_some();
+        let k = self.keys.entry(key.to_owned()).or_insert_with(|| Key {
+            slot: kslot::key_slot(key.as_bytes()),
+            link: (!cluster).then_some(0),
+            ..Key::default()
+        });
+        k.subs.push(who);
+        let now = k.pos.is_some();
+        if !now {
+            k.waiting.push(who);
+        }
+        if let Some(after) = from {
+            self.catchups.push(CatchUp {
+                who,
+                key: key.to_owned(),
+                after,
+                started: false,
+                asked: false,
+            });
+        }
+        self.kick_all();
+        now
+    }
+}
+
+impl Hub for StreamHub {
+    fn subscribe(&mut self, key: &str, who: ReqToken) -> bool {
+        self.join(key, who, None)
+    }
+
+    fn subscribe_from(&mut self, key: &str, who: ReqToken, from: Option<&[u8]>) -> bool {
+        self.join(key, who, from.and_then(streams::parse_id))
+    }
+
+    fn unsubscribe(&mut self, key: &str, who: ReqToken) {
+        self.catchups.retain(|c| c.who != who);
+        let Some(k) = self.keys.get_mut(key) else { return };
+        k.subs.retain(|t| *t != who);
+        k.waiting.retain(|t| *t != who);
+        if k.subs.is_empty() {
+            self.keys.remove(key);
+        }
+        if self.keys.is_empty() {
+            // Nobody reads any more: the connection goes too.
+            self.close();
+        }
+    }
+
+    fn servers(&self) -> Vec<String> {
+        (0..self.links.len()).map(|i| self.server(i).to_owned()).collect()
+    }
+}
+
+impl Owner for StreamHub {
+    const EVENT: &'static str = "cache stream event";
+    const HANDSHAKE: &'static str = "cache stream handshake";
+
+    /// `data` is a Link's.
+    unsafe fn from_data<'a>(data: *mut c_void) -> (&'a mut StreamHub, usize) {
+        // SAFETY: data is a Link of a live hub (hubs live for the worker's
+        // life, their links as long as they do); only the two plain fields
+        // are read, no reference to the link is made while the hub's is.
+        unsafe {
+            let link = data as *mut Link;
+            (&mut *(*link).hub, (*link).index)
+        }
+    }
+
+    fn conn(&mut self, i: usize) -> &mut RedisConn {
+        &mut self.links[i].conn
+    }
+
+    fn step(&mut self, i: usize, step: Step) {
+        StreamHub::step(self, i, step);
+    }
+
+    fn panicked(&mut self, i: usize) {
+        self.lost(i, "an internal error (a panic) in the module");
+    }
+}
+
+event_handler! {
+    /// The connection is made again. (The timer's data is the Link that
+    /// owns it.)
+    fn retry_event(ev) = "cache stream retry timer", {
+        ev.take_timedout();
+        run_owner::<StreamHub>(ev.data(), "cache stream retry", |h, i| {
+            if h.links[i].conn.state() == State::Down && !h.keys.is_empty() && !exiting() {
+                h.resolve();
+                if h.has_work(i) {
+                    h.connect(i);
+                }
+            }
+        });
+    }
+}
