@@ -39,6 +39,8 @@ pub trait StreamSink {
     fn fail(&self, to: &[ReqToken], status: ngx_int_t);
     /// nginx is exiting (or the password was refused): the streams end.
     fn closing(&self, to: &[ReqToken]);
+    /// The servers cannot be reached (once per outage; hub::Outage).
+    fn unavailable(&self, to: &[ReqToken]);
 }
 
 /// Each entry's id and bytes, shared by every subscriber.
@@ -95,5 +97,9 @@ impl StreamSink for Fanout {
 
     fn closing(&self, to: &[ReqToken]) {
         <Fanout as crate::common::hub::HubSink>::closing(self, to);
+    }
+
+    fn unavailable(&self, to: &[ReqToken]) {
+        <Fanout as crate::common::hub::HubSink>::unavailable(self, to);
     }
 }

@@ -61,7 +61,7 @@ use gateway_core::streams::{self, EntryId};
 use super::authfail;
 use super::conn::{run_owner, Dial, Owner, RedisConn, State, Step};
 use super::hub::Addr;
-use crate::common::hub::{Hub, RETRY};
+use crate::common::hub::{Hub, Outage, RETRY};
 use crate::common::sse::StreamSink;
 use crate::common::token::ReqToken;
 use crate::ffi::net::TlsClient;
@@ -136,6 +136,8 @@ struct Link {
     inflight: VecDeque<Op>,
     /// The master it goes to (a cluster's).
     node: Option<SocketAddr>,
+    /// Its server is down (since the first failure, until it is up).
+    outage: Outage,
 }
 
 /// A cluster's side of a hub.
@@ -160,6 +162,11 @@ pub struct StreamHub {
     sink: &'static dyn StreamSink,
     keys: BTreeMap<String, Key>,
     catchups: Vec<CatchUp>,
+    /// The subscribers were told (or are to be) that the servers are
+    /// unavailable, and no connection is up since.
+    told: bool,
+    /// Tells them (posted: a failure may come while a request subscribes).
+    tell_later: RetryTimer,
 }
 
 /// What a stream hub is made of.
@@ -192,7 +199,11 @@ impl StreamHub {
             sink,
             keys: BTreeMap::new(),
             catchups: Vec::new(),
+            told: false,
+            tell_later: RetryTimer::new(std::ptr::null_mut(), Some(tell_event)),
         });
+        let data: *mut StreamHub = &mut *h;
+        h.tell_later.set_data(data.cast());
         h.add_link(s.addrs, None);
         h
     }
@@ -211,6 +222,7 @@ impl StreamHub {
             auth_refused: None,
             inflight: VecDeque::new(),
             node,
+            outage: Outage::default(),
         });
         let data: *mut Link = &mut *l;
         l.retry.set_data(data.cast());
@@ -276,8 +288,11 @@ impl StreamHub {
         for i in 0..self.links.len() {
             self.links[i].conn.close();
             self.links[i].retry.stop();
+            self.links[i].outage.forget();
             self.forget_inflight(i);
         }
+        self.told = false;
+        self.tell_later.stop();
     }
 
     fn lost(&mut self, i: usize, why: &str) {
@@ -287,10 +302,11 @@ impl StreamHub {
         if self.keys.is_empty() {
             return;
         }
+        let failed = self.links[i].outage.failed(was != State::Up, why);
         log!(
-            NGX_LOG_ERR,
+            if failed.log { NGX_LOG_ERR } else { NGX_LOG_DEBUG },
             Log::cycle(),
-            "cache: the stream reading connection to {} of upstream \"{}\" {}: {why}; trying again in {} ms",
+            "cache: the stream reading connection to {} of upstream \"{}\" {}: {why}; trying again every {} ms",
             self.server(i),
             self.upstream,
             if was == State::Up { "was lost" } else { "failed" },
@@ -299,6 +315,12 @@ impl StreamHub {
         let l = &mut self.links[i];
         l.next = (l.next + 1) % l.addrs.len().max(1);
         l.retry.start(RETRY);
+        // The subscribers hear it once when an attempt failed and no
+        // connection is up or on its way.
+        if failed.tell && !self.told && self.links.iter().all(|l| l.conn.state() == State::Down) {
+            self.told = true;
+            self.tell_later.post();
+        }
         if self.cluster.is_some() && i != 0 {
             // Its keys go where the next map says.
             self.kick_all();
@@ -356,6 +378,19 @@ impl StreamHub {
         match step {
             Step::Wait => {}
             Step::Up => {
+                if let Some((failures, ms)) = self.links[i].outage.ended() {
+                    log!(
+                        NGX_LOG_NOTICE,
+                        Log::cycle(),
+                        "cache: the stream reading connection to {} of upstream \"{}\" is up again, after {} failure{} in {} ms",
+                        self.server(i),
+                        self.upstream,
+                        failures,
+                        if failures == 1 { "" } else { "s" },
+                        ms
+                    );
+                }
+                self.told = false;
                 let l = &mut self.links[i];
                 l.conn.out.clear();
                 l.inflight.clear();
@@ -667,6 +702,10 @@ impl Hub for StreamHub {
     fn servers(&self) -> Vec<String> {
         (0..self.links.len()).map(|i| self.server(i).to_owned()).collect()
     }
+
+    fn unavailable(&self) -> bool {
+        self.told && !self.tell_later.posted()
+    }
 }
 
 impl Owner for StreamHub {
@@ -710,5 +749,18 @@ event_handler! {
                 }
             }
         });
+    }
+}
+
+event_handler! {
+    /// The subscribers hear that the servers cannot be reached.
+    fn tell_event(ev) = "cache stream unavailable", {
+        // SAFETY: the event's data is its hub, which lives for the
+        // worker's life (its Drop takes the event out of the queue).
+        let h = unsafe { &mut *(ev.data() as *mut StreamHub) };
+        if h.told {
+            let all = h.everyone();
+            h.sink.unavailable(&all);
+        }
     }
 }
