@@ -4,6 +4,7 @@
 //! the worker's HOLD_MAX), and the outcome of each try.
 
 use super::*;
+use crate::ffi::buf::mark_last;
 
 request_handler! {
     /// The client took what was pending: the connection reads on.
@@ -157,6 +158,7 @@ fn answer(r: &mut Req, status: u16, value: Option<u64>, made: Option<Vec<u8>>) {
         (None, None) => 0,
     };
     s.made = made;
+    s.value_len = value;
     // The header goes out with the first bytes of the value (or at the
     // end): until then a failure is still a status of its own.
     s.head = Some((status, length, value.is_some()));
@@ -187,6 +189,11 @@ fn value(r: &mut Req, bytes: &[u8], others: bool) -> bool {
         s.discard = true;
         return false;
     };
+    if s.value_len == Some(s.length) && s.tail.is_none() {
+        // The value's last bytes: they go out with the end (done).
+        s.tail = Some(out);
+        return false;
+    }
     // SAFETY: a chain of the request's pool (fill).
     let rc = unsafe { r.output_filter(out) };
     let Some(s) = shared_of(r) else { return false };
@@ -328,7 +335,18 @@ fn done(r: &mut Req) {
                 None => ERROR,
             }
         }
-        None => r.send_last(),
+        None => match s.tail.take() {
+            Some(out) => {
+                mark_last(out, main);
+                // SAFETY: a chain of the request's pool (fill).
+                let rc = unsafe { r.output_filter(out) };
+                if let Some(s) = shared_of(r) {
+                    s.bufs.update(pool, out);
+                }
+                rc
+            }
+            None => r.send_last(),
+        },
     };
     r.finalize(rc);
 }
