@@ -172,7 +172,10 @@ pub struct Decimal {
 
 impl Decimal {
     pub fn of(mut n: u64) -> Decimal {
-        let mut d = Decimal { digits: [0; 20], start: 20 };
+        let mut d = Decimal {
+            digits: [0; 20],
+            start: 20,
+        };
         loop {
             d.start -= 1;
             d.digits[d.start] = b'0' + (n % 10) as u8;

@@ -127,16 +127,6 @@ pub fn memory(pool: Pool, data: Vec<u8>) -> Option<NonNull<ngx_buf_t>> {
     Some(b)
 }
 
-/// Marks a link's buffer as the response's last (`last_buf` for the main
-/// request, `last_in_chain` always).
-pub fn mark_last(cl: *mut ngx_chain_t, main: bool) {
-    // SAFETY: a link of a live request's pool with its buffer (Reuse::fill's).
-    if let Some(b) = unsafe { cl.as_ref() }.and_then(|l| unsafe { l.buf.as_mut() }) {
-        b.set_last_buf(main as u32);
-        b.set_last_in_chain(1);
-    }
-}
-
 /// One link over bytes already in the pool, marked last when asked.
 pub fn pooled_chain(pool: Pool, data: ngx_str_t, last: Option<bool>) -> Option<*mut ngx_chain_t> {
     let mut chain = Chain::new(pool);

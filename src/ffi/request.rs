@@ -229,13 +229,17 @@ impl Req {
     /// Sends status, headers (Content-Type set before) and `body`, moved
     /// into the request's pool; what to finalize the request with.
     pub fn send_body(&mut self, status: ngx_uint_t, body: Vec<u8>) -> ngx_int_t {
-        self.send_whole(status, body.len(), |pool, last| super::buf::memory_chain(pool, body, Some(last)))
+        self.send_whole(status, body.len(), |pool, last| {
+            super::buf::memory_chain(pool, body, Some(last))
+        })
     }
 
     /// As `send_body`, with a body already in the request's pool
     /// (`Pool::str`'s copy of one made in a buffer that is used again).
     pub fn send_pooled_body(&mut self, status: ngx_uint_t, body: ngx_str_t) -> ngx_int_t {
-        self.send_whole(status, body.len, |pool, last| super::buf::pooled_chain(pool, body, Some(last)))
+        self.send_whole(status, body.len, |pool, last| {
+            super::buf::pooled_chain(pool, body, Some(last))
+        })
     }
 
     fn send_whole(

@@ -225,10 +225,13 @@ fn get(pc: &mut ngx_peer_connection_t, pd: &mut PeerData, log: Log) -> ngx_int_t
         }
         Pick::New => {
             let exclusive = ctx.query.alone();
-            match srv
-                .pool
-                .open(addr, &srv.addrs[addr].conninfo, balancer::chosen_name(pc), ctx.token, exclusive)
-            {
+            match srv.pool.open(
+                addr,
+                &srv.addrs[addr].conninfo,
+                balancer::chosen_name(pc),
+                ctx.token,
+                exclusive,
+            ) {
                 Ok(id) => use_conn(pc, pd, ctx, id, true),
                 Err(OpenError::Connect(msg)) => {
                     log!(NGX_LOG_ERR, log, "sqldb: {msg}");
@@ -600,7 +603,10 @@ fn peer_server(pc: &ngx_peer_connection_t, srv: &SrvConf) -> Option<(usize, Stri
         return None;
     }
     let sockaddr = balancer::chosen(pc);
-    Some((srv.addr_index(pc.sockaddr as usize, sockaddr)?, balancer::chosen_name(pc)))
+    Some((
+        srv.addr_index(pc.sockaddr as usize, sockaddr)?,
+        balancer::chosen_name(pc),
+    ))
 }
 
 /// The request waited on a connection that closed before its query was

@@ -4,7 +4,6 @@
 //! the worker's HOLD_MAX), and the outcome of each try.
 
 use super::*;
-use crate::ffi::buf::mark_last;
 
 request_handler! {
     /// The client took what was pending: the connection reads on.
@@ -177,7 +176,7 @@ fn answer(r: &mut Req, status: u16, value: Option<u64>, made: Option<Vec<u8>>) {
 /// Bytes of the value: on to the client. True when the connection must
 /// pause (the client is behind and no more can be held for it).
 fn value(r: &mut Req, bytes: &[u8], others: bool) -> bool {
-    let pool = r.pool();
+    let (pool, main) = (r.pool(), r.is_main());
     let Some(s) = shared_of(r) else { return false };
     s.length += bytes.len() as u64;
     send_head(r);
@@ -185,12 +184,13 @@ fn value(r: &mut Req, bytes: &[u8], others: bool) -> bool {
     if s.discard || !s.started {
         return false;
     }
-    let Some(out) = s.bufs.fill(pool, bytes, None, BATCH) else {
+    // The value's last bytes go out with the end (done), marked last now.
+    let complete = s.value_len == Some(s.length) && s.tail.is_none();
+    let Some(out) = s.bufs.fill(pool, bytes, complete.then_some(main), BATCH) else {
         s.discard = true;
         return false;
     };
-    if s.value_len == Some(s.length) && s.tail.is_none() {
-        // The value's last bytes: they go out with the end (done).
+    if complete {
         s.tail = Some(out);
         return false;
     }
@@ -337,7 +337,6 @@ fn done(r: &mut Req) {
         }
         None => match s.tail.take() {
             Some(out) => {
-                mark_last(out, main);
                 // SAFETY: a chain of the request's pool (fill).
                 let rc = unsafe { r.output_filter(out) };
                 if let Some(s) = shared_of(r) {
