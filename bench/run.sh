@@ -6,7 +6,11 @@
 #   - cache GET: redis-benchmark, nginx's own `return 200` of the same bytes
 #     (the HTTP ceiling of the machine) and Debian's memc module with
 #     memcached;
-#   - a query stuck for a second (pg_sleep) while fast requests run;
+#   - each SQL scenario and the cache GET beside nginx's own `return 200`
+#     of a body of the same length (the HTTP ceiling of the machine), in
+#     interleaved rounds, with the worker's CPU time per request of each
+#     (utime + stime of /proc/PID/stat over the run / requests served);
+#   - eight queries stuck for a second (pg_sleep) while fast requests run;
 #   - the worker's RSS after warm-up and after each run of the default
 #     pool's nginx, with the number of requests it had served by then, and
 #     over a million and more requests once every kind has been served;
@@ -122,6 +126,11 @@ end
 LUA
 done
 
+# The bodies of the SQL scenarios' lengths (known once nginx has served
+# them: see below); `return 200` serves one of each length.
+declare -A lens=([a]=1 [b]=1 [c]=1)
+filler() { printf 'x%.0s' $(seq "$1"); }
+
 # start_nginx KEEPALIVE_LINE
 start_nginx() {
     stop_nginx
@@ -166,6 +175,9 @@ http {
         location = /r { set \$cache_key "key:__rand_int__"; cache_pass bench_redis; }
         location = /roff { set \$cache_key "key:__rand_int__"; cache_pipeline off; cache_pass bench_redis; }
         location = /ret { return 200 "$value"; }
+        location = /ret_a { default_type application/x-resty-dbd-stream; return 200 "$(filler "${lens[a]}")"; }
+        location = /ret_b { default_type application/x-resty-dbd-stream; return 200 "$(filler "${lens[b]}")"; }
+        location = /ret_c { default_type application/x-resty-dbd-stream; return 200 "$(filler "${lens[c]}")"; }
         $memc_loc
     }
 }
@@ -173,6 +185,16 @@ CONF
     "$nginx" -p "$dir/nginx/" -c "$dir/nginx/nginx.conf"
     sleep 0.3
 }
+
+# The worker's CPU time so far, in clock ticks (utime + stime).
+worker_ticks() {
+    local total=0
+    for p in $(pgrep -P "$(cat "$dir/nginx/logs/nginx.pid")"); do
+        total=$((total + $(awk '{ print $14 + $15 }' "/proc/$p/stat")))
+    done
+    echo $total
+}
+hz=$(getconf CLK_TCK)
 
 worker_rss_kb() {
     local total=0
@@ -187,20 +209,24 @@ rss_point() {
     echo "$1:$(awk '{ n += $1 } END { print n }' "$dir/served"):$(worker_rss_kb)"
 }
 
-# wrk_run PATH [SCRIPT]: prints "rps p99_ms non2xx server_conns".
+# wrk_run PATH [SCRIPT]: prints "rps p99_ms non2xx cpu_us", cpu_us the
+# worker's CPU microseconds per request served in the run.
 wrk_run() {
     local path=$1 script=${2:-}
     local args=(-t1 -c"$conns" -d"${secs}s" --latency)
     [ -n "$script" ] && args+=(-s "$script")
     (sleep $((secs / 2)); psql -X -A -t -h 127.0.0.1 -p $pgport -U demo demo \
         -c "select count(*) - 1 from pg_stat_activity where datname = 'demo'" >"$dir/conns" 2>/dev/null) &
-    local probe=$!
-    wrk "${args[@]}" "http://127.0.0.1:$port$path" | awk -v served="$dir/served" '
+    local probe=$! t0
+    t0=$(worker_ticks)
+    wrk "${args[@]}" "http://127.0.0.1:$port$path" >"$dir/wrk.out"
+    local ticks=$(($(worker_ticks) - t0))
+    awk -v served="$dir/served" -v ticks=$ticks -v hz="$hz" '
         / requests in / { n = $1 }
         /Requests\/sec/ { rps = $2 }
         /^ +99%/ { v = $2; if (v ~ /us$/) { sub(/us/, "", v); v /= 1000 } else if (v ~ /ms$/) { sub(/ms/, "", v) } else if (v ~ /s$/) { sub(/s/, "", v); v *= 1000 } p99 = v }
         /Non-2xx/ { bad = $NF }
-        END { printf "%.0f %.2f %d\n", rps, p99, bad; printf "%d\n", n >>served }'
+        END { cpu = n > 0 ? ticks * 1e6 / hz / n : 0; printf "%.0f %.2f %d %.2f\n", rps, p99, bad, cpu; printf "%d\n", n >>served }' "$dir/wrk.out"
     wait $probe
     echo "$(cat "$dir/conns")" >"$dir/conns.last"
 }
@@ -223,8 +249,8 @@ if [ "${BENCH_ONLY:-}" = jwt ]; then
     declare -A sum=([b]=0 [bj]=0 [bjr]=0)
     for round in 1 2; do
         for s in b bj bjr; do
-            read -r rps p99 bad <<<"$(wrk_run /$s "$dir/scripts/$s.lua")"
-            echo "round $round: /$s ${rps}/s p99 ${p99}ms non-2xx $bad"
+            read -r rps p99 bad cpu <<<"$(wrk_run /$s "$dir/scripts/$s.lua")"
+            echo "round $round: /$s ${rps}/s p99 ${p99}ms non-2xx $bad, worker ${cpu} us/request"
             sum[$s]=$((sum[$s] + rps))
         done
     done
@@ -248,27 +274,37 @@ declare -A names=([a]="(a) echo" [b]="(b) pk lookup" [c]="(c) 100 rows x 3")
 declare -A lines=([default]="" [max32]="sqldb_keepalive max=32;" [max2]="sqldb_keepalive max=2;")
 configs=(default max32 max2)
 tsv=$out/results.tsv
-printf "scenario\tclient\tconfig\trps\tp99_ms\tnon2xx\tserver_conns\n" >"$tsv"
+printf "scenario\tclient\tconfig\trps\tp99_ms\tnon2xx\tserver_conns\tcpu_us\n" >"$tsv"
 
 # The raw servers first.
 declare -A pp ps
 for s in a b c; do
     read -r rps p99 <<<"$(pgbench_run prepared "$dir/scripts/$s.sql")"
     pp[$s]="$rps $p99"
-    printf "%s\tpgbench -M prepared\t-\t%s\t%s\t0\t%s\n" "$s" "$rps" "$p99" "$conns" >>"$tsv"
+    printf "%s\tpgbench -M prepared\t-\t%s\t%s\t0\t%s\t\n" "$s" "$rps" "$p99" "$conns" >>"$tsv"
     read -r rps p99 <<<"$(pgbench_run simple "$dir/scripts/$s.sql")"
     ps[$s]="$rps $p99"
-    printf "%s\tpgbench -M simple\t-\t%s\t%s\t0\t%s\n" "$s" "$rps" "$p99" "$conns" >>"$tsv"
+    printf "%s\tpgbench -M simple\t-\t%s\t%s\t0\t%s\t\n" "$s" "$rps" "$p99" "$conns" >>"$tsv"
 done
 read -r rps p99 <<<"$(pgbench_run prepared "$dir/scripts/bj.sql")"
 pp[bj]="$rps $p99"
-printf "bj\tpgbench -M prepared\t-\t%s\t%s\t0\t%s\n" "$rps" "$p99" "$conns" >>"$tsv"
+printf "bj\tpgbench -M prepared\t-\t%s\t%s\t0\t%s\t\n" "$rps" "$p99" "$conns" >>"$tsv"
 rb=$(redis-benchmark -p $redisport -t get -c "$conns" -n $((secs * 40000)) -d 100 --csv |
     awk -F'"' '/GET/ { printf "%.0f %.2f\n", $4, $14 }')
-printf "r\tredis-benchmark\t-\t%s\t%s\t0\t%s\n" $rb "$conns" >>"$tsv"
+printf "r\tredis-benchmark\t-\t%s\t%s\t0\t%s\t\n" $rb "$conns" >>"$tsv"
+
+# The lengths of the SQL scenarios' bodies (the pk lookup's label varies
+# little: one id's).
+start_nginx ""
+lens[a]=$(curl -s "http://127.0.0.1:$port/a" | wc -c)
+lens[b]=$(curl -s "http://127.0.0.1:$port/b?id=5000" | wc -c)
+lens[c]=$(curl -s "http://127.0.0.1:$port/c" | wc -c)
+
+# median_of LINES...: the line with the median first field (of three).
+median_of() { printf '%s\n' "$@" | sort -n | sed -n 2p; }
 
 # The gateway under each pool setting.
-declare -A g
+declare -A g ret rr
 rss_first="" rss_runs=""
 for cfg in "${configs[@]}"; do
     start_nginx "${lines[$cfg]}"
@@ -276,18 +312,37 @@ for cfg in "${configs[@]}"; do
     wrk -t1 -c"$conns" -d1s "http://127.0.0.1:$port/a" >/dev/null 2>&1 || true
     [ -n "$rss_first" ] || rss_first=$(worker_rss_kb)
     for s in a b c; do
-        if [ $s = b ]; then r=$(wrk_run /b "$dir/scripts/b.lua"); else r=$(wrk_run /$s); fi
-        g[$s.$cfg]="$r $(cat "$dir/conns.last")"
-        if [ "$cfg" = default ]; then rss_runs="$rss_runs $(rss_point $s)"; fi
-        read -r rps p99 bad sc <<<"${g[$s.$cfg]}"
-        printf "%s\tgateway\t%s\t%s\t%s\t%s\t%s\n" "$s" "$cfg" "$rps" "$p99" "$bad" "$sc" >>"$tsv"
+        script=""
+        [ $s = b ] && script="$dir/scripts/b.lua"
+        if [ "$cfg" = default ]; then
+            # Three rounds of half as long: the scenario, then nginx's
+            # return 200 of a body of the same length. A figure is the
+            # round's with the median requests/s; the ratio, the median of
+            # the rounds' ratios.
+            runs=() rets=() ratios=()
+            for round in 1 2 3; do
+                runs+=("$(secs=$(((secs + 1) / 2)) wrk_run /$s $script) $(cat "$dir/conns.last")")
+                rets+=("$(secs=$(((secs + 1) / 2)) wrk_run /ret_$s)")
+                ratios+=("$(ratio "${runs[-1]%% *}" "${rets[-1]%% *}")")
+            done
+            g[$s.$cfg]=$(median_of "${runs[@]}")
+            ret[$s]=$(median_of "${rets[@]}")
+            rr[$s]="$(median_of "${ratios[@]}")x (rounds: ${ratios[*]})"
+            rss_runs="$rss_runs $(rss_point $s)"
+            read -r rps p99 bad cpu _ <<<"${ret[$s]}"
+            printf "ret_%s\tnginx\t-\t%s\t%s\t%s\t0\t%s\n" "$s" "$rps" "$p99" "$bad" "$cpu" >>"$tsv"
+        else
+            g[$s.$cfg]="$(wrk_run /$s $script) $(cat "$dir/conns.last")"
+        fi
+        read -r rps p99 bad cpu sc <<<"${g[$s.$cfg]}"
+        printf "%s\tgateway\t%s\t%s\t%s\t%s\t%s\t%s\n" "$s" "$cfg" "$rps" "$p99" "$bad" "$sc" "$cpu" >>"$tsv"
         # Beside the pk lookup, the same with a token (default pool only).
         if [ $s = b ] && [ "$cfg" = default ]; then
             for j in bj bjr; do
                 g[$j]=$(wrk_run /$j "$dir/scripts/$j.lua")
                 rss_runs="$rss_runs $(rss_point $j)"
-                read -r rps p99 bad _ <<<"${g[$j]}"
-                printf "%s\tgateway\t%s\t%s\t%s\t%s\t0\n" "$j" "$cfg" "$rps" "$p99" "$bad" >>"$tsv"
+                read -r rps p99 bad cpu <<<"${g[$j]}"
+                printf "%s\tgateway\t%s\t%s\t%s\t%s\t0\t%s\n" "$j" "$cfg" "$rps" "$p99" "$bad" "$cpu" >>"$tsv"
             done
         fi
     done
@@ -319,13 +374,13 @@ for cfg in "${configs[@]}"; do
         done
         for s in ret r roff m; do
             [ -n "${g[$s]:-}" ] || continue
-            read -r rps p99 bad _ <<<"${g[$s]}"
-            printf "%s\tnginx\t-\t%s\t%s\t%s\t0\n" "$s" "$rps" "$p99" "$bad" >>"$tsv"
+            read -r rps p99 bad cpu <<<"${g[$s]}"
+            printf "%s\tnginx\t-\t%s\t%s\t%s\t0\t%s\n" "$s" "$rps" "$p99" "$bad" "$cpu" >>"$tsv"
         done
         rss_runs="$rss_runs $(rss_point cache)"
-        # Fast requests while one query sleeps for a second.
-        hol=$(python3 "$here/hol.py" "http://127.0.0.1:$port" 200 8)
-        printf "hol\tgateway\tdefault\t0\t%s\t0\t0\n" "$(echo "$hol" | awk '{ print $2 }')" >>"$tsv"
+        # Fast requests while eight queries sleep for a second.
+        hol=$(python3 "$here/hol.py" "http://127.0.0.1:$port" 200 8 8)
+        printf "hol\tgateway\tdefault\t0\t%s\t0\t0\t\n" "$(echo "$hol" | awk '{ print $2 }')" >>"$tsv"
         # Then the pk lookup and the cache GET again, twice as long each:
         # the RSS over the million and more requests after every kind of
         # request has been served once.
@@ -350,7 +405,7 @@ stop_nginx
         read -r s1 s1l <<<"${ps[$s]}"
         printf "%-18s %-22s %-22s" "${names[$s]}" "$p1/s ${p1l}ms" "$s1/s ${s1l}ms"
         for cfg in "${configs[@]}"; do
-            read -r rps p99 bad sc <<<"${g[$s.$cfg]}"
+            read -r rps p99 bad _ sc <<<"${g[$s.$cfg]}"
             cell="$rps/s ${p99}ms $(ratio "$rps" "$p1")x ($(ratio "$rps" "$s1")x) ${sc}c"
             [ "$bad" != 0 ] && cell="$cell $bad non-2xx"
             printf " %-32s" "$cell"
@@ -358,35 +413,44 @@ stop_nginx
         echo
     done
     echo
-    read -r rr rrl _ <<<"${g[r]}"
-    read -r rt rtl _ <<<"${g[ret]}"
+    echo "Beside nginx's own return 200 of a body of the same length, default pool: requests/s, ratio (the median"
+    echo "of three interleaved rounds), and the worker's CPU microseconds per request (utime + stime / requests)"
+    for s in a b c; do
+        read -r rps _ _ cpu _ <<<"${g[$s.default]}"
+        read -r trps _ _ tcpu <<<"${ret[$s]}"
+        printf "%-18s gateway %8s/s %7s us/req   return 200 (%5s bytes) %8s/s %7s us/req   %s\n" \
+            "${names[$s]}" "$rps" "$cpu" "${lens[$s]}" "$trps" "$tcpu" "${rr[$s]}"
+    done
+    echo
+    read -r rr rrl _ rrc <<<"${g[r]}"
+    read -r rt rtl _ rtc <<<"${g[ret]}"
     read -r rbr rbl <<<"$rb"
     median() { echo "$1" | awk '{ print $2 }'; }
     echo "Cache GET of a 100-byte value: requests/s, p99 ms (return 200, gateway and memc: the median of three rounds)"
-    printf "%-34s %10s/s %8sms\n" "nginx return 200 (ceiling)" "$rt" "$rtl"
+    printf "%-34s %10s/s %8sms   %s us/req (worker CPU)\n" "nginx return 200 (ceiling)" "$rt" "$rtl" "$rtc"
     printf "%-34s %10s/s %8sms\n" "redis-benchmark" "$rbr" "$rbl"
-    printf "%-34s %10s/s %8sms   %sx of return 200 (rounds: %s), %sx of redis-benchmark\n" "gateway cache_pass" \
-        "$rr" "$rrl" "$(median "${cr[r/ret]}")" "${cr[r/ret]% }" "$(ratio "$rr" "$rbr")"
+    printf "%-34s %10s/s %8sms   %s us/req; %sx of return 200 (rounds: %s), %sx of redis-benchmark\n" \
+        "gateway cache_pass" "$rr" "$rrl" "$rrc" "$(median "${cr[r/ret]}")" "${cr[r/ret]% }" "$(ratio "$rr" "$rbr")"
     read -r ro rol _ <<<"${g[roff]}"
     printf "%-34s %10s/s %8sms   %sx of return 200; shared / off %sx\n" "gateway, cache_pipeline off" "$ro" "$rol" \
         "$(ratio "$ro" "$rt")" "$(ratio "$rr" "$ro")"
     if [ -n "${g[m]:-}" ]; then
-        read -r rm rml _ <<<"${g[m]}"
-        printf "%-34s %10s/s %8sms   %sx of return 200; gateway / memc %sx (rounds: %s)\n" "memc module + memcached" \
-            "$rm" "$rml" "$(ratio "$rm" "$rt")" "$(median "${cr[r/m]}")" "${cr[r/m]% }"
+        read -r rm rml _ rmc <<<"${g[m]}"
+        printf "%-34s %10s/s %8sms   %s us/req; %sx of return 200; gateway / memc %sx (rounds: %s)\n" \
+            "memc module + memcached" "$rm" "$rml" "$rmc" "$(ratio "$rm" "$rt")" "$(median "${cr[r/m]}")" "${cr[r/m]% }"
     fi
     echo
-    read -r jb jbl _ <<<"${g[b.default]}"
-    read -r jh jhl jhbad _ <<<"${g[bj]}"
-    read -r jr jrl jrbad _ <<<"${g[bjr]}"
-    echo "(b) with a bearer token, default pool: HS256 $jh/s ${jhl}ms ($(ratio "$jh" "$jb")x of (b) without)," \
-        "RS256 $jr/s ${jrl}ms ($(ratio "$jr" "$jb")x); non-2xx: $jhbad, $jrbad"
+    read -r jb jbl _ jbc _ <<<"${g[b.default]}"
+    read -r jh jhl jhbad jhc <<<"${g[bj]}"
+    read -r jr jrl jrbad jrc <<<"${g[bjr]}"
+    echo "(b) with a bearer token, default pool: HS256 $jh/s ${jhl}ms ${jhc} us/req ($(ratio "$jh" "$jb")x of (b) without," \
+        "${jbc} us/req), RS256 $jr/s ${jrl}ms ${jrc} us/req ($(ratio "$jr" "$jb")x); non-2xx: $jhbad, $jrbad"
     read -r pb _ <<<"${pp[b]}"
     read -r pj _ <<<"${pp[bj]}"
     echo "    PostgreSQL alone, the same statements (pgbench -M prepared, the preamble and the lookup pipelined):" \
         "$pj/s, $(ratio "$pj" "$pb")x of the lookup alone"
     echo
-    echo "Head of line: 200 fast requests (8 at a time) while a pg_sleep(1) runs, default pool: $hol"
+    echo "Head of line: 200 fast requests (8 at a time) while eight pg_sleep(1) run, default pool: $hol"
     echo "Worker RSS (kB), default pool: ${rss_first} after warm-up; after each run, as run:requests served:kB:"
     echo "   $rss_runs"
     IFS=: read -r _ n0 k0 <<<"$steady_from"

@@ -164,9 +164,44 @@ pub fn csv<R: ResultSet + ?Sized>(rs: &R, out: &mut Vec<u8>) {
     }
 }
 
+/// A number's decimal digits, written on the stack (no String in between:
+/// a variable's value is copied into the request's pool).
+pub struct Decimal {
+    digits: [u8; 20],
+    start: usize,
+}
+
+impl Decimal {
+    pub fn of(mut n: u64) -> Decimal {
+        let mut d = Decimal {
+            digits: [0; 20],
+            start: 20,
+        };
+        loop {
+            d.start -= 1;
+            d.digits[d.start] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                return d;
+            }
+        }
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.digits[self.start..]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn decimal_digits() {
+        for n in [0u64, 7, 10, 99, 100, 12345, u64::MAX] {
+            assert_eq!(Decimal::of(n).bytes(), n.to_string().as_bytes());
+        }
+    }
 
     struct T {
         cols: Vec<(&'static str, u32)>,

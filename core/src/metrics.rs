@@ -186,6 +186,57 @@ impl Hasher for Fnv {
     }
 }
 
+/// The memo's hasher: a word at a time (its keys are a few integers and a
+/// short string, looked up several times for every request), for one
+/// process's map only: never for a slot's place in the shared table.
+#[derive(Default)]
+pub struct WordHash(u64);
+
+impl WordHash {
+    const K: u64 = 0x517c_c1b7_2722_0a95;
+
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(Self::K);
+    }
+}
+
+impl Hasher for WordHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            self.add(u64::from_le_bytes(c.try_into().expect("8 bytes")));
+        }
+        let mut last = [0u8; 8];
+        let rest = chunks.remainder();
+        last[..rest.len()].copy_from_slice(rest);
+        self.add(u64::from_le_bytes(last) ^ (rest.len() as u64) << 59);
+    }
+
+    fn write_u8(&mut self, n: u8) {
+        self.add(u64::from(n));
+    }
+
+    fn write_u16(&mut self, n: u16) {
+        self.add(u64::from(n));
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.add(u64::from(n));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.add(n);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.add(n as u64);
+    }
+}
+
 /// Entries a memo holds at most; it starts again empty past that.
 pub const MEMO_MAX: usize = 4096;
 
@@ -197,7 +248,7 @@ pub const MEMO_MAX: usize = 4096;
 pub struct Memo<K> {
     /// The address of the slots the entries are of.
     table: usize,
-    refs: HashMap<(u16, u32, K), SeriesRef, BuildHasherDefault<Fnv>>,
+    refs: HashMap<(u16, u32, K), SeriesRef, BuildHasherDefault<WordHash>>,
 }
 
 impl<K: Hash + Eq> Default for Memo<K> {
@@ -627,6 +678,22 @@ fn json_labels(out: &mut String, names: &[&str], values: &[String]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn word_hash_tells_bytes_and_lengths_apart() {
+        use std::hash::Hasher;
+        let of = |b: &[u8]| {
+            let mut h = WordHash::default();
+            h.write(b);
+            h.finish()
+        };
+        let inputs: [&[u8]; 7] = [b"", b"\0", b"\0\0", b"a", b"b", b"abcdefgh", b"abcdefgh\0"];
+        for (i, a) in inputs.iter().enumerate() {
+            for b in &inputs[i + 1..] {
+                assert_ne!(of(a), of(b), "{a:?} {b:?}");
+            }
+        }
+    }
 
     fn slots(n: usize) -> Vec<Slot> {
         (0..n)

@@ -159,18 +159,21 @@ extern "C" fn save_session_shim<W: Wrapper>(pc: *mut ngx_peer_connection_t, data
     guard(log, W::SAVE_SESSION, (), || w.save_session(pc))
 }
 
-/// The peer's current address (sockaddr bytes) and its name.
-pub fn chosen(pc: &ngx_peer_connection_t) -> (&[u8], String) {
+/// The peer's current address (sockaddr bytes).
+pub fn chosen(pc: &ngx_peer_connection_t) -> &[u8] {
     if pc.sockaddr.is_null() {
-        return (&[], String::new());
+        return &[];
     }
-    // SAFETY: a balancer set the address, socklen bytes long, and its name.
-    unsafe {
-        (
-            std::slice::from_raw_parts(pc.sockaddr as *const u8, pc.socklen as usize),
-            pc.name
-                .as_ref()
-                .map_or_else(String::new, |n| String::from_utf8_lossy(n.as_bytes()).into_owned()),
-        )
+    // SAFETY: a balancer set the address, socklen bytes long.
+    unsafe { std::slice::from_raw_parts(pc.sockaddr as *const u8, pc.socklen as usize) }
+}
+
+/// The peer's name, copied (for messages: a request that only takes a
+/// connection never needs it).
+pub fn chosen_name(pc: &ngx_peer_connection_t) -> String {
+    if pc.sockaddr.is_null() {
+        return String::new();
     }
+    // SAFETY: a balancer set the name with the address.
+    unsafe { pc.name.as_ref() }.map_or_else(String::new, |n| String::from_utf8_lossy(n.as_bytes()).into_owned())
 }

@@ -77,8 +77,37 @@ impl Chain {
     }
 }
 
-/// A memory buffer over `data`, which the pool then owns.
+/// Bodies up to this size are copied into the pool rather than moved into
+/// it: a copy this short costs less than the pool's cleanup of a Vec.
+const COPY_MAX: usize = 2048;
+
+/// A memory buffer over a copy of `data` in the pool.
+pub fn copied(pool: Pool, data: &[u8]) -> Option<NonNull<ngx_buf_t>> {
+    pooled(pool, pool.str(data)?)
+}
+
+/// A memory buffer over bytes already in the pool (`Pool::str`'s).
+pub fn pooled(pool: Pool, s: ngx_str_t) -> Option<NonNull<ngx_buf_t>> {
+    let b = pool.calloc::<ngx_buf_t>()?;
+    // SAFETY: b is a fresh zeroed buffer of the pool; s.data..s.data+len
+    // are bytes of the same pool.
+    unsafe {
+        let bm = &mut *b.as_ptr();
+        bm.start = s.data;
+        bm.pos = s.data;
+        bm.last = s.data.add(s.len);
+        bm.end = bm.last;
+        bm.set_memory(1);
+    }
+    Some(b)
+}
+
+/// A memory buffer over `data`, which the pool then owns (a short one is
+/// copied, see `COPY_MAX`).
 pub fn memory(pool: Pool, data: Vec<u8>) -> Option<NonNull<ngx_buf_t>> {
+    if data.len() <= COPY_MAX {
+        return copied(pool, &data);
+    }
     let len = data.len();
     let owned = pool.alloc(data)?;
     // SAFETY: owned is the Vec just moved into the pool; its heap bytes stay
@@ -96,6 +125,16 @@ pub fn memory(pool: Pool, data: Vec<u8>) -> Option<NonNull<ngx_buf_t>> {
         bm.set_memory(1);
     }
     Some(b)
+}
+
+/// One link over bytes already in the pool, marked last when asked.
+pub fn pooled_chain(pool: Pool, data: ngx_str_t, last: Option<bool>) -> Option<*mut ngx_chain_t> {
+    let mut chain = Chain::new(pool);
+    chain.push(pooled(pool, data)?)?;
+    if let Some(main) = last {
+        chain.mark_last(main);
+    }
+    Some(chain.into_raw())
 }
 
 /// One link with `data` as its buffer, marked last when asked.

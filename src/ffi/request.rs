@@ -229,20 +229,39 @@ impl Req {
     /// Sends status, headers (Content-Type set before) and `body`, moved
     /// into the request's pool; what to finalize the request with.
     pub fn send_body(&mut self, status: ngx_uint_t, body: Vec<u8>) -> ngx_int_t {
+        self.send_whole(status, body.len(), |pool, last| {
+            super::buf::memory_chain(pool, body, Some(last))
+        })
+    }
+
+    /// As `send_body`, with a body already in the request's pool
+    /// (`Pool::str`'s copy of one made in a buffer that is used again).
+    pub fn send_pooled_body(&mut self, status: ngx_uint_t, body: ngx_str_t) -> ngx_int_t {
+        self.send_whole(status, body.len, |pool, last| {
+            super::buf::pooled_chain(pool, body, Some(last))
+        })
+    }
+
+    fn send_whole(
+        &mut self,
+        status: ngx_uint_t,
+        len: usize,
+        chain: impl FnOnce(Pool, bool) -> Option<*mut ngx_chain_t>,
+    ) -> ngx_int_t {
         self.set_status(status);
-        self.set_content_length(body.len() as off_t);
+        self.set_content_length(len as off_t);
         let rc = self.send_header();
         if rc == ERROR || rc > OK || self.header_only() {
             return rc;
         }
-        if body.is_empty() {
+        if len == 0 {
             // The header waits in nginx's buffer until the last buffer goes
             // out: an empty body still ends the response.
             return self.send_last();
         }
         let last = self.is_main();
-        match super::buf::memory_chain(self.pool(), body, Some(last)) {
-            // SAFETY: memory_chain built the chain in the request's pool.
+        match chain(self.pool(), last) {
+            // SAFETY: the chain was built in the request's pool.
             Some(chain) => unsafe { self.output_filter(chain) },
             None => ERROR,
         }
@@ -869,12 +888,25 @@ impl Posted {
 /// Makes a variable's value slot hold `s` (bytes that live as long as the
 /// request), found and cacheable.
 pub fn fill_variable(v: &mut ngx_variable_value_t, s: ngx_str_t) {
-    v.set_len(s.len as u32);
     v.data = s.data;
-    v.set_valid(1);
-    v.set_no_cacheable(0);
-    v.set_not_found(0);
-    v.set_escape(0);
+    // The bit fields `len:28, valid:1, no_cacheable:1, not_found:1,
+    // escape:1` in one word: bindgen's setters write one bit at a time
+    // (a loop of 28 for len), and variables are stored for every request.
+    // Little-endian, the fields fill the word from its lowest bit.
+    #[cfg(target_endian = "little")]
+    {
+        let word = (s.len as u32 & 0x0fff_ffff) | 1 << 28;
+        v._bitfield_1 = __BindgenBitfieldUnit::new(word.to_le_bytes());
+        debug_assert!(v.len() as usize == s.len && v.valid() == 1 && v.not_found() == 0);
+    }
+    #[cfg(not(target_endian = "little"))]
+    {
+        v.set_len(s.len as u32);
+        v.set_valid(1);
+        v.set_no_cacheable(0);
+        v.set_not_found(0);
+        v.set_escape(0);
+    }
 }
 
 /// The end of a stream that `set_stream_upstream` set up: its servers'

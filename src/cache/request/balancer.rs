@@ -124,7 +124,7 @@ impl Wrapper for PeerData {
                 }
             }
         }
-        cr.current = socket_addr(balancer::chosen(pc).0);
+        cr.current = socket_addr(balancer::chosen(pc));
         cr.steps = steps;
         cr.spoke = false;
         if !build_request(r) {

@@ -573,14 +573,24 @@ impl PgResult {
     /// Rows affected per the command tag of a statement that changes rows
     /// (INSERT, UPDATE, DELETE, MERGE, ...); None for SELECT and for tags
     /// without a count (DDL, SET).
+    /// (Read in place: this runs for every result.)
     pub fn affected(&self) -> Option<u64> {
-        if self.command_status().starts_with("SELECT") {
+        // SAFETY: live result; PQcmdStatus takes a non-const pointer but does
+        // not write, and returns a NUL-terminated string the result owns.
+        let tag = unsafe { pq::PQcmdStatus(self.raw() as *mut _) };
+        // SAFETY: as above (checked for NULL first).
+        if tag.is_null() || unsafe { CStr::from_ptr(tag) }.to_bytes().starts_with(b"SELECT") {
             return None;
         }
-        // SAFETY: live result; PQcmdTuples takes a non-const pointer but does not write.
-        cstr_lossy(unsafe { pq::PQcmdTuples(self.raw() as *mut _) })
-            .parse()
-            .ok()
+        // SAFETY: live result; PQcmdTuples takes a non-const pointer but does
+        // not write, and returns a NUL-terminated string the result owns.
+        let count = unsafe { pq::PQcmdTuples(self.raw() as *mut _) };
+        if count.is_null() {
+            return None;
+        }
+        // SAFETY: as above.
+        let count = unsafe { CStr::from_ptr(count) }.to_bytes();
+        std::str::from_utf8(count).ok()?.trim_end().parse().ok()
     }
 
     /// `affected`, 0 when there is no count.

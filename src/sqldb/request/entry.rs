@@ -261,9 +261,13 @@ const CALLBACKS: Callbacks = Callbacks {
     finalize_request: peer::finalize_request,
 };
 
+const SQL_ROOM: usize = 256;
+
 /// The SQL text and the values of its typed parameters for this request.
 fn build_query(r: &mut Req, tmpl: &Template) -> Result<(CString, Vec<CString>), StartError> {
-    let mut sql = Vec::new();
+    // Room for a usual statement and the NUL CString::new adds: one
+    // allocation, not a growth per piece and another for the NUL.
+    let mut sql = Vec::with_capacity(SQL_ROOM);
     let mut params = Vec::with_capacity(tmpl.params);
     for piece in &tmpl.pieces {
         let (cv, placeholder) = match piece {

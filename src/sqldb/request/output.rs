@@ -1,5 +1,7 @@
 //! A whole result as the response, in the location's format.
 
+use std::cell::RefCell;
+
 use gateway_core::formats::{self, StreamFormat};
 use gateway_core::rds::{self, Body, Header, ResultSet};
 
@@ -25,7 +27,21 @@ pub fn send(r: &mut Req, res: &PgResult, output: Output, status: ngx_uint_t) -> 
     let rows = res.kind() == ResultKind::Tuples;
     let mut body = Vec::new();
     match output {
-        Output::Rds => body = rds_bytes(res)?,
+        Output::Rds => {
+            let pool = r.pool();
+            let copy = RDS_OUT.with_borrow_mut(|out| {
+                rds_bytes(res, out)?;
+                let copy = pool.str(out);
+                // What a large result grew it to is not kept.
+                if out.capacity() > RDS_OUT_KEEP {
+                    *out = Vec::new();
+                }
+                Ok::<_, ResultError>(copy)
+            })?;
+            let Some(body) = copy else { return Ok(ERROR) };
+            set_content_type(r, output.content_type());
+            return Ok(r.send_pooled_body(status, body));
+        }
         Output::Text if rows => formats::text(res, &mut body),
         Output::Json if rows => formats::json(res, &mut body),
         Output::Json => formats::json_affected(res.affected_rows(), &mut body),
@@ -55,8 +71,18 @@ pub fn send(r: &mut Req, res: &PgResult, output: Output, status: ngx_uint_t) -> 
     Ok(send_body(r, status, output.content_type(), body))
 }
 
-/// The result in RDS.
-fn rds_bytes(res: &PgResult) -> Result<Vec<u8>, ResultError> {
+thread_local! {
+    /// The worker's buffer a whole result is encoded in (the response
+    /// takes a copy in the request's pool): no allocation per result.
+    static RDS_OUT: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The capacity RDS_OUT keeps between results.
+const RDS_OUT_KEEP: usize = 64 * 1024;
+
+/// The result in RDS, in `out` (emptied first).
+fn rds_bytes(res: &PgResult, out: &mut Vec<u8>) -> Result<(), ResultError> {
+    out.clear();
     let header = Header {
         driver_errcode: res.status_code(),
         affected_rows: res.affected_rows(),
@@ -68,9 +94,8 @@ fn rds_bytes(res: &PgResult) -> Result<Vec<u8>, ResultError> {
     } else {
         Body::NoRows
     };
-    let mut out = Vec::new();
-    rds::encode(&header, &body, &mut out).map_err(|e| ResultError::Encode(e.to_string()))?;
-    Ok(out)
+    rds::encode(&header, &body, out).map_err(|e| ResultError::Encode(e.to_string()))?;
+    Ok(())
 }
 
 /// Sets the Content-Type: the output's own, or the location's `default_type`.

@@ -204,7 +204,6 @@ fn get(pc: &mut ngx_peer_connection_t, pd: &mut PeerData, log: Log) -> ngx_int_t
             Err(rc) => return rc,
         }
     };
-    let name = balancer::chosen(pc).1;
     let pick = if recheck {
         // Its role may have changed since it was learned: a new session
         // says what it is now.
@@ -219,16 +218,20 @@ fn get(pc: &mut ngx_peer_connection_t, pd: &mut PeerData, log: Log) -> ngx_int_t
             // A full pool is no failure of the server: the balancer takes
             // its pick back as unused, and the request gets 503 (attach),
             // not nginx's "no live upstreams".
+            let name = balancer::chosen_name(pc);
             pd.balancer.free(pc, 0);
             ctx.rejected = Some(name);
             use_standin(pc, pd, ctx)
         }
         Pick::New => {
             let exclusive = ctx.query.alone();
-            match srv
-                .pool
-                .open(addr, &srv.addrs[addr].conninfo, name, ctx.token, exclusive)
-            {
+            match srv.pool.open(
+                addr,
+                &srv.addrs[addr].conninfo,
+                balancer::chosen_name(pc),
+                ctx.token,
+                exclusive,
+            ) {
                 Ok(id) => use_conn(pc, pd, ctx, id, true),
                 Err(OpenError::Connect(msg)) => {
                     log!(NGX_LOG_ERR, log, "sqldb: {msg}");
@@ -247,8 +250,9 @@ fn balance(pc: &mut ngx_peer_connection_t, pd: &mut PeerData, srv: &SrvConf, log
     if rc != OK {
         return Err(rc);
     }
-    let (sockaddr, name) = balancer::chosen(pc);
+    let sockaddr = balancer::chosen(pc);
     srv.addr_index(pc.sockaddr as usize, sockaddr).ok_or_else(|| {
+        let name = balancer::chosen_name(pc);
         log!(NGX_LOG_ALERT, log, "sqldb: no sqldb_server for peer {name}");
         ERROR
     })
@@ -598,8 +602,11 @@ fn peer_server(pc: &ngx_peer_connection_t, srv: &SrvConf) -> Option<(usize, Stri
     if pc.sockaddr.is_null() || pc.name.is_null() {
         return None;
     }
-    let (sockaddr, name) = balancer::chosen(pc);
-    Some((srv.addr_index(pc.sockaddr as usize, sockaddr)?, name))
+    let sockaddr = balancer::chosen(pc);
+    Some((
+        srv.addr_index(pc.sockaddr as usize, sockaddr)?,
+        balancer::chosen_name(pc),
+    ))
 }
 
 /// The request waited on a connection that closed before its query was

@@ -270,7 +270,7 @@ pub fn complete(r: &mut Req) {
         None if ctx.stream_failed => Some(("sending the rows to the client failed".to_owned(), NGX_LOG_INFO)),
         None => None,
     };
-    vars::store(r, Var::Rows, rows.to_string().as_bytes());
+    vars::store(r, Var::Rows, gateway_core::formats::Decimal::of(rows).bytes());
     if let Some((why, level)) = failed {
         vars::store(r, Var::Error, why.as_bytes());
         log_cut_short(r.log(), level, sent, &why);

@@ -1,6 +1,7 @@
 //! Values out of a query into nginx (the `$sqldb_*` variables, `sqldb_set`,
 //! `sqldb_rewrite`'s status), and `sqldb_escape`'s literals into it.
 
+use gateway_core::formats::Decimal;
 use gateway_core::rds::ResultSet;
 use gateway_core::rewrite;
 use gateway_core::sql::quote_literal;
@@ -24,12 +25,12 @@ pub fn store_counts(r: &mut Req, res: &PgResult) {
     } else {
         (0, 0)
     };
-    store(r, Var::Columns, cols.to_string().as_bytes());
-    store(r, Var::Rows, rows.to_string().as_bytes());
+    store(r, Var::Columns, Decimal::of(cols as u64).bytes());
+    store(r, Var::Rows, Decimal::of(rows as u64).bytes());
     // Only statements that change rows have a count (as the C module does):
     // `add_header X-Affected $sqldb_affected` adds nothing for a SELECT.
     if let Some(n) = res.affected() {
-        store(r, Var::Affected, n.to_string().as_bytes());
+        store(r, Var::Affected, Decimal::of(n).bytes());
     }
 }
 

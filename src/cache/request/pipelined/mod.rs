@@ -86,6 +86,11 @@ pub struct SharedReq {
     done: bool,
     /// Value bytes read in this try (`$upstream_response_length`).
     length: u64,
+    /// The value's length, as its reply says.
+    value_len: Option<u64>,
+    /// The value's last bytes, held to go out with the end of the response
+    /// in one pass through the output filters (a short value: all of it).
+    tail: Option<*mut ngx_chain_t>,
 }
 
 impl SharedReq {
@@ -115,6 +120,8 @@ impl SharedReq {
             moves: 0,
             done: false,
             length: 0,
+            value_len: None,
+            tail: None,
         }
     }
 }

@@ -157,6 +157,7 @@ fn answer(r: &mut Req, status: u16, value: Option<u64>, made: Option<Vec<u8>>) {
         (None, None) => 0,
     };
     s.made = made;
+    s.value_len = value;
     // The header goes out with the first bytes of the value (or at the
     // end): until then a failure is still a status of its own.
     s.head = Some((status, length, value.is_some()));
@@ -175,7 +176,7 @@ fn answer(r: &mut Req, status: u16, value: Option<u64>, made: Option<Vec<u8>>) {
 /// Bytes of the value: on to the client. True when the connection must
 /// pause (the client is behind and no more can be held for it).
 fn value(r: &mut Req, bytes: &[u8], others: bool) -> bool {
-    let pool = r.pool();
+    let (pool, main) = (r.pool(), r.is_main());
     let Some(s) = shared_of(r) else { return false };
     s.length += bytes.len() as u64;
     send_head(r);
@@ -183,10 +184,16 @@ fn value(r: &mut Req, bytes: &[u8], others: bool) -> bool {
     if s.discard || !s.started {
         return false;
     }
-    let Some(out) = s.bufs.fill(pool, bytes, None, BATCH) else {
+    // The value's last bytes go out with the end (done), marked last now.
+    let complete = s.value_len == Some(s.length) && s.tail.is_none();
+    let Some(out) = s.bufs.fill(pool, bytes, complete.then_some(main), BATCH) else {
         s.discard = true;
         return false;
     };
+    if complete {
+        s.tail = Some(out);
+        return false;
+    }
     // SAFETY: a chain of the request's pool (fill).
     let rc = unsafe { r.output_filter(out) };
     let Some(s) = shared_of(r) else { return false };
@@ -328,7 +335,17 @@ fn done(r: &mut Req) {
                 None => ERROR,
             }
         }
-        None => r.send_last(),
+        None => match s.tail.take() {
+            Some(out) => {
+                // SAFETY: a chain of the request's pool (fill).
+                let rc = unsafe { r.output_filter(out) };
+                if let Some(s) = shared_of(r) {
+                    s.bufs.update(pool, out);
+                }
+                rc
+            }
+            None => r.send_last(),
+        },
     };
     r.finalize(rc);
 }
