@@ -133,6 +133,12 @@ sub configuration {
         return (undef, "needs Debian's $m module, built for Debian's nginx") unless $debian_nginx;
         $main .= "load_module $debian_modules/$_;\n" for @{ $third_party{$m}{so} };
     }
+    # Modules of nginx's own that a build may leave out.
+    my $built = `$bin -V 2>&1`;
+    for my $m (['auth_request', qr/^\s*auth_request\b/m]) {
+        next unless $text =~ $m->[1];
+        return (undef, "needs an nginx built with $m->[0]") unless $built =~ /\Q$m->[0]\E/;
+    }
     my %seen;
     $main = join '', grep { !$seen{$_}++ } split /^/, $main;
     my $head = "error_log $dir/error.log info;\npid $dir/nginx.pid;\n";
@@ -221,8 +227,10 @@ sub run_console {
 
 sub output_matches {
     my ($want, $got) = @_;
-    $got =~ s/\n\z//;
-    my $re = join '\n', map { join '.*?', map { quotemeta } split /\.\.\./, $_, -1 } @$want;
+    $got =~ s/\n+\z//;
+    my @want = @$want;
+    pop @want while @want && $want[-1] eq '';
+    my $re = join '\n', map { join '.*?', map { quotemeta } split /\.\.\./, $_, -1 } @want;
     return $got =~ /\A$re\z/s;
 }
 
