@@ -52,7 +52,7 @@ RUN_PACKAGES   := nginx postgresql openssl
 # What the suites and benchmarks use besides (make test-deps).
 TEST_PACKAGES  := $(DEB_PACKAGES) $(RUN_PACKAGES) postgresql-contrib redis-server wrk \
                   libtest-base-perl libtext-diff-perl libipc-run-perl liburi-perl \
-                  libwww-perl libnginx-mod-http-srcache-filter \
+                  libwww-perl libnginx-mod-http-srcache-filter libnginx-mod-http-set-misc \
                   file memcached libnginx-mod-http-memc pgbouncer \
                   python3-prometheus-client chromium libnginx-mod-http-image-filter
 
