@@ -54,7 +54,7 @@ TEST_PACKAGES  := $(DEB_PACKAGES) $(RUN_PACKAGES) postgresql-contrib redis-serve
                   libtest-base-perl libtext-diff-perl libipc-run-perl liburi-perl \
                   libwww-perl libnginx-mod-http-srcache-filter libnginx-mod-http-set-misc \
                   file memcached libnginx-mod-http-memc pgbouncer \
-                  python3-prometheus-client chromium libnginx-mod-http-image-filter
+                  python3-prometheus-client chromium libnginx-mod-http-image-filter curl
 
 # $(call missing,PACKAGES): those of the list that dpkg has not installed.
 missing = $(strip $(shell for p in $(1); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done))
