@@ -135,7 +135,7 @@ sub configuration {
     }
     # Modules of nginx's own that a build may leave out.
     my $built = `$bin -V 2>&1`;
-    for my $m (['auth_request', qr/^\s*auth_request\b/m]) {
+    for my $m (['http_auth_request_module', qr/^\s*auth_request\b/m], ['http_gunzip_module', qr/^\s*gunzip\b/m]) {
         next unless $text =~ $m->[1];
         return (undef, "needs an nginx built with $m->[0]") unless $built =~ /\Q$m->[0]\E/;
     }
@@ -168,6 +168,7 @@ for my $b (@nginx) {
     my $where = "$b->{page}:$b->{line}";
     my $dir = tempdir('ngx-gateway-doc-XXXXXX', TMPDIR => 1, CLEANUP => 1);
     chmod 0755, $dir;
+    mkdir "$dir/logs";    # (nginx opens its prefix's error log before reading the file)
     my ($conf, $why) = configuration($b, $dir, free_port());
     if (!defined $conf) {
         if ($why =~ /^needs/) {
