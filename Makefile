@@ -11,7 +11,7 @@
 #                 (PORT=8080, PGPORT=55432, DIR=/tmp/ngx-gateway-demo)
 #   make stop     stop what make run started (the same DIR=)
 #   make bench    wrk through the gateway next to pgbench in the same run
-#   make bench-scale  the figures behind the README's Scaling out (pool sizes, PgBouncer, a cluster's slot map, a partition)
+#   make bench-scale  the figures behind docs/scaling.md (pool sizes, PgBouncer, a cluster's slot map, a partition)
 #   make bench-fanout one event to 10,000 subscribers (sqldb_listen, cache_subscribe): worker RSS and delivery times
 #   make check    cargo fmt --check, clippy -D warnings, the panic guards and tools/code-metrics
 #   make miri     core's unit and random-sequence tests under Miri (nightly)
