@@ -23,7 +23,7 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(nginx_start stop_nginx nginx_conf_test nginx_error_log start_redis tls_files free_port);
+use GatewayTest qw(nginx_start stop_nginx start_redis tls_files free_port stretch);
 use Test::More;
 use File::Temp qw(tempdir);
 
@@ -221,7 +221,9 @@ sub run_console {
     open my $fh, '>', "$dir/steps.sh" or die $!;
     print $fh $script;
     close $fh;
-    my $out = `cd $root && bash $dir/steps.sh 2>&1`;
+    # (A bound, should a page's command wait forever: a stream that never ends.)
+    my $limit = int(stretch(120));
+    my $out = `cd $root && timeout $limit bash $dir/steps.sh 2>&1`;
     my @got = split /\n?\@\@step \d+\@\@\n/, $out, -1;
     return map { [$steps[$_], $got[$_] // ''] } 0 .. $#steps;
 }
