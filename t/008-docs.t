@@ -123,4 +123,36 @@ for my $page (@pages) {
     }
 }
 
+# --- links between the pages -----------------------------------------------
+# Every relative link of README.md and docs/*.md reaches a page, and a
+# #fragment one of its headings (GitHub's anchors: lower case, spaces as
+# -, other punctuation dropped).
+sub anchors {
+    my ($text) = @_;
+    my %a;
+    for my $h ($text =~ /^#+ (.+)$/mg) {
+        (my $id = lc $h) =~ s/[^\w\- ]//g;
+        $id =~ s/ /-/g;
+        $a{$id} = 1;
+    }
+    return \%a;
+}
+for my $page (@pages) {
+    my $text = slurp($page);
+    (my $dir = $page) =~ s{[^/]*$}{};
+    while ($text =~ /\]\(([^)\s]+)\)/g) {
+        my $link = $1;
+        next if $link =~ m{^[a-z]+://};
+        my ($file, $frag) = split /#/, $link, 2;
+        my $target = $file eq '' ? $page : "$dir$file";
+        1 while $target =~ s{[^/]+/\.\./}{};
+        if (!-e "$root/$target") {
+            fail("$page: the link $link reaches a file");
+            next;
+        }
+        next unless defined $frag && $target =~ /\.md$/;
+        ok(anchors(slurp($target))->{$frag}, "$page: the link $link reaches a heading");
+    }
+}
+
 done_testing();
