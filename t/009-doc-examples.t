@@ -65,7 +65,10 @@ for my $page (@pages) {
             next;
         }
         $body .= $l if $in;
-        $pending = undef if !$in && $l =~ /\S/;
+        if (!$in && defined $pending && $l =~ /\S/) {
+            fail("$page:" . ($i + 1) . ": a \"run: $pending\" mark not followed by a code block");
+            $pending = undef;
+        }
     }
 }
 cmp_ok(scalar(@nginx), ">=", 10, 'the pages have nginx examples');
