@@ -11,7 +11,7 @@
 #                 (PORT=8080, PGPORT=55432, DIR=/tmp/ngx-gateway-demo)
 #   make stop     stop what make run started (the same DIR=)
 #   make bench    wrk through the gateway next to pgbench in the same run
-#   make bench-scale  the figures behind the README's Scaling out (pool sizes, PgBouncer, a cluster's slot map, a partition)
+#   make bench-scale  the figures behind docs/scaling.md (pool sizes, PgBouncer, a cluster's slot map, a partition)
 #   make bench-fanout one event to 10,000 subscribers (sqldb_listen, cache_subscribe, cache_stream): worker RSS and delivery times
 #   make check    cargo fmt --check, clippy -D warnings, the panic guards and tools/code-metrics
 #   make miri     core's unit and random-sequence tests under Miri (nightly)
@@ -52,9 +52,9 @@ RUN_PACKAGES   := nginx postgresql openssl
 # What the suites and benchmarks use besides (make test-deps).
 TEST_PACKAGES  := $(DEB_PACKAGES) $(RUN_PACKAGES) postgresql-contrib redis-server wrk \
                   libtest-base-perl libtext-diff-perl libipc-run-perl liburi-perl \
-                  libwww-perl libnginx-mod-http-srcache-filter \
+                  libwww-perl libnginx-mod-http-srcache-filter libnginx-mod-http-set-misc \
                   file memcached libnginx-mod-http-memc pgbouncer \
-                  python3-prometheus-client chromium libnginx-mod-http-image-filter
+                  python3-prometheus-client chromium libnginx-mod-http-image-filter curl
 
 # $(call missing,PACKAGES): those of the list that dpkg has not installed.
 missing = $(strip $(shell for p in $(1); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done))

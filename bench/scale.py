@@ -1,4 +1,4 @@
-"""`make bench-scale`: the figures behind the README's "Scaling out".
+"""`make bench-scale`: the figures behind docs/scaling.md.
 
     python3 bench/scale.py [OUT_DIR]
 

@@ -70,7 +70,7 @@ cat <<TXT
 
 ngx_gateway demo is running: nginx on 127.0.0.1:$port, PostgreSQL on 127.0.0.1:$pgport, in $dir.
 
-  curl -s http://127.0.0.1:$port/echo | od -A d -t x1 -c    # the RDS stream (README: The response)
+  curl -s http://127.0.0.1:$port/echo | od -A d -t x1 -c    # the RDS stream (docs/sqldb.md: The response)
   curl -si http://127.0.0.1:$port/cats                      # three rows, NULLs included
   curl -s -X LOCK http://127.0.0.1:$port/methods | od -c     # the LOCK template
   curl -sI http://127.0.0.1:$port/cats/1                    # HEAD: headers only

@@ -766,7 +766,7 @@ sub value_for { my ($tag, $len) = @_; my $v = "<$tag>"; $v .= chr(97 + length($v
         req('GET', '/off/?k=cross'));
     is_deeply([map { "$_->{status} $_->{body}" } @r], ['201 ', '200 one', '201 ', '200 two'],
         'what one stores the other reads');
-    # error_page applies to what the cache answers (README): a miss, or a
+    # error_page applies to what the cache answers (docs/cache.md): a miss, or a
     # database Redis refuses, goes to the fallback location either way.
     my $r = req('GET', '/offep/?k=missing');
     is("$r->{status} $r->{body}", '200 fallback', 'error_page 404 = /fallback, cache_pipeline off: a miss goes to the fallback');

@@ -3,7 +3,7 @@
 //!
 //! What must hold:
 //! - JSON output is valid JSON (serde_json reads it) and is the array of
-//!   objects the README describes: each row an object keyed by column name,
+//!   objects docs/sqldb.md describes: each row an object keyed by column name,
 //!   NULL `null`, bool `true`/`false`, a number column's value a number
 //!   when it is a JSON number and a string otherwise (NaN, Infinity),
 //!   json/jsonb embedded, anything else the string (bytes that are not
