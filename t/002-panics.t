@@ -186,14 +186,11 @@ GET /off/c/there
 
 
 
-=== TEST 13b: the end of the cache's reply, on a shared connection (after the answer went out)
+=== TEST 13b: the end of the cache's reply, on a shared connection (the value's last bytes go out with it: the response is cut, as for any failure after the header)
 --- entry: cache reply
---- request eval
-["GET /c/there", "GET /c/there", "GET /alive"]
---- error_code eval
-[200, 200, 200]
---- response_body eval
-["value", "value", "alive"]
+--- request
+GET /c/there
+--- ignore_response
 
 
 
