@@ -12,6 +12,7 @@ mod connect;
 mod events;
 mod listen;
 mod pool;
+mod spare;
 pub mod pq;
 mod terminate;
 
