@@ -54,7 +54,9 @@ impl ConnPool {
     }
 
     /// Opens a spare connection to the first server whose every connection
-    /// is held by a query that has run `slow` or more.
+    /// is held by a query that has run `slow` or more; while a connection
+    /// connects or its front query has not run that long, looks again
+    /// `slow` later (an idle one stops it: the next query starts it again).
     fn keep_spare(&mut self) {
         if !self.room_for_spare() {
             return;
@@ -62,6 +64,9 @@ impl ConnPool {
         let (slow, now) = (self.settings.slow, current_msec());
         let mut held = Vec::new();
         let mut free = Vec::new();
+        // A connection connecting, or busy with a query that has not run
+        // long yet: look again later.
+        let mut unsettled = false;
         for (_, c) in self.conns.iter() {
             let p = &c.pipeline;
             if p.is_closed() {
@@ -72,10 +77,14 @@ impl ConnPool {
                     held.push((c.addr, c.conninfo.clone(), c.name.clone()));
                 }
             } else {
+                unsettled |= p.is_connecting() || p.depth() > 0;
                 free.push(c.addr);
             }
         }
         let Some((addr, conninfo, name)) = held.into_iter().find(|(a, _, _)| !free.contains(a)) else {
+            if unsettled {
+                self.spare_later();
+            }
             return;
         };
         match self.open_with(addr, &conninfo, name, Pipeline::spare()) {
