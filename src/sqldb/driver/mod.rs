@@ -12,8 +12,8 @@ mod connect;
 mod events;
 mod listen;
 mod pool;
-mod spare;
 pub mod pq;
+mod spare;
 mod terminate;
 
 use std::cell::Cell;

@@ -531,15 +531,7 @@ impl ConnPool {
         socket.set_handler(Some(super::events::conn_event));
         let id = ConnId(self.conns.next_key());
         let pool = NonNull::from(&mut *self);
-        let mut conn = Box::new(Conn::new(
-            pg,
-            socket,
-            id,
-            pool,
-            addr,
-            name,
-            pipeline,
-        ));
+        let mut conn = Box::new(Conn::new(pg, socket, id, pool, addr, name, pipeline));
         // The events find their connection (boxed: it does not move).
         let data: *mut Conn = &mut *conn;
         conn.socket.set_data(data.cast());

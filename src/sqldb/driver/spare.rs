@@ -10,7 +10,7 @@
 
 use gateway_core::pipeline::Pipeline;
 
-use super::pool::{ConnPool, OpenError};
+use super::{ConnPool, OpenError};
 use crate::ffi::*;
 use crate::{debug, log};
 
