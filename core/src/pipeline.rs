@@ -291,14 +291,26 @@ pub struct Pipeline<T> {
 impl<T: Copy + Eq> Pipeline<T> {
     /// A connection being opened for `creator`.
     pub fn connecting(creator: T, exclusive: bool) -> Pipeline<T> {
+        let mut p = Pipeline::spare();
+        p.waiting.push(creator);
+        if exclusive {
+            p.alone.push(creator);
+        }
+        p.exclusive = exclusive;
+        p
+    }
+
+    /// A spare connection being opened ahead of need: no request waits for
+    /// it; once up it settles (idle), unless a request joined meanwhile.
+    pub fn spare() -> Pipeline<T> {
         Pipeline {
             phase: Phase::Connecting,
             queue: VecDeque::new(),
-            waiting: vec![creator],
-            alone: if exclusive { vec![creator] } else { Vec::new() },
+            waiting: Vec::new(),
+            alone: Vec::new(),
             alone_going: Vec::new(),
             resending: Vec::new(),
-            exclusive,
+            exclusive: false,
             draining: false,
             cancel_in_flight: false,
             cancelled_seq: None,

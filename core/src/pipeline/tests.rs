@@ -1321,3 +1321,24 @@ fn a_preamble_dropped_by_the_connections_own_query_is_no_sign_of_sharing() {
     assert!(p.take_preamble_vanished());
     assert!(!p.take_shared_session());
 }
+
+#[test]
+fn a_spare_connection_settles_once_up_or_serves_who_joined() {
+    // Nobody waits: once up, it is idle.
+    let mut p: Pipeline<u32> = Pipeline::spare();
+    assert!(p.is_connecting() && p.shareable() && p.depth() == 0);
+    assert_eq!(p.connected(), vec![Step::Settle]);
+    assert!(p.is_idle());
+    // A request joined while it connected: it goes out once up.
+    let mut p: Pipeline<u32> = Pipeline::spare();
+    assert_eq!(p.join(4, false), Join::Wait);
+    assert_eq!(p.connected(), vec![Step::Send(vec![4])]);
+    // One that joined and left: the connect goes on for nobody, and the
+    // connection closes (as one opened for a request that left).
+    let mut p: Pipeline<u32> = Pipeline::spare();
+    assert_eq!(p.join(5, false), Join::Wait);
+    assert_eq!(p.abandon(5), vec![Step::Close]);
+    // Lost while connecting: nobody to tell.
+    let mut p: Pipeline<u32> = Pipeline::spare();
+    assert!(p.lost().is_empty());
+}

@@ -62,6 +62,14 @@ impl ConnPool {
     fn on_event(&mut self, id: ConnId, readable: bool, timed_out: bool, out: &mut Vec<Delivery>) {
         let Some(c) = self.conn(id) else { return };
         if c.pipeline.is_connecting() {
+            if timed_out && c.pipeline.depth() == 0 {
+                // A spare (see spare.rs) that did not come up in time.
+                let msg = format!(
+                    "a spare connection was not up within {} ms",
+                    super::spare::SPARE_CONNECT_TIMEOUT
+                );
+                return self.connect_failed(id, &msg, out);
+            }
             self.connecting(id, out);
         } else if c.pipeline.is_draining() && timed_out {
             self.drain_expired(id, out);
@@ -175,6 +183,8 @@ impl ConnPool {
     /// The connection is up: the requests that waited for it go out.
     fn serve_connected(&mut self, id: ConnId, out: &mut Vec<Delivery>) {
         let Some(c) = self.conn(id) else { return };
+        // (A spare's connect timer, see spare.rs.)
+        c.set_timer(None);
         let steps = c.pipeline.connected();
         // What the server is, before the requests that waited go out.
         self.observe_role(id, true);

@@ -13,6 +13,7 @@ mod events;
 mod listen;
 mod pool;
 pub mod pq;
+mod spare;
 mod terminate;
 
 use std::cell::Cell;

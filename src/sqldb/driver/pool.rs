@@ -132,6 +132,9 @@ pub struct ConnPool {
     /// Sessions of their own that end the backends of connections closed
     /// while a query of a request that is gone ran on them.
     pub(super) terminators: Slab<Box<Terminator>>,
+    /// Fires `slow` after a query went out: a spare connection opens then
+    /// if every connection is held by a long query (see spare.rs).
+    pub(super) spare_timer: Option<RetryTimer>,
 }
 
 /// A server's role as last reported to this worker, and when it was
@@ -165,6 +168,7 @@ impl ConnPool {
             roles: Vec::new(),
             servers: 0,
             terminators: Slab::default(),
+            spare_timer: None,
         }
     }
 
@@ -508,6 +512,17 @@ impl ConnPool {
         creator: ReqToken,
         exclusive: bool,
     ) -> Result<ConnId, OpenError> {
+        self.open_with(addr, conninfo, name, Pipeline::connecting(creator, exclusive))
+    }
+
+    /// Opens a connection whose requests are `pipeline`'s (see open).
+    pub(super) fn open_with(
+        &mut self,
+        addr: usize,
+        conninfo: &CStr,
+        name: String,
+        pipeline: Pipeline<ReqToken>,
+    ) -> Result<ConnId, OpenError> {
         let pg =
             PgConn::start(conninfo).map_err(|e| OpenError::Connect(format!("connecting to {name} failed: {e}")))?;
         // On failure nginx has logged why ("worker_connections are not enough").
@@ -516,15 +531,7 @@ impl ConnPool {
         socket.set_handler(Some(super::events::conn_event));
         let id = ConnId(self.conns.next_key());
         let pool = NonNull::from(&mut *self);
-        let mut conn = Box::new(Conn::new(
-            pg,
-            socket,
-            id,
-            pool,
-            addr,
-            name,
-            Pipeline::connecting(creator, exclusive),
-        ));
+        let mut conn = Box::new(Conn::new(pg, socket, id, pool, addr, name, pipeline));
         // The events find their connection (boxed: it does not move).
         let data: *mut Conn = &mut *conn;
         conn.socket.set_data(data.cast());
@@ -589,6 +596,7 @@ impl ConnPool {
             },
         };
         self.show(id);
+        self.spare_later();
         submitted
     }
 
