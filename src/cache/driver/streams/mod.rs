@@ -48,7 +48,6 @@
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
-use std::ffi::c_void;
 use std::net::SocketAddr;
 use std::rc::Rc;
 
@@ -59,7 +58,7 @@ use gateway_core::resp::{self, Value};
 use gateway_core::streams::{self, EntryId};
 
 use super::authfail;
-use super::conn::{run_owner, Dial, Owner, RedisConn, State, Step};
+use super::conn::{Dial, RedisConn, State, Step};
 use super::hub::Addr;
 use crate::common::hub::{Hub, Outage, RETRY};
 use crate::common::sse::StreamSink;
@@ -69,6 +68,9 @@ use crate::ffi::*;
 use crate::log;
 
 mod cluster;
+mod events;
+
+use events::{retry_event, tell_event};
 
 /// How long one `XREAD` waits for new entries (ms): also the longest a
 /// key that comes waits for its reading to start.
@@ -705,62 +707,5 @@ impl Hub for StreamHub {
 
     fn unavailable(&self) -> bool {
         self.told && !self.tell_later.posted()
-    }
-}
-
-impl Owner for StreamHub {
-    const EVENT: &'static str = "cache stream event";
-    const HANDSHAKE: &'static str = "cache stream handshake";
-
-    /// `data` is a Link's.
-    unsafe fn from_data<'a>(data: *mut c_void) -> (&'a mut StreamHub, usize) {
-        // SAFETY: data is a Link of a live hub (hubs live for the worker's
-        // life, their links as long as they do); only the two plain fields
-        // are read, no reference to the link is made while the hub's is.
-        unsafe {
-            let link = data as *mut Link;
-            (&mut *(*link).hub, (*link).index)
-        }
-    }
-
-    fn conn(&mut self, i: usize) -> &mut RedisConn {
-        &mut self.links[i].conn
-    }
-
-    fn step(&mut self, i: usize, step: Step) {
-        StreamHub::step(self, i, step);
-    }
-
-    fn panicked(&mut self, i: usize) {
-        self.lost(i, "an internal error (a panic) in the module");
-    }
-}
-
-event_handler! {
-    /// The connection is made again. (The timer's data is the Link that
-    /// owns it.)
-    fn retry_event(ev) = "cache stream retry timer", {
-        ev.take_timedout();
-        run_owner::<StreamHub>(ev.data(), "cache stream retry", |h, i| {
-            if h.links[i].conn.state() == State::Down && !h.keys.is_empty() && !exiting() {
-                h.resolve();
-                if h.has_work(i) {
-                    h.connect(i);
-                }
-            }
-        });
-    }
-}
-
-event_handler! {
-    /// The subscribers hear that the servers cannot be reached.
-    fn tell_event(ev) = "cache stream unavailable", {
-        // SAFETY: the event's data is its hub, which lives for the
-        // worker's life (its Drop takes the event out of the queue).
-        let h = unsafe { &mut *(ev.data() as *mut StreamHub) };
-        if h.told {
-            let all = h.everyone();
-            h.sink.unavailable(&all);
-        }
     }
 }
