@@ -8,7 +8,7 @@
 #   make test     test-deps, unit tests, the .t suites on both builds, the package (about 6 minutes)
 #   make test-package  install the .deb here, a site with both gateways, requests, purge (root)
 #   make run      a throwaway PostgreSQL + nginx with nginx-conf/demo.conf
-#                 (PORT=8080, PGPORT=55432, DIR=/tmp/ngx-gateway-demo)
+#                 (PORT=8080, PGPORT=55432, REDISPORT=56380, DIR=/tmp/ngx-gateway-demo)
 #   make stop     stop what make run started (the same DIR=)
 #   make bench    wrk through the gateway next to pgbench in the same run
 #   make bench-scale  the figures behind docs/scaling.md (pool sizes, PgBouncer, a cluster's slot map, a partition)
@@ -48,7 +48,7 @@ BUILD_PACKAGES := nginx-dev libpq-dev libclang-dev clang pkg-config \
                   libpcre2-dev libssl-dev zlib1g-dev make gcc binutils dpkg-dev
 DEB_PACKAGES   := $(BUILD_PACKAGES) debhelper
 # What make run uses besides.
-RUN_PACKAGES   := nginx postgresql openssl
+RUN_PACKAGES   := nginx postgresql openssl redis-server
 # What the suites and benchmarks use besides (make test-deps).
 TEST_PACKAGES  := $(DEB_PACKAGES) $(RUN_PACKAGES) postgresql-contrib redis-server wrk \
                   libtest-base-perl libtext-diff-perl libipc-run-perl liburi-perl \
@@ -278,10 +278,11 @@ install: $(if $(VENDORED),vendored,build)
 
 PORT   ?= 8080
 PGPORT ?= 55432
+REDISPORT ?= 56380
 DIR    ?= /tmp/ngx-gateway-demo
 
 run: run-deps build
-	PORT=$(PORT) PGPORT=$(PGPORT) DIR=$(DIR) bash nginx-conf/run.sh
+	PORT=$(PORT) PGPORT=$(PGPORT) REDISPORT=$(REDISPORT) DIR=$(DIR) bash nginx-conf/run.sh
 
 stop:
 	DIR=$(DIR) bash nginx-conf/run.sh stop

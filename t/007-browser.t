@@ -6,7 +6,8 @@
 # the page shows: every event once, in order, with its id, across a
 # pg_terminate_backend of the listening connection, an nginx reload and an
 # nginx restart while events keep coming, and PostgreSQL stopped and
-# started again. Through the DevTools protocol on a pipe
+# started again; then the same page over a Redis stream (cache_stream),
+# across a Redis restart and a reload. Through the DevTools protocol on a pipe
 # (--remote-debugging-pipe: JSON messages ended by a NUL byte, the browser
 # reads fd 3 and writes fd 4). Skipped only when chromium cannot start.
 use strict;
@@ -15,7 +16,7 @@ use warnings;
 # chromium, nginx and PostgreSQL go.)
 BEGIN { $SIG{INT} = $SIG{TERM} = sub { die "interrupted by SIG$_[0]\n" } }
 use lib 't/lib';
-use GatewayTest qw(http_request wait_until nginx_start stop_nginx nginx_error_log psql);
+use GatewayTest qw(http_request wait_until nginx_start stop_nginx nginx_error_log psql start_redis kill_redis);
 use Cwd qw(getcwd);
 use File::Copy qw(copy);
 use File::Temp qw(tempdir);
@@ -128,8 +129,11 @@ chmod 0644, "$tmp/events.html";
     psql('grant select, insert on outbox to gateway; grant usage on sequence outbox_id_seq to gateway');
 }
 my $server = GatewayTest::pg_server_line('browser');
+my $redis = start_redis();
+my $rport = $redis->{port};
 my $conf = <<"HTTP";
 upstream demo_db { sqldb_server $server; }
+upstream demo_redis { server 127.0.0.1:$rport; }
 server {
     listen 127.0.0.1:\$PORT;
     root $tmp;
@@ -141,7 +145,7 @@ my $port = nginx_start($conf);
 my ($st, $body, $head) = http_request($port, 'GET', '/events.html');
 is($st, 200, 'the page is served');
 like($head, qr{^Content-Type: text/html}mi, 'as text/html');
-like($body, qr{new EventSource\('/events/' \+}, 'with its EventSource');
+like($body, qr{new EventSource\(\(redis \? '/stream/' : '/events/'\) \+}, 'with its EventSource');
 
 my $target = cdp('Target.createTarget', { url => "http://127.0.0.1:$port/events.html?room=browser" })->{targetId};
 my $session = cdp('Target.attachToTarget', { targetId => $target, flatten => JSON::PP::true })->{sessionId};
@@ -274,6 +278,62 @@ is($st, 405, 'GET /send: 405');
 is($st, 404, 'a room that is not a name: 404 (no channel of another application)');
 ($st) = http_request($port, 'GET', '/events/browser', undef, 'Last-Event-ID: x');
 is($st, 400, 'a Last-Event-ID that is not an id: 400');
+
+# The same page over a Redis stream (?source=redis): entries with their
+# IDs, every one once, in order, across a Redis restart (entries added
+# right after it, before the gateway reads again, too) and an nginx reload
+# while entries keep coming.
+$target = cdp('Target.createTarget', { url => "http://127.0.0.1:$port/events.html?room=browser&source=redis" })->{targetId};
+$session = cdp('Target.attachToTarget', { targetId => $target, flatten => JSON::PP::true })->{sessionId};
+@want = ();
+ok(wait_until(sub { (page()->{state} // '') eq 'open' && $page->{opens} == 1 }, 15), 'the Redis page opened its EventSource')
+    or diag(explain($page));
+sleep 0.5;    # (its first read of the stream)
+sub add_entry {
+    my ($data) = @_;
+    my ($st, $body) = http_request($port, 'POST', '/stream-send/browser', $data);
+    my ($id) = $body =~ /"id":"(\d+-\d+)"/;
+    return 0 unless $st == 201 && $id;
+    push @want, ['event', "#$id $data"];
+    return 1;
+}
+is(scalar(grep { add_entry("entry $_") } 1 .. 5), 5, 'POST /stream-send: 201 with the entry\'s ID, five times');
+shows_all('the Redis page shows every entry with its ID, in order');
+kill_redis($redis);
+push @want, ['note', '(Redis cannot be reached; waiting for it)'];
+shows_all('while Redis is down, the page says so');
+$redis = start_redis(port => $rport);
+is(scalar(grep { add_entry("after the restart $_") } 1 .. 5), 5, 'entries are added at once after the restart');
+shows_all('across a Redis restart: every entry once, in order');
+is($page->{state}, 'open', 'the stream itself was never cut');
+# Entries keep coming (a child process, every 40 ms) while nginx reloads.
+my $file = "$tmp/added";
+my $pid = fork // die "fork: $!";
+if (!$pid) {
+    open my $out, '>', $file or POSIX::_exit(1);
+    for my $i (1 .. 40) {
+        my ($st, $body) = eval { http_request($port, 'POST', '/stream-send/browser', "reloaded $i") };
+        print $out "$1 reloaded $i\n" if ($st // 0) == 201 && $body =~ /"id":"(\d+-\d+)"/;
+        sleep 0.04;
+    }
+    close $out;
+    POSIX::_exit(0);
+}
+sleep 0.3;
+GatewayTest::nginx_signal('HUP');
+waitpid($pid, 0);
+open my $added, '<', $file or die $!;
+my $n = 0;
+while (<$added>) {
+    chomp;
+    my ($id, $d) = /^(\S+) (.*)$/;
+    push @want, ['event', "#$id $d"];
+    $n++;
+}
+cmp_ok($n, '>=', 35, "the entries were added across the reload ($n of 40)");
+ok(wait_until(sub { (page()->{opens} // 0) >= 2 && $page->{state} eq 'open' }, 15), 'after the reload the Redis page opened its stream again')
+    or diag(explain($page));
+shows_all('across nginx -s reload: every entry once, in order');
 
 unlike(nginx_error_log(), qr/\[(alert|emerg)\]|exited on signal/, 'no alert, no worker died');
 
