@@ -342,8 +342,45 @@ HTTP
     }
     is_deeply([map { $_->[0] } @got], [$id{$mk}, @after], 'a moved slot: every entry once, in order, from the new master')
         or diag(join('', grep { /stream|MOVED|ASK/ } split /^/, nginx_error_log()) . 'eof: ' . ($c->{eof} // 0) . "\n" . body($c) . redis_cli($to, 'xrange', $mk, '-', '+') . "\n" . redis_cli($from, 'client', 'list') . "\n" . redis_cli($to, 'client', 'list'));
-    close $_->{s} for values %sub, $c;
+
+    # A slot held in migration a while (-ASK for its key, which has gone to
+    # the new master already): its client waits instead of ending, one
+    # that comes meanwhile waits too (no 502), and both get the entry added
+    # during the migration and those after it, once each, in order.
+    my $ak = $keys[2];
+    my $afrom = $owner{$ak};
+    my ($ato) = grep { $_ != $afrom } @nodes;
+    my $aslot = redis_cli($afrom, 'cluster', 'keyslot', $ak);
+    my ($afid, $atid) = ($id_of->($afrom), $id_of->($ato));
+    my $a1 = $sub{$ak};
+    redis_cli($ato, 'cluster', 'setslot', $aslot, 'importing', $afid);
+    redis_cli($afrom, 'cluster', 'setslot', $aslot, 'migrating', $atid);
+    redis_cli($afrom, 'migrate', '127.0.0.1', $ato->{port}, '', 0, 5000, 'keys', $ak);
+    like(redis_cli($afrom, 'xlen', $ak), qr/^ASK /, 'the key\'s old master answers ASK now');
+    my $a2 = open_sse($cport, "/c?key=$ak", "Last-Event-ID: $id{$ak}");
+    my $during = xadd_asking($ato, $ak, 'during');
+    like($during, qr/^\d+-\d+$/, 'an entry is added on the new master during the migration');
+    pump([$a1, $a2], stretch(1.5));
+    ok(!$a1->{eof} && !$a2->{eof}, 'while the slot migrates, neither stream ends');
+    unlike($a2->{buf}, qr{^HTTP/1\.1 502}, 'the client that came meanwhile is not refused');
+    redis_cli($_, 'cluster', 'setslot', $aslot, 'node', $atid) for @nodes;
+    my $late = xadd($ato, $ak, 'data', 'after the migration');
+    pump([$a1, $a2], stretch(10), sub { !grep { (entries($_))[-1] && (entries($_))[-1][0] ne $late } $a1, $a2 });
+    is_deeply([map { $_->[0] } entries($a1)], [$id{$ak}, $during, $late], 'the client that stayed: every entry once, in order');
+    is_deeply([map { $_->[0] } entries($a2)], [$during, $late], 'the client that came during the migration: the same after its last id');
+    unlike(nginx_error_log(), qr/\[error\].*answered "ASK/, 'no error line for the migration');
+    close $_->{s} for values %sub, $c, $a2;
     stop_nginx();
+}
+
+# XADD on a connection that sent ASKING first (an importing node takes it).
+sub xadd_asking {
+    my ($r, $key, $data) = @_;
+    open my $fh, '-|', 'sh', '-c', "printf 'ASKING\\nXADD $key * data $data\\n' | redis-cli -p $r->{port}" or die $!;
+    my @out = <$fh>;
+    close $fh;
+    my ($id) = grep { /^\d+-\d+$/ } map { s/\s+\z//r } @out;
+    return $id // '';
 }
 
 # 9. nginx -t

@@ -10,7 +10,7 @@ use super::super::hub::Addr;
 use super::StreamHub;
 use crate::ffi::conf::{sockaddr_bytes, socket_addr};
 use crate::ffi::*;
-use crate::log;
+use crate::{debug, log};
 
 impl StreamHub {
     /// The connection of a cluster's master, made on first use.
@@ -36,7 +36,7 @@ impl StreamHub {
         let names: Vec<String> = self
             .keys
             .iter()
-            .filter(|(_, k)| k.link.is_none())
+            .filter(|(_, k)| k.link.is_none() && !k.held)
             .map(|(n, _)| n.clone())
             .collect();
         for name in names {
@@ -64,8 +64,11 @@ impl StreamHub {
     }
 
     /// A `-MOVED` or `-ASK` for a cluster's key: the map learns of it and
-    /// the slot's keys go where it says (a slot being migrated is asked
-    /// again after the next map). True when it was one.
+    /// the slot's keys go where it says. A slot being migrated (`-ASK`)
+    /// waits: its keys are asked again every `BLOCK_MS` until the migration
+    /// is over (a `-MOVED` then), reading on from their last entries; their
+    /// clients wait too (one that comes meanwhile is told it is subscribed
+    /// once its key is read). True when it was one.
     pub(super) fn redirected(&mut self, i: usize, msg: &[u8]) -> bool {
         let Some(r) = kslot::parse_redirect(msg) else {
             return false;
@@ -77,6 +80,7 @@ impl StreamHub {
             .addrs
             .get(self.links[i].next)
             .and_then(|a| socket_addr(&a.sockaddr));
+        let ask = r.kind == RedirectKind::Ask;
         let followed = {
             let mut map = c.map.borrow_mut();
             match (r.kind, r.addr(answered)) {
@@ -88,11 +92,20 @@ impl StreamHub {
             }
         };
         c.want_slots = true;
-        if !followed {
-            // A node the map does not trust (only a seed's map names one),
-            // or a slot being migrated (ASK): its keys' streams end rather
-            // than ask again and again; their clients come back with their
-            // last ids, to the map made meanwhile.
+        if ask {
+            debug!(
+                Log::cycle(),
+                "cache: redis {} of upstream \"{}\" answered \"{r}\" for a stream: slot {} is being migrated, its keys wait",
+                self.server(i),
+                self.upstream,
+                r.slot
+            );
+            self.ask_later.start(super::BLOCK_MS as ngx_msec_t);
+        } else if !followed {
+            // A node the map does not trust (only a seed's map names one):
+            // its keys' streams end rather than ask again and again; their
+            // clients come back with their last ids, to the map made
+            // meanwhile.
             log!(
                 NGX_LOG_ERR,
                 Log::cycle(),
@@ -112,6 +125,7 @@ impl StreamHub {
         for k in self.keys.values_mut().filter(|k| k.slot == r.slot) {
             k.link = None;
             k.asked = false;
+            k.held = ask;
         }
         let keys = &self.keys;
         for cu in &mut self.catchups {

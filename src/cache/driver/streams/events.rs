@@ -64,3 +64,19 @@ event_handler! {
         }
     }
 }
+
+event_handler! {
+    /// The keys of slots being migrated are asked again.
+    pub(super) fn ask_event(ev) = "cache stream migrating slot", {
+        ev.take_timedout();
+        // SAFETY: the timer's data is its hub, which lives for the
+        // worker's life (its Drop takes the timer away).
+        let h = unsafe { &mut *(ev.data() as *mut StreamHub) };
+        for k in h.keys.values_mut() {
+            k.held = false;
+        }
+        if !h.keys.is_empty() && !exiting() {
+            h.kick_all();
+        }
+    }
+}

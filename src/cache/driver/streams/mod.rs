@@ -70,7 +70,7 @@ use crate::log;
 mod cluster;
 mod events;
 
-use events::{retry_event, tell_event};
+use events::{ask_event, retry_event, tell_event};
 
 /// How long one `XREAD` waits for new entries (ms): also the longest a
 /// key that comes waits for its reading to start.
@@ -99,6 +99,9 @@ struct Key {
     slot: u16,
     /// The connection that reads it (None: a cluster's map must say).
     link: Option<usize>,
+    /// Its slot is being migrated (`-ASK`): it is asked again after
+    /// `BLOCK_MS`, where the map says then.
+    held: bool,
 }
 
 /// A subscriber's catch-up.
@@ -169,6 +172,8 @@ pub struct StreamHub {
     told: bool,
     /// Tells them (posted: a failure may come while a request subscribes).
     tell_later: RetryTimer,
+    /// Lets the keys of slots being migrated be asked again.
+    ask_later: RetryTimer,
 }
 
 /// What a stream hub is made of.
@@ -203,9 +208,11 @@ impl StreamHub {
             catchups: Vec::new(),
             told: false,
             tell_later: RetryTimer::new(std::ptr::null_mut(), Some(tell_event)),
+            ask_later: RetryTimer::new(std::ptr::null_mut(), Some(ask_event)),
         });
         let data: *mut StreamHub = &mut *h;
         h.tell_later.set_data(data.cast());
+        h.ask_later.set_data(data.cast());
         h.add_link(s.addrs, None);
         h
     }
@@ -295,6 +302,7 @@ impl StreamHub {
         }
         self.told = false;
         self.tell_later.stop();
+        self.ask_later.stop();
     }
 
     fn lost(&mut self, i: usize, why: &str) {
