@@ -6,7 +6,8 @@
 # test that records every byte) and would map every slot to it: the victim
 # gets nothing, not even AUTH; the client gets 502; one log line names the
 # victim; later requests still go to the real masters. A node that answers
-# garbage makes the next request ask the seed for a new map. A real master
+# garbage makes the next request ask the seed for a new map. cache_stream
+# refuses the same redirection for a stream (the stream ends). A real master
 # that the map did not know is followed once the seed's map names it.
 use strict;
 use warnings;
@@ -14,6 +15,7 @@ use lib 't/lib';
 use GatewayTest qw(nginx_start stop_nginx nginx_error_log start_redis redis_cli free_port wait_until key_slot redis_connections listen_socket);
 use HttpClient qw(keepalive_requests);
 use FakeRedis;
+use SseClient qw(open_sse pump body subscribed);
 use Test::More;
 use IO::Socket::INET;
 use POSIX ();
@@ -170,6 +172,7 @@ my $port = nginx_start(<<"EOF");
         add_header X-Node \$upstream_addr always;
         location /on/ { set \$cache_key \$arg_key; cache_pass trusted; }
         location /off/ { set \$cache_key \$arg_key; cache_pipeline off; cache_pass trusted; }
+        location /st/ { cache_pass trusted; cache_stream \$arg_key; }
     }
 EOF
 
@@ -201,6 +204,35 @@ redis_cli($by_port{ $real_owner[key_slot($_)] }, 'set', $_, "value of $_") for @
         && nodes_of($after[$_]) =~ /(^|, )127\.0\.0\.1:$real_owner[key_slot($keys[$_ % @keys])]$/ } 0 .. $#after), scalar @after,
         'later requests go to the real masters');
     is(victim_got($victim), '', 'and the victim still got nothing');
+}
+
+# cache_stream: the stream of a key in the hostile node's slot is read
+# there (the seed's map names it), and its MOVED to the victim is not
+# followed: the stream ends, one error line names the answer, the victim
+# gets nothing; a key of a real master streams on.
+{
+    my $mark = length nginx_error_log();
+    # (A key of the second master: the seed's map names it; keys_of's names
+    # with a suffix, so that no string value is in the way.)
+    my ($sk) = map { "$_-stream" } grep { $real_owner[key_slot("$_-stream")] == $m2 } map { "s$_" } 1 .. 1000;
+    my $good = open_sse($port, "/st/?key=$sk");
+    pump([$good], 10, subscribed($good));
+    like($good->{buf}, qr/: subscribed/, 'cache_stream: a key of a real master is read');
+    my $bad = open_sse($port, "/st/?key=$hostile_key");
+    # (The response ends: its last chunk; the connection may stay.)
+    my $ended = sub { $bad->{eof} || $bad->{buf} =~ /\r\n0\r\n\r\n\z/ };
+    pump([$bad], 10, $ended);
+    ok($ended->(), 'cache_stream: a redirection to a node of no trusted map ends the stream');
+    unlike(body($bad), qr/^id: /m, 'with no entry');
+    is(victim_got($victim), '', 'the victim got no connection and no byte');
+    like(substr(nginx_error_log(), $mark), qr/\[error\].*answered "MOVED \d+ 127\.0\.0\.1:$victim->{port}" for a stream; the streams of slot \d+ end/,
+        'one error line names the answer');
+    my $id = redis_cli($by_port{ $real_owner[key_slot($sk)] }, 'xadd', $sk, '*', 'data', 'still here');
+    chomp $id;
+    pump([$good], 10, sub { body($good) =~ /^id: \Q$id\E$/m });
+    like(body($good), qr/^id: \Q$id\E\ndata: still here$/m, 'the real master\'s stream goes on');
+    close $_->{s} for $good, $bad;
+    redis_cli($by_port{ $real_owner[key_slot($sk)] }, 'del', $sk);
 }
 
 # Stores and reads through the seed.
