@@ -10,7 +10,8 @@
 //!   UTF-8 as U+FFFD); `{"affected":N}` reads back to N;
 //! - CSV output, read back with the csv crate, gives a header record of the
 //!   column names and one record per row of the cells (NULL empty);
-//! - text output is every cell row by row, one per line, NULL `(null)`;
+//! - text output is every cell row by row, each on a line ended by `\n`
+//!   (the last one too), NULL `(null)`;
 //! - `Stream`, fed the rows in results of any sizes (empty ones included),
 //!   gives the bytes of the whole-result encoders, RDS included, and counts
 //!   the rows.
@@ -156,13 +157,12 @@ fn check_csv(t: &Table) {
 fn check_text(t: &Table) {
     let mut out = Vec::new();
     text(t, &mut out);
-    let cells: Vec<&[u8]> = t
-        .rows
-        .iter()
-        .flatten()
-        .map(|v| v.as_deref().unwrap_or(b"(null)"))
-        .collect();
-    assert_eq!(out, cells.join(&b'\n'));
+    let mut want = Vec::new();
+    for v in t.rows.iter().flatten() {
+        want.extend_from_slice(v.as_deref().unwrap_or(b"(null)"));
+        want.push(b'\n');
+    }
+    assert_eq!(out, want);
 }
 
 fn check_stream(t: &Table, format: StreamFormat, cuts: &[usize]) {
