@@ -195,8 +195,8 @@ test-checks:
 # free loopback ports and its own folders under TMPDIR. The longest go
 # first, so that the others fill in beside them (t/run-suite).
 PROVE_JOBS ?= 2
-SLOW_FIRST := t/206-cache-pubsub.t t/106-faults.t t/208-cache-pipeline.t t/204-cluster.t t/128-listen.t \
-              t/118-pg-faults.t t/122-load-and-leave.t
+SLOW_FIRST := t/214-cache-stream-read.t t/206-cache-pubsub.t t/134-sse-outage.t t/106-faults.t t/208-cache-pipeline.t \
+              t/204-cluster.t t/128-listen.t t/007-browser.t t/118-pg-faults.t t/122-load-and-leave.t t/135-spare-connection.t
 TESTS      ?= $(SLOW_FIRST) $(filter-out $(SLOW_FIRST),$(sort $(wildcard t/*.t)))
 PROVE       = PROVE_JOBS=$(PROVE_JOBS) PROVE_FLAGS="$(PROVE_FLAGS)" t/run-suite $(TESTS)
 
