@@ -40,13 +40,14 @@ sub eight_slow {
     return @socks;
 }
 
-# The most sessions of `app` seen within `secs`.
+# The most sessions of `app` seen within `secs` (or until `enough` are).
 sub most_sessions {
-    my ($app, $secs) = @_;
+    my ($app, $secs, $enough) = @_;
     my ($most, $deadline) = (0, time + $secs);
     while (time < $deadline) {
         my $n = pg_sessions($app);
         $most = $n if $n > $most;
+        last if $enough && $most >= $enough;
         sleep 0.05;
     }
     return $most;
@@ -54,7 +55,9 @@ sub most_sessions {
 
 my $t0 = time;
 my @slow = eight_slow('/slow');
-my $most = most_sessions('spare', 0.8);
+# (A busy machine takes a while to start a backend: up to 2.5 s, within
+# the slow queries' time.)
+my $most = most_sessions('spare', 2.5, 9);
 cmp_ok(time - $t0, '<', $SLOW, 'the slow queries still run') or diag('the machine is too slow for this test');
 is($most, 9, 'eight slow queries hold eight connections: a ninth is opened, ready, before any fast request');
 
