@@ -9,7 +9,10 @@ use std::collections::BTreeMap;
 use std::ptr::NonNull;
 
 use super::token::ReqToken;
-use crate::ffi::{current_msec, ngx_msec_t};
+use std::fmt;
+
+use crate::ffi::{current_msec, ngx_msec_t, Log, NGX_LOG_DEBUG, NGX_LOG_ERR, NGX_LOG_NOTICE};
+use crate::log;
 
 /// How long after a lost connection another is tried (ms).
 pub const RETRY: ngx_msec_t = 1000;
@@ -43,9 +46,38 @@ pub struct Failed {
 }
 
 impl Outage {
+    /// A failure of the connection `what` names ("sqldb: the listening
+    /// connection to ..."), logged: an error line for the first of the
+    /// outage (and for a connection lost for another reason), a debug line
+    /// for the others. `was_up`: the connection was up (it is lost), else
+    /// an attempt to make it failed.
+    pub fn failed_logged(&mut self, was_up: bool, why: &str, what: fmt::Arguments<'_>) -> Failed {
+        let failed = self.failed(!was_up, why);
+        log!(
+            if failed.log { NGX_LOG_ERR } else { NGX_LOG_DEBUG },
+            Log::cycle(),
+            "{what} {}: {why}; trying again every {RETRY} ms",
+            if was_up { "was lost" } else { "failed" }
+        );
+        failed
+    }
+
+    /// The connection `what` names is up: the notice that ends its outage,
+    /// if one was going on.
+    pub fn up(&mut self, what: fmt::Arguments<'_>) {
+        if let Some((failures, ms)) = self.ended() {
+            log!(
+                NGX_LOG_NOTICE,
+                Log::cycle(),
+                "{what} is up again, after {failures} failure{} in {ms} ms",
+                if failures == 1 { "" } else { "s" }
+            );
+        }
+    }
+
     /// A failure, and why: `attempt` when an attempt to connect failed
     /// (not a connection that was up and is lost).
-    pub fn failed(&mut self, attempt: bool, why: &str) -> Failed {
+    fn failed(&mut self, attempt: bool, why: &str) -> Failed {
         self.failures = self.failures.saturating_add(1);
         if self.failures == 1 {
             self.since = current_msec();
@@ -61,7 +93,7 @@ impl Outage {
 
     /// The connection is up: the failures and milliseconds of the outage
     /// it ends, if one was going on.
-    pub fn ended(&mut self) -> Option<(u32, ngx_msec_t)> {
+    fn ended(&mut self) -> Option<(u32, ngx_msec_t)> {
         let failures = std::mem::take(&mut self.failures);
         self.told = false;
         self.why.clear();

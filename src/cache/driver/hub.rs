@@ -215,15 +215,14 @@ impl RedisHub {
         if self.channels.is_empty() {
             return;
         }
-        let failed = self.links[i].outage.failed(was != State::Up, why);
-        log!(
-            if failed.log { NGX_LOG_ERR } else { NGX_LOG_DEBUG },
-            Log::cycle(),
-            "cache: the subscribing connection to {} of upstream \"{}\" {}: {why}; trying again every {} ms",
-            self.server(i),
-            self.upstream,
-            if was == State::Up { "was lost" } else { "failed" },
-            RETRY
+        let server = self.server(i).to_owned();
+        let failed = self.links[i].outage.failed_logged(
+            was == State::Up,
+            why,
+            format_args!(
+                "cache: the subscribing connection to {server} of upstream \"{}\"",
+                self.upstream
+            ),
         );
         let l = &mut self.links[i];
         l.next = (l.next + 1) % l.addrs.len().max(1);
@@ -388,18 +387,11 @@ impl RedisHub {
                     self.told = false;
                     let l = &mut self.links[i];
                     let was_up = std::mem::replace(&mut l.was_up, true);
-                    if let Some((failures, ms)) = l.outage.ended() {
-                        log!(
-                            NGX_LOG_NOTICE,
-                            Log::cycle(),
-                            "cache: the subscribing connection to {} of upstream \"{}\" is up again, after {} failure{} in {} ms",
-                            self.server(i),
-                            self.upstream,
-                            failures,
-                            if failures == 1 { "" } else { "s" },
-                            ms
-                        );
-                    }
+                    let server = self.server(i).to_owned();
+                    self.links[i].outage.up(format_args!(
+                        "cache: the subscribing connection to {server} of upstream \"{}\"",
+                        self.upstream
+                    ));
                     if was_up {
                         let all = self.channels.settled();
                         self.sink.reconnected(&all);

@@ -190,14 +190,10 @@ impl Listener {
         if self.channels.is_empty() {
             return;
         }
-        let failed = self.outage.failed(was != State::Up, why);
-        log!(
-            if failed.log { NGX_LOG_ERR } else { NGX_LOG_DEBUG },
-            Log::cycle(),
-            "sqldb: the listening connection to {} {}: {why}; trying again every {} ms",
-            self.name,
-            if was == State::Up { "was lost" } else { "failed" },
-            RETRY
+        let failed = self.outage.failed_logged(
+            was == State::Up,
+            why,
+            format_args!("sqldb: the listening connection to {}", self.name),
         );
         if failed.tell {
             self.tell_later.post();
@@ -237,17 +233,8 @@ impl Listener {
                     return self.lost(&e.0);
                 }
                 self.state = State::Up;
-                if let Some((failures, ms)) = self.outage.ended() {
-                    log!(
-                        NGX_LOG_NOTICE,
-                        Log::cycle(),
-                        "sqldb: the listening connection to {} is up again, after {} failure{} in {} ms",
-                        self.name,
-                        failures,
-                        if failures == 1 { "" } else { "s" },
-                        ms
-                    );
-                }
+                self.outage
+                    .up(format_args!("sqldb: the listening connection to {}", self.name));
                 let channels: Vec<String> = self.channels.names().map(str::to_owned).collect();
                 for c in channels {
                     self.listen(&c);

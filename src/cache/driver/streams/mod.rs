@@ -312,15 +312,14 @@ impl StreamHub {
         if self.keys.is_empty() {
             return;
         }
-        let failed = self.links[i].outage.failed(was != State::Up, why);
-        log!(
-            if failed.log { NGX_LOG_ERR } else { NGX_LOG_DEBUG },
-            Log::cycle(),
-            "cache: the stream reading connection to {} of upstream \"{}\" {}: {why}; trying again every {} ms",
-            self.server(i),
-            self.upstream,
-            if was == State::Up { "was lost" } else { "failed" },
-            RETRY
+        let server = self.server(i).to_owned();
+        let failed = self.links[i].outage.failed_logged(
+            was == State::Up,
+            why,
+            format_args!(
+                "cache: the stream reading connection to {server} of upstream \"{}\"",
+                self.upstream
+            ),
         );
         let l = &mut self.links[i];
         l.next = (l.next + 1) % l.addrs.len().max(1);
@@ -388,18 +387,11 @@ impl StreamHub {
         match step {
             Step::Wait => {}
             Step::Up => {
-                if let Some((failures, ms)) = self.links[i].outage.ended() {
-                    log!(
-                        NGX_LOG_NOTICE,
-                        Log::cycle(),
-                        "cache: the stream reading connection to {} of upstream \"{}\" is up again, after {} failure{} in {} ms",
-                        self.server(i),
-                        self.upstream,
-                        failures,
-                        if failures == 1 { "" } else { "s" },
-                        ms
-                    );
-                }
+                let server = self.server(i).to_owned();
+                self.links[i].outage.up(format_args!(
+                    "cache: the stream reading connection to {server} of upstream \"{}\"",
+                    self.upstream
+                ));
                 self.told = false;
                 let l = &mut self.links[i];
                 l.conn.out.clear();
