@@ -3,7 +3,9 @@
 //! the preamble they make: one statement sent before each request's query
 //! in its sync segment (the same implicit transaction), that sets the role,
 //! the claims, read-only for GET and HEAD, and the settings, each with
-//! `set_config(..., true)`, so that all of it ends with the transaction.
+//! `set_config(..., true)`, so that all of it ends with the transaction
+//! (or, where a session may keep the role, the texts of
+//! driver/session.rs).
 
 use std::ffi::CString;
 use std::rc::Rc;
@@ -16,6 +18,7 @@ use gateway_core::sql::statement_name;
 use super::LocConf;
 use crate::ffi::conf::{ComplexValue, ConfError};
 use crate::ffi::*;
+use crate::sqldb::driver::SessionTexts;
 
 /// `sqldb_jwt_key FILE [alg=...]`.
 pub struct JwtConf {
@@ -45,6 +48,8 @@ pub struct PreambleSql {
     pub ro_name: Rc<CString>,
     /// The role and the claims are its first two parameters.
     pub with_role: bool,
+    /// The texts for sessions that keep the role between requests.
+    pub session: Rc<SessionTexts>,
 }
 
 impl PreambleSql {
@@ -81,6 +86,7 @@ impl PreambleSql {
             rw,
             ro,
             with_role,
+            session: Rc::new(SessionTexts::build(with_role, settings)?),
         })
     }
 }

@@ -11,6 +11,7 @@ use gateway_core::target::Role;
 
 use super::cancel::Canceller;
 use super::pq::{CancelKey, PgConn, PqError};
+use super::session::{SessionState, RESET_READ_ONLY};
 use super::{ConnId, ConnPool, Query, ReqToken, Statement};
 use crate::ffi::*;
 use crate::metrics;
@@ -83,6 +84,8 @@ pub(super) struct Conn {
     pub upstream: Rc<str>,
     /// What the shared gauges count of it now.
     shown: Shown,
+    /// What the session holds of the roles the gateway sets (session.rs).
+    pub session: SessionState,
 }
 
 /// A connection's share of the gauges (`gateway_status`): its state and
@@ -136,7 +139,20 @@ impl Conn {
             upstream: Rc::from(""),
             shown: Shown::default(),
             role: None,
+            session: SessionState::default(),
         }
+    }
+
+    /// The session is PostgreSQL's own (no pooler between): it may keep
+    /// a role between requests (session.rs).
+    fn owns_session(&self) -> bool {
+        self.pid_checked && !self.unnamed
+    }
+
+    /// The server's role as this session reports it (see
+    /// SessionState::server_role).
+    pub fn server_role(&self) -> Role {
+        self.session.server_role(self.pg.role())
     }
 
     /// Brings the gauges up to date with the connection (None: it closes).
@@ -317,37 +333,55 @@ impl Conn {
             if q.preamble.is_some() {
                 return Err(PqError("a role or settings for a query of several statements".into()));
             }
+            let standby = self.pg.role().hot_standby == Some(true);
+            let prefix = self.session.several_prefix(self.owns_session(), standby, req);
             self.pipeline.sent(req, Mode::Simple, q.streaming);
             self.check_encoding()?;
             if self.in_pipeline {
                 self.pg.exit_pipeline()?;
                 self.in_pipeline = false;
             }
-            self.pg.send_query(&q.sql)?;
+            match prefix {
+                None => self.pg.send_query(&q.sql)?,
+                Some(prefix) => {
+                    let mut sql = prefix.as_bytes().to_vec();
+                    sql.extend_from_slice(q.sql.to_bytes());
+                    let sql = CString::new(sql).map_err(|_| PqError("a query with a NUL byte".into()))?;
+                    self.pg.send_query(&sql)?;
+                }
+            }
         } else {
             let statement = q.statement.as_deref().filter(|_| !self.unnamed);
+            let plan = self.session.plan(self.owns_session(), req, q);
             // The preamble: prepared once per connection and executed by
             // name (unnamed where sessions are shared).
-            let pre = match &q.preamble {
+            let pre = match &plan.before {
                 None => 0,
                 Some(p) if self.unnamed || !p.named => 1,
                 Some(p) if self.preambles.iter().any(|n| n.as_c_str() == p.name.as_c_str()) => 1,
                 Some(_) => 2,
             };
+            if plan.reset_read_only {
+                self.pipeline.sent_internal();
+            }
             let wire = self
                 .pipeline
                 .sent_statement_with(req, statement.map(|s| s.id), q.streaming, pre);
             self.check_encoding()?;
             self.enter_pipeline()?;
-            if let Some(p) = &q.preamble {
+            if plan.reset_read_only {
+                self.pg.send_unnamed(RESET_READ_ONLY, &[], false)?;
+                self.pg.pipeline_sync()?;
+            }
+            if let Some(p) = &plan.before {
                 match pre {
                     2 => {
                         self.pg.send_prepare(&p.name, &p.sql)?;
                         self.preambles.push(p.name.clone());
-                        self.pg.send_prepared(&p.name, &p.params, false)?;
+                        self.pg.send_prepared(&p.name, p.params, false)?;
                     }
-                    _ if self.unnamed || !p.named => self.pg.send_unnamed(&p.sql, &p.params, false)?,
-                    _ => self.pg.send_prepared(&p.name, &p.params, false)?,
+                    _ if self.unnamed || !p.named => self.pg.send_unnamed(&p.sql, p.params, false)?,
+                    _ => self.pg.send_prepared(&p.name, p.params, false)?,
                 }
             }
             match (wire, statement) {

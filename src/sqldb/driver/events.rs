@@ -245,6 +245,7 @@ impl ConnPool {
             c.name
         );
         c.pid_checked = pid == Some(reported);
+        c.session.learn_login(c.pg.role());
         if pid != Some(reported) {
             self.pooler = true;
             self.statements_off();
@@ -340,8 +341,14 @@ impl ConnPool {
                     }
                 }
                 (Route::Result(req), Some(res)) => out.push(Delivery::Result(req, res)),
-                (Route::Error(req), Some(res)) => out.push(Delivery::Error(req, res)),
-                (Route::PreambleError(req), Some(res)) => out.push(Delivery::PreambleFailed(req, res)),
+                (Route::Error(req), Some(res)) => {
+                    c.session.settled(req, false);
+                    out.push(Delivery::Error(req, res));
+                }
+                (Route::PreambleError(req), Some(res)) => {
+                    c.session.settled(req, false);
+                    out.push(Delivery::PreambleFailed(req, res));
+                }
                 (Route::Refused(req), res) => {
                     let status = res.map_or_else(String::new, |r| r.status_name());
                     c.forget(req);
@@ -364,6 +371,7 @@ impl ConnPool {
                 match step {
                     Step::Complete(req) => {
                         c.forget(req);
+                        c.session.settled(req, true);
                         out.push(Delivery::Complete(req));
                     }
                     Step::Resend(req) => again.push((req, false)),
@@ -458,6 +466,7 @@ impl ConnPool {
             match step {
                 Step::Complete(req) => {
                     c.forget(req);
+                    c.session.settled(req, true);
                     out.push(Delivery::Complete(req));
                 }
                 Step::Deallocate(req) => {
@@ -509,7 +518,7 @@ impl ConnPool {
                         let Some(q) = c.query_of(req) else { continue };
                         let target = q.target.get();
                         if !target.is_any() {
-                            let role = c.pg.role();
+                            let role = c.server_role();
                             if !target.meets(role, standby_hope) {
                                 c.forget(req);
                                 c.pipeline.withdraw(req);

@@ -13,6 +13,7 @@ mod events;
 mod listen;
 mod pool;
 pub mod pq;
+mod session;
 mod spare;
 mod terminate;
 
@@ -32,6 +33,7 @@ use conn::Conn;
 pub use listen::Listener;
 pub use pool::{ConnPool, OpenError, Pick, Settings, Submitted, RECHECK};
 pub use pq::{check_conninfo, PgResult, PqError, ResultKind};
+pub use session::SessionTexts;
 
 /// A connection of a pool (stale once the connection is closed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,12 +119,21 @@ pub struct Query {
 /// A statement that runs before a request's query, in its transaction.
 #[derive(Debug)]
 pub struct Preamble {
+    /// Its text where the session keeps nothing between requests (see
+    /// session.rs): the role and settings for the transaction only.
     pub sql: Rc<CString>,
     /// Its name, when prepared once per connection.
     pub name: Rc<CString>,
     /// Prepared once per connection (`sqldb_prepare on`), else unnamed.
     pub named: bool,
+    /// The role and the claims first (`with_role`), then each setting's
+    /// name and value.
     pub params: Vec<CString>,
+    pub with_role: bool,
+    /// Its transaction is read-only (GET and HEAD with a role).
+    pub read_only: bool,
+    /// Its texts where the session keeps the role.
+    pub session: Rc<SessionTexts>,
 }
 
 /// What the driver tells the request side.

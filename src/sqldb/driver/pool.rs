@@ -190,7 +190,7 @@ impl ConnPool {
             .conns
             .iter()
             .find(|(_, c)| c.addr == addr && !c.pipeline.is_connecting() && !c.pipeline.is_closed() && !c.pg.is_bad())
-            .map(|(_, c)| c.pg.role())?;
+            .map(|(_, c)| c.server_role())?;
         let now = current_msec();
         self.learn(addr, role, now);
         Some((role, now))
@@ -254,7 +254,7 @@ impl ConnPool {
             return;
         }
         let Some(c) = self.conn(id) else { return };
-        let role = c.pg.role();
+        let role = c.server_role();
         if !current && c.role == Some(role) {
             return;
         }

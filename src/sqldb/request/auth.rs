@@ -100,6 +100,9 @@ pub fn authorize(r: &mut Req, lcf: &LocConf) -> Result<Authorized, StartError> {
             name: Rc::clone(name),
             named: lcf.prepare == 1,
             params,
+            with_role: pre.with_role,
+            read_only,
+            session: Rc::clone(&pre.session),
         }),
     })
 }
