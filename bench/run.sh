@@ -30,6 +30,7 @@
 #                   56379, 51211, 8081)
 #   BENCH_ONLY=jwt  only the pk lookups with and without a token (each twice,
 #                   interleaved), the pgbench pair, and their ratios
+#   BENCH_ONLY=hol  only the head-of-line check, three times on one nginx
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(dirname "$here")
@@ -270,6 +271,17 @@ if [ "${BENCH_ONLY:-}" = jwt ]; then
     exit 0
 fi
 
+if [ "${BENCH_ONLY:-}" = hol ]; then
+    start_nginx "${BENCH_HOL_LINE:-}"
+    wrk -t1 -c"$conns" -d1s "http://127.0.0.1:$port/a" >/dev/null 2>&1 || true
+    for round in 1 2 3; do
+        echo "round $round: $(python3 "$here/hol.py" "http://127.0.0.1:$port" 200 8 8)"
+        sleep 2.2
+    done | tee "$out/hol.txt"
+    stop_nginx
+    exit 0
+fi
+
 declare -A names=([a]="(a) echo" [b]="(b) pk lookup" [c]="(c) 100 rows x 3")
 declare -A lines=([default]="" [max32]="sqldb_keepalive max=32;" [max2]="sqldb_keepalive max=2;")
 configs=(default max32 max2)
@@ -304,7 +316,7 @@ lens[c]=$(curl -s "http://127.0.0.1:$port/c" | wc -c)
 median_of() { printf '%s\n' "$@" | sort -n | sed -n 2p; }
 
 # The gateway under each pool setting.
-declare -A g ret rr
+declare -A g ret rr pr prr
 rss_first="" rss_runs=""
 for cfg in "${configs[@]}"; do
     start_nginx "${lines[$cfg]}"
@@ -319,15 +331,21 @@ for cfg in "${configs[@]}"; do
             # return 200 of a body of the same length. A figure is the
             # round's with the median requests/s; the ratio, the median of
             # the rounds' ratios.
-            runs=() rets=() ratios=()
+            # pgbench -M prepared runs in each round too, as long: the
+            # ratio to it is the median of the rounds' as well.
+            runs=() rets=() ratios=() pratios=()
             for round in 1 2 3; do
                 runs+=("$(secs=$(((secs + 1) / 2)) wrk_run /$s $script) $(cat "$dir/conns.last")")
                 rets+=("$(secs=$(((secs + 1) / 2)) wrk_run /ret_$s)")
                 ratios+=("$(ratio "${runs[-1]%% *}" "${rets[-1]%% *}")")
+                pgb=$(secs=$(((secs + 1) / 2)) pgbench_run prepared "$dir/scripts/$s.sql")
+                pratios+=("$(ratio "${runs[-1]%% *}" "${pgb%% *}")")
             done
             g[$s.$cfg]=$(median_of "${runs[@]}")
             ret[$s]=$(median_of "${rets[@]}")
             rr[$s]="$(median_of "${ratios[@]}")x (rounds: ${ratios[*]})"
+            pr[$s]=$(median_of "${pratios[@]}")
+            prr[$s]="${pratios[*]}"
             rss_runs="$rss_runs $(rss_point $s)"
             read -r rps p99 bad cpu _ <<<"${ret[$s]}"
             printf "ret_%s\tnginx\t-\t%s\t%s\t%s\t0\t%s\n" "$s" "$rps" "$p99" "$bad" "$cpu" >>"$tsv"
@@ -407,11 +425,16 @@ stop_nginx
         for cfg in "${configs[@]}"; do
             read -r rps p99 bad _ sc <<<"${g[$s.$cfg]}"
             cell="$rps/s ${p99}ms $(ratio "$rps" "$p1")x ($(ratio "$rps" "$s1")x) ${sc}c"
+            # (The default pool: the median of the interleaved rounds.)
+            [ "$cfg" = default ] && [ -n "${pr[$s]:-}" ] &&
+                cell="$rps/s ${p99}ms ${pr[$s]}x ($(ratio "$rps" "$s1")x) ${sc}c"
             [ "$bad" != 0 ] && cell="$cell $bad non-2xx"
             printf " %-32s" "$cell"
         done
         echo
     done
+    echo "(no keepalive line: the ratio to pgbench -M prepared is the median of three interleaved rounds of" \
+        "$(((secs + 1) / 2))s: (a) ${prr[a]:-}, (b) ${prr[b]:-}, (c) ${prr[c]:-})"
     echo
     echo "Beside nginx's own return 200 of a body of the same length, default pool: requests/s, ratio (the median"
     echo "of three interleaved rounds), and the worker's CPU microseconds per request (utime + stime / requests)"

@@ -626,9 +626,10 @@ impl<T: Copy + Eq> Pipeline<T> {
     }
 
     /// A result arrived for the head of the queue: where it goes, and what
-    /// follows (a request whose results are all in, one to send again).
-    pub fn on_result(&mut self, kind: ResultKind) -> (Route<T>, Vec<Step<T>>) {
-        let mut steps = Vec::new();
+    /// follows (a request whose results are all in, one to send again, a
+    /// statement to deallocate first: one at most).
+    pub fn on_result(&mut self, kind: ResultKind) -> (Route<T>, Option<Step<T>>) {
+        let mut steps = None;
         let Pipeline { queue, prepared, .. } = self;
         let Some(head) = queue.front_mut() else {
             return (Route::Confused, steps);
@@ -641,7 +642,7 @@ impl<T: Copy + Eq> Pipeline<T> {
         };
         let route = match (kind, head.mode) {
             (ResultKind::End, Mode::Simple) => {
-                self.finish_head(&mut steps);
+                steps = self.finish_head();
                 Route::Drop
             }
             // A request sends two queries at most (and its preamble): more
@@ -652,7 +653,7 @@ impl<T: Copy + Eq> Pipeline<T> {
                 Route::Drop
             }
             (ResultKind::Sync, Mode::Pipelined { .. }) => {
-                self.finish_head(&mut steps);
+                steps = self.finish_head();
                 Route::Drop
             }
             (ResultKind::Sync, Mode::Simple) => Route::Confused,
@@ -742,7 +743,7 @@ impl<T: Copy + Eq> Pipeline<T> {
                     Some(req) if head.resent => Route::Error(req),
                     Some(req) => {
                         if forget(prepared, head.named) {
-                            steps.push(Step::Deallocate(req));
+                            steps = Some(Step::Deallocate(req));
                         }
                         head.again = true;
                         Route::Drop
@@ -759,22 +760,19 @@ impl<T: Copy + Eq> Pipeline<T> {
     }
 
     /// The head request's results are all in.
-    fn finish_head(&mut self, steps: &mut Vec<Step<T>>) {
-        let Some(e) = self.queue.pop_front() else { return };
+    fn finish_head(&mut self) -> Option<Step<T>> {
+        let e = self.queue.pop_front()?;
         self.finished += 1;
-        match e.req {
-            None => {}
-            Some(req) if e.again => {
-                if e.alone {
-                    self.alone_going.push(req);
-                }
-                self.resending.push(req);
-                steps.push(Step::Resend(req));
+        let req = e.req?;
+        if e.again {
+            if e.alone {
+                self.alone_going.push(req);
             }
-            Some(req) => {
-                self.served += 1;
-                steps.push(Step::Complete(req));
-            }
+            self.resending.push(req);
+            Some(Step::Resend(req))
+        } else {
+            self.served += 1;
+            Some(Step::Complete(req))
         }
     }
 

@@ -155,12 +155,11 @@ impl Req {
         }
         // SAFETY: nelts states of this type (nginx's array).
         let states = unsafe { std::slice::from_raw_parts(a.elts as *const ngx_http_upstream_state_t, a.nelts) };
-        let times: Vec<ngx_msec_t> = states
+        states
             .iter()
             .map(|s| s.response_time)
             .filter(|t| *t != ngx_msec_t::MAX)
-            .collect();
-        (!times.is_empty()).then(|| times.iter().sum())
+            .fold(None, |sum, t| Some(sum.unwrap_or(0) + t))
     }
 
     /// The value of the request's `Authorization` header.

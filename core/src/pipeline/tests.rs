@@ -951,7 +951,7 @@ impl Sim {
             Route::Confused => panic!("the model server sent what was asked"),
             Route::Drop => {}
         }
-        self.steps(steps);
+        self.steps(steps.into_iter().collect());
         let after = self.p.after_results();
         self.steps(after);
         if self.session_ending {

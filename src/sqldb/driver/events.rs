@@ -367,17 +367,16 @@ impl ConnPool {
                 }
                 _ => {}
             }
-            for step in steps {
-                match step {
-                    Step::Complete(req) => {
-                        c.forget(req);
-                        c.session.settled(req, true);
-                        out.push(Delivery::Complete(req));
-                    }
-                    Step::Resend(req) => again.push((req, false)),
-                    Step::Deallocate(req) => again.push((req, true)),
-                    other => debug_assert!(false, "a result step {other:?}"),
+            match steps {
+                None => {}
+                Some(Step::Complete(req)) => {
+                    c.forget(req);
+                    c.session.settled(req, true);
+                    out.push(Delivery::Complete(req));
                 }
+                Some(Step::Resend(req)) => again.push((req, false)),
+                Some(Step::Deallocate(req)) => again.push((req, true)),
+                Some(other) => debug_assert!(false, "a result step {other:?}"),
             }
         }
         c.progressed(front, long);
