@@ -243,24 +243,65 @@ pub const MEMO_MAX: usize = 4096;
 /// The series one process has found before, by a key of its own that
 /// stands for the label values (with the family and, for a histogram, the
 /// part): updating a series it knows builds no label bytes and probes no
-/// slots. One key must always stand for the same label values.
+/// slots. One key must always stand for the same label values. The series
+/// of a key are found with one lookup of the key, and the key last used
+/// with none (a request's counter and histogram share theirs).
 #[derive(Debug)]
 pub struct Memo<K> {
     /// The address of the slots the entries are of.
     table: usize,
-    refs: HashMap<(u16, u32, K), SeriesRef, BuildHasherDefault<WordHash>>,
+    /// Each key's place in `series`.
+    index: HashMap<K, usize, BuildHasherDefault<WordHash>>,
+    /// The series of each key: (family, part, where).
+    series: Vec<Vec<(u16, u32, SeriesRef)>>,
+    /// The key used last, and its place.
+    last: Option<(K, usize)>,
+    /// Series held, over all keys.
+    entries: usize,
 }
 
 impl<K: Hash + Eq> Default for Memo<K> {
     fn default() -> Self {
         Memo {
             table: 0,
-            refs: HashMap::default(),
+            index: HashMap::default(),
+            series: Vec::new(),
+            last: None,
+            entries: 0,
         }
     }
 }
 
 impl<K: Hash + Eq + Copy> Memo<K> {
+    fn clear(&mut self) {
+        self.index.clear();
+        self.series.clear();
+        self.last = None;
+        self.entries = 0;
+    }
+
+    /// The place of `key`'s series (made when new).
+    fn place(&mut self, key: K) -> usize {
+        if let Some((k, i)) = self.last {
+            if k == key {
+                return i;
+            }
+        }
+        let i = match self.index.get(&key) {
+            Some(&i) => i,
+            None => {
+                if self.index.len() >= MEMO_MAX {
+                    self.clear();
+                }
+                self.series.push(Vec::new());
+                self.index.insert(key, self.series.len() - 1);
+                self.series.len() - 1
+            }
+        };
+        self.last = Some((key, i));
+        i
+    }
+
     /// The series of `key` (found with `find` the first time).
     fn get(
         &mut self,
@@ -272,27 +313,31 @@ impl<K: Hash + Eq + Copy> Memo<K> {
     ) -> Option<SeriesRef> {
         let addr = t.slots.as_ptr() as usize;
         if self.table != addr {
-            self.refs.clear();
+            self.clear();
             self.table = addr;
         }
-        if let Some(r) = self.refs.get(&(id as u16, part, key)) {
-            return Some(*r);
+        let family = id as u16;
+        let i = self.place(key);
+        if let Some(&(_, _, r)) = self.series[i].iter().find(|(f, p, _)| *f == family && *p == part) {
+            return Some(r);
         }
         let r = find()?;
-        if self.refs.len() >= MEMO_MAX {
-            self.refs.clear();
+        if self.entries >= MEMO_MAX {
+            self.clear();
         }
-        self.refs.insert((id as u16, part, key), r);
+        let i = self.place(key);
+        self.series[i].push((family, part, r));
+        self.entries += 1;
         Some(r)
     }
 
     /// Entries held.
     pub fn len(&self) -> usize {
-        self.refs.len()
+        self.entries
     }
 
     pub fn is_empty(&self) -> bool {
-        self.refs.is_empty()
+        self.entries == 0
     }
 }
 
