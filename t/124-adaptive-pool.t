@@ -2,7 +2,8 @@
 # requests are pipelined onto open connections while their queues are
 # shorter than sqldb_pipeline's depth= and the query in front of them has
 # run less than slow=. A request is never pipelined behind a query that has
-# run longer than that, nor behind a query whose template ran long lately.
+# run longer than that, nor behind a query whose template ran long lately,
+# nor behind the first run of a template (how long it runs is not known).
 use strict;
 use warnings;
 use lib 't/lib';
@@ -24,6 +25,10 @@ upstream slow50 {
     sqldb_server $server;
     sqldb_pipeline on slow=50ms;
 }
+upstream fresh50 {
+    sqldb_server $server;
+    sqldb_pipeline on slow=50ms;
+}
 server {
     listen 127.0.0.1:\$PORT;
     sqldb_result_timeout 30s;
@@ -32,9 +37,14 @@ server {
     location /long { sqldb_pass slow50; sqldb_query "select pg_sleep(\$arg_s::float8)::text || 'long'"; }
     location /learn { sqldb_pass slow50; sqldb_query "select pg_sleep(1.5)::text || 'learn'"; }
     location /fast { sqldb_pass slow50; sqldb_query "select 'fast'"; }
+    location /first { sqldb_pass fresh50; sqldb_query "select pg_sleep(1.5)::text || 'first'"; }
+    location /fast2 { sqldb_pass fresh50; sqldb_query "select 'fast'"; }
 }
 HTTP
 
+# (The template's first run shows it is not long: then it is pipelined.)
+my ($s0, $b0) = http_get($port, '/deep');
+is("$s0 $b0", '200 deep', 'a first request of the template, alone');
 my @socks = map { http_send($port, '/deep') } 1 .. 32;
 my $most = 0;
 my $deadline = time + 1;
@@ -80,6 +90,21 @@ is($fast_done, 4, 'fast requests sent right after it answered');
 cmp_ok($took, '<', stretch(1.2), sprintf('and did not wait behind it (%.3f s)', $took));
 my ($s2, $b2) = http_read($learn, 30);
 is("$s2 $b2", '200 learn', 'the long query answered again');
+
+# -- The first run of a template nobody has timed yet: a fast request sent
+# right behind it (well within slow=) is not pipelined behind it. (Its
+# upstream has one connection, idle: the first run takes it.)
+my ($s5, $b5) = http_get($port, '/fast2');
+is("$s5 $b5", '200 fast', 'one connection of its own upstream');
+my $first = http_send($port, '/first');
+sleep 0.005;
+$t0 = time;
+my ($s3, $b3) = http_read(http_send($port, '/fast2'), 30);
+$took = time - $t0;
+is("$s3 $b3", '200 fast', 'a fast request right behind a template never run before');
+cmp_ok($took, '<', stretch(1), sprintf('did not wait behind it (%.3f s, it runs 1.5 s)', $took));
+my ($s4, $b4) = http_read($first, 30);
+is("$s4 $b4", '200 first', 'the first run answered');
 
 unlike(nginx_error_log(), qr/\[(alert|crit|emerg)\]/, 'no alert');
 stop_nginx();

@@ -46,7 +46,9 @@ pub struct Statement {
     pub name: CString,
     /// Its query ran long at the front of a connection's queue lately
     /// (counts down with each run that did not): it runs alone, so that no
-    /// request is pipelined behind it.
+    /// request is pipelined behind it. A template starts so, until a run
+    /// shows it is not long: no request is pipelined behind a query whose
+    /// time nobody knows yet.
     pub slow: Cell<u8>,
 }
 
@@ -55,7 +57,7 @@ impl Statement {
         Statement {
             id,
             name,
-            slow: Cell::new(0),
+            slow: Cell::new(1),
         }
     }
 
