@@ -1,0 +1,147 @@
+# What a session keeps between requests (sqldb_jwt_key) when something
+# other than the gateway changes it: a function called by a template that
+# sets the role, the claims or the read-only default for the session (no
+# word of it in the template's text), a template of a location without a
+# token that changes the session, a client that leaves while its query
+# runs, a query that times out. The next request on the one connection
+# (sqldb_keepalive max=1) runs with its own role, claims and read-only-ness
+# all the same.
+use strict;
+use warnings;
+use lib 't/lib';
+use GatewayTest qw(nginx_start stop_nginx nginx_error_log psql http_send_request http_read);
+use Test::More;
+use Digest::SHA qw(hmac_sha256);
+use MIME::Base64 qw(encode_base64url);
+use File::Temp qw(tempdir);
+use Time::HiRes qw(sleep);
+
+my $dir = tempdir('ngx-gateway-jwt-attack-XXXXXX', TMPDIR => 1, CLEANUP => 1);
+chmod 0755, $dir;
+my $secret = 'the secret of the session attack tests, over thirty-two bytes';
+{
+    open my $fh, '>', "$dir/secret" or die $!;
+    print $fh "$secret\n";
+    close $fh;
+}
+sub token {
+    my ($sub, $role) = @_;
+    my $msg = encode_base64url('{"alg":"HS256"}') . '.'
+        . encode_base64url(sprintf '{"sub":"%s","role":"%s","exp":%d}', $sub, $role // 'ja_user', time + 600);
+    return "$msg." . encode_base64url(hmac_sha256($msg, $secret));
+}
+
+psql(<<'SQL');
+drop table if exists ja_rows;
+drop function if exists ja_sneaky(text, text);
+do $$ begin
+  if not exists (select from pg_roles where rolname = 'ja_user') then create role ja_user nologin; end if;
+  if not exists (select from pg_roles where rolname = 'ja_other') then create role ja_other nologin; end if;
+end $$;
+grant ja_user, ja_other to gateway;
+create table ja_rows (id serial primary key, who text not null);
+grant select, insert on ja_rows to ja_user, ja_other;
+grant usage on sequence ja_rows_id_seq to ja_user, ja_other;
+-- Sets a parameter for the session; the template that calls it says
+-- neither "set" nor "set_config".
+create function ja_sneaky(name text, value text) returns text language plpgsql as $$
+begin
+  perform pg_catalog.set_config(name, value, false);
+  return 'done';
+end $$;
+grant execute on function ja_sneaky(text, text) to public;
+SQL
+
+my $server = GatewayTest::pg_server_line('jwtattack');
+my $show = q{concat_ws('|', current_user, coalesce(nullif(current_setting('request.jwt.claims', true), '')::json->>'sub', '-'), }
+    . q{current_setting('transaction_read_only'))};
+my $port = nginx_start(<<"HTTP");
+upstream one {
+    sqldb_server $server;
+    sqldb_keepalive max=1;
+}
+server {
+    listen 127.0.0.1:\$PORT;
+    sqldb_output value;
+    location /who { sqldb_pass one; sqldb_jwt_key $dir/secret; sqldb_query "select $show"; }
+    location /add { sqldb_pass one; sqldb_jwt_key $dir/secret; sqldb_query "insert into ja_rows (who) values (current_user) returning who"; }
+    location /sneaky {
+        sqldb_pass one;
+        sqldb_jwt_key $dir/secret;
+        sqldb_query "select ja_sneaky(\$arg_name::text, \$arg_value::text)";
+    }
+    location /sneaky_claims { sqldb_pass one; sqldb_jwt_key $dir/secret; sqldb_query "select ja_sneaky('request.jwt.claims', '{\\"sub\\":\\"mallory\\"}')"; }
+    location /slow { sqldb_pass one; sqldb_jwt_key $dir/secret; sqldb_result_timeout 300ms; sqldb_query "select pg_sleep(\$arg_s::float8)::text || $show"; }
+    location /plain { sqldb_pass one; sqldb_query "select $show"; }
+    location /plain_claims { sqldb_pass one; sqldb_query "select pg_catalog.set_config('request.jwt.claims', '{\\"sub\\":\\"mallory\\"}', false)"; }
+    location /plain_sneaky { sqldb_pass one; sqldb_query "select ja_sneaky(\$arg_name::text, \$arg_value::text)"; }
+    location /plain_several { sqldb_pass one; sqldb_query "select 1; set role ja_other; select 'done'"; }
+}
+HTTP
+
+sub req {
+    my ($method, $path, $token) = @_;
+    my $s = http_send_request($port, $method, $path, undef, $token ? (Authorization => "Bearer $token") : ());
+    my ($status, $body) = http_read($s, 20);
+    return (($status // 0) . ' ' . ($body // ''));
+}
+
+my $alice = token('alice');
+my $login = '200 gateway|-|off';
+
+# --- A function that turns the read-only default off for the session:
+# the next GET of the same token is read-only all the same.
+is(req('GET', '/who', $alice), '200 ja_user|alice|on', 'GET as alice: read-only');
+is(req('GET', '/sneaky?name=default_transaction_read_only&value=off', $alice), '200 done',
+    "alice's GET calls a function that turns the session's read-only default off");
+is(req('GET', '/who', $alice), '200 ja_user|alice|on', 'her next GET is read-only still');
+like(req('GET', '/add', $alice), qr/^500 /, 'and a GET that writes fails');
+
+# --- A function that sets another role for the session: the next request
+# of the same token runs as the token's role.
+is(req('GET', '/who', $alice), '200 ja_user|alice|on', 'GET as alice');
+is(req('GET', '/sneaky?name=role&value=ja_other', $alice), '200 done', "alice's GET calls a function that sets role ja_other");
+is(req('GET', '/who', $alice), '200 ja_user|alice|on', 'her next GET runs as ja_user');
+
+# --- A function that sets the role back to the login's (RESET ROLE's
+# value, "none"): the next request of the same token does not run as the
+# login role.
+is(req('GET', '/who', $alice), '200 ja_user|alice|on', 'GET as alice');
+is(req('GET', '/sneaky?name=role&value=none', $alice), '200 done', "alice's GET calls a function that sets role none");
+is(req('GET', '/who', $alice), '200 ja_user|alice|on', 'her next GET runs as ja_user, not as the login role');
+
+# --- A function that sets the claims: the next request of the same
+# token has its own.
+is(req('GET', '/sneaky_claims', $alice), '200 done',
+    "alice's GET calls a function that sets mallory's claims");
+is(req('GET', '/who', $alice), '200 ja_user|alice|on', 'her next GET has her own claims');
+
+# --- Locations without a token whose templates change the session: the
+# next request without a token runs as the login role, without claims.
+is(req('GET', '/who', $alice), '200 ja_user|alice|on', 'GET as alice');
+is(req('GET', '/plain', undef), $login, 'then a request without a token: the login role');
+is(req('GET', '/plain_claims', undef) =~ s/ .*//sr, '200', 'a template without a token sets the claims for the session');
+is(req('GET', '/plain', undef), $login, 'the next request without a token has no claims');
+is(req('GET', '/plain_several', undef) =~ s/ .*//sr, '200', 'a template of several statements without a token sets role ja_other');
+is(req('GET', '/plain', undef), $login, 'the next request without a token runs as the login role');
+is(req('GET', '/plain_sneaky?name=role&value=ja_other', undef), '200 done', 'a template without a token calls a function that sets role ja_other');
+is(req('GET', '/who', $alice), '200 ja_user|alice|on', 'alice after it runs as herself');
+is(req('GET', '/plain', undef), $login, 'and the next request without a token as the login role');
+
+# --- A client that leaves while its query runs; a query that times out.
+is(req('GET', '/who', $alice), '200 ja_user|alice|on', 'GET as alice');
+{
+    my $s = http_send_request($port, 'POST', '/slow?s=0.5', undef, Authorization => 'Bearer ' . token('bob', 'ja_other'));
+    sleep 0.2;
+    close $s;
+}
+is(req('GET', '/who', $alice), '200 ja_user|alice|on', 'after a POST as bob (ja_other) whose client left mid-query: alice is alice');
+is(req('POST', '/slow?s=2', token('bob', 'ja_other')) =~ s/ .*//sr, '504', "bob's slow POST times out");
+is(req('GET', '/who', $alice), '200 ja_user|alice|on', 'alice after it');
+is(req('GET', '/plain', undef), $login, 'a request without a token after it');
+
+my $log = nginx_error_log();
+diag(join "", grep { m{\[(error|warn)\]} } split m{^}m, $log) if $ENV{SHOW_LOG};
+unlike($log, qr/\[(alert|crit|emerg)\]/, 'no alert');
+stop_nginx();
+done_testing();
