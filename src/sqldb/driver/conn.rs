@@ -334,7 +334,7 @@ impl Conn {
                 return Err(PqError("a role or settings for a query of several statements".into()));
             }
             let standby = self.pg.role().hot_standby == Some(true);
-            let prefix = self.session.several_prefix(self.owns_session(), standby, req);
+            let prefix = self.session.several_prefix(self.owns_session(), standby);
             self.pipeline.sent(req, Mode::Simple, q.streaming);
             self.check_encoding()?;
             if self.in_pipeline {

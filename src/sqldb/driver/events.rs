@@ -381,6 +381,8 @@ impl ConnPool {
             }
         }
         c.progressed(front, long);
+        // A read-only default that a query set itself (session.rs).
+        c.session.observe(c.pg.role());
         if c.pipeline.take_preamble_vanished() {
             // Dropped behind the gateway's back (DISCARD ALL): prepared again.
             c.preambles.clear();

@@ -307,8 +307,9 @@ impl SessionState {
                 before: text.map(|t| before(t, params)),
             }
         };
-        if (q.changes_session || q.several) && !matches!(want, Want::Login) {
-            // Its query may change the session itself.
+        if q.changes_session || q.several {
+            // Its query may change the session itself (a request without a
+            // role too: its template may set a role or claims).
             self.holds = Session::Unknown;
             self.settling = None;
         }
@@ -319,18 +320,40 @@ impl SessionState {
     /// protocol, no parameters): the login's role back, if the session may
     /// hold another (see above). `own` as for `plan`; `standby`: the
     /// server is a hot standby (whose transactions are all read-only).
-    pub(super) fn several_prefix(&mut self, own: bool, standby: bool, req: ReqToken) -> Option<&'static str> {
-        if !own || self.holds == Session::Login {
+    pub(super) fn several_prefix(&mut self, own: bool, standby: bool) -> Option<&'static str> {
+        if !own {
             return None;
         }
         // (The transaction is made read-write before any query of its own.)
-        let prefix = match self.holds.may_be_read_only() && !standby {
-            true => "RESET default_transaction_read_only; SET TRANSACTION READ WRITE; RESET ROLE; RESET \"request.jwt.claims\"; ",
-            false => "RESET default_transaction_read_only; RESET ROLE; RESET \"request.jwt.claims\"; ",
+        let prefix = match &self.holds {
+            Session::Login => None,
+            h if h.may_be_read_only() && !standby => Some(
+                "RESET default_transaction_read_only; SET TRANSACTION READ WRITE; RESET ROLE; RESET \"request.jwt.claims\"; ",
+            ),
+            _ => Some("RESET default_transaction_read_only; RESET ROLE; RESET \"request.jwt.claims\"; "),
         };
+        // Its own statements may change the session (SET ROLE, say).
         self.holds = Session::Unknown;
-        self.settling = Some((req, Session::Login));
-        Some(prefix)
+        self.settling = None;
+        prefix
+    }
+
+    /// The session reported its read-only default (`reported`, after a
+    /// query's results): one that is not what the session should hold was
+    /// set by a query itself (a function that sets it for the session, no
+    /// word of it in the template), and the session holds what is not
+    /// known. (With the session known, every request sent since holds it
+    /// and sets nothing: the report can only be that query's.)
+    pub fn observe(&mut self, reported: Role) {
+        let expected = match &self.holds {
+            Session::Login => self.login_read_only,
+            Session::Role { read_only, .. } => Some(*read_only),
+            Session::Unknown => return,
+        };
+        if reported.read_only != expected {
+            self.holds = Session::Unknown;
+            self.settling = None;
+        }
     }
 
     /// A request's results are all in (`ok`: without an error): if it set
