@@ -339,18 +339,15 @@ impl SessionState {
     }
 
     /// The session reported its read-only default (`reported`, after a
-    /// query's results): one that is not what the session should hold was
-    /// set by a query itself (a function that sets it for the session, no
-    /// word of it in the template), and the session holds what is not
+    /// query's results): a session that should be read-only and is not was
+    /// made read-write by a query itself (a function that sets it for the
+    /// session, no word of it in the template), and what it holds is not
     /// known. (With the session known, every request sent since holds it
-    /// and sets nothing: the report can only be that query's.)
+    /// and sets nothing: the report can only be a query's.) The other way
+    /// round is no danger, and may be the server's own (a configuration
+    /// reloaded).
     pub fn observe(&mut self, reported: Role) {
-        let expected = match &self.holds {
-            Session::Login => self.login_read_only,
-            Session::Role { read_only, .. } => Some(*read_only),
-            Session::Unknown => return,
-        };
-        if reported.read_only != expected {
+        if matches!(self.holds, Session::Role { read_only: true, .. }) && reported.read_only != Some(true) {
             self.holds = Session::Unknown;
             self.settling = None;
         }
