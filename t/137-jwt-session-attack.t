@@ -72,7 +72,10 @@ server {
     }
     location /sneaky_claims { sqldb_pass one; sqldb_jwt_key $dir/secret; sqldb_query "select ja_sneaky('request.jwt.claims', '{\\"sub\\":\\"mallory\\"}')"; }
     location /slow { sqldb_pass one; sqldb_jwt_key $dir/secret; sqldb_result_timeout 300ms; sqldb_query "select pg_sleep(\$arg_s::float8)::text || $show"; }
+    location /stream { sqldb_pass one; sqldb_jwt_key $dir/secret; sqldb_stream on; sqldb_output csv; sqldb_query "select g, repeat('x', 2000) from generate_series(1, 200000) g"; }
     location /plain { sqldb_pass one; sqldb_query "select $show"; }
+    location /plain_add { sqldb_pass one; sqldb_query "insert into ja_rows (who) values (current_user) returning who"; }
+    location /plain_begin { sqldb_pass one; sqldb_query "begin; select 'begun'"; }
     location /plain_claims { sqldb_pass one; sqldb_query "select pg_catalog.set_config('request.jwt.claims', '{\\"sub\\":\\"mallory\\"}', false)"; }
     location /plain_sneaky { sqldb_pass one; sqldb_query "select ja_sneaky(\$arg_name::text, \$arg_value::text)"; }
     location /plain_several { sqldb_pass one; sqldb_query "select 1; set role ja_other; select 'done'"; }
@@ -139,6 +142,44 @@ is(req('GET', '/who', $alice), '200 ja_user|alice|on', 'after a POST as bob (ja_
 is(req('POST', '/slow?s=2', token('bob', 'ja_other')) =~ s/ .*//sr, '504', "bob's slow POST times out");
 is(req('GET', '/who', $alice), '200 ja_user|alice|on', 'alice after it');
 is(req('GET', '/plain', undef), $login, 'a request without a token after it');
+
+# --- HEAD is read-only as GET is; a POST of the same token after it is not.
+is(req('HEAD', '/who', $alice) =~ s/ .*//sr, '200', 'HEAD as alice');
+like(req('HEAD', '/add', $alice), qr/^500/, 'a HEAD that writes fails (read-only)');
+is(req('POST', '/who', $alice), '200 ja_user|alice|off', 'a POST as alice after it is read-write');
+is(req('HEAD', '/who', $alice) =~ s/ .*//sr, '200', 'HEAD as alice again');
+like(req('HEAD', '/add', $alice), qr/^500/, 'and a HEAD that writes fails again');
+
+# --- A client that leaves while its query waits its turn behind a slow one.
+{
+    my $slow = http_send_request($port, 'GET', '/slow?s=0.25', undef, Authorization => "Bearer $alice");
+    my $queued = http_send_request($port, 'POST', '/who', undef, Authorization => 'Bearer ' . token('carol', 'ja_other'));
+    sleep 0.05;
+    close $queued;
+    my ($st) = http_read($slow, 20);
+    is($st, 200, "alice's slow GET answers");
+}
+is(req('GET', '/who', $alice), '200 ja_user|alice|on', 'the next GET as alice, after a queued POST as carol whose client left');
+is(req('POST', '/plain_add', undef), '200 gateway', 'a write without a token runs read-write as the login role');
+
+# --- A stream whose client reads a little and leaves, GET (read-only) and
+# POST (another role): the next requests are their own.
+for my $method ('GET', 'POST') {
+    my $s = http_send_request($port, $method, '/stream', undef, Authorization => 'Bearer ' . token('dave', 'ja_other'));
+    my $buf = '';
+    sysread($s, $buf, 4096) for 1 .. 4;
+    close $s;
+    sleep 0.2;
+    is(req('GET', '/who', $alice), '200 ja_user|alice|on', "after a $method stream as dave (ja_other) whose client left: alice is alice");
+    is(req('POST', '/plain_add', undef), '200 gateway', 'and a write without a token runs read-write as the login role');
+    is(req('GET', '/plain', undef), $login, 'and a read without a token as the login role');
+}
+
+# --- A transaction left open by a template without a token.
+is(req('GET', '/who', $alice), '200 ja_user|alice|on', 'GET as alice');
+is(req('POST', '/plain_begin', undef), '200 begun', 'a template without a token begins a transaction and leaves it open');
+is(req('GET', '/who', $alice), '200 ja_user|alice|on', 'alice after it: her own, read-only');
+is(req('POST', '/plain_add', undef), '200 gateway', 'a write without a token after it');
 
 my $log = nginx_error_log();
 diag(join "", grep { m{\[(error|warn)\]} } split m{^}m, $log) if $ENV{SHOW_LOG};
