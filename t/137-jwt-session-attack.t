@@ -9,7 +9,7 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(nginx_start stop_nginx nginx_error_log psql http_send_request http_read);
+use GatewayTest qw(nginx_start stop_nginx nginx_error_log psql http_send_request http_read start_extra_pg wait_until);
 use Test::More;
 use Digest::SHA qw(hmac_sha256);
 use MIME::Base64 qw(encode_base64url);
@@ -185,4 +185,54 @@ my $log = nginx_error_log();
 diag(join "", grep { m{\[(error|warn)\]} } split m{^}m, $log) if $ENV{SHOW_LOG};
 unlike($log, qr/\[(alert|crit|emerg)\]/, 'no alert');
 stop_nginx();
+
+# --- sqldb_target after a token's POST: a server that turns read-only (its
+# configuration reloaded) is seen as such by a connection whose session
+# holds a role the gateway set, as by one that holds the login's. On a
+# server of its own (its configuration changes).
+{
+    my $pg = start_extra_pg();
+    my $sql_on = sub {
+        local $ENV{TEST_NGINX_PG_PORT} = $pg->{port};
+        local $ENV{TEST_NGINX_PG_SUPERPW} = $pg->{super};
+        return psql($_[0], 'gateway_test');
+    };
+    $sql_on->(<<'SQL');
+do $$ begin
+  if not exists (select from pg_roles where rolname = 'ja_user') then create role ja_user nologin; end if;
+end $$;
+grant ja_user to gateway;
+SQL
+    my $line = "127.0.0.1:$pg->{port} dbname=gateway_test user=gateway \"password=it's a secret\" application_name=jatarget";
+    $port = nginx_start(<<"HTTP");
+upstream two {
+    sqldb_server $line;
+    sqldb_keepalive max=1;
+}
+server {
+    listen 127.0.0.1:\$PORT;
+    sqldb_output value;
+    location /who { sqldb_pass two; sqldb_jwt_key $dir/secret; sqldb_query "select $show"; }
+    location /plain { sqldb_pass two; sqldb_query "select $show"; }
+    location /rw_target { sqldb_pass two; sqldb_target read-write; sqldb_query "select $show"; }
+}
+HTTP
+    # The first request with a target: the roles of the servers are
+    # followed from now on.
+    is(req('GET', '/rw_target', undef), $login, 'sqldb_target read-write: the server is read-write');
+    for my $case (['/plain', undef, $login, 'gateway|-|on', 'without a token'],
+                  ['/who', $alice, '200 ja_user|alice|off', 'ja_user|alice|on', "with alice's token"]) {
+        my ($path, $token, $before, $after, $what) = @$case;
+        is(req('POST', $path, $token), $before, "POST $what: read-write");
+        $sql_on->('alter system set default_transaction_read_only = on');
+        $sql_on->('select pg_reload_conf()');
+        ok(wait_until(sub { req('POST', $path, $token) eq "200 $after" }, 10),
+            "POST $what again: the server's configuration made it read-only");
+        is(req('GET', '/rw_target', undef) =~ s/ .*//sr, '502', "then sqldb_target read-write: no server meets it ($what)");
+        $sql_on->('alter system reset default_transaction_read_only');
+        $sql_on->('select pg_reload_conf()');
+        ok(wait_until(sub { req('GET', '/rw_target', undef) eq $login }, 10), 'the server is read-write again');
+    }
+    stop_nginx();
+}
 done_testing();

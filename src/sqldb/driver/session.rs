@@ -241,10 +241,12 @@ impl SessionState {
     }
 
     /// The server's role as the session reports it (`reported`), but for
-    /// the read-only default the gateway set (the login's stands for it).
+    /// a read-only default the gateway may have set (the login's stands for
+    /// it). A session that holds the login's default, or a role's without
+    /// read-only, reports the server's own (its configuration reloaded).
     pub fn server_role(&self, reported: Role) -> Role {
         let mut role = reported;
-        if self.holds != Session::Login {
+        if self.holds.may_be_read_only() {
             role.read_only = self.login_read_only.or(role.read_only);
         }
         role
