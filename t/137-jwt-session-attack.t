@@ -34,6 +34,7 @@ sub token {
 psql(<<'SQL');
 drop table if exists ja_rows;
 drop function if exists ja_sneaky(text, text);
+drop function if exists ja_forget();
 do $$ begin
   if not exists (select from pg_roles where rolname = 'ja_user') then create role ja_user nologin; end if;
   if not exists (select from pg_roles where rolname = 'ja_other') then create role ja_other nologin; end if;
@@ -50,6 +51,13 @@ begin
   return 'done';
 end $$;
 grant execute on function ja_sneaky(text, text) to public;
+-- Drops the session's prepared statements (the gateway's too).
+create or replace function ja_forget() returns text language plpgsql as $$
+begin
+  execute 'deallocate all';
+  return 'forgotten';
+end $$;
+grant execute on function ja_forget() to public;
 SQL
 
 my $server = GatewayTest::pg_server_line('jwtattack');
@@ -73,6 +81,7 @@ server {
     location /sneaky_claims { sqldb_pass one; sqldb_jwt_key $dir/secret; sqldb_query "select ja_sneaky('request.jwt.claims', '{\\"sub\\":\\"mallory\\"}')"; }
     location /slow { sqldb_pass one; sqldb_jwt_key $dir/secret; sqldb_result_timeout 300ms; sqldb_query "select pg_sleep(\$arg_s::float8)::text || $show"; }
     location /stream { sqldb_pass one; sqldb_jwt_key $dir/secret; sqldb_stream on; sqldb_output csv; sqldb_query "select g, repeat('x', 2000) from generate_series(1, 200000) g"; }
+    location /forget { sqldb_pass one; sqldb_jwt_key $dir/secret; sqldb_query "select ja_forget()"; }
     location /plain { sqldb_pass one; sqldb_query "select $show"; }
     location /plain_add { sqldb_pass one; sqldb_query "insert into ja_rows (who) values (current_user) returning who"; }
     location /plain_begin { sqldb_pass one; sqldb_query "begin; select 'begun'"; }
@@ -180,6 +189,19 @@ is(req('GET', '/who', $alice), '200 ja_user|alice|on', 'GET as alice');
 is(req('POST', '/plain_begin', undef), '200 begun', 'a template without a token begins a transaction and leaves it open');
 is(req('GET', '/who', $alice), '200 ja_user|alice|on', 'alice after it: her own, read-only');
 is(req('POST', '/plain_add', undef), '200 gateway', 'a write without a token after it');
+
+# --- A function that drops the session's prepared statements (no word of
+# it in the template): the gateway takes the sessions for shared ones and
+# stops keeping roles in them. What this session holds of alice's is not
+# left for the requests after.
+is(req('GET', '/who', $alice), '200 ja_user|alice|on', 'GET as alice');
+is(req('GET', '/forget', $alice), '200 forgotten', "alice's GET calls a function that drops the prepared statements");
+is(req('GET', '/who', $alice), '200 ja_user|alice|on', 'alice again (her statement is prepared again)');
+is(req('GET', '/plain', undef), $login, 'a request without a token runs as the login role, without her claims, read-write');
+is(req('POST', '/plain_add', undef), '200 gateway', 'a write without a token runs read-write');
+is(req('POST', '/who', $alice), '200 ja_user|alice|off', 'a POST as alice is read-write');
+is(req('GET', '/who', $alice), '200 ja_user|alice|on', 'a GET as alice read-only');
+is(req('GET', '/plain', undef), $login, 'and a request without a token after it as the login role');
 
 my $log = nginx_error_log();
 diag(join "", grep { m{\[(error|warn)\]} } split m{^}m, $log) if $ENV{SHOW_LOG};

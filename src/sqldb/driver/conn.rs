@@ -11,7 +11,7 @@ use gateway_core::target::Role;
 
 use super::cancel::Canceller;
 use super::pq::{CancelKey, PgConn, PqError};
-use super::session::{SessionState, RESET_READ_ONLY};
+use super::session::{SessionState, RESET_READ_ONLY, RESET_SESSION};
 use super::{ConnId, ConnPool, Query, ReqToken, Statement};
 use crate::ffi::*;
 use crate::metrics;
@@ -334,7 +334,7 @@ impl Conn {
                 return Err(PqError("a role or settings for a query of several statements".into()));
             }
             let standby = self.pg.role().hot_standby == Some(true);
-            let prefix = self.session.several_prefix(self.owns_session(), standby);
+            let prefix = self.session.several_prefix(self.owns_session(), standby, req);
             self.pipeline.sent(req, Mode::Simple, q.streaming);
             self.check_encoding()?;
             if self.in_pipeline {
@@ -361,7 +361,7 @@ impl Conn {
                 Some(p) if self.preambles.iter().any(|n| n.as_c_str() == p.name.as_c_str()) => 1,
                 Some(_) => 2,
             };
-            if plan.reset_read_only {
+            if plan.reset_read_only || plan.reset_session {
                 self.pipeline.sent_internal();
             }
             let wire = self
@@ -371,6 +371,10 @@ impl Conn {
             self.enter_pipeline()?;
             if plan.reset_read_only {
                 self.pg.send_unnamed(RESET_READ_ONLY, &[], false)?;
+                self.pg.pipeline_sync()?;
+            }
+            if plan.reset_session {
+                self.pg.send_unnamed(RESET_SESSION, &[], false)?;
                 self.pg.pipeline_sync()?;
             }
             if let Some(p) = &plan.before {

@@ -205,11 +205,22 @@ pub(super) struct Plan<'q> {
     /// `RESET default_transaction_read_only` first, in a sync segment of
     /// its own.
     pub reset_read_only: bool,
+    /// `RESET_SESSION` first, in a sync segment of its own.
+    pub reset_session: bool,
     pub before: Option<Before<'q>>,
 }
 
 /// Undoes a read-only session (see above).
 pub(super) const RESET_READ_ONLY: &CStr = c"RESET default_transaction_read_only";
+
+/// Puts back all that a session kept (the login's role and read-only
+/// default, no claims), for a connection that stops keeping roles in its
+/// session (its sessions were found shared) while it holds one.
+pub(super) const RESET_SESSION: &CStr = c"select \
+    pg_catalog.set_config('role', (select reset_val from pg_catalog.pg_settings where name = 'role'), false), \
+    pg_catalog.set_config('request.jwt.claims', '', false), \
+    pg_catalog.set_config('default_transaction_read_only', \
+        (select reset_val from pg_catalog.pg_settings where name = 'default_transaction_read_only'), false)";
 
 /// A connection's session, as far as the roles the gateway sets go.
 #[derive(Debug)]
@@ -258,8 +269,16 @@ impl SessionState {
     pub(super) fn plan<'q>(&mut self, own: bool, req: ReqToken, q: &'q Query) -> Plan<'q> {
         let p = q.preamble.as_ref();
         if !(own && self.login_read_only == Some(false)) {
+            // A session that kept a role while it was known to be the
+            // connection's own (found shared since) is put back first.
+            let reset_session = self.holds != Session::Login;
+            if reset_session {
+                self.holds = Session::Unknown;
+                self.settling = Some((req, Session::Login));
+            }
             return Plan {
                 reset_read_only: false,
+                reset_session,
                 before: p.map(|p| Before {
                     sql: p.sql.clone(),
                     name: p.name.clone(),
@@ -293,6 +312,7 @@ impl SessionState {
             };
             Plan {
                 reset_read_only: false,
+                reset_session: false,
                 before: texts.settings.as_ref().map(|t| before(t, settings)),
             }
         } else {
@@ -306,6 +326,7 @@ impl SessionState {
             self.settling = Some((req, want.session()));
             Plan {
                 reset_read_only,
+                reset_session: false,
                 before: text.map(|t| before(t, params)),
             }
         };
@@ -322,8 +343,8 @@ impl SessionState {
     /// protocol, no parameters): the login's role back, if the session may
     /// hold another (see above). `own` as for `plan`; `standby`: the
     /// server is a hot standby (whose transactions are all read-only).
-    pub(super) fn several_prefix(&mut self, own: bool, standby: bool) -> Option<&'static str> {
-        if !own {
+    pub(super) fn several_prefix(&mut self, own: bool, standby: bool, req: ReqToken) -> Option<&'static str> {
+        if !own && self.holds == Session::Login {
             return None;
         }
         // (The transaction is made read-write before any query of its own.)
@@ -334,9 +355,11 @@ impl SessionState {
             ),
             _ => Some("RESET default_transaction_read_only; RESET ROLE; RESET \"request.jwt.claims\"; "),
         };
-        // Its own statements may change the session (SET ROLE, say).
+        // Its own statements may change the session (SET ROLE, say). (A
+        // session that is not the connection's own holds the login's after
+        // it: sessions found shared, see plan.)
         self.holds = Session::Unknown;
-        self.settling = None;
+        self.settling = (!own).then_some((req, Session::Login));
         prefix
     }
 
