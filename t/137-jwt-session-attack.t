@@ -9,7 +9,7 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(nginx_start stop_nginx nginx_error_log psql http_send_request http_read start_extra_pg wait_until);
+use GatewayTest qw(nginx_start stop_nginx nginx_error_log psql http_send_request http_read start_extra_pg start_standby_pg wait_until);
 use Test::More;
 use Digest::SHA qw(hmac_sha256);
 use MIME::Base64 qw(encode_base64url);
@@ -256,5 +256,43 @@ HTTP
         ok(wait_until(sub { req('GET', '/rw_target', undef) eq $login }, 10), 'the server is read-write again');
     }
     stop_nginx();
+
+    # --- A standby: a GET with a token, then a query of several statements
+    # and a POST without one (the standby's transactions are all read-only:
+    # the login's role back must not try to make one read-write).
+    my $standby = start_standby_pg($pg);
+    my $sline = "127.0.0.1:$standby->{port} dbname=gateway_test user=gateway \"password=it's a secret\" application_name=jastandby";
+    ok(wait_until(sub { local $ENV{TEST_NGINX_PG_PORT} = $standby->{port}; local $ENV{TEST_NGINX_PG_SUPERPW} = $standby->{super};
+        psql("select count(*) from pg_roles where rolname = 'ja_user'", 'gateway_test') eq '1' }, 10), 'the standby has the role');
+    # --- And a login whose sessions start read-only (alter role ... set).
+    $sql_on->('alter role gateway set default_transaction_read_only = on');
+    $port = nginx_start(<<"HTTP");
+upstream standby { sqldb_server $sline; sqldb_keepalive max=1; }
+upstream ro_login { sqldb_server $line; sqldb_keepalive max=1; }
+server {
+    listen 127.0.0.1:\$PORT;
+    sqldb_output value;
+    location /s/who { sqldb_pass standby; sqldb_jwt_key $dir/secret; sqldb_query "select $show"; }
+    location /s/plain { sqldb_pass standby; sqldb_query "select $show"; }
+    location /s/several { sqldb_pass standby; sqldb_query "select 1; select $show"; }
+    location /r/who { sqldb_pass ro_login; sqldb_jwt_key $dir/secret; sqldb_query "select $show"; }
+    location /r/plain { sqldb_pass ro_login; sqldb_query "select $show"; }
+}
+HTTP
+    my $ro_login = '200 gateway|-|on';
+    for my $round (1 .. 2) {
+        is(req('GET', '/s/who', $alice), '200 ja_user|alice|on', "standby, round $round: GET as alice");
+        is(req('GET', '/s/several', undef), $ro_login, 'then several statements without a token: the login role');
+        is(req('GET', '/s/who', $alice), '200 ja_user|alice|on', 'GET as alice again');
+        is(req('POST', '/s/plain', undef), $ro_login, 'then a POST without a token: the login role');
+        is(req('POST', '/s/who', $alice), '200 ja_user|alice|on', 'a POST as alice (the standby is read-only)');
+        is(req('GET', '/r/who', $alice), '200 ja_user|alice|on', "read-only login, round $round: GET as alice");
+        is(req('POST', '/r/who', $alice), '200 ja_user|alice|on', 'a POST as alice stays read-only: the login is');
+        is(req('POST', '/r/plain', undef), $ro_login, 'a POST without a token: the login role, read-only');
+        is(req('GET', '/r/who', token('erin', 'ja_user')), '200 ja_user|erin|on', 'GET as erin');
+    }
+    unlike(nginx_error_log(), qr/\[(alert|crit|emerg)\]/, 'no alert');
+    stop_nginx();
+    $sql_on->('alter role gateway reset default_transaction_read_only');
 }
 done_testing();
