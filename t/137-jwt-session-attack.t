@@ -35,6 +35,7 @@ psql(<<'SQL');
 drop table if exists ja_rows;
 drop function if exists ja_sneaky(text, text);
 drop function if exists ja_forget();
+drop function if exists ja_sneaky_slow(text, text);
 do $$ begin
   if not exists (select from pg_roles where rolname = 'ja_user') then create role ja_user nologin; end if;
   if not exists (select from pg_roles where rolname = 'ja_other') then create role ja_other nologin; end if;
@@ -51,6 +52,14 @@ begin
   return 'done';
 end $$;
 grant execute on function ja_sneaky(text, text) to public;
+-- The same, then a while before it returns.
+create or replace function ja_sneaky_slow(name text, value text) returns text language plpgsql as $$
+begin
+  perform pg_catalog.set_config(name, value, false);
+  perform pg_sleep(0.4);
+  return 'done';
+end $$;
+grant execute on function ja_sneaky_slow(text, text) to public;
 -- Drops the session's prepared statements (the gateway's too).
 create or replace function ja_forget() returns text language plpgsql as $$
 begin
@@ -81,6 +90,7 @@ server {
     location /sneaky_claims { sqldb_pass one; sqldb_jwt_key $dir/secret; sqldb_query "select ja_sneaky('request.jwt.claims', '{\\"sub\\":\\"mallory\\"}')"; }
     location /slow { sqldb_pass one; sqldb_jwt_key $dir/secret; sqldb_result_timeout 300ms; sqldb_query "select pg_sleep(\$arg_s::float8)::text || $show"; }
     location /stream { sqldb_pass one; sqldb_jwt_key $dir/secret; sqldb_stream on; sqldb_output csv; sqldb_query "select g, repeat('x', 2000) from generate_series(1, 200000) g"; }
+    location /sneaky_slow { sqldb_pass one; sqldb_jwt_key $dir/secret; sqldb_query "select ja_sneaky_slow(\$arg_name::text, \$arg_value::text)"; }
     location /forget { sqldb_pass one; sqldb_jwt_key $dir/secret; sqldb_query "select ja_forget()"; }
     location /plain { sqldb_pass one; sqldb_query "select $show"; }
     location /plain_add { sqldb_pass one; sqldb_query "insert into ja_rows (who) values (current_user) returning who"; }
@@ -108,6 +118,24 @@ is(req('GET', '/sneaky?name=default_transaction_read_only&value=off', $alice), '
     "alice's GET calls a function that turns the session's read-only default off");
 is(req('GET', '/who', $alice), '200 ja_user|alice|on', 'her next GET is read-only still');
 like(req('GET', '/add', $alice), qr/^500 /, 'and a GET that writes fails');
+
+# --- The same, with a GET that writes pipelined behind it on the one
+# connection: it was sent before the report came. Not solved: see the TODO.
+is(req('GET', '/who', $alice), '200 ja_user|alice|on', 'GET as alice');
+{
+    my $sneaky = http_send_request($port, 'GET', '/sneaky_slow?name=default_transaction_read_only&value=off', undef,
+        Authorization => "Bearer $alice");
+    sleep 0.1;
+    my $write = http_send_request($port, 'GET', '/add', undef, Authorization => "Bearer $alice");
+    my ($st1) = http_read($sneaky, 20);
+    my ($st2) = http_read($write, 20);
+    is($st1, 200, "alice's slow GET turns the session's read-only default off");
+    TODO: {
+        local $TODO = 'a GET pipelined behind a function that turns the read-only default off runs before the report comes';
+        is($st2, 500, 'a GET that writes, pipelined behind it, fails (read-only)');
+    }
+}
+is(req('GET', '/who', $alice), '200 ja_user|alice|on', 'the GET after them is read-only');
 
 # --- A function that sets another role, the login's role ("none", RESET
 # ROLE's value) or other claims for the session: PostgreSQL reports none
