@@ -77,9 +77,17 @@ upstream one {
     sqldb_server $server;
     sqldb_keepalive max=1;
 }
+upstream three {
+    sqldb_server $server;
+    sqldb_keepalive max=1;
+}
 server {
     listen 127.0.0.1:\$PORT;
     sqldb_output value;
+    location /u3/who { sqldb_pass three; sqldb_jwt_key $dir/secret; sqldb_query "select $show"; }
+    location /u3/forget { sqldb_pass three; sqldb_jwt_key $dir/secret; sqldb_query "select ja_forget()"; }
+    location /u3/plain { sqldb_pass three; sqldb_query "select $show"; }
+    location /u3/plain_add { sqldb_pass three; sqldb_query "insert into ja_rows (who) values (current_user) returning who"; }
     location /who { sqldb_pass one; sqldb_jwt_key $dir/secret; sqldb_query "select $show"; }
     location /add { sqldb_pass one; sqldb_jwt_key $dir/secret; sqldb_query "insert into ja_rows (who) values (current_user) returning who"; }
     location /sneaky {
@@ -91,6 +99,9 @@ server {
     location /slow { sqldb_pass one; sqldb_jwt_key $dir/secret; sqldb_result_timeout 300ms; sqldb_query "select pg_sleep(\$arg_s::float8)::text || $show"; }
     location /stream { sqldb_pass one; sqldb_jwt_key $dir/secret; sqldb_stream on; sqldb_output csv; sqldb_query "select g, repeat('x', 2000) from generate_series(1, 200000) g"; }
     location /sneaky_slow { sqldb_pass one; sqldb_jwt_key $dir/secret; sqldb_query "select ja_sneaky_slow(\$arg_name::text, \$arg_value::text)"; }
+    location /plain_discard { sqldb_pass one; sqldb_output rds; sqldb_query "discard all"; }
+    location /plain_reset_all { sqldb_pass one; sqldb_output rds; sqldb_query "reset all"; }
+    location /reset_all { sqldb_pass one; sqldb_jwt_key $dir/secret; sqldb_output rds; sqldb_query "reset all"; }
     location /forget { sqldb_pass one; sqldb_jwt_key $dir/secret; sqldb_query "select ja_forget()"; }
     location /plain { sqldb_pass one; sqldb_query "select $show"; }
     location /plain_add { sqldb_pass one; sqldb_query "insert into ja_rows (who) values (current_user) returning who"; }
@@ -156,6 +167,9 @@ for my $case (['/sneaky?name=role&value=ja_other', 'sets role ja_other'],
     is(req('GET', '/who', $bob), '200 ja_user|bob|on', 'GET as bob sets his own');
 }
 
+forget_case('/u3', 'upstream three');
+like(nginx_error_log(), qr/the sessions behind \S+ are shared/, 'upstream three: the sessions were taken for shared ones');
+
 # --- Locations without a token whose templates change the session: the
 # next request without a token runs as the login role, without claims.
 is(req('GET', '/who', $alice), '200 ja_user|alice|on', 'GET as alice');
@@ -218,18 +232,36 @@ is(req('POST', '/plain_begin', undef), '200 begun', 'a template without a token 
 is(req('GET', '/who', $alice), '200 ja_user|alice|on', 'alice after it: her own, read-only');
 is(req('POST', '/plain_add', undef), '200 gateway', 'a write without a token after it');
 
+# --- DISCARD ALL and RESET ALL in templates, with a token and without.
+for my $case (['/plain_discard', undef], ['/plain_reset_all', undef], ['/reset_all', $alice]) {
+    my ($path, $token) = @$case;
+    is(req('GET', '/who', $alice), '200 ja_user|alice|on', 'GET as alice');
+    like(req('POST', $path, $token), qr/^(200|500) /, "POST $path (DISCARD ALL cannot run in a pipeline: 500)");
+    is(req('GET', '/who', $alice), '200 ja_user|alice|on', "GET as alice after $path: her role, claims, read-only");
+    is(req('POST', '/plain_add', undef), '200 gateway', 'a write without a token: read-write');
+    is(req('GET', '/plain', undef), $login, 'a read without a token: the login role');
+    is(req('POST', '/who', $alice), '200 ja_user|alice|off', 'a POST as alice: read-write');
+}
+
 # --- A function that drops the session's prepared statements (no word of
-# it in the template): the gateway takes the sessions for shared ones and
-# stops keeping roles in them. What this session holds of alice's is not
-# left for the requests after.
-is(req('GET', '/who', $alice), '200 ja_user|alice|on', 'GET as alice');
-is(req('GET', '/forget', $alice), '200 forgotten', "alice's GET calls a function that drops the prepared statements");
-is(req('GET', '/who', $alice), '200 ja_user|alice|on', 'alice again (her statement is prepared again)');
-is(req('GET', '/plain', undef), $login, 'a request without a token runs as the login role, without her claims, read-write');
-is(req('POST', '/plain_add', undef), '200 gateway', 'a write without a token runs read-write');
-is(req('POST', '/who', $alice), '200 ja_user|alice|off', 'a POST as alice is read-write');
-is(req('GET', '/who', $alice), '200 ja_user|alice|on', 'a GET as alice read-only');
-is(req('GET', '/plain', undef), $login, 'and a request without a token after it as the login role');
+# it in the template). On a connection that has run no query that may
+# change its session, the gateway takes its sessions for shared ones and
+# stops keeping roles in them (upstream three): what the session holds of
+# alice's is not left for the requests after. On one that has (upstream
+# one, after the DISCARD ALL and RESET ALL above), the statements are
+# prepared again, the preambles too.
+sub forget_case {
+    my ($u, $what) = @_;
+    is(req('GET', "$u/who", $alice), '200 ja_user|alice|on', "$what: GET as alice");
+    is(req('GET', "$u/forget", $alice), '200 forgotten', "alice's GET calls a function that drops the prepared statements");
+    is(req('GET', "$u/who", $alice), '200 ja_user|alice|on', 'alice again (her statement is prepared again)');
+    is(req('GET', "$u/plain", undef), $login, 'a request without a token runs as the login role, without her claims, read-write');
+    is(req('POST', "$u/plain_add", undef), '200 gateway', 'a write without a token runs read-write');
+    is(req('POST', "$u/who", $alice), '200 ja_user|alice|off', 'a POST as alice is read-write');
+    is(req('GET', "$u/who", $alice), '200 ja_user|alice|on', 'a GET as alice read-only');
+    is(req('GET', "$u/plain", undef), $login, 'and a request without a token after it as the login role');
+}
+forget_case('', 'upstream one');
 
 my $log = nginx_error_log();
 diag(join "", grep { m{\[(error|warn)\]} } split m{^}m, $log) if $ENV{SHOW_LOG};

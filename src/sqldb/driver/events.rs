@@ -374,7 +374,16 @@ impl ConnPool {
                         c.session.settled(req, true);
                         out.push(Delivery::Complete(req));
                     }
-                    Step::Resend(req) => again.push((req, false)),
+                    Step::Resend(req) => {
+                        // Its statement vanished (DEALLOCATE ALL or DISCARD
+                        // ALL, in a function say): the preambles did too,
+                        // and are prepared again when next sent. (With the
+                        // session keeping the role, the next may be long
+                        // after: a query statement prepared again meanwhile
+                        // must not be taken for another's then.)
+                        c.preambles.clear();
+                        again.push((req, false));
+                    }
                     Step::Deallocate(req) => again.push((req, true)),
                     other => debug_assert!(false, "a result step {other:?}"),
                 }
