@@ -14,8 +14,11 @@
 //! segment that set it and completed without an error (an error rolls its
 //! transaction back, and the settings with it). Until then it is
 //! `Unknown`, and the next request sets everything it needs. A query that
-//! may change the session itself (`SET`, `set_config`, several statements)
-//! makes it unknown too. Read-only is undone in a sync segment of its own
+//! may change the session itself (`SET`, `set_config`, several statements;
+//! of a request with a role or without) makes it unknown too, and so does
+//! a read-only session that reports its read-only default off (a function
+//! turned it off). A role or claims a function sets for the session are
+//! not reported, and not seen (docs/auth.md). Read-only is undone in a sync segment of its own
 //! (`RESET default_transaction_read_only`) before the request's: a
 //! transaction that began read-only cannot be made read-write once it has
 //! run a query. If that segment fails, the request's transaction stays
@@ -24,6 +27,8 @@
 //! Elsewhere (a pooler, a server older than 14 that does not report
 //! `default_transaction_read_only`, a login that is read-only) every
 //! request sets its role for its own transaction (`set_config(..., true)`).
+//! A connection whose sessions are found shared after it kept a role in
+//! its own puts the session back first (`RESET_SESSION`).
 
 use std::ffi::{CStr, CString};
 use std::rc::Rc;
