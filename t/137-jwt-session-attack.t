@@ -103,6 +103,7 @@ server {
     location /plain_reset_all { sqldb_pass one; sqldb_output rds; sqldb_query "reset all"; }
     location /reset_all { sqldb_pass one; sqldb_jwt_key $dir/secret; sqldb_output rds; sqldb_query "reset all"; }
     location /forget { sqldb_pass one; sqldb_jwt_key $dir/secret; sqldb_query "select ja_forget()"; }
+    location /fail_as { sqldb_pass one; sqldb_jwt_key $dir/secret; sqldb_query "select (1 / \$arg_n::int)::text || $show"; }
     location /plain { sqldb_pass one; sqldb_query "select $show"; }
     location /plain_add { sqldb_pass one; sqldb_query "insert into ja_rows (who) values (current_user) returning who"; }
     location /plain_begin { sqldb_pass one; sqldb_query "begin; select 'begun'"; }
@@ -243,6 +244,40 @@ for my $case (['/plain_discard', undef], ['/plain_reset_all', undef], ['/reset_a
     is(req('POST', '/who', $alice), '200 ja_user|alice|off', 'a POST as alice: read-write');
 }
 
+# --- Pipelined on the one connection, in a random order: requests with a
+# token and without, among templates without a token that set the claims
+# or a role for the session and one with a token that resets it all.
+my @kinds = (
+    [GET => '/who', $alice, '200 ja_user|alice|on'],
+    [POST => '/who', $bob, '200 ja_user|bob|off'],
+    [GET => '/plain', undef, $login],
+    [POST => '/plain_add', undef, '200 gateway'],
+    [GET => '/plain_claims', undef, qr/^200 /],
+    [GET => '/plain_several', undef, '200 done'],
+    [POST => '/reset_all', $alice, qr/^200 /],
+    [GET => '/fail_as?n=0', $bob, qr/^500 /],
+);
+srand(137);
+my ($wrong, $total) = (0, 0);
+for my $wave (1 .. 20) {
+    my @batch = map { $kinds[int rand @kinds] } 1 .. 10;
+    my @socks = map {
+        my ($method, $path, $token) = @$_;
+        http_send_request($port, $method, $path, undef, $token ? (Authorization => "Bearer $token") : ())
+    } @batch;
+    for my $i (0 .. $#batch) {
+        my ($status, $body) = http_read($socks[$i], 20);
+        my $got = ($status // 0) . ' ' . ($body // '');
+        my $want = $batch[$i][3];
+        $total++;
+        next if ref $want ? $got =~ $want : $got eq $want;
+        $wrong++;
+        diag("wave $wave: $batch[$i][0] $batch[$i][1] got $got") if $wrong <= 5;
+    }
+}
+is($total, 200, '200 requests in waves of 10');
+is($wrong, 0, 'each pipelined request ran with its own role, claims and read-only-ness');
+
 # --- A function that drops the session's prepared statements (no word of
 # it in the template). On a connection that has run no query that may
 # change its session, the gateway takes its sessions for shared ones and
@@ -263,8 +298,9 @@ sub forget_case {
 }
 forget_case('', 'upstream one');
 
+
 my $log = nginx_error_log();
-diag(join "", grep { m{\[(error|warn)\]} } split m{^}m, $log) if $ENV{SHOW_LOG};
+diag(join "", grep { m{\[(error|warn|info)\]} } split m{^}m, $log) if $ENV{SHOW_LOG};
 unlike($log, qr/\[(alert|crit|emerg)\]/, 'no alert');
 stop_nginx();
 

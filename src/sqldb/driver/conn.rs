@@ -61,6 +61,8 @@ pub(super) struct Conn {
     /// The preambles (see Query::preamble) the session holds prepared, by
     /// name (as many as the configuration has texts at most).
     pub preambles: Vec<Rc<CString>>,
+    /// The prepared preamble each request in flight sent by name.
+    pub sent_preambles: Vec<(ReqToken, Rc<CString>)>,
     /// The session's cancel key (None: its queries cannot be cancelled).
     pub cancel_key: Option<CancelKey>,
     pub canceller: Option<Canceller>,
@@ -130,6 +132,7 @@ impl Conn {
             polling: false,
             poll_again: false,
             preambles: Vec::new(),
+            sent_preambles: Vec::new(),
             cancel_key: None,
             canceller: None,
             cancel_timer: None,
@@ -314,6 +317,17 @@ impl Conn {
 
     pub fn forget(&mut self, req: ReqToken) {
         self.queries.retain(|(r, _)| *r != req);
+        self.sent_preambles.retain(|(r, _)| *r != req);
+    }
+
+    /// A request's statement vanished (DEALLOCATE ALL or DISCARD ALL): so
+    /// did the preambles prepared before, which are prepared again when
+    /// next sent; but the one its sync segment ran (prepared then, or
+    /// there) is there.
+    pub fn preambles_vanished(&mut self, req: ReqToken) {
+        let sent = &self.sent_preambles;
+        self.preambles
+            .retain(|n| sent.iter().any(|(r, s)| *r == req && s.as_c_str() == n.as_c_str()));
     }
 
     /// Queues the request's query and hands it to libpq, choosing the
@@ -376,6 +390,12 @@ impl Conn {
             if plan.reset_session {
                 self.pg.send_unnamed(RESET_SESSION, &[], false)?;
                 self.pg.pipeline_sync()?;
+            }
+            let live = &self.queries;
+            self.sent_preambles
+                .retain(|(r, _)| *r != req && live.iter().any(|(l, _)| l == r));
+            if let Some(p) = plan.before.as_ref().filter(|p| p.named && !self.unnamed) {
+                self.sent_preambles.push((req, p.name.clone()));
             }
             if let Some(p) = &plan.before {
                 match pre {

@@ -376,12 +376,12 @@ impl ConnPool {
                     }
                     Step::Resend(req) => {
                         // Its statement vanished (DEALLOCATE ALL or DISCARD
-                        // ALL, in a function say): the preambles did too,
-                        // and are prepared again when next sent. (With the
-                        // session keeping the role, the next may be long
-                        // after: a query statement prepared again meanwhile
-                        // must not be taken for another's then.)
-                        c.preambles.clear();
+                        // ALL, in a function say): the preambles did too
+                        // (conn.rs). With the session keeping the role, the
+                        // next to be sent may come long after: a query
+                        // statement prepared again meanwhile must not be
+                        // taken for another's then.
+                        c.preambles_vanished(req);
                         again.push((req, false));
                     }
                     Step::Deallocate(req) => again.push((req, true)),
