@@ -257,7 +257,8 @@ my @kinds = (
     [POST => '/reset_all', $alice, qr/^200 /],
     [GET => '/fail_as?n=0', $bob, qr/^500 /],
 );
-srand(137);
+sub waves {
+my ($what) = @_;
 my ($wrong, $total) = (0, 0);
 for my $wave (1 .. 20) {
     my @batch = map { $kinds[int rand @kinds] } 1 .. 10;
@@ -275,8 +276,11 @@ for my $wave (1 .. 20) {
         diag("wave $wave: $batch[$i][0] $batch[$i][1] got $got") if $wrong <= 5;
     }
 }
-is($total, 200, '200 requests in waves of 10');
-is($wrong, 0, 'each pipelined request ran with its own role, claims and read-only-ness');
+is($total, 200, "$what: 200 requests in waves of 10");
+is($wrong, 0, "$what: each pipelined request ran with its own role, claims and read-only-ness");
+}
+srand(137);
+waves('upstream one');
 
 # --- A function that drops the session's prepared statements (no word of
 # it in the template). On a connection that has run no query that may
@@ -297,6 +301,7 @@ sub forget_case {
     is(req('GET', "$u/plain", undef), $login, 'and a request without a token after it as the login role');
 }
 forget_case('', 'upstream one');
+waves('upstream one, its statements dropped by a function before');
 
 
 my $log = nginx_error_log();

@@ -324,10 +324,34 @@ impl Conn {
     /// did the preambles prepared before, which are prepared again when
     /// next sent; but the one its sync segment ran (prepared then, or
     /// there) is there.
-    pub fn preambles_vanished(&mut self, req: ReqToken) {
+    /// Those it cannot tell (prepared again since, by other requests) are
+    /// returned, to be deallocated (see deallocate_preambles).
+    pub fn preambles_vanished(&mut self, req: ReqToken) -> Vec<Rc<CString>> {
         let sent = &self.sent_preambles;
-        self.preambles
-            .retain(|n| sent.iter().any(|(r, s)| *r == req && s.as_c_str() == n.as_c_str()));
+        let (keep, gone): (Vec<_>, Vec<_>) = std::mem::take(&mut self.preambles)
+            .into_iter()
+            .partition(|n| sent.iter().any(|(r, s)| *r == req && s.as_c_str() == n.as_c_str()));
+        self.preambles = keep;
+        gone
+    }
+
+    /// Deallocates preambles, each in a sync segment of its own (one that
+    /// is not there fails alone): none of them is believed there wrongly,
+    /// or taken for another's when prepared again.
+    pub fn deallocate_preambles(&mut self, names: Vec<Rc<CString>>) -> Result<(), PqError> {
+        if names.is_empty() {
+            return Ok(());
+        }
+        self.starting();
+        self.enter_pipeline()?;
+        for name in names {
+            let sql = CString::new(format!("DEALLOCATE {}", name.to_string_lossy()))
+                .map_err(|_| PqError("a statement name with a NUL byte".into()))?;
+            self.pipeline.sent_internal();
+            self.pg.send_unnamed(&sql, &[], false)?;
+            self.pg.pipeline_sync()?;
+        }
+        self.flush()
     }
 
     /// Queues the request's query and hands it to libpq, choosing the

@@ -300,6 +300,7 @@ impl ConnPool {
         let Some(c) = self.conn(id) else { return };
         let front = c.front_template();
         let mut again = Vec::new();
+        let mut gone_preambles = Vec::new();
         // Why the connection is going away, when the server said so.
         let mut lost: Option<String> = None;
         // A request's sync point was read: the session is up to date
@@ -381,7 +382,7 @@ impl ConnPool {
                         // next to be sent may come long after: a query
                         // statement prepared again meanwhile must not be
                         // taken for another's then.
-                        c.preambles_vanished(req);
+                        gone_preambles.extend(c.preambles_vanished(req));
                         again.push((req, false));
                     }
                     Step::Deallocate(req) => again.push((req, true)),
@@ -413,6 +414,10 @@ impl ConnPool {
         // Prepared statements that vanished (DEALLOCATE, DISCARD) or whose
         // plan changed (deallocated first): prepared again, the requests
         // sent again (they did not run), in the order the routing asked.
+        // Preambles that may have vanished with them: deallocated first.
+        if let Err(e) = c.deallocate_preambles(gone_preambles) {
+            return self.broken(id, &format!("sending DEALLOCATE failed: {e}"), out);
+        }
         for (req, deallocate) in again {
             let sent = if deallocate {
                 debug!(
