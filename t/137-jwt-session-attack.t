@@ -1,11 +1,16 @@
 # What a session keeps between requests (sqldb_jwt_key) when something
 # other than the gateway changes it: a function called by a template that
 # sets the role, the claims or the read-only default for the session (no
-# word of it in the template's text), a template of a location without a
-# token that changes the session, a client that leaves while its query
-# runs, a query that times out. The next request on the one connection
-# (sqldb_keepalive max=1) runs with its own role, claims and read-only-ness
-# all the same.
+# word of it in the template's text), or drops the prepared statements; a
+# template (with a token or without) that changes the session; a client
+# that leaves while its query runs, waits or streams; a query that times
+# out; pipelined waves of all of these. The next request on the one
+# connection (sqldb_keepalive max=1) runs with its own role, claims and
+# read-only-ness all the same; what PostgreSQL does not report (a role or
+# claims a function sets for the session, a read-only default turned off
+# under a request already pipelined) is marked TODO. Then, on servers of
+# their own: sqldb_target after a token's POST on a server made read-only,
+# a standby, and a login whose sessions start read-only.
 use strict;
 use warnings;
 use lib 't/lib';
