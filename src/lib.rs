@@ -64,7 +64,7 @@ impl cache::config::Entries for CacheEntries {
         &[(Some(sqldb::request::content_handler), "\"sqldb_pass\"")];
 }
 
-static mut SQLDB_COMMANDS: [ngx_command_t; 27] = [
+static mut SQLDB_COMMANDS: [ngx_command_t; 28] = [
     command(
         "sqldb_server\0",
         NGX_HTTP_UPS_CONF | NGX_CONF_1MORE,
@@ -153,6 +153,13 @@ static mut SQLDB_COMMANDS: [ngx_command_t; 27] = [
         "sqldb_pipeline\0",
         NGX_HTTP_UPS_CONF | NGX_CONF_TAKE123,
         sc::upstream::cmd_sqldb_pipeline,
+        SRV,
+        0,
+    ),
+    command(
+        "sqldb_keep_role\0",
+        NGX_HTTP_UPS_CONF | NGX_CONF_TAKE1,
+        sc::upstream::cmd_sqldb_keep_role,
         SRV,
         0,
     ),

@@ -67,6 +67,11 @@ upstream one {
     sqldb_server $server;
     sqldb_keepalive max=1;
 }
+upstream strict {
+    sqldb_server $server;
+    sqldb_keepalive max=1;
+    sqldb_keep_role off;
+}
 server {
     listen 127.0.0.1:\$PORT;
     sqldb_output value;
@@ -94,6 +99,8 @@ server {
     location /plain_fail { sqldb_pass one; sqldb_query "select (1 / \$arg_n::int)::text || ' ' || $show"; }
     location /several { sqldb_pass one; sqldb_query "select 1; select $show"; }
     location /rw_target { sqldb_pass one; sqldb_target read-write; sqldb_query "select $show"; }
+    location /strict { sqldb_pass strict; sqldb_jwt_key $dir/secret; sqldb_query "select $show"; }
+    location /strict_plain { sqldb_pass strict; sqldb_query "select $show"; }
 }
 HTTP
 
@@ -207,9 +214,33 @@ is($total, 300, '300 requests in waves of 12');
 is($wrong, 0, 'each pipelined request ran with its own role, claims, setting and read-only-ness');
 is(req('GET', '/rw_target', undef), $login, 'sqldb_target read-write still finds the server read-write');
 
+# --- sqldb_keep_role off: every request sets its role for its own
+# transaction, and the session keeps nothing.
+$from = log_size();
+my $strict = grep { req('GET', '/strict', $alice) eq '200 js_user|alice|-|on' } 1 .. 10;
+is($strict, 10, 'sqldb_keep_role off: 10 GETs as alice, each with her role, claims and read-only');
+is(role_statements($from), 10, 'each set its role (10 statements)');
+is(req('POST', '/strict_plain', undef), $login, 'the next request without a token: the login role, read-write');
+
 my $log = nginx_error_log();
 unlike($log, qr/\[(alert|crit|emerg)\]/, 'no alert');
 unlike($log, qr/unexpected results|connection lost/, 'no connection was lost');
 stop_nginx();
 psql("alter role gateway reset log_statement; alter role gateway reset log_min_messages");
+
+# --- nginx -t names what is wrong with sqldb_keep_role.
+for my $case (['sqldb_keep_role maybe;', qr/invalid value "maybe" in "sqldb_keep_role" directive, it must be "on" or "off" in \S+:\d+/],
+              ['sqldb_keep_role on; sqldb_keep_role off;', qr/"sqldb_keep_role" directive is duplicate in \S+:\d+/]) {
+    my ($line, $want) = @$case;
+    my $ok = eval {
+        nginx_start(<<"HTTP");
+upstream bad { sqldb_server $server; $line }
+server { listen 127.0.0.1:\$PORT; location / { sqldb_pass bad; sqldb_query "select 1"; } }
+HTTP
+        1;
+    };
+    stop_nginx() if $ok;
+    ok(!$ok, "nginx refuses \"$line\"");
+    like($@ // '', $want, 'and says why, with the file and line');
+}
 done_testing();

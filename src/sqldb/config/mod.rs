@@ -137,6 +137,7 @@ pub struct SrvConf {
     pub listener: Option<Box<Listener>>,
     keepalive_set: bool,
     pipeline_set: bool,
+    keep_role_set: bool,
 }
 
 impl SrvConf {
@@ -337,6 +338,7 @@ create_conf_handler! {
         listener: None,
         keepalive_set: false,
         pipeline_set: false,
+        keep_role_set: false,
     }
 }
 

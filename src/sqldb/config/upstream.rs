@@ -229,6 +229,31 @@ directive_handler! {
     }
 }
 
+directive_handler! {
+    /// `sqldb_keep_role on | off` (upstream): whether the sessions of its
+    /// connections keep a token's role between requests (session.rs).
+    pub(crate) fn cmd_sqldb_keep_role = "cmd_sqldb_keep_role",
+    |cf: Conf, srv: &mut SrvConf| {
+        if srv.keep_role_set {
+            return Err("\"sqldb_keep_role\" directive is duplicate".to_owned().into());
+        }
+        srv.keep_role_set = true;
+        let v = cf.args()[1];
+        srv.pool.settings.keep_role = match v.to_ascii_lowercase().as_slice() {
+            b"on" => true,
+            b"off" => false,
+            _ => {
+                return Err(format!(
+                    "invalid value \"{}\" in \"sqldb_keep_role\" directive, it must be \"on\" or \"off\"",
+                    String::from_utf8_lossy(v)
+                )
+                .into());
+            }
+        };
+        Ok(())
+    }
+}
+
 /// Our SrvConf of an upstream block, if the block has `sqldb_server` lines.
 pub fn sqldb_srv_conf(uscf: &ngx_http_upstream_srv_conf_t) -> Option<&'static mut SrvConf> {
     use ngx::http::HttpModuleServerConf;

@@ -11,7 +11,7 @@ use gateway_core::target::Role;
 
 use super::cancel::Canceller;
 use super::pq::{CancelKey, PgConn, PqError};
-use super::session::{SessionState, RESET_READ_ONLY};
+use super::session::{SessionState, RESET_READ_ONLY, RESET_SESSION};
 use super::{ConnId, ConnPool, Query, ReqToken, Statement};
 use crate::ffi::*;
 use crate::metrics;
@@ -61,6 +61,8 @@ pub(super) struct Conn {
     /// The preambles (see Query::preamble) the session holds prepared, by
     /// name (as many as the configuration has texts at most).
     pub preambles: Vec<Rc<CString>>,
+    /// The prepared preamble each request in flight sent by name.
+    pub sent_preambles: Vec<(ReqToken, Rc<CString>)>,
     /// The session's cancel key (None: its queries cannot be cancelled).
     pub cancel_key: Option<CancelKey>,
     pub canceller: Option<Canceller>,
@@ -86,6 +88,8 @@ pub(super) struct Conn {
     shown: Shown,
     /// What the session holds of the roles the gateway sets (session.rs).
     pub session: SessionState,
+    /// `sqldb_keep_role`: the session may keep a token's role.
+    pub keep_role: bool,
 }
 
 /// A connection's share of the gauges (`gateway_status`): its state and
@@ -130,6 +134,7 @@ impl Conn {
             polling: false,
             poll_again: false,
             preambles: Vec::new(),
+            sent_preambles: Vec::new(),
             cancel_key: None,
             canceller: None,
             cancel_timer: None,
@@ -140,13 +145,14 @@ impl Conn {
             shown: Shown::default(),
             role: None,
             session: SessionState::default(),
+            keep_role: true,
         }
     }
 
     /// The session is PostgreSQL's own (no pooler between): it may keep
     /// a role between requests (session.rs).
     fn owns_session(&self) -> bool {
-        self.pid_checked && !self.unnamed
+        self.pid_checked && !self.unnamed && self.keep_role
     }
 
     /// The server's role as this session reports it (see
@@ -314,6 +320,41 @@ impl Conn {
 
     pub fn forget(&mut self, req: ReqToken) {
         self.queries.retain(|(r, _)| *r != req);
+        self.sent_preambles.retain(|(r, _)| *r != req);
+    }
+
+    /// A request's statement vanished (DEALLOCATE ALL or DISCARD ALL): so
+    /// did the preambles prepared before, which are prepared again when
+    /// next sent; but the one its sync segment ran (prepared then, or
+    /// there) is there.
+    /// Those it cannot tell (prepared again since, by other requests) are
+    /// returned, to be deallocated (see deallocate_preambles).
+    pub fn preambles_vanished(&mut self, req: ReqToken) -> Vec<Rc<CString>> {
+        let sent = &self.sent_preambles;
+        let (keep, gone): (Vec<_>, Vec<_>) = std::mem::take(&mut self.preambles)
+            .into_iter()
+            .partition(|n| sent.iter().any(|(r, s)| *r == req && s.as_c_str() == n.as_c_str()));
+        self.preambles = keep;
+        gone
+    }
+
+    /// Deallocates preambles, each in a sync segment of its own (one that
+    /// is not there fails alone): none of them is believed there wrongly,
+    /// or taken for another's when prepared again.
+    pub fn deallocate_preambles(&mut self, names: Vec<Rc<CString>>) -> Result<(), PqError> {
+        if names.is_empty() {
+            return Ok(());
+        }
+        self.starting();
+        self.enter_pipeline()?;
+        for name in names {
+            let sql = CString::new(format!("DEALLOCATE {}", name.to_string_lossy()))
+                .map_err(|_| PqError("a statement name with a NUL byte".into()))?;
+            self.pipeline.sent_internal();
+            self.pg.send_unnamed(&sql, &[], false)?;
+            self.pg.pipeline_sync()?;
+        }
+        self.flush()
     }
 
     /// Queues the request's query and hands it to libpq, choosing the
@@ -361,7 +402,7 @@ impl Conn {
                 Some(p) if self.preambles.iter().any(|n| n.as_c_str() == p.name.as_c_str()) => 1,
                 Some(_) => 2,
             };
-            if plan.reset_read_only {
+            if plan.reset_read_only || plan.reset_session {
                 self.pipeline.sent_internal();
             }
             let wire = self
@@ -372,6 +413,16 @@ impl Conn {
             if plan.reset_read_only {
                 self.pg.send_unnamed(RESET_READ_ONLY, &[], false)?;
                 self.pg.pipeline_sync()?;
+            }
+            if plan.reset_session {
+                self.pg.send_unnamed(RESET_SESSION, &[], false)?;
+                self.pg.pipeline_sync()?;
+            }
+            let live = &self.queries;
+            self.sent_preambles
+                .retain(|(r, _)| *r != req && live.iter().any(|(l, _)| l == r));
+            if let Some(p) = plan.before.as_ref().filter(|p| p.named && !self.unnamed) {
+                self.sent_preambles.push((req, p.name.clone()));
             }
             if let Some(p) = &plan.before {
                 match pre {

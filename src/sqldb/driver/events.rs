@@ -300,6 +300,7 @@ impl ConnPool {
         let Some(c) = self.conn(id) else { return };
         let front = c.front_template();
         let mut again = Vec::new();
+        let mut gone_preambles = Vec::new();
         // Why the connection is going away, when the server said so.
         let mut lost: Option<String> = None;
         // A request's sync point was read: the session is up to date
@@ -374,12 +375,23 @@ impl ConnPool {
                     c.session.settled(req, true);
                     out.push(Delivery::Complete(req));
                 }
-                Some(Step::Resend(req)) => again.push((req, false)),
+                Some(Step::Resend(req)) => {
+                    // Its statement vanished (DEALLOCATE ALL or DISCARD
+                    // ALL, in a function say): the preambles did too
+                    // (conn.rs). With the session keeping the role, the
+                    // next to be sent may come long after: a query
+                    // statement prepared again meanwhile must not be
+                    // taken for another's then.
+                    gone_preambles.extend(c.preambles_vanished(req));
+                    again.push((req, false));
+                }
                 Some(Step::Deallocate(req)) => again.push((req, true)),
                 Some(other) => debug_assert!(false, "a result step {other:?}"),
             }
         }
         c.progressed(front, long);
+        // A read-only default that a query set itself (session.rs).
+        c.session.observe(c.pg.role());
         if c.pipeline.take_preamble_vanished() {
             // Dropped behind the gateway's back (DISCARD ALL): prepared again.
             c.preambles.clear();
@@ -401,6 +413,10 @@ impl ConnPool {
         // Prepared statements that vanished (DEALLOCATE, DISCARD) or whose
         // plan changed (deallocated first): prepared again, the requests
         // sent again (they did not run), in the order the routing asked.
+        // Preambles that may have vanished with them: deallocated first.
+        if let Err(e) = c.deallocate_preambles(gone_preambles) {
+            return self.broken(id, &format!("sending DEALLOCATE failed: {e}"), out);
+        }
         for (req, deallocate) in again {
             let sent = if deallocate {
                 debug!(

@@ -38,6 +38,9 @@ pub struct Settings {
     /// ...and the query in front of its queue has run less than this (ms).
     /// Past either, the pool opens another connection (up to `max`).
     pub slow: ngx_msec_t,
+    /// `sqldb_keep_role`: sessions may keep a token's role between
+    /// requests (session.rs).
+    pub keep_role: bool,
 }
 
 /// Defaults of `sqldb_pipeline`'s `depth=` and `slow=` (see `make bench`).
@@ -65,6 +68,7 @@ impl Default for Settings {
             pipelining: true,
             depth: DEFAULT_DEPTH,
             slow: DEFAULT_SLOW,
+            keep_role: true,
         }
     }
 }
@@ -538,9 +542,11 @@ impl ConnPool {
         let key = self.conns.insert(conn);
         debug_assert_eq!(key, id.0);
         let statements_off = self.statements_off;
+        let keep_role = self.settings.keep_role;
         let upstream = self.name.clone();
         let c = self.conn(id).expect("just inserted");
         c.unnamed = statements_off;
+        c.keep_role = keep_role;
         c.upstream = upstream;
         c.conninfo = conninfo.to_owned();
         c.show(true);

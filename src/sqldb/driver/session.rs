@@ -14,8 +14,11 @@
 //! segment that set it and completed without an error (an error rolls its
 //! transaction back, and the settings with it). Until then it is
 //! `Unknown`, and the next request sets everything it needs. A query that
-//! may change the session itself (`SET`, `set_config`, several statements)
-//! makes it unknown too. Read-only is undone in a sync segment of its own
+//! may change the session itself (`SET`, `set_config`, several statements;
+//! of a request with a role or without) makes it unknown too, and so does
+//! a read-only session that reports its read-only default off (a function
+//! turned it off). A role or claims a function sets for the session are
+//! not reported, and not seen (docs/auth.md). Read-only is undone in a sync segment of its own
 //! (`RESET default_transaction_read_only`) before the request's: a
 //! transaction that began read-only cannot be made read-write once it has
 //! run a query. If that segment fails, the request's transaction stays
@@ -24,6 +27,8 @@
 //! Elsewhere (a pooler, a server older than 14 that does not report
 //! `default_transaction_read_only`, a login that is read-only) every
 //! request sets its role for its own transaction (`set_config(..., true)`).
+//! A connection whose sessions are found shared after it kept a role in
+//! its own puts the session back first (`RESET_SESSION`).
 
 use std::ffi::{CStr, CString};
 use std::rc::Rc;
@@ -205,11 +210,22 @@ pub(super) struct Plan<'q> {
     /// `RESET default_transaction_read_only` first, in a sync segment of
     /// its own.
     pub reset_read_only: bool,
+    /// `RESET_SESSION` first, in a sync segment of its own.
+    pub reset_session: bool,
     pub before: Option<Before<'q>>,
 }
 
 /// Undoes a read-only session (see above).
 pub(super) const RESET_READ_ONLY: &CStr = c"RESET default_transaction_read_only";
+
+/// Puts back all that a session kept (the login's role and read-only
+/// default, no claims), for a connection that stops keeping roles in its
+/// session (its sessions were found shared) while it holds one.
+pub(super) const RESET_SESSION: &CStr = c"select \
+    pg_catalog.set_config('role', (select reset_val from pg_catalog.pg_settings where name = 'role'), false), \
+    pg_catalog.set_config('request.jwt.claims', '', false), \
+    pg_catalog.set_config('default_transaction_read_only', \
+        (select reset_val from pg_catalog.pg_settings where name = 'default_transaction_read_only'), false)";
 
 /// A connection's session, as far as the roles the gateway sets go.
 #[derive(Debug)]
@@ -241,10 +257,12 @@ impl SessionState {
     }
 
     /// The server's role as the session reports it (`reported`), but for
-    /// the read-only default the gateway set (the login's stands for it).
+    /// a read-only default the gateway may have set (the login's stands for
+    /// it). A session that holds the login's default, or a role's without
+    /// read-only, reports the server's own (its configuration reloaded).
     pub fn server_role(&self, reported: Role) -> Role {
         let mut role = reported;
-        if self.holds != Session::Login {
+        if self.holds.may_be_read_only() {
             role.read_only = self.login_read_only.or(role.read_only);
         }
         role
@@ -256,8 +274,16 @@ impl SessionState {
     pub(super) fn plan<'q>(&mut self, own: bool, req: ReqToken, q: &'q Query) -> Plan<'q> {
         let p = q.preamble.as_ref();
         if !(own && self.login_read_only == Some(false)) {
+            // A session that kept a role while it was known to be the
+            // connection's own (found shared since) is put back first.
+            let reset_session = self.holds != Session::Login;
+            if reset_session {
+                self.holds = Session::Unknown;
+                self.settling = Some((req, Session::Login));
+            }
             return Plan {
                 reset_read_only: false,
+                reset_session,
                 before: p.map(|p| Before {
                     sql: p.sql.clone(),
                     name: p.name.clone(),
@@ -291,6 +317,7 @@ impl SessionState {
             };
             Plan {
                 reset_read_only: false,
+                reset_session: false,
                 before: texts.settings.as_ref().map(|t| before(t, settings)),
             }
         } else {
@@ -304,11 +331,13 @@ impl SessionState {
             self.settling = Some((req, want.session()));
             Plan {
                 reset_read_only,
+                reset_session: false,
                 before: text.map(|t| before(t, params)),
             }
         };
-        if (q.changes_session || q.several) && !matches!(want, Want::Login) {
-            // Its query may change the session itself.
+        if q.changes_session || q.several {
+            // Its query may change the session itself (a request without a
+            // role too: its template may set a role or claims).
             self.holds = Session::Unknown;
             self.settling = None;
         }
@@ -320,17 +349,41 @@ impl SessionState {
     /// hold another (see above). `own` as for `plan`; `standby`: the
     /// server is a hot standby (whose transactions are all read-only).
     pub(super) fn several_prefix(&mut self, own: bool, standby: bool, req: ReqToken) -> Option<&'static str> {
-        if !own || self.holds == Session::Login {
+        // (As for `plan`: a session keeps a role only where the login is
+        // read-write; elsewhere the transaction is never made read-write.)
+        let keeps = own && self.login_read_only == Some(false);
+        if !keeps && self.holds == Session::Login {
             return None;
         }
         // (The transaction is made read-write before any query of its own.)
-        let prefix = match self.holds.may_be_read_only() && !standby {
-            true => "RESET default_transaction_read_only; SET TRANSACTION READ WRITE; RESET ROLE; RESET \"request.jwt.claims\"; ",
-            false => "RESET default_transaction_read_only; RESET ROLE; RESET \"request.jwt.claims\"; ",
+        let prefix = match &self.holds {
+            Session::Login => None,
+            h if keeps && h.may_be_read_only() && !standby => Some(
+                "RESET default_transaction_read_only; SET TRANSACTION READ WRITE; RESET ROLE; RESET \"request.jwt.claims\"; ",
+            ),
+            _ => Some("RESET default_transaction_read_only; RESET ROLE; RESET \"request.jwt.claims\"; "),
         };
+        // Its own statements may change the session (SET ROLE, say). (A
+        // session that is not the connection's own holds the login's after
+        // it: sessions found shared, see plan.)
         self.holds = Session::Unknown;
-        self.settling = Some((req, Session::Login));
-        Some(prefix)
+        self.settling = (!keeps).then_some((req, Session::Login));
+        prefix
+    }
+
+    /// The session reported its read-only default (`reported`, after a
+    /// query's results): a session that should be read-only and is not was
+    /// made read-write by a query itself (a function that sets it for the
+    /// session, no word of it in the template), and what it holds is not
+    /// known. (With the session known, every request sent since holds it
+    /// and sets nothing: the report can only be a query's.) The other way
+    /// round is no danger, and may be the server's own (a configuration
+    /// reloaded).
+    pub fn observe(&mut self, reported: Role) {
+        if matches!(self.holds, Session::Role { read_only: true, .. }) && reported.read_only != Some(true) {
+            self.holds = Session::Unknown;
+            self.settling = None;
+        }
     }
 
     /// A request's results are all in (`ok`: without an error): if it set
