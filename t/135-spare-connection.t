@@ -35,22 +35,24 @@ server {
 HTTP
 
 # The lock that holds the slow queries, in a psql session of its own (its
-# stdin): taken when this returns; closing the handle ends the session and
-# lets the slow queries go.
+# stdin): taken when this returns (by this session: the one before may not
+# have ended yet); closing the handle ends the session and lets the slow
+# queries go.
+my $holders = 0;
 sub hold_lock {
+    my $app = 'lock-holder-' . ++$holders;
     local $ENV{PGPASSWORD} = $ENV{TEST_NGINX_PG_SUPERPW};
-    local $ENV{PGAPPNAME} = 'lock-holder';
+    local $ENV{PGAPPNAME} = $app;
     open my $h, '|-', 'psql', '-X', '-q', '-o', '/dev/null', '-v', 'ON_ERROR_STOP=1', '-h', '127.0.0.1',
         '-p', $ENV{TEST_NGINX_PG_PORT}, '-U', 'postgres', '-d', $ENV{TEST_NGINX_PG_DB}
         or die "psql: $!";
     $h->autoflush(1);
     print $h "select pg_advisory_lock($LOCK);\n";
-    wait_until(sub { locks_held() == 1 }, 30) or die "the advisory lock was not taken\n";
+    wait_until(sub {
+        psql("select count(*) from pg_locks join pg_stat_activity using (pid) "
+              . "where locktype = 'advisory' and granted and application_name = '$app'") == 1
+    }, 30) or die "the advisory lock was not taken\n";
     return $h;
-}
-
-sub locks_held {
-    return psql("select count(*) from pg_locks where locktype = 'advisory' and granted and mode = 'ExclusiveLock'") + 0;
 }
 
 # What `app`'s sessions do: "slow|idle|all" (slow ones waiting for the
