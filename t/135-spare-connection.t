@@ -20,10 +20,12 @@ my $LOCK = 135;
 my $SLOW = "select pg_advisory_xact_lock_shared($LOCK)::text || 'slow'";
 my $spare = GatewayTest::pg_server_line('spare');
 my $bound = GatewayTest::pg_server_line('spare8');
+my $three = GatewayTest::pg_server_line('full3');
 # (The pool's decisions are debug lines: a log of its own, for failures.)
 my $port = nginx_start(<<"HTTP", main => "error_log logs/debug.log debug;\n");
 upstream dflt { sqldb_server $spare; }
 upstream max8 { sqldb_server $bound; sqldb_keepalive max=8; }
+upstream max3 { sqldb_server $three; sqldb_keepalive max=3; }
 server {
     listen 127.0.0.1:\$PORT;
     sqldb_result_timeout 60s;
@@ -31,6 +33,9 @@ server {
     location /slow { sqldb_pass dflt; sqldb_query "$SLOW"; }
     location /fast { sqldb_pass dflt; sqldb_query "select 'fast'"; }
     location /slow8 { sqldb_pass max8; sqldb_query "$SLOW"; }
+    location /slow3 { sqldb_pass max3; sqldb_query "$SLOW"; }
+    location /medium3 { sqldb_pass max3; sqldb_query "select pg_sleep(1)::text || 'medium'"; }
+    location /fast3 { sqldb_pass max3; sqldb_query "select 'fast'"; }
 }
 HTTP
 
@@ -80,8 +85,8 @@ sub show_why {
 # and 50 ms on (ten times slow=), so that the pool sees it as a long query
 # and no request joins it. False (with diagnostics) when one did not run.
 sub eight_slow {
-    my ($path, $app, $socks) = @_;
-    for my $n (1 .. 8) {
+    my ($path, $app, $socks, $count) = @_;
+    for my $n (1 .. ($count // 8)) {
         push @$socks, http_send($port, $path);
         if (!wait_until(sub { (split /\|/, sessions($app))[0] == $n }, 20)) {
             diag("slow query $n of $path is not running on a connection of its own: " . sessions($app));
@@ -156,6 +161,29 @@ SKIP: {
 }
 close $holder;
 is(slow_answers(@slow), scalar @slow, sprintf('the %d slow queries of max=8 answered', scalar @slow));
+
+# A full pool (max=3: two slow queries, and a query of a second on the
+# third connection): a fast request waits behind the query that will end
+# soon, not behind one that has run for long and may run on.
+$holder = hold_lock();
+@slow = ();
+SKIP: {
+    skip 'the slow queries did not each get a connection of their own', 2
+        unless ok(eight_slow('/slow3', 'full3', \@slow, 2), 'max=3: two slow queries run, each on a connection of its own');
+    my $medium = http_send($port, '/medium3');
+    wait_until(sub { psql("select count(*) from pg_stat_activity where application_name = 'full3' "
+        . "and state = 'active' and query like '%pg_sleep%'") == 1 }, 20);
+    sleep 0.05;
+    my $t = time;
+    my ($s, $b) = http_read(http_send($port, '/fast3'), 20);
+    is(($s // 0) . ' ' . ($b // ''), '200 fast',
+        sprintf('with every connection busy, a fast request waits behind the query of a second, not a slow one (it took %.3f s)', time - $t))
+        or show_why('full3');
+    ($s, $b) = http_read($medium, 20);
+    is(($s // 0) . ' ' . ($b // ''), '200 medium', 'the query of a second answered');
+}
+close $holder;
+is(slow_answers(@slow), scalar @slow, sprintf('the %d slow queries of max=3 answered', scalar @slow));
 
 unlike(nginx_error_log(), qr/\[(alert|crit|emerg)\]/, 'no alert');
 stop_nginx();
