@@ -151,8 +151,12 @@ my @slow = map {
     print $s "GET /sleep HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
     $s;
 } 1 .. 3;
-sleep 0.1;
-($m) = metrics();
+# (Polled: on a busy machine the connections may still be connecting
+# 0.1 s on.)
+wait_until(sub {
+    ($m) = metrics();
+    sum_of($m, qr/^ngx_gateway_sqldb_connections\{.*state=busy/) >= 1 && sum_of($m, qr/^ngx_gateway_sqldb_pipeline_depth\{/) >= 1;
+}, 5);
 cmp_ok(sum_of($m, qr/^ngx_gateway_sqldb_connections\{.*state=busy/), '>=', 1, 'busy connections while queries run');
 cmp_ok(sum_of($m, qr/^ngx_gateway_sqldb_pipeline_depth\{/), '>=', 1, 'their queue');
 # sqldb_result_timeout (300ms) ends them: 504, and the queries are cancelled.

@@ -473,13 +473,24 @@ impl ConnPool {
     }
 
     /// Among the connections to `addr` that `ok` accepts, the one with the
-    /// shortest queue, those whose front query is slow last.
+    /// shortest queue; those whose front query is slow last, and of those
+    /// the one whose front query has run the shortest time first (a query
+    /// that has run for seconds is likely to run on, one just past `slow`
+    /// to end soon: a request should not wait behind the first because its
+    /// queue is one shorter).
     fn least_busy(&self, addr: Option<usize>, now: ngx_msec_t, ok: impl Fn(&Conn) -> bool) -> Option<ConnId> {
         let slow = self.settings.slow;
         self.conns
             .iter()
             .filter(|(_, c)| addr.is_none_or(|a| c.addr == a) && ok(c))
-            .min_by_key(|(_, c)| (c.head_age(now) >= slow, c.pipeline.depth()))
+            .min_by_key(|(_, c)| {
+                let age = c.head_age(now);
+                if age >= slow {
+                    (true, age, c.pipeline.depth())
+                } else {
+                    (false, 0, c.pipeline.depth())
+                }
+            })
             .map(|(key, _)| ConnId(key))
     }
 
