@@ -587,6 +587,20 @@ impl Conf {
 
 /// The IP addresses and ports of an upstream block's `server` lines (every
 /// address a name resolved to, backup servers too; unix sockets are left out).
+/// A directive's `on` or `off` (in any letter case, as nginx reads them);
+/// another value is an error naming the directive.
+pub fn on_off(directive: &str, value: &[u8]) -> Result<bool, ConfError> {
+    match value.to_ascii_lowercase().as_slice() {
+        b"on" => Ok(true),
+        b"off" => Ok(false),
+        _ => Err(format!(
+            "invalid value \"{}\" in \"{directive}\" directive, it must be \"on\" or \"off\"",
+            String::from_utf8_lossy(value)
+        )
+        .into()),
+    }
+}
+
 pub fn upstream_server_addrs(us: &ngx_http_upstream_srv_conf_t) -> Vec<std::net::SocketAddr> {
     upstream_servers(us, true)
         .into_iter()

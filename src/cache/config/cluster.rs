@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 
 use super::{Cache, CacheMainConf};
-use crate::ffi::conf::{block_position, upstream_server_addrs, ConfError};
+use crate::ffi::conf::{block_position, on_off, upstream_server_addrs, ConfError};
 use crate::ffi::*;
 
 /// An upstream block with `cache_cluster`.
@@ -39,18 +39,7 @@ directive_handler! {
     /// `cache_cluster on | off` (upstream).
     pub(crate) fn cmd_cache_cluster<E: super::Entries> = "cmd_cache_cluster",
     |cf: Conf, mcf: &mut CacheMainConf| {
-        let value = cf.args()[1].to_ascii_lowercase();
-        let on = match value.as_slice() {
-            b"on" => true,
-            b"off" => false,
-            _ => {
-                return Err(format!(
-                    "invalid value \"{}\" in \"cache_cluster\" directive, it must be \"on\" or \"off\"",
-                    String::from_utf8_lossy(cf.args()[1])
-                )
-                .into())
-            }
-        };
+        let on = on_off("cache_cluster", cf.args()[1])?;
         let uscf = cf.upstream_block();
         let ptr: *const ngx_http_upstream_srv_conf_t = &*uscf;
         if mcf.clusters.iter().any(|c| c.uscf == ptr) {

@@ -8,7 +8,7 @@
 use std::ptr::NonNull;
 
 use super::{merge_or, CacheLocConf, PendingPass};
-use crate::ffi::conf::{ConfError, Position};
+use crate::ffi::conf::{on_off, ConfError, Position};
 use crate::ffi::ssl::SslFiles;
 use crate::ffi::*;
 use crate::log;
@@ -116,17 +116,7 @@ directive_handler! {
         if lcf.upstream.ssl_verify != CONF_UNSET {
             return Err("\"cache_ssl_verify\" directive is duplicate".to_owned().into());
         }
-        lcf.upstream.ssl_verify = match cf.args()[1].to_ascii_lowercase().as_slice() {
-            b"on" => 1,
-            b"off" => 0,
-            _ => {
-                return Err(format!(
-                    "invalid value \"{}\" in \"cache_ssl_verify\" directive, it must be \"on\" or \"off\"",
-                    String::from_utf8_lossy(cf.args()[1])
-                )
-                .into())
-            }
-        };
+        lcf.upstream.ssl_verify = on_off("cache_ssl_verify", cf.args()[1])?.into();
         lcf.ssl_verify_at = Some(cf.position());
         Ok(())
     }

@@ -8,7 +8,7 @@ use gateway_core::conninfo::{self, Address, Keywords};
 
 use super::{Entries, MainConf, Sqldb, SrvConf, Var};
 use crate::common::upstream::Owner;
-use crate::ffi::conf::{block_position, server_count, socket_addr, ConfError, ServerParams};
+use crate::ffi::conf::{block_position, on_off, server_count, socket_addr, ConfError, ServerParams};
 use crate::ffi::*;
 use crate::log;
 use crate::sqldb::driver::check_conninfo;
@@ -181,18 +181,7 @@ directive_handler! {
         srv.pipeline_set = true;
         let args = cf.args();
         let s = &mut srv.pool.settings;
-        // In any letter case, as nginx reads on/off.
-        s.pipelining = match args[1].to_ascii_lowercase().as_slice() {
-            b"on" => true,
-            b"off" => false,
-            _ => {
-                return Err(format!(
-                    "invalid value \"{}\" in \"sqldb_pipeline\" directive, it must be \"on\" or \"off\"",
-                    String::from_utf8_lossy(args[1])
-                )
-                .into());
-            }
-        };
+        s.pipelining = on_off("sqldb_pipeline", args[1])?;
         let mut seen: Vec<&[u8]> = Vec::new();
         for &a in &args[2..] {
             let key = a.split(|&b| b == b'=').next().unwrap_or(a);
@@ -238,18 +227,7 @@ directive_handler! {
             return Err("\"sqldb_keep_role\" directive is duplicate".to_owned().into());
         }
         srv.keep_role_set = true;
-        let v = cf.args()[1];
-        srv.pool.settings.keep_role = match v.to_ascii_lowercase().as_slice() {
-            b"on" => true,
-            b"off" => false,
-            _ => {
-                return Err(format!(
-                    "invalid value \"{}\" in \"sqldb_keep_role\" directive, it must be \"on\" or \"off\"",
-                    String::from_utf8_lossy(v)
-                )
-                .into());
-            }
-        };
+        srv.pool.settings.keep_role = on_off("sqldb_keep_role", cf.args()[1])?;
         Ok(())
     }
 }
