@@ -13,25 +13,14 @@ use warnings;
 use lib 't/lib';
 use GatewayTest qw(nginx_start stop_nginx nginx_error_log psql http_send_request http_read);
 use Test::More;
-use Digest::SHA qw(hmac_sha256);
-use MIME::Base64 qw(encode_base64url);
+use SessionJwt qw(write_secret hs256_token status_body);
 use File::Temp qw(tempdir);
 
 my $dir = tempdir('ngx-gateway-jwt-session-XXXXXX', TMPDIR => 1, CLEANUP => 1);
 chmod 0755, $dir;
 my $secret = 'the secret of the session tests, over thirty-two bytes';
-{
-    open my $fh, '>', "$dir/secret" or die $!;
-    print $fh "$secret\n";
-    close $fh;
-}
-my $serial = 0;
-sub token {
-    my ($sub, $role) = @_;
-    my $msg = encode_base64url('{"alg":"HS256"}') . '.'
-        . encode_base64url(sprintf '{"sub":"%s","role":"%s","exp":%d}', $sub, $role // 'js_user', time + 600);
-    return "$msg." . encode_base64url(hmac_sha256($msg, $secret));
-}
+write_secret($dir, $secret);
+sub token { my ($sub, $role) = @_; return hs256_token($secret, $sub, $role // 'js_user') }
 
 psql(<<'SQL');
 drop table if exists js_rows;
@@ -104,12 +93,7 @@ server {
 }
 HTTP
 
-sub req {
-    my ($method, $path, $token) = @_;
-    my $s = http_send_request($port, $method, $path, undef, $token ? (Authorization => "Bearer $token") : ());
-    my ($status, $body) = http_read($s, 20);
-    return (($status // 0) . ' ' . ($body // ''));
-}
+sub req { return status_body($port, @_) }
 
 my $alice = token('alice');
 my $bob = token('bob');

@@ -15,25 +15,15 @@ use warnings;
 use lib 't/lib';
 use GatewayTest qw(nginx_start stop_nginx nginx_error_log psql http_send_request http_read start_extra_pg start_standby_pg wait_until);
 use Test::More;
-use Digest::SHA qw(hmac_sha256);
-use MIME::Base64 qw(encode_base64url);
+use SessionJwt qw(write_secret hs256_token status_body);
 use File::Temp qw(tempdir);
 use Time::HiRes qw(sleep);
 
 my $dir = tempdir('ngx-gateway-jwt-attack-XXXXXX', TMPDIR => 1, CLEANUP => 1);
 chmod 0755, $dir;
 my $secret = 'the secret of the session attack tests, over thirty-two bytes';
-{
-    open my $fh, '>', "$dir/secret" or die $!;
-    print $fh "$secret\n";
-    close $fh;
-}
-sub token {
-    my ($sub, $role) = @_;
-    my $msg = encode_base64url('{"alg":"HS256"}') . '.'
-        . encode_base64url(sprintf '{"sub":"%s","role":"%s","exp":%d}', $sub, $role // 'ja_user', time + 600);
-    return "$msg." . encode_base64url(hmac_sha256($msg, $secret));
-}
+write_secret($dir, $secret);
+sub token { my ($sub, $role) = @_; return hs256_token($secret, $sub, $role // 'ja_user') }
 
 psql(<<'SQL');
 drop table if exists ja_rows;
@@ -117,12 +107,7 @@ server {
 }
 HTTP
 
-sub req {
-    my ($method, $path, $token) = @_;
-    my $s = http_send_request($port, $method, $path, undef, $token ? (Authorization => "Bearer $token") : ());
-    my ($status, $body) = http_read($s, 20);
-    return (($status // 0) . ' ' . ($body // ''));
-}
+sub req { return status_body($port, @_) }
 
 my $alice = token('alice');
 my $login = '200 gateway|-|off';
