@@ -300,7 +300,6 @@ impl SessionState {
             },
             _ => Want::Login,
         };
-        let texts = p.map_or_else(|| RESET.with(Rc::clone), |p| p.session.clone());
         let named = p.is_some_and(|p| p.named);
         let params: &[CString] = p.map_or(&[], |p| &p.params);
         let before = |t: &Text, params| Before {
@@ -318,9 +317,11 @@ impl SessionState {
             Plan {
                 reset_read_only: false,
                 reset_session: false,
-                before: texts.settings.as_ref().map(|t| before(t, settings)),
+                before: p.and_then(|p| p.session.settings.as_ref()).map(|t| before(t, settings)),
             }
         } else {
+            // (The login's role back, for a request without a preamble.)
+            let texts = p.map_or_else(|| RESET.with(Rc::clone), |p| p.session.clone());
             let text = match want {
                 Want::Role { read_only: true, .. } => texts.ro.as_ref(),
                 Want::Role { .. } => texts.rw.as_ref(),
@@ -335,9 +336,10 @@ impl SessionState {
                 before: text.map(|t| before(t, params)),
             }
         };
-        if q.changes_session || q.several {
+        if q.changes_session {
             // Its query may change the session itself (a request without a
-            // role too: its template may set a role or claims).
+            // role too: its template may set a role or claims). (Several
+            // statements go through `several_prefix`, not here.)
             self.holds = Session::Unknown;
             self.settling = None;
         }
