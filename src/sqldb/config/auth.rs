@@ -18,7 +18,7 @@ use gateway_core::sql::statement_name;
 use super::LocConf;
 use crate::ffi::conf::{ComplexValue, ConfError};
 use crate::ffi::*;
-use crate::sqldb::driver::SessionTexts;
+use crate::sqldb::driver::{settings_calls, SessionTexts};
 
 /// `sqldb_jwt_key FILE [alg=...]`.
 pub struct JwtConf {
@@ -60,19 +60,14 @@ impl PreambleSql {
     pub fn build(with_role: bool, settings: usize) -> Option<PreambleSql> {
         let text = |read_only: bool| {
             let mut calls = Vec::new();
-            let mut n = 0;
             if with_role {
                 calls.push("pg_catalog.set_config('role', $1, true)".to_owned());
                 calls.push("pg_catalog.set_config('request.jwt.claims', $2, true)".to_owned());
-                n = 2;
                 if read_only {
                     calls.push("pg_catalog.set_config('transaction_read_only', 'on', true)".to_owned());
                 }
             }
-            for _ in 0..settings {
-                calls.push(format!("pg_catalog.set_config(${}, ${}, true)", n + 1, n + 2));
-                n += 2;
-            }
+            calls.extend(settings_calls(settings, if with_role { 3 } else { 1 }));
             CString::new(format!("select {}", calls.join(", "))).ok().map(Rc::new)
         };
         if !with_role && settings == 0 {

@@ -72,7 +72,7 @@ pub struct SessionTexts {
 
 /// `pg_catalog.set_config` calls of `settings` settings for the
 /// transaction, from parameter `$first` on.
-fn settings_calls(settings: usize, first: usize) -> Vec<String> {
+pub fn settings_calls(settings: usize, first: usize) -> Vec<String> {
     (0..settings)
         .map(|i| {
             let n = first + 2 * i;
