@@ -128,6 +128,7 @@ fn compile_template(cf: Conf, text: &[u8]) -> Result<Template, ConfError> {
         pieces,
         statement: statement_for(&sql),
         constant,
+        sql: constant.then(|| CString::new(sql).ok().map(Rc::from)).flatten(),
         several,
         at: cf.position(),
         changes_session: gateway_core::sql::changes_session(text),

@@ -7,7 +7,7 @@ pub mod directives;
 pub mod replay;
 pub mod upstream;
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::ptr::NonNull;
 use std::rc::Rc;
 
@@ -170,6 +170,8 @@ pub struct Template {
     pub statement: Rc<Statement>,
     /// The SQL text has no untyped variables: the same statement every time.
     pub constant: bool,
+    /// That text, when constant (and free of NUL bytes): requests share it.
+    pub sql: Option<Rc<CStr>>,
     /// A constant text that holds several statements.
     pub several: bool,
     /// Where its `sqldb_query` is.

@@ -6,7 +6,7 @@
 //! connection was made again, once for all a channel's subscribers, with
 //! no request of its own.
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::rc::Rc;
 
 use gateway_core::sql::{has_several_statements, has_word};
@@ -28,7 +28,7 @@ pub enum ReplayParam {
 
 pub struct Replay {
     /// The SQL, with `$1::type`... for its parameters.
-    pub sql: CString,
+    pub sql: Rc<CStr>,
     /// What each parameter is, in order.
     pub params: Vec<ReplayParam>,
     /// Prepared under this name on every connection (`sqldb_prepare`).
@@ -97,7 +97,9 @@ fn compile(cf: Conf, text: &[u8]) -> Result<Replay, ConfError> {
     let statement = super::directives::statement_for(&sql);
     let changes_session = gateway_core::sql::changes_session(&sql);
     Ok(Replay {
-        sql: CString::new(sql).map_err(|_| format!("{DIRECTIVE}: the query contains a NUL byte"))?,
+        sql: CString::new(sql)
+            .map_err(|_| format!("{DIRECTIVE}: the query contains a NUL byte"))?
+            .into(),
         params,
         statement,
         changes_session,

@@ -18,7 +18,7 @@ mod spare;
 mod terminate;
 
 use std::cell::Cell;
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::rc::Rc;
 
 use gateway_core::pipeline::Lost;
@@ -82,10 +82,28 @@ impl Query {
     }
 }
 
+/// A query's SQL text: its template's own, the same for every request (a
+/// template without untyped variables), or the one built for the request.
+#[derive(Debug)]
+pub enum SqlText {
+    Shared(Rc<CStr>),
+    Built(CString),
+}
+
+impl std::ops::Deref for SqlText {
+    type Target = CStr;
+    fn deref(&self) -> &CStr {
+        match self {
+            SqlText::Shared(s) => s,
+            SqlText::Built(s) => s,
+        }
+    }
+}
+
 /// What a request asks the database, ready to send.
 #[derive(Debug)]
 pub struct Query {
-    pub sql: CString,
+    pub sql: SqlText,
     /// Values of the typed parameters, as text.
     pub params: Vec<CString>,
     /// Prepare once per connection and execute by name (a constant

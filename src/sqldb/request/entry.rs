@@ -14,7 +14,7 @@ use crate::ffi::*;
 use crate::log;
 use crate::sqldb::config::upstream::{find_upstream, sqldb_srv_conf};
 use crate::sqldb::config::{LocConf, Output, Sqldb, Template, TemplatePiece, Var};
-use crate::sqldb::driver::Query;
+use crate::sqldb::driver::{Query, SqlText};
 
 request_handler! {
     /// The location's content handler (set by `sqldb_pass`).
@@ -144,7 +144,7 @@ fn run(r: &mut Req) -> Result<(), StartError> {
     let several = if tmpl.constant {
         tmpl.several
     } else {
-        has_several_statements(sql.as_bytes())
+        has_several_statements(sql.to_bytes())
     };
     if several && !params.is_empty() {
         return Err(StartError::ParamsInSeveral);
@@ -158,7 +158,7 @@ fn run(r: &mut Req) -> Result<(), StartError> {
         .filter(|_| lcf.jwt.is_some())
         .and_then(|p| p.params.first())
         .map(|r| r.to_string_lossy().into_owned());
-    vars::store(r, Var::Query, sql.as_bytes());
+    vars::store(r, Var::Query, sql.to_bytes());
     let output = lcf.output();
     let streamable = lcf.stream == 1 && !several && lcf.sets.is_empty() && lcf.rewrites.is_empty();
     let stream_format = streamable.then(|| super::output::stream_format(output)).flatten();
@@ -264,13 +264,17 @@ const CALLBACKS: Callbacks = Callbacks {
 const SQL_ROOM: usize = 256;
 
 /// The SQL text and the values of its typed parameters for this request.
-fn build_query(r: &mut Req, tmpl: &Template) -> Result<(CString, Vec<CString>), StartError> {
+/// A constant template's text is its own, shared; only the values of its
+/// parameters are the request's.
+fn build_query(r: &mut Req, tmpl: &Template) -> Result<(SqlText, Vec<CString>), StartError> {
+    let shared = tmpl.sql.clone();
     // Room for a usual statement and the NUL CString::new adds: one
     // allocation, not a growth per piece and another for the NUL.
-    let mut sql = Vec::with_capacity(SQL_ROOM);
+    let mut sql = Vec::with_capacity(if shared.is_some() { 0 } else { SQL_ROOM });
     let mut params = Vec::with_capacity(tmpl.params);
     for piece in &tmpl.pieces {
         let (cv, placeholder) = match piece {
+            TemplatePiece::Text(_) if shared.is_some() => continue,
             TemplatePiece::Text(cv) => (*cv, None),
             TemplatePiece::Param(cv, ph) => (*cv, Some(ph)),
         };
@@ -278,13 +282,20 @@ fn build_query(r: &mut Req, tmpl: &Template) -> Result<(CString, Vec<CString>), 
         match placeholder {
             None => sql.extend_from_slice(v),
             Some(ph) => {
-                sql.extend_from_slice(ph);
+                if shared.is_none() {
+                    sql.extend_from_slice(ph);
+                }
                 params.push(CString::new(v).map_err(|_| StartError::ParamNul(params.len() + 1))?);
             }
         }
     }
-    if sql.is_empty() {
-        return Err(StartError::EmptyQuery);
+    match shared {
+        Some(s) if !s.is_empty() => Ok((SqlText::Shared(s), params)),
+        Some(_) => Err(StartError::EmptyQuery),
+        None if sql.is_empty() => Err(StartError::EmptyQuery),
+        None => Ok((
+            SqlText::Built(CString::new(sql).map_err(|_| StartError::QueryNul)?),
+            params,
+        )),
     }
-    Ok((CString::new(sql).map_err(|_| StartError::QueryNul)?, params))
 }

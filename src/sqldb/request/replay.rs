@@ -34,7 +34,7 @@ use crate::log;
 use crate::sqldb::config::replay::{Replay, ReplayParam};
 use crate::sqldb::config::upstream::sqldb_srv_conf;
 use crate::sqldb::config::{LocConf, SrvConf};
-use crate::sqldb::driver::{ConnId, Delivery, OpenError, PgResult, Pick, Query, ResultKind, Submitted};
+use crate::sqldb::driver::{ConnId, Delivery, OpenError, PgResult, Pick, Query, ResultKind, SqlText, Submitted};
 
 /// A round waits while one of its subscribers has more than this waiting
 /// (bytes): the next one's rows go out once they have taken the last.
@@ -301,7 +301,7 @@ impl Job {
             .map_err(|_| "the last id contains a NUL byte".to_owned())?;
         let statement = &self.replay.statement;
         Ok(Query {
-            sql: self.replay.sql.clone(),
+            sql: SqlText::Shared(self.replay.sql.clone()),
             params,
             statement: (self.lcf.prepare == 1).then(|| statement.clone()),
             several: false,
