@@ -462,11 +462,12 @@ impl ConnPool {
     fn shallow(&self, addr: Option<usize>) -> Option<ConnId> {
         let s = &self.settings;
         let now = current_msec();
+        // (The cheap tests first: shareable() looks at every queued query.)
         let id = self.least_busy(addr, now, |c| {
-            c.pipeline.shareable()
+            (1..s.depth).contains(&c.pipeline.depth())
                 && !c.pipeline.is_draining()
-                && (1..s.depth).contains(&c.pipeline.depth())
                 && c.head_age(now) < s.slow
+                && c.pipeline.shareable()
         })?;
         self.trace_pick("shares", id);
         Some(id)
