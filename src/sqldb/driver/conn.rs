@@ -45,6 +45,8 @@ pub(super) struct Conn {
     /// TCP_CORK is on until the end of this pass of the event loop, so that
     /// the queries of the pass go out together (see batch.rs).
     corked: bool,
+    /// Its gauges are to be brought up to date at the end of the pass.
+    pub show_due: bool,
     /// The socket takes TCP_CORK (not a Unix socket).
     corkable: bool,
     /// Statements go out unnamed: the pool found the server's sessions
@@ -128,6 +130,7 @@ impl Conn {
             head_since: current_msec(),
             head_finished: 0,
             corked: false,
+            show_due: false,
             corkable: true,
             unnamed: false,
             checking_pid: false,

@@ -618,10 +618,15 @@ impl ConnPool {
         submitted
     }
 
-    /// Brings the gauges up to date with a connection, if it is still open.
+    /// Brings the gauges up to date with a connection, if it is still open,
+    /// at the end of the event loop's pass (batch.rs): its queue may move
+    /// many times in one.
     pub(super) fn show(&mut self, id: ConnId) {
         if let Some(c) = self.conn(id) {
-            c.show(true);
+            if !c.show_due {
+                c.show_due = true;
+                super::batch::show_later(c.pool, id);
+            }
         }
     }
 
