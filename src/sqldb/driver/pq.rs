@@ -187,21 +187,22 @@ impl PgConn {
     /// the unnamed statement, parameters and results as text (their types
     /// come from the casts in the SQL).
     pub fn send_unnamed(&mut self, sql: &CStr, params: &[CString], binary: bool) -> Result<(), PqError> {
-        let values: Vec<*const c_char> = params.iter().map(|p| p.as_ptr()).collect();
-        // SAFETY: live connection, NUL-terminated query and values that
-        // outlive the call (libpq copies them into its buffer).
-        let ok = unsafe {
-            pq::PQsendQueryParams(
-                self.raw(),
-                sql.as_ptr(),
-                values.len() as c_int,
-                std::ptr::null(),
-                values.as_ptr(),
-                std::ptr::null(),
-                std::ptr::null(),
-                binary as c_int,
-            ) == 1
-        };
+        let ok = with_values(params, |values| {
+            // SAFETY: live connection, NUL-terminated query and values that
+            // outlive the call (libpq copies them into its buffer).
+            unsafe {
+                pq::PQsendQueryParams(
+                    self.raw(),
+                    sql.as_ptr(),
+                    values.len() as c_int,
+                    std::ptr::null(),
+                    values.as_ptr(),
+                    std::ptr::null(),
+                    std::ptr::null(),
+                    binary as c_int,
+                ) == 1
+            }
+        });
         self.check(ok)
     }
 
@@ -214,20 +215,21 @@ impl PgConn {
 
     /// PQsendQueryPrepared: parameters and results as text.
     pub fn send_prepared(&mut self, name: &CStr, params: &[CString], binary: bool) -> Result<(), PqError> {
-        let values: Vec<*const c_char> = params.iter().map(|p| p.as_ptr()).collect();
-        // SAFETY: live connection, NUL-terminated name and values that
-        // outlive the call (libpq copies them into its buffer).
-        let ok = unsafe {
-            pq::PQsendQueryPrepared(
-                self.raw(),
-                name.as_ptr(),
-                values.len() as c_int,
-                values.as_ptr(),
-                std::ptr::null(),
-                std::ptr::null(),
-                binary as c_int,
-            ) == 1
-        };
+        let ok = with_values(params, |values| {
+            // SAFETY: live connection, NUL-terminated name and values that
+            // outlive the call (libpq copies them into its buffer).
+            unsafe {
+                pq::PQsendQueryPrepared(
+                    self.raw(),
+                    name.as_ptr(),
+                    values.len() as c_int,
+                    values.as_ptr(),
+                    std::ptr::null(),
+                    std::ptr::null(),
+                    binary as c_int,
+                ) == 1
+            }
+        });
         self.check(ok)
     }
 
@@ -667,5 +669,20 @@ impl Drop for PgResult {
     fn drop(&mut self) {
         // SAFETY: we own the result.
         unsafe { pq::PQclear(self.0.as_ptr()) };
+    }
+}
+
+/// The parameter values as libpq takes them, pointers to their text: on
+/// the stack for the usual few, not an allocation per query.
+fn with_values<R>(params: &[CString], f: impl FnOnce(&[*const c_char]) -> R) -> R {
+    const FEW: usize = 8;
+    if params.len() <= FEW {
+        let mut values = [std::ptr::null::<c_char>(); FEW];
+        for (v, p) in values.iter_mut().zip(params) {
+            *v = p.as_ptr();
+        }
+        f(&values[..params.len()])
+    } else {
+        f(&params.iter().map(|p| p.as_ptr()).collect::<Vec<_>>())
     }
 }
