@@ -67,6 +67,54 @@ pub enum Setup {
     Asking,
 }
 
+/// The setup commands before or after a request's own, in order, kept
+/// inline: every request has an exchange, and no allocation for the two or
+/// three commands it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Setups {
+    items: [Setup; Setups::MAX],
+    len: u8,
+}
+
+impl Setups {
+    /// More than a request ever has (AUTH, PING, CLUSTER SLOTS, SELECT,
+    /// ASKING before; SELECT 0 or RESET after).
+    pub const MAX: usize = 8;
+
+    pub fn of(list: &[Setup]) -> Setups {
+        let mut s = Setups::default();
+        for &setup in list {
+            s.push(setup);
+        }
+        s
+    }
+
+    pub fn push(&mut self, setup: Setup) {
+        assert!(
+            (self.len as usize) < Setups::MAX,
+            "more setup commands than a request has"
+        );
+        self.items[self.len as usize] = setup;
+        self.len += 1;
+    }
+}
+
+impl Default for Setups {
+    fn default() -> Setups {
+        Setups {
+            items: [Setup::Ping; Setups::MAX],
+            len: 0,
+        }
+    }
+}
+
+impl std::ops::Deref for Setups {
+    type Target = [Setup];
+    fn deref(&self) -> &[Setup] {
+        &self.items[..self.len as usize]
+    }
+}
+
 impl Setup {
     pub fn name(self) -> &'static str {
         match self {
@@ -194,8 +242,8 @@ pub struct Plan {
 /// The bytes of a request and the reader for its replies.
 pub fn plan(req: &Request<'_>, body_len: usize) -> Plan {
     let mut head = Vec::with_capacity(64 + req.key.len());
-    let mut before = Vec::new();
-    let mut after = Vec::new();
+    let mut before = Setups::default();
+    let mut after = Setups::default();
     if let Some(pw) = req.auth {
         resp::command(&mut head, &[b"AUTH", pw]);
         before.push(Setup::Auth);
@@ -242,7 +290,7 @@ pub fn plan(req: &Request<'_>, body_len: usize) -> Plan {
         head,
         tail,
         exchange: {
-            let ex = Exchange::new(before, req.command, after)
+            let ex = Exchange::new(&before, req.command, &after)
                 .with_ping(token)
                 .in_cluster(req.cluster.is_some());
             if authed_get {
@@ -293,7 +341,7 @@ fn command_bytes(req: &Request<'_>, body_len: usize, head: &mut Vec<u8>) -> Vec<
 /// needs. `req.auth` and `req.cluster` are not used.
 pub fn plan_pipelined(req: &Request<'_>, body_len: usize) -> Plan {
     let mut head = Vec::with_capacity(64 + req.key.len());
-    let mut before = vec![Setup::Ping];
+    let mut before = Setups::of(&[Setup::Ping]);
     let token = ping_token(req.ping);
     resp::command(&mut head, &[b"PING", &token]);
     if let Some(db) = req.db {
@@ -304,7 +352,7 @@ pub fn plan_pipelined(req: &Request<'_>, body_len: usize) -> Plan {
     Plan {
         head,
         tail,
-        exchange: Exchange::new(before, req.command, Vec::new()).with_ping(token),
+        exchange: Exchange::new(&before, req.command, &[]).with_ping(token),
     }
 }
 
@@ -314,7 +362,7 @@ pub fn plan_pipelined(req: &Request<'_>, body_len: usize) -> Plan {
 /// the reader of their replies, which is done after the last of them.
 pub fn plan_setup(auth: Option<&[u8]>, db: Option<u32>, ping: u64) -> (Vec<u8>, Exchange) {
     let mut out = Vec::new();
-    let mut before = Vec::new();
+    let mut before = Setups::default();
     if let Some(pw) = auth {
         resp::command(&mut out, &[b"AUTH", pw]);
         before.push(Setup::Auth);
@@ -326,7 +374,7 @@ pub fn plan_setup(auth: Option<&[u8]>, db: Option<u32>, ping: u64) -> (Vec<u8>, 
         resp::command(&mut out, &[b"SELECT", db.to_string().as_bytes()]);
         before.push(Setup::Select);
     }
-    let mut ex = Exchange::new(before, Command::Get, Vec::new()).with_ping(token);
+    let mut ex = Exchange::new(&before, Command::Get, &[]).with_ping(token);
     ex.no_command = true;
     (out, ex)
 }
@@ -452,9 +500,9 @@ enum Phase {
 /// Reads the replies of one request, in order, as bytes arrive in any pieces.
 #[derive(Debug, Clone)]
 pub struct Exchange {
-    before: Vec<Setup>,
+    before: Setups,
     command: Command,
-    after: Vec<Setup>,
+    after: Setups,
     phase: Phase,
     /// The token of its PING.
     ping: [u8; PING_TOKEN_LEN],
@@ -474,16 +522,16 @@ pub struct Exchange {
 }
 
 impl Exchange {
-    pub fn new(before: Vec<Setup>, command: Command, after: Vec<Setup>) -> Exchange {
+    pub fn new(before: &[Setup], command: Command, after: &[Setup]) -> Exchange {
         let phase = if before.is_empty() {
             Phase::Command
         } else {
             Phase::Before(0)
         };
         Exchange {
-            before,
+            before: Setups::of(before),
             command,
-            after,
+            after: Setups::of(after),
             phase,
             ping: ping_token(0),
             cluster: false,
@@ -1237,7 +1285,7 @@ mod tests {
     fn a_value_in_any_pieces() {
         let input = b"+OK\r\n$12\r\nhello\r\nworld\r\n+OK\r\n";
         for piece in 1..input.len() + 1 {
-            let mut ex = Exchange::new(vec![Setup::Select], Command::Get, vec![Setup::SelectZero]);
+            let mut ex = Exchange::new(&[Setup::Select], Command::Get, &[Setup::SelectZero]);
             let (events, rest) = run(&mut ex, input, piece);
             assert_eq!(
                 events,
@@ -1257,7 +1305,7 @@ mod tests {
             (Command::Del, b":1\r\n", 204),
             (Command::Del, b":0\r\n", 404),
         ] {
-            let mut ex = Exchange::new(vec![], command, vec![]);
+            let mut ex = Exchange::new(&[], command, &[]);
             let (events, _) = run(&mut ex, input, 1);
             assert_eq!(events, [format!("answer {status} None"), "done".into()]);
         }
@@ -1282,7 +1330,7 @@ mod tests {
             (b"$-1\r\n:1\r\n", "failed redis sent bytes that no command asked for"),
         ];
         for (input, want) in cases {
-            let mut ex = Exchange::new(vec![], Command::Get, vec![]);
+            let mut ex = Exchange::new(&[], Command::Get, &[]);
             let (events, _) = run(&mut ex, input, input.len());
             assert_eq!(
                 events.iter().find(|e| e.starts_with("failed")).unwrap(),
@@ -1296,7 +1344,7 @@ mod tests {
     #[test]
     fn a_bad_value_end_is_seen_ahead() {
         let answer = |input: &[u8]| {
-            let mut ex = Exchange::new(vec![], Command::Get, vec![]);
+            let mut ex = Exchange::new(&[], Command::Get, &[]);
             let (ev, used) = ex.step(input);
             assert!(matches!(ev, Event::Answer { status: 200, .. }), "{ev:?}");
             (ex, used)
@@ -1338,16 +1386,16 @@ mod tests {
         assert_eq!(ex.check_value_end(b"X"), Err(ReplyError::BadValueEnd));
         assert_eq!(ex.check_value_end(b"\n"), Ok(()));
         // Outside a value there is nothing to look at.
-        let ex = Exchange::new(vec![], Command::Get, vec![]);
+        let ex = Exchange::new(&[], Command::Get, &[]);
         assert_eq!(ex.check_value_end(b"garbage"), Ok(()));
     }
 
     #[test]
     fn refused_setup_and_restore() {
-        let mut ex = Exchange::new(vec![Setup::Auth], Command::Get, vec![Setup::Reset]);
+        let mut ex = Exchange::new(&[Setup::Auth], Command::Get, &[Setup::Reset]);
         let (events, _) = run(&mut ex, b"-WRONGPASS invalid password\r\n", 3);
         assert_eq!(events, ["failed AUTH was refused: WRONGPASS invalid password"]);
-        let mut ex = Exchange::new(vec![Setup::Auth], Command::Get, vec![Setup::Reset]);
+        let mut ex = Exchange::new(&[Setup::Auth], Command::Get, &[Setup::Reset]);
         let (events, _) = run(&mut ex, b"+OK\r\n$-1\r\n-ERR unknown command 'RESET'\r\n", 4);
         assert_eq!(
             events,
@@ -1360,7 +1408,7 @@ mod tests {
 
     #[test]
     fn a_value_longer_than_usize_pieces_is_counted_exactly() {
-        let mut ex = Exchange::new(vec![], Command::Get, vec![]);
+        let mut ex = Exchange::new(&[], Command::Get, &[]);
         let (ev, used) = ex.step(b"$5\r\nab");
         assert_eq!(
             (ev, used),

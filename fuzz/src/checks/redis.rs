@@ -116,7 +116,7 @@ impl Shape {
     }
 
     fn exchange(&self) -> Exchange {
-        Exchange::new(self.before.clone(), self.command, self.after.clone())
+        Exchange::new(&self.before, self.command, &self.after)
     }
 }
 

@@ -55,7 +55,7 @@ pub struct Ctx {
     /// (the commands are built again for each node of a cluster).
     body_len: Option<usize>,
     /// On a shared, pipelined connection (`cache_pipeline`).
-    pub(super) shared: Option<Box<pipelined::SharedReq>>,
+    pub(super) shared: Option<pipelined::SharedReq>,
 }
 
 // SAFETY: the module's context slot is written by Req::set_ctx::<Cache>
@@ -358,12 +358,12 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
         event,
         auth,
         auth_key,
-        exchange: Exchange::new(Vec::new(), command, Vec::new()),
+        exchange: Exchange::new(&[], command, &[]),
         answered: false,
         carry: Vec::new(),
         cluster,
         body_len: None,
-        shared: shared.then(|| Box::new(pipelined::SharedReq::new(crate::common::token::register(r)))),
+        shared: shared.then(|| pipelined::SharedReq::new(crate::common::token::register(r))),
     };
     r.set_ctx::<Cache>(ctx).ok_or(StartError::Nginx)?;
     if matches!(command, Command::Publish | Command::StreamAdd) {

@@ -127,7 +127,7 @@ impl SharedReq {
 }
 
 fn shared_of(r: &mut Req) -> Option<&mut SharedReq> {
-    ctx_of(r)?.shared.as_deref_mut()
+    ctx_of(r)?.shared.as_mut()
 }
 
 impl Drop for SharedReq {
@@ -259,7 +259,7 @@ const MAX_MOVES: u8 = 4;
 fn place(r: &mut Req, id: PipeId) {
     let lcf: &CacheLocConf = r.loc_conf::<Cache>();
     let Some(ctx) = ctx_of(r) else { return };
-    let Some(s) = ctx.shared.as_deref_mut() else { return };
+    let Some(s) = ctx.shared.as_mut() else { return };
     let want = ctx.db.unwrap_or(0);
     let placed = driver::pipes().with(id, |c| {
         if let Some(why) = c.closed_invalid() {
@@ -368,7 +368,7 @@ fn again(r: &mut Req) {
     if ctx.auth_key.is_some_and(authfail::blocked) {
         return end(r, HTTP_BAD_GATEWAY);
     }
-    let Some(s) = ctx.shared.as_deref() else { return };
+    let Some(s) = ctx.shared.as_ref() else { return };
     let to = Endpoint {
         addr: &room[..len],
         auth: ctx.auth.as_deref(),
