@@ -26,7 +26,7 @@ event_handler! {
         // SAFETY: nginx calls this handler with an event of a connection's socket.
         let (pool, id) = unsafe { owner(ev) };
         let (timed_out, readable) = (ev.take_timedout(), !ev.is_write());
-        let mut out = Vec::new();
+        let mut out = super::out_list();
         let handled = guard(Log::cycle(), "database connection event", false, || {
             pool.on_event(id, readable, timed_out, &mut out);
             true

@@ -195,8 +195,9 @@ pub trait Sink {
     /// driver back (the driver is in the middle of reading).
     fn row(&self, req: ReqToken, res: &PgResult) -> RowVerdict;
 
-    /// Results and outcomes, once the driver is done with the event.
-    fn deliver(&self, out: Vec<Delivery>);
+    /// Results and outcomes, once the driver is done with the event: it
+    /// takes them all, and the list is left empty.
+    fn deliver(&self, out: &mut Vec<Delivery>);
 }
 
 /// The connection and pool behind an event of one of the pool's sockets.
@@ -216,10 +217,24 @@ unsafe fn owner(ev: Event) -> (&'static mut ConnPool, ConnId) {
     }
 }
 
+thread_local! {
+    /// An empty list with room, kept from one event to the next: each
+    /// event's results would otherwise grow a list of their own.
+    static SPARE: Cell<Vec<Delivery>> = const { Cell::new(Vec::new()) };
+}
+
+/// A list to collect an event's results and outcomes in.
+fn out_list() -> Vec<Delivery> {
+    SPARE.take()
+}
+
 /// Hands results and outcomes to the request side (no reference to the
-/// pool is held meanwhile: the request side may use it).
-fn deliver(sink: Option<&'static dyn Sink>, out: Vec<Delivery>) {
+/// pool is held meanwhile: the request side may use it); the emptied list
+/// is kept for the next event.
+fn deliver(sink: Option<&'static dyn Sink>, mut out: Vec<Delivery>) {
     if let (Some(sink), false) = (sink, out.is_empty()) {
-        sink.deliver(out);
+        sink.deliver(&mut out);
     }
+    out.clear();
+    SPARE.set(out);
 }

@@ -100,9 +100,9 @@ impl Sink for RequestSink {
         registry::with_request(token, |r| stream::row(r, res)).unwrap_or(RowVerdict::Continue)
     }
 
-    fn deliver(&self, out: Vec<Delivery>) {
+    fn deliver(&self, out: &mut Vec<Delivery>) {
         // (A replay's query is no request's.)
-        for d in out.into_iter().filter_map(replay::deliver) {
+        for d in out.drain(..).filter_map(replay::deliver) {
             respond::deliver(d);
         }
     }
@@ -125,8 +125,8 @@ fn deliver_later(out: Vec<Delivery>) {
 
 event_handler! {
     fn deliver_deferred(_ev) = "sqldb deferred delivery", {
-        let out = LATER.with(|l| std::mem::take(&mut *l.borrow_mut()));
-        SINK.deliver(out);
+        let mut out = LATER.with(|l| std::mem::take(&mut *l.borrow_mut()));
+        SINK.deliver(&mut out);
     }
 }
 

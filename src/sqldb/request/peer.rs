@@ -426,7 +426,7 @@ fn attach_with(r: &mut Req, fresh_timer: bool) {
             });
         }
         Ok(Submitted::Waiting { .. }) => {}
-        Err(out) => SINK.deliver(out),
+        Err(mut out) => SINK.deliver(&mut out),
     }
 }
 

@@ -252,8 +252,8 @@ fn resume(r: &mut Req) {
         timer.add_timer(lcf.result_timeout);
     }
     // Results libpq already holds, then the socket's.
-    if let Some(out) = with_pool(ctx, |pool| pool.resume(conn)) {
-        SINK.deliver(out);
+    if let Some(mut out) = with_pool(ctx, |pool| pool.resume(conn)) {
+        SINK.deliver(&mut out);
     }
 }
 
