@@ -103,10 +103,19 @@ sub stop_chromium {
         last if waitpid($chrome_pid, POSIX::WNOHANG()) == $chrome_pid;
         sleep 0.05;
     }
-    # Whatever is left of its process group (the browser, its helpers).
+    # Whatever is left of its process group (the browser, its helpers),
+    # and helpers of this profile that left the group (a busy machine may
+    # not have let them see the browser go yet).
     kill 'KILL', -$chrome_pid;
     waitpid($chrome_pid, 0);
+    kill 'KILL', profile_procs();
     $chrome_pid = undef;
+}
+
+# The processes that run with this test's browser profile.
+sub profile_procs {
+    grep { index(`cat /proc/$_/cmdline 2>/dev/null`, "--user-data-dir=$tmp/profile") >= 0 }
+        map { m{/(\d+)$} } glob '/proc/[0-9]*';
 }
 
 END { my $rc = $?; stop_chromium(); $? = $rc }
@@ -340,11 +349,12 @@ unlike(nginx_error_log(), qr/\[(alert|emerg)\]|exited on signal/, 'no alert, no 
 my $group = $chrome_pid;
 stop_chromium();
 sub chromium_left {
-    grep {
-        my $stat = `cat /proc/$_/stat 2>/dev/null`;
-        my $cmd = `cat /proc/$_/cmdline 2>/dev/null`;
-        ($stat =~ /\) \S+ \d+ (\d+) / && $1 == $group) || index($cmd, "--user-data-dir=$tmp/profile") >= 0;
-    } map { m{/(\d+)$} } glob '/proc/[0-9]*';
+    my %left = map { $_ => 1 } profile_procs();
+    for (glob '/proc/[0-9]*') {
+        my ($pid) = m{/(\d+)$};
+        $left{$pid} = 1 if `cat /proc/$pid/stat 2>/dev/null` =~ /\) \S+ \d+ (\d+) / && $1 == $group;
+    }
+    return keys %left;
 }
 ok(wait_until(sub { !chromium_left() }, 5), 'chromium and its helpers are gone')
     or diag(join "\n", map { scalar `ps -o pid,stat,args -p $_` } chromium_left());
