@@ -11,7 +11,7 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(nginx_start stop_nginx nginx_error_log psql http_send_request http_read);
+use GatewayTest qw(nginx_start stop_nginx nginx_error_log psql);
 use Test::More;
 use SessionJwt qw(write_secret hs256_token status_body);
 use File::Temp qw(tempdir);
@@ -176,24 +176,7 @@ my @kinds = (
     [GET => '/tenant?t=x', $alice, '200 js_user|alice|x|on'],
 );
 srand(136);
-my ($wrong, $total) = (0, 0);
-for my $wave (1 .. 25) {
-    my @batch = map { $kinds[int rand @kinds] } 1 .. 12;
-    my @socks = map {
-        my ($method, $path, $token) = @$_;
-        http_send_request($port, $method, $path, undef, $token ? (Authorization => "Bearer $token") : ())
-    } @batch;
-    for my $i (0 .. $#batch) {
-        my ($status, $body) = http_read($socks[$i], 20);
-        my $got = ($status // 0) . ' ' . ($body // '');
-        my $want = $batch[$i][3];
-        my $ok = ref $want ? $got =~ $want : $got eq $want;
-        $total++;
-        next if $ok;
-        $wrong++;
-        diag("wave $wave: $batch[$i][0] $batch[$i][1] got $got") if $wrong <= 5;
-    }
-}
+my ($wrong, $total) = SessionJwt::waves($port, \@kinds, 25, 12);
 is($total, 300, '300 requests in waves of 12');
 is($wrong, 0, 'each pipelined request ran with its own role, claims, setting and read-only-ness');
 is(req('GET', '/rw_target', undef), $login, 'sqldb_target read-write still finds the server read-write');

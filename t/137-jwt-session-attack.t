@@ -248,23 +248,7 @@ my @kinds = (
 );
 sub waves {
 my ($what) = @_;
-my ($wrong, $total) = (0, 0);
-for my $wave (1 .. 20) {
-    my @batch = map { $kinds[int rand @kinds] } 1 .. 10;
-    my @socks = map {
-        my ($method, $path, $token) = @$_;
-        http_send_request($port, $method, $path, undef, $token ? (Authorization => "Bearer $token") : ())
-    } @batch;
-    for my $i (0 .. $#batch) {
-        my ($status, $body) = http_read($socks[$i], 20);
-        my $got = ($status // 0) . ' ' . ($body // '');
-        my $want = $batch[$i][3];
-        $total++;
-        next if ref $want ? $got =~ $want : $got eq $want;
-        $wrong++;
-        diag("wave $wave: $batch[$i][0] $batch[$i][1] got $got") if $wrong <= 5;
-    }
-}
+my ($wrong, $total) = SessionJwt::waves($port, \@kinds, 20, 10);
 is($total, 200, "$what: 200 requests in waves of 10");
 is($wrong, 0, "$what: each pipelined request ran with its own role, claims and read-only-ness");
 }
