@@ -32,7 +32,7 @@ directive_handler! {
     pub(crate) fn cmd_gateway_status = "cmd_gateway_status",
     |cf: Conf, lcf: &mut StatusLocConf| {
         if lcf.on {
-            return Err("\"gateway_status\" directive is duplicate".to_owned().into());
+            return Err(crate::ffi::conf::duplicate("gateway_status"));
         }
         lcf.on = true;
         cf.claim_content_handler("gateway_status", Some(content_handler), &[])

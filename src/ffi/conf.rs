@@ -585,8 +585,6 @@ impl Conf {
     }
 }
 
-/// The IP addresses and ports of an upstream block's `server` lines (every
-/// address a name resolved to, backup servers too; unix sockets are left out).
 /// A directive's `on` or `off` (in any letter case, as nginx reads them);
 /// another value is an error naming the directive.
 pub fn on_off(directive: &str, value: &[u8]) -> Result<bool, ConfError> {
@@ -601,6 +599,13 @@ pub fn on_off(directive: &str, value: &[u8]) -> Result<bool, ConfError> {
     }
 }
 
+/// nginx's words for a directive given again where it may be given once.
+pub fn duplicate(directive: &str) -> ConfError {
+    format!("\"{directive}\" directive is duplicate").into()
+}
+
+/// The IP addresses and ports of an upstream block's `server` lines (every
+/// address a name resolved to, backup servers too; unix sockets are left out).
 pub fn upstream_server_addrs(us: &ngx_http_upstream_srv_conf_t) -> Vec<std::net::SocketAddr> {
     upstream_servers(us, true)
         .into_iter()

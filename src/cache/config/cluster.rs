@@ -43,7 +43,7 @@ directive_handler! {
         let uscf = cf.upstream_block();
         let ptr: *const ngx_http_upstream_srv_conf_t = &*uscf;
         if mcf.clusters.iter().any(|c| c.uscf == ptr) {
-            return Err("\"cache_cluster\" directive is duplicate".to_owned().into());
+            return Err(crate::ffi::conf::duplicate("cache_cluster"));
         }
         if on && uscf.peer.init_upstream.is_some() {
             // keepalive wraps the balancer that is set when it is read:

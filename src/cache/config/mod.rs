@@ -291,7 +291,7 @@ directive_handler! {
     pub(crate) fn cmd_cache_pass<E: Entries> = "cmd_cache_pass",
     |cf: Conf, lcf: &mut CacheLocConf| {
         if lcf.pass_set {
-            return Err("\"cache_pass\" directive is duplicate".to_owned().into());
+            return Err(crate::ffi::conf::duplicate("cache_pass"));
         }
         lcf.pass_set = true;
         let claim = cf
@@ -318,7 +318,7 @@ directive_handler! {
     pub(crate) fn cmd_cache_auth = "cmd_cache_auth",
     |cf: Conf, lcf: &mut CacheLocConf| {
         if lcf.auth.is_some() {
-            return Err("\"cache_auth\" directive is duplicate".to_owned().into());
+            return Err(crate::ffi::conf::duplicate("cache_auth"));
         }
         lcf.auth = Some(cf.compile(cf.args()[1]).ok_or(ConfError::Logged)?);
         Ok(())
@@ -340,11 +340,10 @@ fn channel_directive(cf: Conf, lcf: &mut CacheLocConf, publish: bool) -> Result<
             "cache_subscribe"
         };
         return Err(if other == name {
-            format!("\"{name}\" directive is duplicate")
+            crate::ffi::conf::duplicate(name)
         } else {
-            format!("\"{name}\" and \"{other}\" in one location")
-        }
-        .into());
+            format!("\"{name}\" and \"{other}\" in one location").into()
+        });
     }
     let value = cf.args()[1];
     if !cf.has_variables(value) && !gateway_core::pubsub::valid_channel(value) {
@@ -431,7 +430,7 @@ directive_handler! {
     |cf: Conf, lcf: &mut CacheLocConf| {
         // (nginx's own words for these two, as its size slot has them.)
         if lcf.upstream.buffer_size != CONF_UNSET_SIZE {
-            return Err("\"cache_buffer_size\" directive is duplicate".to_owned().into());
+            return Err(crate::ffi::conf::duplicate("cache_buffer_size"));
         }
         let size = cf
             .parse_size(cf.args()[1])
@@ -452,7 +451,7 @@ directive_handler! {
     pub(crate) fn cmd_cache_next_upstream = "cmd_cache_next_upstream",
     |cf: Conf, lcf: &mut CacheLocConf| {
         if lcf.next_upstream_set {
-            return Err("\"cache_next_upstream\" directive is duplicate".to_owned().into());
+            return Err(crate::ffi::conf::duplicate("cache_next_upstream"));
         }
         let keywords = [
             ("error", NGX_HTTP_UPSTREAM_FT_ERROR),

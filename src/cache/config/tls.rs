@@ -114,7 +114,7 @@ directive_handler! {
     pub(crate) fn cmd_cache_ssl_verify = "cmd_cache_ssl_verify",
     |cf: Conf, lcf: &mut CacheLocConf| {
         if lcf.upstream.ssl_verify != CONF_UNSET {
-            return Err("\"cache_ssl_verify\" directive is duplicate".to_owned().into());
+            return Err(crate::ffi::conf::duplicate("cache_ssl_verify"));
         }
         lcf.upstream.ssl_verify = on_off("cache_ssl_verify", cf.args()[1])?.into();
         lcf.ssl_verify_at = Some(cf.position());
@@ -125,7 +125,7 @@ directive_handler! {
 /// A directive that names a file: the name, and where it was written.
 fn file_directive(cf: Conf, slot: &mut Option<FileAt>) -> Result<(), ConfError> {
     if slot.is_some() {
-        return Err(format!("\"{}\" directive is duplicate", cf.directive()).into());
+        return Err(crate::ffi::conf::duplicate(&cf.directive()));
     }
     *slot = Some(FileAt {
         name: cf.args()[1].to_vec(),

@@ -91,7 +91,7 @@ directive_handler! {
     pub(crate) fn cmd_sqldb_jwt_key = "cmd_sqldb_jwt_key",
     |cf: Conf, lcf: &mut LocConf| {
         if lcf.jwt.is_some() {
-            return Err("\"sqldb_jwt_key\" directive is duplicate".to_owned().into());
+            return Err(crate::ffi::conf::duplicate("sqldb_jwt_key"));
         }
         let args = cf.args();
         let alg = match args.get(2) {
@@ -123,7 +123,7 @@ directive_handler! {
     pub(crate) fn cmd_sqldb_jwt_role_claim = "cmd_sqldb_jwt_role_claim",
     |cf: Conf, lcf: &mut LocConf| {
         if lcf.jwt_role_claim.is_some() {
-            return Err("\"sqldb_jwt_role_claim\" directive is duplicate".to_owned().into());
+            return Err(crate::ffi::conf::duplicate("sqldb_jwt_role_claim"));
         }
         let v = cf.args()[1];
         let path = std::str::from_utf8(v).ok().and_then(parse_claim_path).ok_or_else(|| {
@@ -142,7 +142,7 @@ directive_handler! {
     pub(crate) fn cmd_sqldb_anonymous_role = "cmd_sqldb_anonymous_role",
     |cf: Conf, lcf: &mut LocConf| {
         if lcf.anonymous_role.is_some() {
-            return Err("\"sqldb_anonymous_role\" directive is duplicate".to_owned().into());
+            return Err(crate::ffi::conf::duplicate("sqldb_anonymous_role"));
         }
         let v = cf.args()[1];
         let role = CString::new(v)

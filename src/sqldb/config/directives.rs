@@ -22,7 +22,7 @@ directive_handler! {
     pub(crate) fn cmd_sqldb_pass<E: Entries> = "cmd_sqldb_pass",
     |cf: Conf, lcf: &mut LocConf| {
         if lcf.pass_set {
-            return Err("\"sqldb_pass\" directive is duplicate".to_owned().into());
+            return Err(crate::ffi::conf::duplicate("sqldb_pass"));
         }
         lcf.pass_set = true;
         let claim = cf
@@ -167,7 +167,7 @@ directive_handler! {
     pub(crate) fn cmd_sqldb_listen = "cmd_sqldb_listen",
     |cf: Conf, lcf: &mut LocConf| {
         if lcf.listen.is_some() {
-            return Err("\"sqldb_listen\" directive is duplicate".to_owned().into());
+            return Err(crate::ffi::conf::duplicate("sqldb_listen"));
         }
         let value = cf.args()[1];
         if !cf.has_variables(value) && !gateway_core::sse::valid_channel(value) {
@@ -219,7 +219,7 @@ directive_handler! {
     pub(crate) fn cmd_sqldb_stream_connections = "cmd_sqldb_stream_connections",
     |cf: Conf, lcf: &mut LocConf| {
         if lcf.stream_connections.is_some() {
-            return Err("\"sqldb_stream_connections\" directive is duplicate".to_owned().into());
+            return Err(crate::ffi::conf::duplicate("sqldb_stream_connections"));
         }
         let value = cf.args()[1];
         let n = super::upstream::atoi(value).filter(|&n| n >= 1).ok_or_else(|| {
@@ -238,7 +238,7 @@ directive_handler! {
     pub(crate) fn cmd_sqldb_output = "cmd_sqldb_output",
     |cf: Conf, lcf: &mut LocConf| {
         if lcf.output.is_some() {
-            return Err("\"sqldb_output\" directive is duplicate".to_owned().into());
+            return Err(crate::ffi::conf::duplicate("sqldb_output"));
         }
         let value = cf.args()[1];
         let found = Output::ALL
@@ -260,7 +260,7 @@ directive_handler! {
     pub(crate) fn cmd_sqldb_next_upstream = "cmd_sqldb_next_upstream",
     |cf: Conf, lcf: &mut LocConf| {
         if lcf.next_upstream.is_some() {
-            return Err("\"sqldb_next_upstream\" directive is duplicate".to_owned().into());
+            return Err(crate::ffi::conf::duplicate("sqldb_next_upstream"));
         }
         let keywords = [
             ("error", NGX_HTTP_UPSTREAM_FT_ERROR),

@@ -114,7 +114,7 @@ directive_handler! {
     pub(crate) fn cmd_sqldb_listen_replay = "cmd_sqldb_listen_replay",
     |cf: Conf, lcf: &mut LocConf| {
         if lcf.listen_replay.is_some() {
-            return Err("\"sqldb_listen_replay\" directive is duplicate".to_owned().into());
+            return Err(crate::ffi::conf::duplicate("sqldb_listen_replay"));
         }
         lcf.listen_replay = Some(Rc::new(compile(cf, cf.args()[1])?));
         Ok(())

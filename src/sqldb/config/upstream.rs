@@ -118,7 +118,7 @@ directive_handler! {
     pub(crate) fn cmd_sqldb_keepalive = "cmd_sqldb_keepalive",
     |cf: Conf, srv: &mut SrvConf| {
         if srv.keepalive_set {
-            return Err("\"sqldb_keepalive\" directive is duplicate".to_owned().into());
+            return Err(crate::ffi::conf::duplicate("sqldb_keepalive"));
         }
         srv.keepalive_set = true;
         let args = cf.args();
@@ -176,7 +176,7 @@ directive_handler! {
     pub(crate) fn cmd_sqldb_pipeline = "cmd_sqldb_pipeline",
     |cf: Conf, srv: &mut SrvConf| {
         if srv.pipeline_set {
-            return Err("\"sqldb_pipeline\" directive is duplicate".to_owned().into());
+            return Err(crate::ffi::conf::duplicate("sqldb_pipeline"));
         }
         srv.pipeline_set = true;
         let args = cf.args();
@@ -224,7 +224,7 @@ directive_handler! {
     pub(crate) fn cmd_sqldb_keep_role = "cmd_sqldb_keep_role",
     |cf: Conf, srv: &mut SrvConf| {
         if srv.keep_role_set {
-            return Err("\"sqldb_keep_role\" directive is duplicate".to_owned().into());
+            return Err(crate::ffi::conf::duplicate("sqldb_keep_role"));
         }
         srv.keep_role_set = true;
         srv.pool.settings.keep_role = on_off("sqldb_keep_role", cf.args()[1])?;
