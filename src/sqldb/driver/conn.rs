@@ -348,6 +348,11 @@ impl Conn {
         if names.is_empty() {
             return Ok(());
         }
+        self.send_deallocates(names.iter().map(|n| n.as_c_str()))
+    }
+
+    /// Sends `DEALLOCATE` for each name, each with a sync point of its own.
+    fn send_deallocates<'a>(&mut self, names: impl IntoIterator<Item = &'a CStr>) -> Result<(), PqError> {
         self.starting();
         self.enter_pipeline()?;
         for name in names {
@@ -522,15 +527,8 @@ impl Conn {
     /// fits), with its own sync point, ahead of the request's new prepare.
     pub fn deallocate(&mut self, req: ReqToken) -> Result<(), PqError> {
         let Some(q) = self.query_of(req) else { return Ok(()) };
-        let Some(s) = q.statement.as_deref() else { return Ok(()) };
-        let sql = CString::new(format!("DEALLOCATE {}", s.name.to_string_lossy()))
-            .map_err(|_| PqError("a statement name with a NUL byte".into()))?;
-        self.starting();
-        self.pipeline.sent_internal();
-        self.enter_pipeline()?;
-        self.pg.send_unnamed(&sql, &[], false)?;
-        self.pg.pipeline_sync()?;
-        self.flush()
+        let Some(s) = q.statement.clone() else { return Ok(()) };
+        self.send_deallocates([s.name.as_c_str()])
     }
 
     /// An idle connection is still open at the server's end: nothing to
