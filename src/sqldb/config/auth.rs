@@ -13,12 +13,11 @@ use std::rc::Rc;
 use std::cell::RefCell;
 
 use gateway_core::jwt::{parse_claim_path, Alg, KeySet, TokenCache};
-use gateway_core::sql::statement_name;
 
 use super::LocConf;
 use crate::ffi::conf::{ComplexValue, ConfError};
 use crate::ffi::*;
-use crate::sqldb::driver::{settings_calls, SessionTexts};
+use crate::sqldb::driver::{settings_calls, SessionTexts, Text};
 
 /// `sqldb_jwt_key FILE [alg=...]`.
 pub struct JwtConf {
@@ -41,11 +40,9 @@ pub struct Setting {
 /// The preamble's SQL text for a location: read-write, and read-only (GET
 /// and HEAD with a role).
 pub struct PreambleSql {
-    pub rw: Rc<CString>,
-    pub ro: Rc<CString>,
-    /// Their statement names (prepared once per connection).
-    pub rw_name: Rc<CString>,
-    pub ro_name: Rc<CString>,
+    /// Each prepared once per connection, under its name.
+    pub rw: Text,
+    pub ro: Text,
     /// The role and the claims are its first two parameters.
     pub with_role: bool,
     /// The texts for sessions that keep the role between requests.
@@ -68,18 +65,14 @@ impl PreambleSql {
                 }
             }
             calls.extend(settings_calls(settings, if with_role { 3 } else { 1 }));
-            CString::new(format!("select {}", calls.join(", "))).ok().map(Rc::new)
+            Text::new(format!("select {}", calls.join(", ")))
         };
         if !with_role && settings == 0 {
             return None;
         }
-        let (rw, ro) = (text(false)?, text(true)?);
-        let name = |t: &CString| CString::new(statement_name(t.as_bytes())).ok().map(Rc::new);
         Some(PreambleSql {
-            rw_name: name(&rw)?,
-            ro_name: name(&ro)?,
-            rw,
-            ro,
+            rw: text(false)?,
+            ro: text(true)?,
             with_role,
             session: Rc::new(SessionTexts::build(with_role, settings)?),
         })

@@ -33,7 +33,7 @@ use conn::Conn;
 pub use listen::Listener;
 pub use pool::{ConnPool, OpenError, Pick, Settings, Submitted, RECHECK};
 pub use pq::{check_conninfo, PgResult, PqError, ResultKind};
-pub use session::{settings_calls, SessionTexts};
+pub use session::{settings_calls, SessionTexts, Text};
 
 /// A connection of a pool (stale once the connection is closed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

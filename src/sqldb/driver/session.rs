@@ -46,7 +46,8 @@ pub struct Text {
 }
 
 impl Text {
-    fn new(sql: String) -> Option<Text> {
+    /// The text, named after itself (see `statement_name`).
+    pub fn new(sql: String) -> Option<Text> {
         let name = CString::new(statement_name(sql.as_bytes())).ok()?;
         Some(Text {
             sql: Rc::new(CString::new(sql).ok()?),

@@ -88,16 +88,12 @@ pub fn authorize(r: &mut Req, lcf: &LocConf) -> Result<Authorized, StartError> {
         params.push(CString::new(v).map_err(|_| StartError::SettingNul(s.name.to_string_lossy().into_owned()))?);
     }
     let read_only = pre.with_role && (r.method() & (NGX_HTTP_GET | NGX_HTTP_HEAD)) != 0;
-    let (sql, name) = if read_only {
-        (&pre.ro, &pre.ro_name)
-    } else {
-        (&pre.rw, &pre.rw_name)
-    };
+    let text = if read_only { &pre.ro } else { &pre.rw };
     Ok(Authorized {
         claims,
         preamble: Some(Preamble {
-            sql: Rc::clone(sql),
-            name: Rc::clone(name),
+            sql: Rc::clone(&text.sql),
+            name: Rc::clone(&text.name),
             named: lcf.prepare == 1,
             params,
             with_role: pre.with_role,
