@@ -218,3 +218,59 @@ location /x {
 --- must_die
 --- error_log eval
 qr/\[emerg\].*invalid status "99" in "sqldb_rewrite" directive in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 13: sqldb_escape of a prefix variable ($arg_x) in place changes it in its own location only
+--- config
+location /e {
+    sqldb_escape =$arg_name;
+    sqldb_pass database;
+    sqldb_output json;
+    sqldb_query "select $arg_name as v, (select count(*) from cats)::int as cats";
+}
+location /raw { return 200 "[$arg_name] [$cookie_c]"; }
+--- more_headers
+Cookie: c=yum
+--- request eval
+["GET /e?name=x';drop%20table%20cats;--", "GET /raw?name=x'y", "GET /e"]
+--- error_code eval
+[200, 200, 200]
+--- response_body eval
+['[{"v":"x\';drop%20table%20cats;--","cats":3}]', "[x'y] [yum]", '[{"v":"","cats":3}]']
+
+
+
+=== TEST 14: sqldb_set of a prefix variable ($cookie_x) sets it in its own location
+--- config
+location /s {
+    sqldb_set $cookie_c 0 0;
+    sqldb_pass database;
+    sqldb_query "select 'from the row'";
+    add_header X-C "[$cookie_c]";
+}
+location /raw { return 200 "[$cookie_c]"; }
+--- more_headers
+Cookie: c=yum
+--- request
+GET /s
+--- error_code: 200
+--- response_headers_like
+X-C: \[from the row\]
+
+
+
+=== TEST 15: ... and leaves it as it is in every other location
+--- config
+location /s {
+    sqldb_set $cookie_c 0 0;
+    sqldb_pass database;
+    sqldb_query "select 'from the row'";
+}
+location /raw { return 200 "[$cookie_c]"; }
+--- more_headers
+Cookie: c=yum
+--- request
+GET /raw
+--- response_body chomp
+[yum]

@@ -208,6 +208,19 @@ impl Conf {
         })
     }
 
+    /// True when a name falls under a prefix variable of nginx or a module
+    /// (`$arg_`, `$http_`, `$cookie_`, ...): nginx gives it that handler
+    /// once the configuration is read, unless a handler is set before.
+    pub fn prefix_variable(&self, name: &[u8]) -> bool {
+        let cmcf = self.main_conf::<NgxHttpCoreModule>();
+        // SAFETY: the core module's prefix variables, an array of
+        // ngx_http_variable_t that modules fill in their preconfiguration
+        // (before any directive is read).
+        unsafe { cmcf.prefix_variables.as_slice::<ngx_http_variable_t>() }
+            .iter()
+            .any(|v| name.starts_with(v.name.as_bytes()))
+    }
+
     /// Every upstream block of the configuration.
     pub fn upstreams(&self) -> &'static [*mut ngx_http_upstream_srv_conf_t] {
         let umcf = self.main_conf::<ngx::http::NgxHttpUpstreamModule>();

@@ -284,7 +284,10 @@ fn writable_variable(cf: Conf, name: &[u8]) -> Result<ngx_int_t, ConfError> {
     let (v, index) = cf
         .add_variable(bare, NGX_HTTP_VAR_CHANGEABLE)
         .ok_or(ConfError::Logged)?;
-    if v.get_handler.is_none() {
+    // A name under a prefix ($arg_x, $http_x, $cookie_x) keeps the prefix's
+    // value in every other location, as with nginx's `set`: nginx gives it
+    // the prefix's handler once the configuration is read.
+    if v.get_handler.is_none() && !cf.prefix_variable(bare) {
         v.get_handler = Some(super::upstream::not_set);
     }
     Ok(index)
