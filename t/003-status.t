@@ -139,7 +139,17 @@ cmp_ok(sum_of($m, qr/^ngx_gateway_sqldb_connects_total\{server=\S+,upstream=data
 
 # The gauges, once nothing runs: connections idle (as many as the server
 # sees), none busy or connecting, nothing queued.
-my $server = psql("select count(*) from pg_stat_activity where application_name = 'ngx_gateway'");
+my $server;
+# (Polled here and below: a spare connection may still be opening, and
+# a worker sees the sessions the server ended when its event loop next
+# runs; gauge and server agree once that has settled.)
+sub idle_matches_server {
+    ($m) = metrics();
+    $server = psql("select count(*) from pg_stat_activity where application_name = 'ngx_gateway'");
+    return sum_of($m, qr/^ngx_gateway_sqldb_connections\{.*state=idle/) == $server
+        && sum_of($m, qr/^ngx_gateway_sqldb_connections\{.*state=connecting/) == 0;
+}
+wait_until(\&idle_matches_server, 5);
 is(sum_of($m, qr/^ngx_gateway_sqldb_connections\{server=\S+,state=idle,upstream=database\}/), $server,
     "idle connections: $server, as pg_stat_activity has them");
 is(sum_of($m, qr/^ngx_gateway_sqldb_connections\{.*state=(busy|connecting)/), 0, 'none busy or connecting');
@@ -184,15 +194,6 @@ for (1 .. 20) {
     last if sum_of($m, qr/^ngx_gateway_sqldb_reconnects_total\{/) >= 1;
 }
 cmp_ok(sum_of($m, qr/^ngx_gateway_sqldb_reconnects_total\{/), '>=', 1, 'reconnects after pg_terminate_backend');
-# (Polled: each worker sees its ended sessions when its event loop next
-# runs, and a spare connection may still be opening; gauge and server
-# agree once all of that has settled.)
-sub idle_matches_server {
-    ($m) = metrics();
-    $server = psql("select count(*) from pg_stat_activity where application_name = 'ngx_gateway'");
-    return sum_of($m, qr/^ngx_gateway_sqldb_connections\{.*state=idle/) == $server
-        && sum_of($m, qr/^ngx_gateway_sqldb_connections\{.*state=connecting/) == 0;
-}
 wait_until(\&idle_matches_server, 5);
 is(sum_of($m, qr/^ngx_gateway_sqldb_connections\{.*state=idle/), $server,
     'the idle gauge follows the connections closed by the server');
