@@ -221,56 +221,61 @@ qr/\[emerg\].*invalid status "99" in "sqldb_rewrite" directive in \S+nginx\.conf
 
 
 
-=== TEST 13: sqldb_escape of a prefix variable ($arg_x) in place changes it in its own location only
+=== TEST 13: sqldb_escape cannot write a variable of the request ($arg_x): it would be the client's own where the rule does not apply
 --- config
 location /e {
     sqldb_escape =$arg_name;
     sqldb_pass database;
+    sqldb_query "select $arg_name";
+}
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"sqldb_escape" cannot write "\$arg_name", a variable of the request \("\$arg_"\): use one of your own in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 14: ... in any letter case, nor sqldb_set ($COOKIE_x)
+--- config
+location /s {
+    sqldb_set $COOKIE_c 0 0;
+    sqldb_pass database;
+    sqldb_query "select 1";
+}
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"sqldb_set" cannot write "\$COOKIE_c", a variable of the request \("\$cookie_"\): use one of your own in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 15: the escapes of outer levels apply too; a location's rule for the same variable takes the place of the outer one
+--- config
+set $v $arg_v;
+set $w $arg_w;
+sqldb_escape =$v;
+sqldb_escape =$w;
+location /e {
+    sqldb_escape $x $arg_x;
+    sqldb_escape =$w;
+    sqldb_pass database;
     sqldb_output json;
-    sqldb_query "select $arg_name as v, (select count(*) from cats)::int as cats";
+    sqldb_query "select $v as v, $w as w, $x as x";
 }
-location /raw { return 200 "[$arg_name] [$cookie_c]"; }
---- more_headers
-Cookie: c=yum
---- request eval
-["GET /e?name=x';drop%20table%20cats;--", "GET /raw?name=x'y", "GET /e"]
---- error_code eval
-[200, 200, 200]
---- response_body eval
-['[{"v":"x\';drop%20table%20cats;--","cats":3}]', "[x'y] [yum]", '[{"v":"","cats":3}]']
-
-
-
-=== TEST 14: sqldb_set of a prefix variable ($cookie_x) sets it in its own location
---- config
-location /s {
-    sqldb_set $cookie_c 0 0;
-    sqldb_pass database;
-    sqldb_query "select 'from the row'";
-    add_header X-C "[$cookie_c]";
-}
-location /raw { return 200 "[$cookie_c]"; }
---- more_headers
-Cookie: c=yum
 --- request
-GET /s
---- error_code: 200
---- response_headers_like
-X-C: \[from the row\]
-
-
-
-=== TEST 15: ... and leaves it as it is in every other location
---- config
-location /s {
-    sqldb_set $cookie_c 0 0;
-    sqldb_pass database;
-    sqldb_query "select 'from the row'";
-}
-location /raw { return 200 "[$cookie_c]"; }
---- more_headers
-Cookie: c=yum
---- request
-GET /raw
+GET /e?v=current_user%20as%20v--&w=it's&x=a'b
 --- response_body chomp
-[yum]
+[{"v":"current_user%20as%20v--","w":"it's","x":"a'b"}]
+
+
+
+=== TEST 16: sqldb_escape of nginx's $args (changeable, with a value of the request)
+--- config
+location /e {
+    sqldb_escape =$args;
+    sqldb_pass database;
+    sqldb_output json;
+    sqldb_query "select $args as a";
+}
+--- request
+GET /e?q=a'b
+--- response_body chomp
+[{"a":"q=a'b"}]

@@ -208,17 +208,19 @@ impl Conf {
         })
     }
 
-    /// True when a name falls under a prefix variable of nginx or a module
-    /// (`$arg_`, `$http_`, `$cookie_`, ...): nginx gives it that handler
-    /// once the configuration is read, unless a handler is set before.
-    pub fn prefix_variable(&self, name: &[u8]) -> bool {
+    /// The prefix variable of nginx or a module (`arg_`, `http_`,
+    /// `cookie_`, ...) a variable name falls under, if any: nginx gives such
+    /// a variable the request's value in every location.
+    pub fn prefix_variable(&self, name: &[u8]) -> Option<&'static [u8]> {
         let cmcf = self.main_conf::<NgxHttpCoreModule>();
+        let name = name.to_ascii_lowercase();
         // SAFETY: the core module's prefix variables, an array of
-        // ngx_http_variable_t that modules fill in their preconfiguration
-        // (before any directive is read).
+        // ngx_http_variable_t in configuration memory that modules fill in
+        // their preconfiguration (before any directive is read).
         unsafe { cmcf.prefix_variables.as_slice::<ngx_http_variable_t>() }
             .iter()
-            .any(|v| name.starts_with(v.name.as_bytes()))
+            .map(|v| v.name.as_bytes())
+            .find(|p| name.starts_with(p))
     }
 
     /// Every upstream block of the configuration.

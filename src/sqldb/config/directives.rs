@@ -271,8 +271,10 @@ directive_handler! {
     }
 }
 
-/// Declares a variable that `sqldb_set` / `sqldb_escape` writes (as `set` does).
-fn writable_variable(cf: Conf, name: &[u8]) -> Result<ngx_int_t, ConfError> {
+/// Declares a variable that `sqldb_set` / `sqldb_escape` writes (as `set`
+/// does); true with it for one of nginx's own that has a value of the
+/// request ($args).
+fn writable_variable(cf: Conf, directive: &str, name: &[u8]) -> Result<(ngx_int_t, bool), ConfError> {
     // A name nginx can set: a letter or '_' first ($1 is a regex capture).
     let valid = |b: &[u8]| {
         b.first().is_some_and(|c| c.is_ascii_alphabetic() || *c == b'_')
@@ -281,16 +283,25 @@ fn writable_variable(cf: Conf, name: &[u8]) -> Result<ngx_int_t, ConfError> {
     let Some(bare) = name.strip_prefix(b"$").filter(|b| valid(b)) else {
         return Err(format!("invalid variable name \"{}\"", String::from_utf8_lossy(name)).into());
     };
+    // A name under a prefix ($arg_x, $http_x, $cookie_x) is the request's
+    // own: written here, its value would go with the request to every
+    // location it is redirected to, and be the client's own wherever the
+    // rule does not apply.
+    if let Some(prefix) = cf.prefix_variable(bare) {
+        return Err(format!(
+            "\"{directive}\" cannot write \"{}\", a variable of the request (\"${}\"): use one of your own",
+            String::from_utf8_lossy(name),
+            String::from_utf8_lossy(prefix)
+        )
+        .into());
+    }
     let (v, index) = cf
         .add_variable(bare, NGX_HTTP_VAR_CHANGEABLE)
         .ok_or(ConfError::Logged)?;
-    // A name under a prefix ($arg_x, $http_x, $cookie_x) keeps the prefix's
-    // value in every other location, as with nginx's `set`: nginx gives it
-    // the prefix's handler once the configuration is read.
-    if v.get_handler.is_none() && !cf.prefix_variable(bare) {
+    if v.get_handler.is_none() {
         v.get_handler = Some(super::upstream::not_set);
     }
-    Ok(index)
+    Ok((index, v.set_handler.is_some()))
 }
 
 directive_handler! {
@@ -298,7 +309,7 @@ directive_handler! {
     pub(crate) fn cmd_sqldb_set = "cmd_sqldb_set",
     |cf: Conf, lcf: &mut LocConf| {
         let args = cf.args();
-        let index = writable_variable(cf, args[1])?;
+        let (index, _) = writable_variable(cf, "sqldb_set", args[1])?;
         let number = |a: &[u8]| std::str::from_utf8(a).ok().and_then(|s| s.parse::<usize>().ok());
         let row = number(args[2]).ok_or_else(|| {
             format!(
@@ -369,7 +380,7 @@ directive_handler! {
                 name = bare;
             }
         }
-        let dst = writable_variable(cf, name)?;
+        let (dst, of_request) = writable_variable(cf, "sqldb_escape", name)?;
         let mut src = None;
         if let Some(mut value) = args.get(2).copied() {
             if let Some(bare) = value.strip_prefix(b"=") {
@@ -377,6 +388,10 @@ directive_handler! {
                 value = bare;
             }
             src = Some(cf.compile(value).ok_or(ConfError::Logged)?);
+        } else if of_request {
+            // In place, one of nginx's own ($args): its value is read as
+            // nginx gives it.
+            src = Some(cf.compile(name).ok_or(ConfError::Logged)?);
         }
         lcf.escapes.push(EscapeRule { dst, src, empty_string });
         Ok(())

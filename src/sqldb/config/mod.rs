@@ -428,7 +428,14 @@ impl LocConf {
         merge_flag(&mut self.prepare, prev.prepare, 1);
         merge_list(&mut self.sets, &prev.sets);
         merge_list(&mut self.rewrites, &prev.rewrites);
-        merge_list(&mut self.escapes, &prev.escapes);
+        // Every level's escapes apply: one left out would let a value in as
+        // the client sent it. A rule of this level for the same variable
+        // takes the place of the outer one.
+        let outer = prev
+            .escapes
+            .iter()
+            .filter(|p| self.escapes.iter().all(|e| e.dst != p.dst));
+        self.escapes.splice(0..0, outer.cloned().collect::<Vec<_>>());
         self.output = self.output.or(prev.output);
         self.merge_auth(prev)?;
         if let (Some((_, at)), false) = (&self.listen, self.pass_set) {
