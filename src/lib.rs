@@ -48,7 +48,6 @@ struct SqldbEntries;
 impl sc::Entries for SqldbEntries {
     const CONTENT: ngx_http_handler_pt = Some(sqldb::request::content_handler);
     const PEER_INIT: ngx_http_upstream_init_peer_pt = Some(sqldb::request::peer_init);
-    const ESCAPE: ngx_http_handler_pt = Some(sqldb::request::escape_handler);
     const CLAIM: ngx_http_get_variable_pt = Some(sqldb::request::claim_variable);
     const OTHERS: &'static [(ngx_http_handler_pt, &'static str)] = &[(Some(cache::content_handler), "\"cache_pass\"")];
 }

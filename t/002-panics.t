@@ -140,18 +140,7 @@ location /v { sqldb_pass database; sqldb_query "select 1"; add_header X-Error "[
 
 
 
-=== TEST 9: sqldb_escape's phase handler
---- entry: escape_handler
---- config
-location /e { sqldb_escape $v $arg_v; sqldb_pass database; sqldb_query "select $v"; }
---- request eval
-["GET /e?v=x", "GET /alive"]
---- error_code eval
-[500, 200]
-
-
-
-=== TEST 10: the cache content handler
+=== TEST 9: the cache content handler
 --- entry: cache content handler
 --- request eval
 ["GET /c/there", "GET /alive"]
@@ -160,7 +149,7 @@ location /e { sqldb_escape $v $arg_v; sqldb_pass database; sqldb_query "select $
 
 
 
-=== TEST 11: the cache's (cache_pipeline off) request
+=== TEST 10: the cache's (cache_pipeline off) request
 --- entry: cache create_request
 --- request eval
 ["GET /off/c/there", "GET /alive"]
@@ -169,7 +158,7 @@ location /e { sqldb_escape $v $arg_v; sqldb_pass database; sqldb_query "select $
 
 
 
-=== TEST 12: the cache's (cache_pipeline off) reply header
+=== TEST 11: the cache's (cache_pipeline off) reply header
 --- entry: cache process_header
 --- request eval
 ["GET /off/c/there", "GET /alive"]
@@ -178,7 +167,7 @@ location /e { sqldb_escape $v $arg_v; sqldb_pass database; sqldb_query "select $
 
 
 
-=== TEST 13: the cache's (cache_pipeline off) value filter
+=== TEST 12: the cache's (cache_pipeline off) value filter
 --- entry: cache input_filter_init
 --- request
 GET /off/c/there
@@ -235,7 +224,7 @@ location /r {
 
 
 
-=== TEST 14: the finalizer of the database upstream (a client that leaves mid-query)
+=== TEST 13: the finalizer of the database upstream (a client that leaves mid-query)
 --- entry: finalize_request
 --- config
 location /slow { sqldb_pass database; sqldb_query "select pg_sleep(1)"; }

@@ -279,3 +279,31 @@ location /e {
 GET /e?q=a'b
 --- response_body chomp
 [{"a":"q=a'b"}]
+
+
+
+=== TEST 17: nor the module's own $sqldb_jwt_claim_NAME
+--- config
+location /e {
+    sqldb_escape =$Sqldb_Jwt_Claim_sub;
+    sqldb_pass database;
+    sqldb_query "select 1";
+}
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"sqldb_escape" cannot write "\$Sqldb_Jwt_Claim_sub", a variable of the request \("\$sqldb_jwt_claim_"\): use one of your own in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 18: two rules for one variable at one level would escape it twice
+--- config
+location /e {
+    set $v $arg_v;
+    sqldb_escape $v $arg_x;
+    sqldb_escape =$v;
+    sqldb_pass database;
+    sqldb_query "select $v";
+}
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"sqldb_escape" directive is duplicate: "\$v" is escaped above in \S+nginx\.conf:\d+/

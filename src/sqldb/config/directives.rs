@@ -287,7 +287,10 @@ fn writable_variable(cf: Conf, directive: &str, name: &[u8]) -> Result<(ngx_int_
     // own: written here, its value would go with the request to every
     // location it is redirected to, and be the client's own wherever the
     // rule does not apply.
-    if let Some(prefix) = cf.prefix_variable(bare) {
+    // (The module's own prefix is declared once the configuration is read.)
+    let claim = super::upstream::CLAIM_PREFIX.as_bytes();
+    let own = bare.to_ascii_lowercase().starts_with(claim).then_some(claim);
+    if let Some(prefix) = own.or_else(|| cf.prefix_variable(bare)) {
         return Err(format!(
             "\"{directive}\" cannot write \"{}\", a variable of the request (\"${}\"): use one of your own",
             String::from_utf8_lossy(name),
@@ -392,6 +395,14 @@ directive_handler! {
             // In place, one of nginx's own ($args): its value is read as
             // nginx gives it.
             src = Some(cf.compile(name).ok_or(ConfError::Logged)?);
+        }
+        // A second rule for the variable would escape the literal again.
+        if lcf.escapes.iter().any(|e| e.dst == dst) {
+            return Err(format!(
+                "\"sqldb_escape\" directive is duplicate: \"{}\" is escaped above",
+                String::from_utf8_lossy(name)
+            )
+            .into());
         }
         lcf.escapes.push(EscapeRule { dst, src, empty_string });
         Ok(())

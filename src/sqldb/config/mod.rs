@@ -60,12 +60,11 @@ unsafe impl HttpModuleLocationConf for Sqldb {
 }
 
 /// The request side's entry points that directives install (content
-/// handler, balancer wrapper, phase handler): the request layer implements
+/// handler, balancer wrapper, variable getter): the request layer implements
 /// this, lib.rs links them.
 pub trait Entries {
     const CONTENT: ngx_http_handler_pt;
     const PEER_INIT: ngx_http_upstream_init_peer_pt;
-    const ESCAPE: ngx_http_handler_pt;
     /// `$sqldb_jwt_claim_NAME`'s getter.
     const CLAIM: ngx_http_get_variable_pt;
     /// Content handlers of other modules a location cannot have beside this one.

@@ -333,8 +333,6 @@ fn postconfigure<E: Entries>(cf: Conf) -> Result<(), ConfError> {
     for (i, (_, name)) in Var::ALL.iter().enumerate() {
         mcf.vars[i] = cf.variable_index(name.as_bytes()).ok_or(ConfError::Logged)?;
     }
-    cf.add_phase_handler(ngx_http_phases_NGX_HTTP_PREACCESS_PHASE, E::ESCAPE)?;
-
     for p in mcf.pending.drain(..) {
         if p.claim.as_ref().is_some_and(|c| !c.holds(&cf)) {
             return Err(ConfError::Logged);

@@ -31,6 +31,10 @@ fn start(r: &mut Req) -> ngx_int_t {
         log_failure(r.log(), &err);
         return err.status();
     }
+    let rc = super::vars::escape(r);
+    if rc != DECLINED {
+        return rc;
+    }
     if lcf.listen.is_some() {
         return start_listening(r, lcf);
     }

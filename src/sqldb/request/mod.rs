@@ -31,7 +31,7 @@ pub(crate) use entry::content_handler;
 pub(crate) use peer::peer_init;
 pub use series::count_request;
 pub use stream::Streaming;
-pub(crate) use vars::{claim_variable, escape_handler};
+pub(crate) use vars::claim_variable;
 
 /// Per-request state (in the request's pool; its slot in `r->ctx`).
 pub struct Ctx {

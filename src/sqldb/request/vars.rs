@@ -78,16 +78,19 @@ pub fn rewrite(r: &Req, lcf: &LocConf, res: &PgResult) -> Option<(ngx_uint_t, bo
     rewrite::choose(&lcf.rewrites, r.method(), facts).map(|w| (ngx_uint_t::from(w.status), w.keep_body))
 }
 
-request_handler! {
-    /// Makes the escaped literals of the location before its content handler
-    /// runs (after `set`, so that the values `set` makes can be escaped).
-    pub(crate) fn escape_handler(r) -> ngx_int_t = ("escape_handler", HTTP_INTERNAL_SERVER_ERROR) {
-        escape(r)
-    }
-}
-
-fn escape(r: &mut Req) -> ngx_int_t {
+/// Makes the escaped literals of the location, as its content handler
+/// starts: after every phase before it (`set`, `auth_request_set`, ...), so
+/// that nothing writes the variables after they are escaped. DECLINED when
+/// done, or the status to answer with.
+pub(super) fn escape(r: &mut Req) -> ngx_int_t {
     let lcf: &LocConf = r.loc_conf::<Sqldb>();
+    if lcf.escapes.is_empty() {
+        return DECLINED;
+    }
+    // Every literal is made from the values as the content handler finds
+    // them, then stored: a rule never reads what another one escaped (a
+    // server's `=$w` and a location's `$e =$w` both quote the value once).
+    let mut literals = Vec::with_capacity(lcf.escapes.len());
     for rule in &lcf.escapes {
         let value = match rule.src {
             None => r.variable(rule.dst).unwrap_or_default().to_vec(),
@@ -107,7 +110,10 @@ fn escape(r: &mut Req) -> ngx_int_t {
                 }
             }
         };
-        if !r.set_variable(rule.dst, &literal) {
+        literals.push((rule.dst, literal));
+    }
+    for (dst, literal) in literals {
+        if !r.set_variable(dst, &literal) {
             return HTTP_INTERNAL_SERVER_ERROR;
         }
     }
