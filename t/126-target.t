@@ -62,6 +62,9 @@ sub gateway_conns {
 upstream db {
     sqldb_server 127.0.0.1:$P $k0;
     sqldb_server 127.0.0.1:$S $k0;
+    # (No spare connection: a quick query that a busy machine holds past
+    # the default slow=5ms would open one, which the counts would see.)
+    sqldb_pipeline on slow=60s;
 }
 server {
     listen 127.0.0.1:\$PORT;
@@ -103,6 +106,7 @@ sub prefer_conf {
 upstream db {
     sqldb_server 127.0.0.1:$P $k;
     sqldb_server 127.0.0.1:$S $k;
+    sqldb_pipeline on slow=60s;
 }
 server {
     listen 127.0.0.1:\$PORT;
