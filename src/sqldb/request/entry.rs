@@ -31,11 +31,11 @@ fn start(r: &mut Req) -> ngx_int_t {
         log_failure(r.log(), &err);
         return err.status();
     }
-    let rc = super::vars::escape(r);
-    if rc != DECLINED {
-        return rc;
-    }
     if lcf.listen.is_some() {
+        let rc = super::vars::escape(r);
+        if rc != DECLINED {
+            return rc;
+        }
         return start_listening(r, lcf);
     }
     let err = if lcf.queries.is_empty() {
@@ -113,6 +113,12 @@ request_handler! {
 
 /// What the request comes to once its body is in: DONE while it runs.
 fn body_done(r: &mut Req) -> ngx_int_t {
+    // The literals now, as the query is built: nothing (a subrequest that
+    // ran while the body came) can write the variables in between.
+    let rc = super::vars::escape(r);
+    if rc != DECLINED {
+        return rc;
+    }
     match run(r) {
         Ok(()) => DONE,
         Err(e) => {

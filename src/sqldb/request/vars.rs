@@ -78,9 +78,10 @@ pub fn rewrite(r: &Req, lcf: &LocConf, res: &PgResult) -> Option<(ngx_uint_t, bo
     rewrite::choose(&lcf.rewrites, r.method(), facts).map(|w| (ngx_uint_t::from(w.status), w.keep_body))
 }
 
-/// Makes the escaped literals of the location, as its content handler
-/// starts: after every phase before it (`set`, `auth_request_set`, ...), so
-/// that nothing writes the variables after they are escaped. DECLINED when
+/// Makes the escaped literals of the location right before its query is
+/// built (once the body is read): after every phase before the content
+/// (`set`, `auth_request_set`, ...) and anything that ran while the body
+/// came, so that nothing writes the variables after they are escaped. DECLINED when
 /// done, or the status to answer with.
 pub(super) fn escape(r: &mut Req) -> ngx_int_t {
     let lcf: &LocConf = r.loc_conf::<Sqldb>();
