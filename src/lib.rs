@@ -257,7 +257,7 @@ static mut SQLDB_COMMANDS: [ngx_command_t; 28] = [
 ];
 
 static SQLDB_CTX: ngx_http_module_t = ngx_http_module_t {
-    preconfiguration: Some(sc::upstream::preconfiguration),
+    preconfiguration: Some(sc::upstream::preconfiguration::<SqldbEntries>),
     postconfiguration: Some(sc::upstream::postconfiguration::<SqldbEntries>),
     create_main_conf: Some(sc::create_main_conf),
     init_main_conf: None,

@@ -287,10 +287,7 @@ fn writable_variable(cf: Conf, directive: &str, name: &[u8]) -> Result<(ngx_int_
     // own: written here, its value would go with the request to every
     // location it is redirected to, and be the client's own wherever the
     // rule does not apply.
-    // (The module's own prefix is declared once the configuration is read.)
-    let claim = super::upstream::CLAIM_PREFIX.as_bytes();
-    let own = bare.to_ascii_lowercase().starts_with(claim).then_some(claim);
-    if let Some(prefix) = own.or_else(|| cf.prefix_variable(bare)) {
+    if let Some(prefix) = cf.prefix_variable(bare) {
         return Err(format!(
             "\"{directive}\" cannot write \"{}\", a variable of the request (\"${}\"): use one of your own",
             String::from_utf8_lossy(name),

@@ -271,8 +271,10 @@ variable_handler! {
 }
 
 conf_step_handler! {
-    /// Declares the `$sqldb_*` variables (preconfiguration).
-    pub(crate) fn preconfiguration = "preconfiguration",
+    /// Declares the `$sqldb_*` variables and the `$sqldb_jwt_claim_NAME`
+    /// prefix (preconfiguration: before any directive is read, so that
+    /// directives see the prefix as nginx's own).
+    pub(crate) fn preconfiguration<E: Entries> = "preconfiguration",
     |cf: Conf| {
         for (_, name) in Var::ALL {
             let (v, _) = cf
@@ -280,14 +282,18 @@ conf_step_handler! {
                 .ok_or(ConfError::Logged)?;
             v.get_handler = Some(not_set);
         }
+        let (v, _) = cf
+            .add_variable(CLAIM_PREFIX.as_bytes(), NGX_HTTP_VAR_PREFIX | NGX_HTTP_VAR_NOCACHEABLE)
+            .ok_or(ConfError::Logged)?;
+        v.get_handler = E::CLAIM;
         Ok(())
     }
 }
 
 conf_step_handler! {
     /// After the whole http block is read: each sqldb upstream checked and its
-    /// balancer wrapped, `sqldb_pass NAME` resolved, the variables' indexes
-    /// known, and sqldb_escape's phase handler installed.
+    /// balancer wrapped, `sqldb_pass NAME` resolved and the variables' indexes
+    /// known.
     pub(crate) fn postconfiguration<E: Entries> = "postconfiguration",
     postconfigure::<E>
 }
@@ -321,13 +327,6 @@ fn postconfigure<E: Entries>(cf: Conf) -> Result<(), ConfError> {
             u.peer.init = E::PEER_INIT;
         }
     }
-
-    // `$sqldb_jwt_claim_NAME`: a prefix variable (nginx resolves the
-    // names used in the configuration after this step).
-    let (v, _) = cf
-        .add_variable(CLAIM_PREFIX.as_bytes(), NGX_HTTP_VAR_PREFIX | NGX_HTTP_VAR_NOCACHEABLE)
-        .ok_or(ConfError::Logged)?;
-    v.get_handler = E::CLAIM;
 
     let mcf: &mut MainConf = cf.main_conf::<Sqldb>();
     for (i, (_, name)) in Var::ALL.iter().enumerate() {
