@@ -81,15 +81,14 @@ pub fn rewrite(r: &Req, lcf: &LocConf, res: &PgResult) -> Option<(ngx_uint_t, bo
 /// Makes the escaped literals of the location right before its query is
 /// built (once the body is read): after every phase before the content
 /// (`set`, `auth_request_set`, ...) and anything that ran while the body
-/// came, so that nothing writes the variables after they are escaped. DECLINED when
-/// done, or the status to answer with.
+/// came, so that nothing writes the variables after they are escaped.
+/// DECLINED when done, or the status to answer with.
 pub(super) fn escape(r: &mut Req) -> ngx_int_t {
     let lcf: &LocConf = r.loc_conf::<Sqldb>();
     if lcf.escapes.is_empty() {
         return DECLINED;
     }
-    // Every literal is made from the values as the content handler finds
-    // them, then stored: a rule never reads what another one escaped (a
+    // Every literal is made from the values as they are now, then stored: a rule never reads what another one escaped (a
     // server's `=$w` and a location's `$e =$w` both quote the value once).
     let mut literals = Vec::with_capacity(lcf.escapes.len());
     for rule in &lcf.escapes {
