@@ -272,12 +272,14 @@ pub fn plan(req: &Request<'_>, body_len: usize) -> Plan {
     // (megabytes) still queued, cutting the value short. An authenticated
     // GET's connection is closed instead of kept.
     let authed_get = req.auth.is_some() && req.command == Command::Get;
+    const RESET: &[&[u8]] = &[b"RESET"];
+    const SELECT_ZERO: &[&[u8]] = &[b"SELECT", b"0"];
     let restore = if authed_get {
         None
     } else if req.auth.is_some() {
-        Some((&[&b"RESET"[..]][..], Setup::Reset))
+        Some((RESET, Setup::Reset))
     } else if req.db.is_some() {
-        Some((&[&b"SELECT"[..], b"0"][..], Setup::SelectZero))
+        Some((SELECT_ZERO, Setup::SelectZero))
     } else {
         None
     };
