@@ -1,11 +1,15 @@
 # ngx_gateway: build, test, run and benchmark.
 #
 #   make          build the module against Debian's nginx (objs/ngx_http_gateway_module.so)
+#   DIST=trixie   (or bookworm) with any target: the same target for that Debian release, in a
+#                 root of it that make keeps in target/dist/DIST/root (tools/dist-root; root, debootstrap)
 #   make vendored build nginx 1.28 (--with-debug) and the module against it (objs/vendored/)
-#   make deb      the Debian package libnginx-mod-http-gateway (objs/deb/), of the same build as make
+#   make deb      the Debian package libnginx-mod-http-gateway (objs/deb/DIST/), of the same build as make
 #   make install  the stripped module and its load file under DESTDIR/PREFIX (VENDORED=1: the 1.28 build)
 #   make test-deps  install the Debian packages the suites and benchmarks use (apt-get; root or sudo)
-#   make test     test-deps, unit tests, the .t suites on both builds, the package (about 6 minutes)
+#   make test     test-deps, unit tests, the .t suites on both builds, the package (about 10 minutes);
+#                 in a DIST root: the suites on that release's nginx, the package, the unit tests,
+#                 and the cache suites again against Valkey where the release has it
 #   make test-package  install the .deb here, a site with both gateways, requests, purge (root)
 #   make run      a throwaway PostgreSQL + nginx with nginx-conf/demo.conf
 #                 (PORT=8080, PGPORT=55432, REDISPORT=56380, DIR=/tmp/ngx-gateway-demo)
@@ -27,10 +31,39 @@
 # own nginx, PostgreSQL and Redis on free loopback ports.
 
 SHELL        := /bin/bash
+
+# The Debian release to build and test for: the machine's own unless DIST
+# names another, in which case every target runs inside a root of that
+# release (tools/dist-root), with that release's nginx, PostgreSQL, Redis
+# and Rust toolchain. Each release's objs/deb/DIST/ holds its package.
+HOST_DIST    := $(shell . /etc/os-release 2>/dev/null && echo $$VERSION_CODENAME)
+HOST_RELEASE := $(shell . /etc/os-release 2>/dev/null && echo $$VERSION_ID)
+DIST         ?= $(HOST_DIST)
+
+ifneq ($(DIST),$(HOST_DIST))
+# The packages a root of each release holds: what make test installs there,
+# and Debian's own Rust toolchain (bookworm's rustc-web is 1.85, its rustc
+# too old). The rest of this file is read inside the root.
+DIST_TOOLCHAIN_bookworm := cargo-web rustc-web
+DIST_TOOLCHAIN          := $(or $(DIST_TOOLCHAIN_$(DIST)),cargo rustc)
+DIST_GOALS              := $(or $(MAKECMDGOALS),all)
+DIST_PACKAGES            = $(shell $(MAKE) -s --no-print-directory DIST=$(DIST) HOST_DIST=$(DIST) GATEWAY_DIST_ROOT=$(DIST) print-test-packages)
+
+.PHONY: $(DIST_GOALS)
+$(firstword $(DIST_GOALS)):
+	bash tools/dist-root $(DIST) "$(DIST_PACKAGES) $(DIST_TOOLCHAIN)" -- make $(DIST_GOALS) $(MAKEOVERRIDES)
+$(filter-out $(firstword $(DIST_GOALS)),$(DIST_GOALS)): $(firstword $(DIST_GOALS))
+	@:
+else
+
 CARGO        ?= cargo
 OBJS         := $(CURDIR)/objs
 DEB_SRC      := /usr/share/nginx/src
-DEB_BUILD    := $(CURDIR)/target/nginx-debian
+# NGINX_SRC=DIR: build against that nginx source (the version of the nginx
+# that will load the module, e.g. nginx.org's packages), configured
+# --with-compat, instead of Debian's.
+NGINX_SRC    ?=
+DEB_BUILD    := $(CURDIR)/target/$(if $(NGINX_SRC),nginx-src-$(shell printf %s '$(abspath $(NGINX_SRC))' | md5sum | cut -c1-8),nginx-debian)
 # One cargo target folder for the three builds of the module (Debian's
 # nginx, the same with fault injection, the vendored nginx): the crates they
 # have in common are compiled once. The module itself is a cdylib, whose
@@ -44,16 +77,21 @@ VEN_NGINX    := $(OBJS)/vendored/nginx
 
 # What building needs (dpkg-dev for Debian's build flags, below); make deb
 # also needs debhelper.
-BUILD_PACKAGES := nginx-dev libpq-dev libclang-dev clang pkg-config \
+BUILD_PACKAGES := $(if $(NGINX_SRC),,nginx-dev) libpq-dev libclang-dev clang pkg-config \
                   libpcre2-dev libssl-dev zlib1g-dev make gcc binutils dpkg-dev
 DEB_PACKAGES   := $(BUILD_PACKAGES) debhelper
 # What make run uses besides.
 RUN_PACKAGES   := nginx postgresql openssl redis-server
-# What the suites and benchmarks use besides (make test-deps).
-TEST_PACKAGES  := $(DEB_PACKAGES) $(RUN_PACKAGES) postgresql-contrib redis-server wrk \
+# What the suites and benchmarks use besides (make test-deps): on Debian 13
+# PostgreSQL's contrib modules are in its server package, and Valkey is
+# there for the cache suites' second run; debootstrap makes the roots of
+# make DIST=....
+DIST_TEST_PACKAGES_bookworm := postgresql-contrib
+DIST_TEST_PACKAGES_trixie   := valkey-server valkey-tools
+TEST_PACKAGES  := $(DEB_PACKAGES) $(RUN_PACKAGES) $(DIST_TEST_PACKAGES_$(DIST)) redis-server wrk $(if $(GATEWAY_DIST_ROOT),,debootstrap) \
                   libtest-base-perl libtext-diff-perl libipc-run-perl liburi-perl \
                   libwww-perl libnginx-mod-http-srcache-filter libnginx-mod-http-set-misc \
-                  file memcached libnginx-mod-http-memc pgbouncer \
+                  file memcached libnginx-mod-http-memc pgbouncer strace \
                   python3-prometheus-client chromium libnginx-mod-http-image-filter curl
 
 # $(call missing,PACKAGES): those of the list that dpkg has not installed.
@@ -77,20 +115,23 @@ FUZZ_RUNS    ?= 10000000
 FUZZ_SECONDS ?= 20
 FUZZ_TARGET  := $(CURDIR)/fuzz/target
 
-.PHONY: all build fault vendored build-deps deb-deps run-deps test-deps valgrind-deps unittest miri deb install test-package fuzztest fuzz fuzz-short cargo-fuzz test test-builds test-checks test-debian test-vendored suites-debian suites-vendored test-valgrind run stop bench bench-scale bench-fanout check clean
+.PHONY: all build fault vendored build-deps deb-deps run-deps test-deps valgrind-deps unittest miri deb install test-package fuzztest fuzz fuzz-short cargo-fuzz test test-builds test-release test-checks test-debian test-vendored suites-debian suites-vendored suites-valkey print-test-packages test-valgrind run stop bench bench-scale bench-fanout check clean
 
 all: build
 
 build: $(DEB_MODULE)
 
-# cargo is rustup's (Debian 12's rustc, 1.63, is older than the ngx crate
-# needs); the check says where to get it.
-RUST_MIN := 1.81
+# The oldest Rust that builds the module: Cargo.toml's rust-version, which
+# is Debian 13's rustc (and Debian 12's rustc-web); make DIST=trixie builds
+# with exactly that. On Debian 12 itself, rustc is 1.63: cargo is rustup's
+# or rustc-web's; the check says where to get it.
+RUST_MIN := $(shell sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
 build-deps:
 	$(call need,$(BUILD_PACKAGES),building the module)
 	@v=$$($(CARGO) --version 2>/dev/null | sed -n 's/^cargo \([0-9][0-9.]*\).*/\1/p'); \
 	if [ -z "$$v" ] || [ "$$(printf '%s\n' $(RUST_MIN) "$$v" | sort -V | head -n 1)" != $(RUST_MIN) ]; then \
-	    echo "building the module needs Rust $(RUST_MIN) or later (cargo: $${v:-not found}); install it with rustup:" >&2; \
+	    echo "building the module needs Rust $(RUST_MIN) or later (cargo: $${v:-not found}); on Debian 13: apt-get install cargo;" >&2; \
+	    echo "on Debian 12: apt-get install cargo-web (Debian's Rust $(RUST_MIN) or later), or with rustup:" >&2; \
 	    echo "  curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y && . \"\$$HOME/.cargo/env\"" >&2; \
 	    exit 1; \
 	fi
@@ -111,11 +152,20 @@ test-deps:
 	    $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
 	fi
 
-# Debian ships nginx's headers and configure script but no objs/: configure a copy.
+# Debian ships nginx's headers and configure script but no objs/: configure a
+# copy with Debian's flags. Another source (NGINX_SRC) is configured
+# --with-compat, the signature of nginx.org's builds, which dynamic modules
+# built so load into.
 $(DEB_BUILD)/objs/ngx_auto_config.h: | build-deps
 	rm -rf $(DEB_BUILD) && mkdir -p $(DEB_BUILD)
+ifeq ($(NGINX_SRC),)
 	cp -r $(DEB_SRC)/. $(DEB_BUILD)/
 	cd $(DEB_BUILD) && . ./conf_flags && ./configure "$${NGX_CONF_FLAGS[@]}" >configure.log
+else
+	@test -x $(NGINX_SRC)/configure || { echo "NGINX_SRC=$(NGINX_SRC) is not an nginx source folder (no configure)"; exit 1; }
+	cp -r $(abspath $(NGINX_SRC))/. $(DEB_BUILD)/
+	cd $(DEB_BUILD) && ./configure --with-compat >configure.log
+endif
 
 # $(call cargo_module,ENV,FEATURES,FILE): cargo builds the module in the
 # shared target folder and FILE receives it. The build and the copy hold one
@@ -178,13 +228,28 @@ fuzz-short:
 # the vendored nginx is built; then the suites on the vendored nginx while
 # the checks, unit tests and fuzz checks run beside them. (Each part's
 # output is printed whole when it ends.)
+ifndef GATEWAY_DIST_ROOT
 test: test-deps
 	$(MAKE) fault build
 	$(MAKE) -j2 --output-sync=recurse suites-debian test-builds
 	$(MAKE) -j2 --output-sync=recurse suites-vendored test-checks
+else
+# In a root of another release (make test DIST=...): the suites on that
+# release's nginx while the package is built and tried and core's unit tests
+# run (with the release's own Rust); then the cache suites again against
+# Valkey where the release has it. The vendored nginx is the same 1.28
+# whatever the release: the host's make test runs the suites on it.
+test: test-deps
+	$(MAKE) fault build
+	$(MAKE) -j2 --output-sync=recurse suites-debian test-release
+	$(if $(shell command -v valkey-server),$(MAKE) suites-valkey)
+endif
 
 test-builds:
 	$(MAKE) test-package vendored
+
+test-release:
+	$(MAKE) test-package unittest
 
 test-checks:
 	$(MAKE) check unittest fuzztest
@@ -213,6 +278,19 @@ suites-debian:
 suites-vendored:
 	@echo "=== suites on the vendored nginx: $$($(VEN_NGINX) -v 2>&1)"
 	TEST_NGINX_BINARY=$(VEN_NGINX) TEST_NGINX_LOAD_MODULES=$(VEN_MODULE) $(PROVE)
+
+# The cache suites (t/2*.t, and those of TESTS) against Valkey instead of
+# Redis: the suites start TEST_REDIS_SERVER and run TEST_REDIS_CLI.
+VALKEY_TESTS ?= $(filter t/2%,$(TESTS))
+suites-valkey:
+	@echo "=== cache suites on Debian's nginx against $$(valkey-server --version | cut -d' ' -f1-3)"
+	TEST_REDIS_SERVER=valkey-server TEST_REDIS_CLI=valkey-cli TEST_NGINX_BINARY=/usr/sbin/nginx \
+	    TEST_NGINX_LOAD_MODULES=$(DEB_MODULE) TEST_NGINX_FAULT_MODULE=$(FAULT_MODULE) \
+	    PROVE_JOBS=$(PROVE_JOBS) PROVE_FLAGS="$(PROVE_FLAGS)" t/run-suite $(VALKEY_TESTS)
+
+# The packages make test-deps installs (for a root of another release).
+print-test-packages:
+	@echo $(TEST_PACKAGES)
 
 # The suites with nginx (Debian's, and the Debian build of the module) under
 # valgrind's memcheck (t/lib/ValgrindCheck.pm, suppressions in
@@ -244,24 +322,28 @@ test-valgrind: test-deps valgrind-deps
 	exit $$status
 
 # The Debian package, the Debian way (debian/: debhelper and nginx-dev's
-# dh_nginx), against Debian's nginx. The version is Cargo.toml's; the Rust
-# toolchain is rustup's, which dpkg does not know of (hence -d).
-VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
-DEB_OUT := $(OBJS)/deb
+# dh_nginx), against Debian's nginx. The version is Cargo.toml's with the
+# release it is built for (0.1.0+deb13u1, as Debian's own updates name
+# theirs), so that the packages of two releases can sit in one apt
+# repository; the Rust toolchain may be rustup's, which dpkg does not know
+# of (hence -d).
+VERSION     := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
+DEB_VERSION := $(VERSION)+deb$(HOST_RELEASE)u1
+DEB_OUT     := $(OBJS)/deb/$(DIST)
 
 deb: deb-deps $(DEB_BUILD)/objs/ngx_auto_config.h
-	printf 'libnginx-mod-http-gateway (%s) unstable; urgency=medium\n\n  * ngx_gateway %s (the version of Cargo.toml).\n\n -- ngx_gateway developers <maintainers@ngx-gateway.org>  %s\n' \
-	    "$(VERSION)" "$(VERSION)" "$$(date -R -d @$(SOURCE_DATE_EPOCH))" > debian/changelog
+	printf 'libnginx-mod-http-gateway (%s) %s; urgency=medium\n\n  * ngx_gateway %s (the version of Cargo.toml) for Debian %s.\n\n -- ngx_gateway developers <maintainers@ngx-gateway.org>  %s\n' \
+	    "$(DEB_VERSION)" "$(DIST)" "$(VERSION)" "$(HOST_RELEASE)" "$$(date -R -d @$(SOURCE_DATE_EPOCH))" > debian/changelog
 	dpkg-buildpackage -us -uc -b -d
 	mkdir -p $(DEB_OUT)
-	mv ../libnginx-mod-http-gateway_$(VERSION)_*.deb ../libnginx-mod-http-gateway-dbgsym_$(VERSION)_*.deb ../libnginx-mod-http-gateway_$(VERSION)_*.buildinfo \
-	    ../libnginx-mod-http-gateway_$(VERSION)_*.changes $(DEB_OUT)/
+	mv ../libnginx-mod-http-gateway_$(DEB_VERSION)_*.deb ../libnginx-mod-http-gateway-dbgsym_$(DEB_VERSION)_*.deb ../libnginx-mod-http-gateway_$(DEB_VERSION)_*.buildinfo \
+	    ../libnginx-mod-http-gateway_$(DEB_VERSION)_*.changes $(DEB_OUT)/
 	@ls -l $(DEB_OUT)/*.deb
 
 # The package on this machine (root): install, a site with sqldb_* and
 # cache_pass, requests, purge; the machine is left as it was.
 test-package: deb
-	TEST_PACKAGE_DEB=$$(ls $(DEB_OUT)/libnginx-mod-http-gateway_$(VERSION)_*.deb) prove -I t/lib/harness $(PROVE_FLAGS) t/package/
+	TEST_PACKAGE_DEB=$$(ls $(DEB_OUT)/libnginx-mod-http-gateway_$(DEB_VERSION)_*.deb) prove -I t/lib/harness $(PROVE_FLAGS) t/package/
 
 # make install [DESTDIR=...] [PREFIX=/usr]: the module built against
 # Debian's nginx (or, with VENDORED=1, against the vendored nginx 1.28) and a
@@ -303,7 +385,13 @@ check: $(DEB_BUILD)/objs/ngx_auto_config.h
 	$(CARGO) fmt --manifest-path fuzz/Cargo.toml -- --check
 	$(CARGO) clippy --manifest-path fuzz/Cargo.toml --target-dir $(FUZZ_TARGET) --all-targets -- -D warnings
 
+# (The roots of make DIST=... first let go of their mounts: of this
+# checkout, /dev, /proc and /sys.)
 clean:
-	rm -rf $(OBJS) target $(FUZZ_TARGET)
+	@if [ -d target/dist ]; then bash tools/dist-root --release; fi
+	@! grep -q " $(CURDIR)/target/dist/" /proc/self/mounts || { echo "target/dist/ still has mounts: not removed"; exit 1; }
+	rm -rf --one-file-system $(OBJS) target $(FUZZ_TARGET)
 
 FORCE:
+
+endif

@@ -31,6 +31,12 @@
 #   BENCH_ONLY=jwt  only the pk lookups with and without a token (each twice,
 #                   interleaved), the pgbench pair, and their ratios
 #   BENCH_ONLY=hol  only the head-of-line check, three times on one nginx
+#   BENCH_ONLY=release  per scenario (echo, pk, 100 x 3, cache GET) and its
+#                   `return 200` of the same bytes: the worker's CPU per
+#                   request (median of three interleaved rounds) and its
+#                   system calls per request (strace -c -f on the worker, a
+#                   run of its own); the figures that differ between Debian
+#                   releases (libpq 15 or 17): make bench DIST=trixie
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(dirname "$here")
@@ -278,6 +284,63 @@ if [ "${BENCH_ONLY:-}" = hol ]; then
         echo "round $round: $(python3 "$here/hol.py" "http://127.0.0.1:$port" 200 8 8)"
         sleep 2.2
     done | tee "$out/hol.txt"
+    stop_nginx
+    exit 0
+fi
+
+# syscalls_per_request PATH [SCRIPT]: the worker's system calls per
+# request served (strace -c -f on it during a wrk run of its own).
+syscalls_per_request() {
+    local path=$1 script=${2:-} worker tracer
+    local args=(-t1 -c"$conns" -d"${secs}s")
+    [ -n "$script" ] && args+=(-s "$script")
+    worker=$(pgrep -P "$(cat "$dir/nginx/logs/nginx.pid")" | head -n 1)
+    strace -c -f -o "$dir/strace.out" -p "$worker" 2>/dev/null &
+    tracer=$!
+    sleep 0.5
+    wrk "${args[@]}" "http://127.0.0.1:$port$path" >"$dir/wrk.out"
+    kill -INT $tracer
+    wait $tracer 2>/dev/null || true
+    awk -v n="$(awk '/ requests in / { print $1 }' "$dir/wrk.out")" \
+        '$NF == "total" { calls = $(NF - 2) } END { if (n > 0) printf "%.2f\n", calls / n; else print "n/a" }' "$dir/strace.out"
+}
+
+if [ "${BENCH_ONLY:-}" = release ]; then
+    start_nginx ""
+    lens[a]=$(curl -s "http://127.0.0.1:$port/a" | wc -c)
+    lens[b]=$(curl -s "http://127.0.0.1:$port/b?id=5000" | wc -c)
+    lens[c]=$(curl -s "http://127.0.0.1:$port/c" | wc -c)
+    start_nginx ""
+    : >"$dir/served"
+    wrk -t1 -c"$conns" -d1s "http://127.0.0.1:$port/a" >/dev/null 2>&1 || true
+    declare -A cpu_runs rps_runs
+    pairs=("a ret_a" "b ret_b" "c ret_c" "r ret")
+    for round in 1 2 3; do
+        for pair in "${pairs[@]}"; do
+            for s in $pair; do
+                script=""
+                [ "$s" = b ] && script="$dir/scripts/b.lua"
+                read -r rps p99 bad cpu <<<"$(wrk_run "/$s" "$script")"
+                cpu_runs[$s]+="$cpu "
+                rps_runs[$s]+="$rps "
+            done
+        done
+    done
+    med() { printf '%s\n' $1 | sort -n | sed -n 2p; }
+    {
+        echo "$(. /etc/os-release && echo "$PRETTY_NAME"), $("$nginx" -v 2>&1 | sed 's/.*: //'), libpq $(pkg-config --modversion libpq 2>/dev/null || echo '?'), one worker, wrk -t1 -c$conns, ${secs} s runs"
+        printf '%-18s %12s %12s %8s %14s %14s %10s %10s\n' scenario "worker us/r" "return 200" ratio "syscalls/r" "return 200" "rate/s" "ret rate/s"
+        declare -A label=([a]="echo" [b]="pk lookup" [c]="100 rows x 3" [r]="cache GET 100 B")
+        for pair in "${pairs[@]}"; do
+            read -r s r <<<"$pair"
+            script=""
+            [ "$s" = b ] && script="$dir/scripts/b.lua"
+            sc_s=$(syscalls_per_request "/$s" "$script")
+            sc_r=$(syscalls_per_request "/$r")
+            printf '%-18s %12s %12s %8s %14s %14s %10s %10s\n' "${label[$s]}" "$(med "${cpu_runs[$s]}")" "$(med "${cpu_runs[$r]}")" \
+                "$(ratio "$(med "${cpu_runs[$s]}")" "$(med "${cpu_runs[$r]}")")" "$sc_s" "$sc_r" "$(med "${rps_runs[$s]}")" "$(med "${rps_runs[$r]}")"
+        done
+    } | tee "$out/release.txt"
     stop_nginx
     exit 0
 fi

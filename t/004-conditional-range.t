@@ -10,7 +10,7 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(nginx_start stop_nginx nginx_error_log start_redis redis_cli psql stretch);
+use GatewayTest qw($RedisServer $RedisCli nginx_start stop_nginx nginx_error_log start_redis redis_cli psql stretch);
 use HttpClient qw(keepalive_requests);
 use IO::Socket::INET;
 use Test::More;
@@ -28,7 +28,7 @@ my $mb = join '', map { chr(65 + $_ % 26) } 0 .. (1536 * 1024 - 1);
     open my $fh, '>', "/tmp/047-value-$$" or die $!;
     print $fh $mb;
     close $fh;
-    system("redis-cli -p $redis->{port} -x SET big < /tmp/047-value-$$ > /dev/null") == 0 or die 'redis-cli';
+    system("$RedisCli -p $redis->{port} -x SET big < /tmp/047-value-$$ > /dev/null") == 0 or die 'redis-cli';
     unlink "/tmp/047-value-$$";
 }
 

@@ -13,7 +13,9 @@ use Test::More;
 use Time::HiRes qw(sleep time);
 
 my $server = GatewayTest::pg_server_line('unsent');
-(my $other = $server) =~ s/^127\.0\.0\.1:/localhost:/;
+# The same server under another name: 127.1 is 127.0.0.1 (inet_aton's short
+# form, resolved when nginx reads it), whatever /etc/hosts says of localhost.
+(my $other = $server) =~ s/^127\.0\.0\.1:/127.1:/;
 psql('drop table if exists unsent_log');
 psql('create table unsent_log (id serial, v text unique)');
 psql('grant select, insert on unsent_log to gateway; grant usage on sequence unsent_log_id_seq to gateway');

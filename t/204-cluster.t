@@ -8,7 +8,7 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(nginx_start stop_nginx nginx_error_log start_redis kill_redis redis_cli free_port stretch wait_until key_slot redis_numsub);
+use GatewayTest qw($RedisServer $RedisCli nginx_start stop_nginx nginx_error_log start_redis kill_redis redis_cli free_port stretch wait_until key_slot redis_numsub);
 use HttpClient qw(keepalive_requests);
 use FakeRedis;
 use SseClient;
@@ -32,7 +32,7 @@ sub cluster_node {
 
 my @nodes = map { cluster_node() } 1 .. 6;
 my %by_port = map { ($_->{port} => $_) } @nodes;
-my $create = `redis-cli --cluster create @{[ map { "127.0.0.1:$_->{port}" } @nodes ]} --cluster-replicas 1 --cluster-yes 2>&1`;
+my $create = `$RedisCli --cluster create @{[ map { "127.0.0.1:$_->{port}" } @nodes ]} --cluster-replicas 1 --cluster-yes 2>&1`;
 like($create, qr/All 16384 slots covered/, 'redis-cli made the cluster') or diag($create);
 
 sub wait_ok {
@@ -327,7 +327,7 @@ sub follow_failover {
     my $live = (grep { $_->{pid} } @nodes)[0];
     my $n7 = cluster_node();
     $by_port{ $n7->{port} } = $n7;
-    my $add = `redis-cli --cluster add-node 127.0.0.1:$n7->{port} 127.0.0.1:$live->{port} 2>&1`;
+    my $add = `$RedisCli --cluster add-node 127.0.0.1:$n7->{port} 127.0.0.1:$live->{port} 2>&1`;
     like($add, qr/New node added correctly/, 'redis-cli added a seventh node') or diag($add);
     my $deadline = time + 20;
     sleep 0.1 while time < $deadline && (keys %{ nodes_seen($n7) } < 7 || redis_cli($n7, 'cluster', 'info') !~ /cluster_state:ok/);
@@ -394,7 +394,7 @@ EOF
             args => ['--cluster-enabled', 'yes', '--cluster-config-file', '$dir/nodes.conf', '--cluster-node-timeout', $node_timeout,
                 '--cluster-port', free_port(), '--tls-cluster', 'yes', '--masterauth', 'cluster-secret'])
     } 1 .. 3;
-    my $made = `redis-cli -a cluster-secret --no-auth-warning --cluster create @{[ map { "127.0.0.1:$_->{port}" } @tls ]} --cluster-replicas 0 --cluster-yes 2>&1`;
+    my $made = `$RedisCli -a cluster-secret --no-auth-warning --cluster create @{[ map { "127.0.0.1:$_->{port}" } @tls ]} --cluster-replicas 0 --cluster-yes 2>&1`;
     like($made, qr/All 16384 slots covered/, 'TLS cluster: made') or diag($made);
     ok(wait_ok(@tls), 'TLS cluster: cluster_state:ok');
     my %tls_port = map { ($_->{port} => $_->{tls_port}) } @tls;

@@ -12,7 +12,7 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(nginx_start stop_nginx nginx_error_log start_redis redis_cli free_port wait_until key_slot redis_connections listen_socket);
+use GatewayTest qw($RedisServer $RedisCli nginx_start stop_nginx nginx_error_log start_redis redis_cli free_port wait_until key_slot redis_connections listen_socket);
 use HttpClient qw(keepalive_requests);
 use FakeRedis;
 use SseClient qw(open_sse pump body subscribed);
@@ -66,7 +66,7 @@ my @nodes = map {
     start_redis(password => $secret, args => ['--cluster-enabled', 'yes', '--cluster-config-file', '$dir/nodes.conf',
         '--cluster-node-timeout', 1000, '--cluster-port', free_port()])
 } 1 .. 3;
-my $create = `redis-cli -a $secret --no-auth-warning --cluster create @{[ map { "127.0.0.1:$_->{port}" } @nodes ]} --cluster-replicas 0 --cluster-yes 2>&1`;
+my $create = `$RedisCli -a $secret --no-auth-warning --cluster create @{[ map { "127.0.0.1:$_->{port}" } @nodes ]} --cluster-replicas 0 --cluster-yes 2>&1`;
 like($create, qr/All 16384 slots covered/, 'redis-cli made the cluster') or diag($create);
 ok(wait_until(sub { !grep { redis_cli($_, 'cluster', 'info') !~ /cluster_state:ok/ } @nodes }, 20), 'cluster_state:ok');
 

@@ -10,7 +10,7 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(conf_line_of nginx_start stop_nginx nginx_error_log http_request start_redis redis_cli free_port
+use GatewayTest qw($RedisServer $RedisCli conf_line_of nginx_start stop_nginx nginx_error_log http_request start_redis redis_cli free_port
     wait_until key_slot);
 use HttpClient qw(unchunk);
 use IO::Compress::Gzip qw(gzip $GzipError);
@@ -23,7 +23,7 @@ my @nodes = map {
     start_redis(args => ['--cluster-enabled', 'yes', '--cluster-config-file', '$dir/nodes.conf',
         '--cluster-port', free_port()])
 } 1 .. 3;
-my $create = `redis-cli --cluster create @{[ map { "127.0.0.1:$_->{port}" } @nodes ]} --cluster-replicas 0 --cluster-yes 2>&1`;
+my $create = `$RedisCli --cluster create @{[ map { "127.0.0.1:$_->{port}" } @nodes ]} --cluster-replicas 0 --cluster-yes 2>&1`;
 like($create, qr/All 16384 slots covered/, 'redis-cli made the cluster') or diag($create);
 ok(wait_until(sub { !grep { redis_cli($_, 'cluster', 'info') !~ /cluster_state:ok/ } @nodes }, 20),
     'cluster_state:ok on the three nodes');
@@ -142,7 +142,7 @@ stop_nginx();
 # nginx's gunzip decodes it for a client that does not take gzip.
 my $text = join '', map { sprintf "X%03dXXXXXX", $_ } 0 .. 99;
 gzip(\$text => \my $gz) or die $GzipError;
-open my $cli, '|-', 'redis-cli', '-p', $redis->{port}, '-x', 'SET', '/gz/doc' or die "redis-cli: $!";
+open my $cli, '|-', $RedisCli, '-p', $redis->{port}, '-x', 'SET', '/gz/doc' or die "redis-cli: $!";
 print $cli $gz;
 close $cli;
 redis_cli($redis, 'SET', '/gz/plain', 'not gzipped');

@@ -12,7 +12,7 @@ use strict;
 use warnings;
 use lib 't/lib';
 use SseClient qw(open_sse pump body subscribed metric);
-use GatewayTest qw(conf_line_of http_request nginx_start stop_nginx nginx_error_log start_redis redis_cli
+use GatewayTest qw($RedisServer $RedisCli conf_line_of http_request nginx_start stop_nginx nginx_error_log start_redis redis_cli
     wait_until tls_files stretch nginx_signal);
 use IO::Socket::INET;
 use POSIX ();
@@ -132,7 +132,7 @@ close $after->{s};
     my $writer = fork // die;
     if (!$writer) {
         for my $batch (0 .. 29) {
-            open my $cli, '|-', 'redis-cli', '-p', $rport or die;
+            open my $cli, '|-', $RedisCli, '-p', $rport or die;
             print $cli "XADD burst * data e" . ($batch * 100 + $_) . "\n" for 0 .. 99;
             close $cli;
             sleep 0.03;
@@ -177,7 +177,7 @@ close $after->{s};
 # whole stream into the worker; once it reads, it gets every entry.
 {
     my $n = 5000;
-    open my $cli, '|-', "redis-cli -p $rport >/dev/null" or die;
+    open my $cli, '|-', "$RedisCli -p $rport >/dev/null" or die;
     print $cli "XADD big * data " . sprintf('%05d', $_) . ('x' x 4000) . "\n" for 1 .. $n;
     close $cli;
     my $pages = sub { (redis_cli($redis, 'info', 'commandstats') =~ /cmdstat_xrange:calls=(\d+)/)[0] // 0 };
@@ -223,7 +223,7 @@ close $after->{s};
     my $pid = fork // die;
     if (!$pid) {
         open STDOUT, '>', '/dev/null';
-        exec 'redis-server', '--port', $rport, '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', $redis->{dir};
+        exec $RedisServer, '--port', $rport, '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', $redis->{dir};
         exit 127;
     }
     $redis->{pid} = $pid;
@@ -282,7 +282,7 @@ stop_nginx();
         start_redis(args => ['--cluster-enabled', 'yes', '--cluster-config-file', '$dir/nodes.conf',
             '--cluster-node-timeout', 1000, '--cluster-port', GatewayTest::free_port()])
     } 1 .. 3;
-    my $create = `redis-cli --cluster create @{[ map { "127.0.0.1:$_->{port}" } @nodes ]} --cluster-replicas 0 --cluster-yes 2>&1`;
+    my $create = `$RedisCli --cluster create @{[ map { "127.0.0.1:$_->{port}" } @nodes ]} --cluster-replicas 0 --cluster-yes 2>&1`;
     like($create, qr/All 16384 slots covered/, 'redis-cli made the cluster') or diag($create);
     ok(wait_until(sub { !grep { redis_cli($_, 'cluster', 'info') !~ /cluster_state:ok/ } @nodes }, 20), 'cluster_state:ok');
     my $cport = nginx_start(<<"HTTP");
@@ -376,7 +376,7 @@ HTTP
 # XADD on a connection that sent ASKING first (an importing node takes it).
 sub xadd_asking {
     my ($r, $key, $data) = @_;
-    open my $fh, '-|', 'sh', '-c', "printf 'ASKING\\nXADD $key * data $data\\n' | redis-cli -p $r->{port}" or die $!;
+    open my $fh, '-|', 'sh', '-c', "printf 'ASKING\\nXADD $key * data $data\\n' | $RedisCli -p $r->{port}" or die $!;
     my @out = <$fh>;
     close $fh;
     my ($id) = grep { /^\d+-\d+$/ } map { s/\s+\z//r } @out;

@@ -11,6 +11,11 @@ package GatewayTest;
 #   TEST_NGINX_PG_SERVER (address + keywords, for sqldb_server lines),
 #   TEST_NGINX_CLOSED_PORT (a port where nothing listens).
 #
+# Which Redis: TEST_REDIS_SERVER and TEST_REDIS_CLI name the server and
+# its client (redis-server and redis-cli unless set; valkey-server and
+# valkey-cli run the cache suites against Valkey); the .t files start and
+# ask them through $RedisServer and $RedisCli.
+#
 # Under valgrind (TEST_NGINX_USE_VALGRIND=1, see ValgrindCheck.pm),
 # nginx_start runs nginx and the workers it forks under memcheck; each start
 # is checked when it stops, exits or fails to start, and a start whose
@@ -44,7 +49,11 @@ $SIG{PIPE} = 'IGNORE';
 our @EXPORT_OK = qw(http_request wait_until pg_server_line start_servers stop_servers psql rds rds_rows rds_command free_port pg_bin pg_stop pg_start
     pg_restart start_extra_pg start_standby_pg nginx_signal nginx_exited start_redis kill_redis redis_cli garbage_port
     nginx_start stop_nginx nginx_error_log http_send http_send_request http_read http_get stretch under_valgrind listen_socket pg_sessions
-    redis_info redis_connections redis_numsub key_slot tls_files nginx_workers proc_status_kb conf_line_of nginx_conf_test);
+    redis_info redis_connections redis_numsub key_slot tls_files nginx_workers proc_status_kb conf_line_of nginx_conf_test
+    $RedisServer $RedisCli);
+
+our $RedisServer = $ENV{TEST_REDIS_SERVER} || 'redis-server';
+our $RedisCli    = $ENV{TEST_REDIS_CLI}    || 'redis-cli';
 
 sub stretch ($) { ValgrindCheck::stretch($_[0]) }
 sub under_valgrind () { ValgrindCheck::enabled() }
@@ -408,7 +417,7 @@ sub rds { my ($name, $value) = @_; rds_rows([[$name, 25]], [[$value]]) }
 # Returns { port, pid, dir }; stopped when the test file ends.
 sub start_redis {
     my %opt = @_;
-    my $bin = $ENV{REDIS_SERVER} || 'redis-server';
+    my $bin = $RedisServer;
     my $dir = tempdir('ngx-gateway-redis-XXXXXX', TMPDIR => 1, CLEANUP => 1);
     chmod 0755, $dir;    # nginx workers reach the socket in it
     # (port => N: on that port, e.g. the one of an instance killed before.)
@@ -442,14 +451,14 @@ sub start_redis {
         if ($s) { close $s; return \%r }
         sleep 0.01;
     }
-    die "redis-server did not start on port $port\n";
+    die "$bin did not start on port $port\n";
 }
 
 # Runs a command through redis-cli against an instance; returns its output.
 sub redis_cli {
     my ($r, @cmd) = @_;
     my @auth = defined $r->{password} ? ('--no-auth-warning', '-a', $r->{password}) : ();
-    open my $fh, '-|', 'redis-cli', '-p', $r->{port}, @auth, @cmd or die "redis-cli: $!";
+    open my $fh, '-|', $RedisCli, '-p', $r->{port}, @auth, @cmd or die "$RedisCli: $!";
     local $/;
     my $out = <$fh> // '';
     close $fh;

@@ -45,6 +45,9 @@ pub(super) struct Conn {
     /// TCP_CORK is on until the end of this pass of the event loop, so that
     /// the queries of the pass go out together (see batch.rs).
     corked: bool,
+    /// With libpq 17 and later: what the pass's queries put in libpq's
+    /// buffer is written at the end of the pass, in one write.
+    deferred: bool,
     /// Its gauges are to be brought up to date at the end of the pass.
     pub show_due: bool,
     /// The socket takes TCP_CORK (not a Unix socket).
@@ -130,6 +133,7 @@ impl Conn {
             head_since: current_msec(),
             head_finished: 0,
             corked: false,
+            deferred: false,
             show_due: false,
             corkable: true,
             unnamed: false,
@@ -230,8 +234,9 @@ impl Conn {
     }
 
     /// Pushes out what libpq holds; watches writability while it cannot.
+    /// (Held back until the pass's end while the pass defers its writes.)
     pub fn flush(&mut self) -> Result<(), PqError> {
-        if self.held {
+        if self.held || self.deferred {
             return Ok(());
         }
         let more = self.pg.flush()?;
@@ -276,8 +281,18 @@ impl Conn {
         }
     }
 
-    /// Holds what is written until the end of the event loop's pass.
+    /// Holds what is written until the end of the event loop's pass: with
+    /// libpq 17 and later, libpq's own buffer holds it (its sync points
+    /// are queued without a write); before, the kernel does (TCP_CORK),
+    /// libpq writing at every sync point.
     fn cork(&mut self) {
+        if cfg!(libpq_send_sync) {
+            if !self.deferred {
+                self.deferred = true;
+                super::batch::hold(self.pool, self.id);
+            }
+            return;
+        }
         if self.corked || !self.corkable {
             return;
         }
@@ -289,8 +304,13 @@ impl Conn {
         }
     }
 
-    /// Sends what was held (the pass is over).
+    /// Sends what was held (the pass is over). A write that fails here is
+    /// found by the write event's handler, whose flush fails the same way
+    /// and ends the connection as any failed send does.
     pub fn uncork(&mut self) {
+        if std::mem::take(&mut self.deferred) && self.flush().is_err() {
+            let _ = self.want_write(true);
+        }
         if self.corked {
             self.corked = false;
             self.socket.cork(false);

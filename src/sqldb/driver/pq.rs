@@ -254,9 +254,14 @@ impl PgConn {
     }
 
     /// Ends one request's queries in the pipeline: an error aborts the
-    /// pipeline only up to here.
+    /// pipeline only up to here. libpq 17 and later queue it with the rest
+    /// (flush() writes them); before, libpq writes what it holds here.
     pub fn pipeline_sync(&mut self) -> Result<(), PqError> {
         // SAFETY: live connection in pipeline mode.
+        #[cfg(libpq_send_sync)]
+        let ok = unsafe { pq::PQsendPipelineSync(self.raw()) == 1 };
+        // SAFETY: live connection in pipeline mode.
+        #[cfg(not(libpq_send_sync))]
         let ok = unsafe { pq::PQpipelineSync(self.raw()) == 1 };
         self.check(ok)
     }
