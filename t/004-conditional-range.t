@@ -10,7 +10,7 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw($RedisServer $RedisCli nginx_start stop_nginx nginx_error_log start_redis redis_cli psql stretch);
+use GatewayTest qw($RedisServer $RedisCli periodic_bytes nginx_start stop_nginx nginx_error_log start_redis redis_cli psql stretch);
 use HttpClient qw(keepalive_requests);
 use IO::Socket::INET;
 use Test::More;
@@ -23,7 +23,7 @@ psql('grant insert, select on cr_writes to gateway');
 my $redis  = start_redis();
 redis_cli($redis, 'SET', 'ten', '0123456789');
 redis_cli($redis, 'SET', 'img', 'not an image at all');
-my $mb = join '', map { chr(65 + $_ % 26) } 0 .. (1536 * 1024 - 1);
+my $mb = periodic_bytes(1536 * 1024, 26, sub { 65 + $_[0] % 26 });
 {
     open my $fh, '>', "/tmp/047-value-$$" or die $!;
     print $fh $mb;

@@ -4,7 +4,7 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_send_request http_read start_redis redis_cli redis_connections);
+use GatewayTest qw(periodic_bytes nginx_start stop_nginx nginx_error_log http_send_request http_read start_redis redis_cli redis_connections);
 use Test::More;
 use Time::HiRes qw(sleep);
 
@@ -76,7 +76,7 @@ request($port, 'PUT', '/k/forever', 'x');
 is(redis_cli($r[0], 'TTL', '/k/forever'), -1, 'without $cache_exptime: no expiry');
 
 # 4. 10 MiB of every byte value, in and out.
-my $big = join '', map { chr($_ % 256) } 0 .. (10 * 1024 * 1024 - 1);
+my $big = periodic_bytes(10 * 1024 * 1024, 256, sub { $_[0] % 256 });
 is((request($port, 'PUT', '/k/big', $big))[0], 201, '10 MiB stored') or diag(nginx_error_log());
 is(redis_cli($r[0], 'STRLEN', '/k/big'), length $big, 'Redis holds all of it');
 my ($st, $body) = request($port, 'GET', '/k/big');

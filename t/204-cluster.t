@@ -8,7 +8,7 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw($RedisServer $RedisCli nginx_start stop_nginx nginx_error_log start_redis kill_redis redis_cli free_port stretch wait_until key_slot redis_numsub);
+use GatewayTest qw($RedisServer $RedisCli periodic_bytes nginx_start stop_nginx nginx_error_log start_redis kill_redis redis_cli free_port stretch wait_until key_slot redis_numsub);
 use HttpClient qw(keepalive_requests);
 use FakeRedis;
 use SseClient;
@@ -206,7 +206,7 @@ my $v = req(['GET', '/var/?key=key4']);
 is_deeply([$v->{status}, $v->{body}], [200, 'value 4'], 'cache_pass $variable to a cluster block');
 
 # A value of 1 MiB, binary.
-my $big = join '', map { chr($_ % 256) } 0 .. (1 << 20) - 1;
+my $big = periodic_bytes(1 << 20, 256, sub { $_[0] % 256 });
 is(req(['PUT', '/kv/?key=big', $big])->{status}, 201, 'a 1 MiB value stored');
 my $gb = req(['GET', '/kv/?key=big']);
 ok($gb->{status} == 200 && $gb->{body} eq $big, 'and streamed back whole');
@@ -423,7 +423,7 @@ EOF
     # not serve is then redirected (MOVED), its body (300 KB, in a
     # temporary file) sent again, whole.
     my ($far) = grep { owner_port($_, @tls) != $tls[0]{port} } map { "far$_" } 0 .. 20;
-    my $body = join '', map { chr(($_ * 7) % 256) } 0 .. 300_000;
+    my $body = periodic_bytes(300_001, 256, sub { ($_[0] * 7) % 256 });
     my $first = (keepalive_requests($p, 10, ['PUT', "/kv/?key=$far", $body]))[0];
     is($first->{status}, 201, 'TLS cluster: the first request, redirected, stores');
     my $far_port = $tls_port{ owner_port($far, @tls) };

@@ -7,7 +7,7 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(http_request nginx_start stop_nginx nginx_error_log start_redis redis_cli);
+use GatewayTest qw(periodic_bytes http_request nginx_start stop_nginx nginx_error_log start_redis redis_cli);
 use IO::Socket::INET;
 use Test::More;
 
@@ -22,7 +22,7 @@ server {
 }
 HTTP
 
-my $value = join '', map { chr(($_ * 7919) % 256) } 1 .. 10 * 1024 * 1024;
+my $value = periodic_bytes(10 * 1024 * 1024, 256, sub { ($_[0] * 7919) % 256 }, 1);
 my ($st) = http_request($port, 'PUT', '/a/big', $value);
 is($st, 201, 'PUT of 10 MiB with cache_auth');
 

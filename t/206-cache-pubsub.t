@@ -11,7 +11,7 @@ use warnings;
 use lib 't/lib';
 use SseClient qw(open_sse pump events subscribed subscribers metric);
 use FakeRedis;
-use GatewayTest qw(conf_line_of http_request wait_until nginx_start stop_nginx nginx_signal nginx_error_log start_redis redis_cli
+use GatewayTest qw(periodic_bytes conf_line_of http_request wait_until nginx_start stop_nginx nginx_signal nginx_error_log start_redis redis_cli
     free_port under_valgrind stretch redis_numsub tls_files nginx_workers proc_status_kb);
 use IO::Socket::INET;
 use Socket ();
@@ -161,7 +161,7 @@ is("$pst $pbody", "200 {\"receivers\": 0}\n", 'an empty body to a channel of no 
 my @big = (open_sse($port, '/sub?channel=big'));
 pump(\@big, 3, subscribed(@big));
 ok(wait_until(sub { redis_numsub($redis, 'big') == 1 }, 5), 'subscribed to big');
-my $payload = join '', map { chr(65 + $_ % 26) } 1 .. 300_000;
+my $payload = periodic_bytes(300_000, 26, sub { 65 + $_[0] % 26 }, 1);
 ($pst) = publish('big', $payload);
 is($pst, 200, 'a 300 kB publish');
 pump(\@big, 5, sub { scalar(events($big[0])) >= 1 });
@@ -337,7 +337,7 @@ syswrite($stuck, "GET /sub?channel=heavy HTTP/1.1\r\nHost: x\r\n\r\n");
 my @heavy = (open_sse($port, '/sub?channel=heavy'));
 pump(\@heavy, 3, subscribed(@heavy));
 ok(wait_until(sub { subscribers($port, 'cache_subscribe') == 2 }, 3), 'both subscribed');
-my $big = join '', map { chr(97 + $_ % 26) } 1 .. 3_000_000;
+my $big = periodic_bytes(3_000_000, 26, sub { 97 + $_[0] % 26 }, 1);
 for my $i (1 .. 3) {
     my ($pst) = publish('heavy', "$i$big");
     is($pst, 200, "a 3 MB publish ($i)") or last;

@@ -8,7 +8,7 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw($RedisServer $RedisCli nginx_start stop_nginx nginx_error_log nginx_signal start_redis redis_cli kill_redis stretch redis_connections redis_info nginx_workers);
+use GatewayTest qw($RedisServer $RedisCli periodic_bytes nginx_start stop_nginx nginx_error_log nginx_signal start_redis redis_cli kill_redis stretch redis_connections redis_info nginx_workers);
 use FakeRedis;
 use HttpClient qw(keepalive_requests parse_response);
 use IO::Socket::INET;
@@ -494,7 +494,7 @@ sub value_for { my ($tag, $len) = @_; my $v = "<$tag>"; $v .= chr(97 + length($v
 
 # --- 4. clients that leave ------------------------------------------------
 {
-    my $big = join '', map { chr($_ % 251) } 0 .. (5 * 1024 * 1024 - 1);
+    my $big = periodic_bytes(5 * 1024 * 1024, 251, sub { $_[0] % 251 });
     is(req('PUT', '/c/?k=big5', $big)->{status}, 201, '5 MiB stored');
     is(req('PUT', "/c/?k=small$_", "small value $_")->{status}, 201, "small value $_ stored") for 1 .. 3;
     my $mark = length nginx_error_log();
@@ -545,7 +545,7 @@ sub value_for { my ($tag, $len) = @_; my $v = "<$tag>"; $v .= chr(97 + length($v
 
 # --- 5. a slow reader of a large value does not hold up the others ----------
 {
-    my $big = join '', map { chr(($_ * 7) % 256) } 0 .. (10 * 1024 * 1024 - 1);
+    my $big = periodic_bytes(10 * 1024 * 1024, 256, sub { ($_[0] * 7) % 256 });
     is(req('PUT', '/c/?k=big10', $big)->{status}, 201, '10 MiB stored');
     my $mid = value_for('sixty-four k', 65536);
     is(req('PUT', "/c/?k=mid$_", "$_$mid")->{status}, 201, "a 64 KiB value $_ stored") for 1 .. 4;

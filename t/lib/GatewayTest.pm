@@ -50,7 +50,7 @@ our @EXPORT_OK = qw(http_request wait_until pg_server_line start_servers stop_se
     pg_restart start_extra_pg start_standby_pg nginx_signal nginx_exited start_redis kill_redis redis_cli garbage_port
     nginx_start stop_nginx nginx_error_log http_send http_send_request http_read http_get stretch under_valgrind listen_socket pg_sessions
     redis_info redis_connections redis_numsub key_slot tls_files nginx_workers proc_status_kb conf_line_of nginx_conf_test
-    $RedisServer $RedisCli);
+    periodic_bytes $RedisServer $RedisCli);
 
 our $RedisServer = $ENV{TEST_REDIS_SERVER} || 'redis-server';
 our $RedisCli    = $ENV{TEST_REDIS_CLI}    || 'redis-cli';
@@ -113,6 +113,17 @@ sub wait_until {
         sleep 0.05;
     }
     return 0;
+}
+
+# The bytes chr($byte->($i)) for $i from $first (0 unless given) on, $len
+# of them, where $byte->($i) repeats every $period values of $i: the same
+# string as join('', map { chr $byte->($_) } $first .. $first + $len - 1),
+# made from one period (a map over millions of values takes seconds).
+sub periodic_bytes {
+    my ($len, $period, $byte, $first) = @_;
+    $first //= 0;
+    my $unit = join '', map { chr $byte->($_) } $first .. $first + $period - 1;
+    return substr($unit x (int($len / $period) + 1), 0, $len);
 }
 
 # The settings of every test instance (port and folder come after them).
