@@ -81,7 +81,13 @@ pub fn start(r: &mut Req, lcf: &CacheLocConf) -> Result<ngx_int_t, Refusal> {
         },
         &FANOUT,
         |r| hub(r, lcf, auth),
-        Some(Resume { from, tag: 0 }),
+        // (A stream's live entries come with their ids: no live event's
+        // first word is taken for one.)
+        Some(Resume {
+            from,
+            tag: 0,
+            kind: gateway_core::sse::IdKind::Any,
+        }),
     )?;
     Ok(rc)
 }
