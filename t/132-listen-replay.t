@@ -5,8 +5,11 @@
 # NOTIFYs arrives while the replay runs and when the listening connection
 # is ended while events keep coming (a replay per channel then, no
 # "event: reconnect"). A bad id is 400; a replay that fails is 502 before
-# the response started, the end of the stream after. The retry: line of
-# sqldb_listen_retry and cache_subscribe_retry; nginx -t.
+# the response started, the end of the stream after. A notification whose
+# first word is no id the replay's parameter takes (any session may
+# pg_notify the channel) is an event without an id, logged at warn, and
+# poisons nothing. The retry: line of sqldb_listen_retry and
+# cache_subscribe_retry; nginx -t.
 use strict;
 use warnings;
 use lib 't/lib';
@@ -226,6 +229,36 @@ like(nginx_error_log(), qr/\[info\].*sqldb: the last event id "abc" was refused 
     'logged at info, with the server\'s reason');
 ($st) = http_request($port, 'GET', '/events?channel=orders&last_event_id=99999999999999999999');
 is($st, 400, 'one past bigint: 400');
+
+# 7b. Notifications that are not the outbox's: a first word that is no
+# bigint (text, a number past bigint's range) is no id. The event goes
+# without one (the whole payload as its data), one warn line per
+# notification names the channel, and nothing else changes: the real
+# events that follow reach the live subscribers with their ids, and a
+# client that comes back with a real id is served.
+{
+    my @lobby = map { open_sse($port, '/events?channel=room_lobby') } 1 .. 3;
+    pump(\@lobby, 5, subscribed(@lobby));
+    psql("select pg_notify('room_lobby', 'zzz x')");
+    psql("select pg_notify('room_lobby', '99999999999999999999 y')");
+    insert('room_lobby', 2, 'real');
+    my $top = top();
+    pump(\@lobby, 5, sub { !grep { ((ids_of($_))[-1] // 0) != $top } @lobby });
+    for my $l (@lobby) {
+        is_deeply([id_events($l)], ['-:room_lobby=zzz x', '-:room_lobby=99999999999999999999 y',
+            ($top - 1) . ':room_lobby=real1', "$top:room_lobby=real2"],
+            'forged notifications go without an id; the real events after them with theirs');
+    }
+    unlike(join('', map { body($_) } @lobby), qr/^id: (zzz|9{20})/m, 'no id: line carries a forged word');
+    my @warn = nginx_error_log() =~ /\[warn\].*"room_lobby".*"zzz"/g;
+    ok(@warn >= 1 && @warn <= 2, 'one warn line per worker that has subscribers, naming the channel (' . scalar(@warn) . ')');
+    close $_->{s} for @lobby;
+    my @back = (open_sse($port, '/events?channel=room_lobby', 'Last-Event-ID: ' . ($top - 1)));
+    pump(\@back, 5, sub { scalar(ids_of($back[0])) >= 1 });
+    like($back[0]{buf}, qr{^HTTP/1\.1 200 }, 'a client that comes back with the last real id: 200');
+    is_deeply([ids_of($back[0])], [$top], 'and the event after it');
+    close $back[0]{s};
+}
 
 # 8. A replay that fails: 502 before the response started...
 ($st) = http_request($port, 'GET', '/broken?channel=broken&last_event_id=1');

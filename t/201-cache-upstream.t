@@ -1,10 +1,14 @@
 # The cache gateway on nginx's upstream machinery: keepalive connections
 # really reused (Redis's own counters), hash over three servers, expiry,
-# a value of 10 MiB streamed both ways.
+# a value of 10 MiB streamed both ways; error replies are answers, not
+# failures of the server (max_fails), and a replica that answers READONLY
+# is passed over without being marked failed, so that it serves once it
+# is promoted.
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(periodic_bytes nginx_start stop_nginx nginx_error_log http_send_request http_read start_redis redis_cli redis_connections);
+use GatewayTest qw(periodic_bytes nginx_start stop_nginx nginx_error_log http_send_request http_read start_redis redis_cli redis_connections
+    kill_redis wait_until);
 use Test::More;
 use Time::HiRes qw(sleep);
 
@@ -88,4 +92,74 @@ is($body, 'lives', 'the next request on the kept connection is fine');
 
 unlike(nginx_error_log(), qr/\[alert\]|\[crit\]|exited on signal|\[error\]|uninitialized/, 'no error, no crash, no uninitialized-variable noise');
 stop_nginx();
+
+# 5. An error reply (WRONGTYPE: a GET of a hash) is Redis's answer, not a
+# failure of the server: with two healthy servers and nginx's default
+# max_fails=1, two such GETs disable neither, with either cache_pipeline;
+# the next requests are served (a miss: 404), not "no live upstreams".
+for my $r (@r[0, 1]) {
+    redis_cli($r, 'HSET', $_, 'f', 'v') for '/w/hash', '/wn/hash';
+}
+$port = nginx_start(<<"HTTP");
+upstream pair {
+    server 127.0.0.1:$r[0]{port};
+    server 127.0.0.1:$r[1]{port};
+}
+server {
+    listen 127.0.0.1:\$PORT;
+    location /w/ { set \$cache_key \$uri; cache_pass pair; }
+    location /wn/ { set \$cache_key \$uri; cache_pipeline off; cache_pass pair; }
+}
+HTTP
+for my $loc ('/w/', '/wn/') {
+    my @st = map { (request($port, 'GET', "${loc}hash"))[0] } 1 .. 2;
+    is_deeply(\@st, [502, 502], "$loc: two GETs of a hash: 502 (WRONGTYPE)");
+    @st = map { (request($port, 'GET', "${loc}miss$_"))[0] } 1 .. 4;
+    is_deeply(\@st, [(404) x 4], "$loc: then both servers still serve (404 for a miss, not 502)");
+}
+like(nginx_error_log(), qr/\[error\].*WRONGTYPE/, "Redis's words are in the error log");
+unlike(nginx_error_log(), qr/temporarily disabled|no live upstreams/, 'no server was disabled');
+stop_nginx();
+
+# 6. Failover to a promoted backup: the primary is killed (-9), its
+# replica, the backup, answers writes with READONLY until it is promoted
+# (REPLICAOF NO ONE). READONLY passes the request on without marking the
+# replica failed: reads are served by it meanwhile, and reads and writes
+# succeed as soon as it is a master, not after fail_timeout.
+{
+    my $primary = start_redis();
+    my $replica = start_redis(args => ['--replicaof', '127.0.0.1', $primary->{port}]);
+    ok(wait_until(sub { redis_cli($replica, 'INFO', 'replication') =~ /master_link_status:up/ }, 10),
+        'the replica follows the primary');
+    $port = nginx_start(<<"HTTP");
+upstream failover {
+    server 127.0.0.1:$primary->{port};
+    server 127.0.0.1:$replica->{port} backup;
+}
+server {
+    listen 127.0.0.1:\$PORT;
+    location /f/ { set \$cache_key \$uri; cache_pass failover; }
+    location /fn/ { set \$cache_key \$uri; cache_pipeline off; cache_pass failover; }
+}
+HTTP
+    is((request($port, 'PUT', "$_/before", 'kept'))[0], 201, "$_: stored on the primary") for '/f', '/fn';
+    ok(wait_until(sub { redis_cli($replica, 'GET', '/fn/before') eq 'kept' }, 5), 'and replicated');
+    kill_redis($primary);
+    for my $loc ('/f', '/fn') {
+        is((request($port, 'PUT', "$loc/during", 'x'))[0], 502, "$loc: a write while the backup is a replica: 502");
+        my ($st, $body) = request($port, 'GET', "$loc/before");
+        is("$st $body", '200 kept', "$loc: reads go on, from the replica");
+    }
+    like(nginx_error_log(), qr/READONLY/, 'READONLY is logged');
+    redis_cli($replica, 'REPLICAOF', 'NO', 'ONE');
+    for my $loc ('/f', '/fn') {
+        is((request($port, 'PUT', "$loc/after", 'new'))[0], 201, "$loc: a write right after the promotion: 201");
+        my ($st, $body) = request($port, 'GET', "$loc/after");
+        is("$st $body", '200 new', "$loc: and it is read back");
+    }
+    is(redis_cli($replica, 'GET', '/f/after'), 'new', 'the promoted server holds it');
+    my @disabled = nginx_error_log() =~ /temporarily disabled/g;
+    cmp_ok(scalar(@disabled), '<=', 1, 'only the killed primary was disabled');
+    stop_nginx();
+}
 done_testing();

@@ -1,11 +1,14 @@
 # cache_stream_add: a POST or PUT appends its body to a Redis stream as
 # the field data (and event, from the query argument event), trimmed with
 # MAXLEN ~ N; the answer is 201 and {"id":"<entry id>"}; other methods
-# 405; an empty key 400; nginx -t names the line of a bad maxlen=.
+# 405; an empty key 400; nginx -t names the line of a bad maxlen= (one
+# past Redis's signed 64-bit range included). A cache_stream client whose
+# last id Redis would refuse (the highest id: nothing can follow it) gets
+# 400 at info, as for any bad id.
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(conf_line_of http_request nginx_start stop_nginx nginx_error_log start_redis redis_cli);
+use GatewayTest qw(conf_line_of http_request http_send http_read nginx_start stop_nginx nginx_error_log start_redis redis_cli);
 use Test::More;
 
 my $redis = start_redis();
@@ -18,6 +21,7 @@ server {
     location /add { cache_pass red; cache_stream_add \$arg_key; }
     location /short { cache_pass red; cache_stream_add short maxlen=5; }
     location /shared { cache_pass red; cache_pipeline on; cache_stream_add \$arg_key; }
+    location /read { cache_pass red; cache_stream \$arg_key; }
 }
 HTTP
 
@@ -55,12 +59,28 @@ my $len = redis_cli($redis, 'xlen', 'short');
 chomp $len;
 cmp_ok($len, '<', 300, "maxlen=5 trimmed the stream ($len entries left of 300)");
 cmp_ok($len, '>=', 5, 'and keeps at least 5');
+
+# 3b. The highest id is one Redis refuses to read after (XRANGE's
+# exclusive start past it is out of its range): the client's mistake, 400
+# logged at info as other bad ids are, not 502 with an error line.
+my $max = '18446744073709551615-18446744073709551615';
+my ($mst) = http_read(http_send($port, '/read?key=s1', 'Last-Event-ID' => $max), 10);
+is($mst, 400, 'Last-Event-ID of the highest id: 400');
+($mst) = http_read(http_send($port, "/read?key=s1&last_event_id=$max"), 10);
+is($mst, 400, 'last_event_id= of the highest id: 400');
+like(nginx_error_log(), qr/\[info\].*the last event id "\Q$max\E"/, 'logged at info');
+unlike(nginx_error_log(), qr/\[error\]/, 'no error line');
+my ($below) = http_read(http_send($port, '/read?key=s1', 'Last-Event-ID' => '18446744073709551615-18446744073709551614'), 2);
+is($below, 200, 'the id below it is taken: the stream starts');
 stop_nginx();
 
 # 4. nginx -t
 for my $case (
     ['location /a { cache_pass red; cache_stream_add k maxlen=0; }', qr/invalid parameter "maxlen=0" in "cache_stream_add" directive .* in \S+nginx\.conf:\d+/, qr/cache_stream_add k maxlen=0;/],
     ['location /a { cache_pass red; cache_stream_add k max=5; }', qr/invalid parameter "max=5" in "cache_stream_add" directive/, qr/cache_stream_add k max=5;/],
+    ['location /a { cache_pass red; cache_stream_add k maxlen=9223372036854775808; }', qr/invalid parameter "maxlen=9223372036854775808" in "cache_stream_add" directive .* in \S+nginx\.conf:\d+/, qr/cache_stream_add k maxlen=9223372036854775808;/],
+    ['location /a { cache_pass red; cache_stream_add k maxlen=18446744073709551615; }', qr/invalid parameter "maxlen=18446744073709551615"/, qr/cache_stream_add k maxlen=18446744073709551615;/],
+    ['location /a { cache_pass red; cache_stream_add k maxlen=9223372036854775807; }', qr/^started$/],
     ['location /a { cache_stream_add k; }', qr/"cache_stream_add" needs "cache_pass" in the same location in \S+nginx\.conf:\d+/, qr/cache_stream_add k;/],
     ['location /a { cache_pass red; cache_stream_add k maxlen=3; }', qr/^started$/],
   )

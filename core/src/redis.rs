@@ -461,6 +461,28 @@ impl ReplyError {
     }
 }
 
+/// The error codes of a server that cannot take a command now, whatever
+/// the command: a replica (`READONLY`, to a write), one loading its data
+/// (`LOADING`), a replica cut off from its master that serves no stale
+/// data (`MASTERDOWN`). The command has not run, and another server (a
+/// master, a promoted replica) may take it.
+const NOT_NOW: [&[u8]; 3] = [b"READONLY", b"LOADING", b"MASTERDOWN"];
+
+impl ReplyError {
+    /// An error reply to the command that says the server cannot take it
+    /// now (`NOT_NOW`): a state of the server, not its failure, and not
+    /// the answer to the command either.
+    pub fn not_now(&self) -> bool {
+        match self {
+            ReplyError::Failed { message, .. } => {
+                let code = message.split(|&b| b == b' ').next().unwrap_or_default();
+                NOT_NOW.contains(&code)
+            }
+            _ => false,
+        }
+    }
+}
+
 /// What reading the replies gives.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event<'a> {
@@ -969,6 +991,36 @@ mod tests {
         ] {
             assert!(!e.breaks_protocol(), "{e}");
         }
+    }
+
+    #[test]
+    fn replies_of_a_server_that_cannot_take_the_command_now() {
+        let failed = |m: &[u8]| ReplyError::Failed {
+            command: Command::Set,
+            message: m.to_vec(),
+        };
+        for m in [
+            &b"READONLY You can't write against a read only replica."[..],
+            b"LOADING Redis is loading the dataset in memory",
+            b"MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+            b"READONLY",
+        ] {
+            assert!(failed(m).not_now(), "{}", m.escape_ascii());
+        }
+        for m in [
+            &b"WRONGTYPE Operation against a key holding the wrong kind of value"[..],
+            b"ERR unknown command",
+            b"READONLYX",
+            b"OOM command not allowed",
+            b"",
+        ] {
+            assert!(!failed(m).not_now(), "{}", m.escape_ascii());
+        }
+        let setup = ReplyError::Refused {
+            setup: Setup::Auth,
+            message: b"LOADING".to_vec(),
+        };
+        assert!(!setup.not_now());
     }
 
     fn req(command: Command) -> Request<'static> {

@@ -107,6 +107,120 @@ pub fn valid_id(id: &[u8]) -> bool {
     !id.is_empty() && id.len() <= ID_MAX && id.iter().all(|&b| b > b' ' && b != 0x7f)
 }
 
+/// What ids a replaying channel takes: those its replay's typed parameter
+/// (`$sqldb_last_event_id::bigint`) would take as the last id of a client
+/// that comes back, as far as the gateway can tell before the server
+/// does. A notification whose first word is not one (any session may
+/// notify a channel) is no event id: sent as one, it would become the
+/// client's `Last-Event-ID`, which the replay then refuses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdKind {
+    /// An integer type: digits with an optional sign, from `min` to `max`.
+    Integer { min: i64, max: i64 },
+    /// `numeric`: digits with an optional sign and one decimal point.
+    Numeric,
+    /// `uuid`: 32 hex digits, in the forms PostgreSQL reads.
+    Uuid,
+    /// Any other type: any id an `id:` line can carry (`valid_id`).
+    Any,
+}
+
+impl IdKind {
+    /// The kind of a type as a template writes it (`bigint`, `int4`,
+    /// `pg_catalog.numeric`, `uuid` ...; letter case aside).
+    pub fn of_type(ty: &str) -> IdKind {
+        let ty = ty.to_ascii_lowercase();
+        let ty = ty.strip_prefix("pg_catalog.").unwrap_or(&ty);
+        match ty {
+            "smallint" | "int2" => IdKind::Integer {
+                min: i16::MIN.into(),
+                max: i16::MAX.into(),
+            },
+            "integer" | "int" | "int4" => IdKind::Integer {
+                min: i32::MIN.into(),
+                max: i32::MAX.into(),
+            },
+            "bigint" | "int8" => IdKind::Integer {
+                min: i64::MIN,
+                max: i64::MAX,
+            },
+            "numeric" | "decimal" => IdKind::Numeric,
+            "uuid" => IdKind::Uuid,
+            _ => IdKind::Any,
+        }
+    }
+
+    /// Whether `id` (a `valid_id`) is an id of this kind.
+    pub fn takes(self, id: &[u8]) -> bool {
+        if !valid_id(id) {
+            return false;
+        }
+        match self {
+            IdKind::Integer { min, max } => {
+                let digits = match id.first() {
+                    Some(b'+' | b'-') => &id[1..],
+                    _ => id,
+                };
+                if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+                    return false;
+                }
+                std::str::from_utf8(id)
+                    .ok()
+                    .and_then(|t| t.parse::<i64>().ok())
+                    .is_some_and(|n| (min..=max).contains(&n))
+            }
+            IdKind::Numeric => {
+                let unsigned = id.strip_prefix(b"-").or_else(|| id.strip_prefix(b"+")).unwrap_or(id);
+                let mut parts = unsigned.splitn(2, |&b| b == b'.');
+                let whole = parts.next().unwrap_or_default();
+                let fraction = parts.next().unwrap_or_default();
+                whole.len() + fraction.len() > 0 && whole.iter().chain(fraction).all(u8::is_ascii_digit)
+            }
+            IdKind::Uuid => uuid(id),
+            IdKind::Any => true,
+        }
+    }
+}
+
+impl std::fmt::Display for IdKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            IdKind::Integer { min, max } => write!(f, "an integer from {min} to {max}"),
+            IdKind::Numeric => f.write_str("a number"),
+            IdKind::Uuid => f.write_str("a uuid"),
+            IdKind::Any => f.write_str("up to 256 visible bytes"),
+        }
+    }
+}
+
+/// A uuid as PostgreSQL reads one: 32 hex digits, in braces or not, with a
+/// hyphen after any group of four digits (but not at the end).
+fn uuid(id: &[u8]) -> bool {
+    let inner = match id.strip_prefix(b"{") {
+        Some(rest) => match rest.strip_suffix(b"}") {
+            Some(inner) => inner,
+            None => return false,
+        },
+        None => id,
+    };
+    let mut digits = 0;
+    let mut after_hyphen = false;
+    for &b in inner {
+        if b == b'-' {
+            if digits == 0 || digits % 4 != 0 || after_hyphen {
+                return false;
+            }
+            after_hyphen = true;
+        } else if b.is_ascii_hexdigit() {
+            digits += 1;
+            after_hyphen = false;
+        } else {
+            return false;
+        }
+    }
+    digits == 32 && !after_hyphen
+}
+
 /// An optional '-' and digits (leading zeros allowed).
 fn integer(id: &[u8]) -> Option<(bool, &[u8])> {
     let (neg, digits) = match id.strip_prefix(b"-") {
@@ -178,6 +292,74 @@ pub fn event_with_id(id: &[u8], name: &str, data: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ids_a_replay_takes() {
+        let bigint = IdKind::of_type("bigint");
+        assert_eq!(IdKind::of_type("INT8"), bigint);
+        assert_eq!(IdKind::of_type("pg_catalog.int8"), bigint);
+        for ok in [
+            &b"17"[..],
+            b"0",
+            b"-5",
+            b"+5",
+            b"007",
+            b"9223372036854775807",
+            b"-9223372036854775808",
+        ] {
+            assert!(bigint.takes(ok), "{}", ok.escape_ascii());
+        }
+        for bad in [
+            &b"zzz"[..],
+            b"",
+            b"1-2",
+            b"--1",
+            b"+-1",
+            b"++1",
+            b"1.5",
+            b"9223372036854775808",
+            b"99999999999999999999",
+            b"1e3",
+            b"1\n",
+        ] {
+            assert!(!bigint.takes(bad), "{}", bad.escape_ascii());
+        }
+        let int4 = IdKind::of_type("integer");
+        assert!(int4.takes(b"2147483647") && !int4.takes(b"2147483648"));
+        assert!(IdKind::of_type("int2").takes(b"-32768") && !IdKind::of_type("smallint").takes(b"32768"));
+        let numeric = IdKind::of_type("numeric");
+        for ok in [&b"1"[..], b"1.5", b"-0.25", b".5", b"5."] {
+            assert!(numeric.takes(ok), "{}", ok.escape_ascii());
+        }
+        for bad in [&b"."[..], b"1.2.3", b"x", b"1e5", b"-"] {
+            assert!(!numeric.takes(bad), "{}", bad.escape_ascii());
+        }
+        let uuid = IdKind::of_type("uuid");
+        for ok in [
+            &b"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"[..],
+            b"A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11",
+            b"{a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11}",
+            b"a0eebc999c0b4ef8bb6d6bb9bd380a11",
+            b"a0ee-bc99-9c0b-4ef8-bb6d-6bb9-bd38-0a11",
+        ] {
+            assert!(uuid.takes(ok), "{}", ok.escape_ascii());
+        }
+        for bad in [
+            &b"zzz"[..],
+            b"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a1",
+            b"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11-",
+            b"-a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
+            b"a0eebc99--9c0b-4ef8-bb6d-6bb9bd380a11",
+            b"a0eeb-c99-9c0b-4ef8-bb6d-6bb9bd380a11",
+            b"{a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
+            b"g0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
+        ] {
+            assert!(!uuid.takes(bad), "{}", bad.escape_ascii());
+        }
+        let any = IdKind::of_type("text");
+        assert!(any.takes(b"zzz") && !any.takes(b"") && !any.takes(b"a\nb"));
+        assert_eq!(IdKind::of_type("bigint[]"), IdKind::Any);
+    }
 
     #[test]
     fn stream_ids_and_entries() {

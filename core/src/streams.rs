@@ -48,14 +48,33 @@ pub fn parse_id(s: &[u8]) -> Option<EntryId> {
     }
 }
 
+/// The highest entry ID. Nothing can come after it: Redis refuses a range
+/// that starts right after it (`XRANGE key (<max> +`: "invalid start ID
+/// for the interval").
+pub const MAX_ID: EntryId = EntryId {
+    ms: u64::MAX,
+    seq: u64::MAX,
+};
+
+/// A client's last ID that a catch-up can read after: `parse_id`'s, but
+/// the highest ID, which Redis refuses to read after, is None too (the
+/// client's mistake, as any other bad ID).
+pub fn parse_last_id(s: &[u8]) -> Option<EntryId> {
+    parse_id(s).filter(|id| *id != MAX_ID)
+}
+
 /// `cache_stream_add`'s trimming when `maxlen=` is not given.
 pub const DEFAULT_MAXLEN: u64 = 10_000;
 
-/// The `maxlen=N` argument of `cache_stream_add`: N at least 1. None when
-/// the argument is not `maxlen=` followed by such a number.
+/// The largest `MAXLEN` Redis takes (a signed 64-bit number).
+pub const MAXLEN_MAX: u64 = i64::MAX as u64;
+
+/// The `maxlen=N` argument of `cache_stream_add`: N from 1 to
+/// `MAXLEN_MAX`. None when the argument is not `maxlen=` followed by such
+/// a number (Redis would refuse every `XADD` of a larger one).
 pub fn parse_maxlen_arg(arg: &[u8]) -> Option<u64> {
     let n = decimal(arg.strip_prefix(b"maxlen=")?)?;
-    (n > 0).then_some(n)
+    (1..=MAXLEN_MAX).contains(&n).then_some(n)
 }
 
 /// `XADD key MAXLEN ~ N * data <body> [event <e>]`: the bytes up to the
@@ -289,9 +308,34 @@ mod tests {
     }
 
     #[test]
+    fn last_ids_redis_reads_after() {
+        assert_eq!(parse_last_id(b"18446744073709551615-18446744073709551615"), None);
+        assert_eq!(parse_last_id(b"x"), None);
+        for ok in [
+            &b"0"[..],
+            b"0-0",
+            b"18446744073709551615",
+            b"18446744073709551615-18446744073709551614",
+        ] {
+            assert_eq!(parse_last_id(ok), parse_id(ok), "{}", String::from_utf8_lossy(ok));
+            assert!(parse_last_id(ok).is_some());
+        }
+    }
+
+    #[test]
     fn maxlen_arg() {
         assert_eq!(parse_maxlen_arg(b"maxlen=5"), Some(5));
-        for bad in [&b"maxlen=0"[..], b"maxlen=", b"maxlen=-1", b"maxlen=1k", b"max=5", b"5"] {
+        assert_eq!(parse_maxlen_arg(b"maxlen=9223372036854775807"), Some(i64::MAX as u64));
+        for bad in [
+            &b"maxlen=0"[..],
+            b"maxlen=",
+            b"maxlen=-1",
+            b"maxlen=1k",
+            b"max=5",
+            b"5",
+            b"maxlen=9223372036854775808",
+            b"maxlen=18446744073709551615",
+        ] {
             assert_eq!(parse_maxlen_arg(bad), None);
         }
     }

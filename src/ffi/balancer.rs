@@ -159,6 +159,86 @@ extern "C" fn save_session_shim<W: Wrapper>(pc: *mut ngx_peer_connection_t, data
     guard(log, W::SAVE_SESSION, (), || w.save_session(pc))
 }
 
+/// The peer's own callbacks and data, while `not_failed` stands in for
+/// them.
+struct Forgiven {
+    get: ngx_event_get_peer_pt,
+    free: ngx_event_free_peer_pt,
+    data: *mut c_void,
+}
+
+/// The peer's next free (nginx's next-upstream step after a try, or the
+/// end of the request) does not count as the server's failure:
+/// NGX_PEER_FAILED becomes NGX_PEER_NEXT, as nginx's own step frees a
+/// server that answered 403 or 404 (a server that answered, and is not
+/// counted against `max_fails`). That free, or a `get` before it, puts the
+/// peer's own callbacks and data back first. False when the pool has no
+/// memory for it (the peer is left as it was).
+pub fn not_failed(pool: Pool, pc: &mut ngx_peer_connection_t) -> bool {
+    let own = Forgiven {
+        get: pc.get,
+        free: pc.free,
+        data: pc.data,
+    };
+    let Some(f) = pool.alloc(own) else { return false };
+    pc.get = Some(forgiven_get);
+    pc.free = Some(forgiven_free);
+    pc.data = f.as_ptr().cast();
+    true
+}
+
+/// Puts the peer's own callbacks and data back (`not_failed`).
+///
+/// # Safety
+/// `data` is the Forgiven that `not_failed` put on the peer (in the
+/// request's pool).
+unsafe fn restore(
+    pc: &mut ngx_peer_connection_t,
+    data: *mut c_void,
+) -> (ngx_event_get_peer_pt, ngx_event_free_peer_pt, *mut c_void) {
+    // SAFETY: as the caller promises.
+    let f = unsafe { &*(data as *const Forgiven) };
+    pc.get = f.get;
+    pc.free = f.free;
+    pc.data = f.data;
+    (f.get, f.free, f.data)
+}
+
+extern "C" fn forgiven_get(pc: *mut ngx_peer_connection_t, data: *mut c_void) -> ngx_int_t {
+    // SAFETY: nginx calls the peer's get with the peer and the data
+    // not_failed set; the peer's log is the request's.
+    let (pc, log) = unsafe { (&mut *pc, Log::from_raw((*pc).log)) };
+    guard(log, "peer get", ERROR, || {
+        // SAFETY: as above.
+        let (get, _, data) = unsafe { restore(pc, data) };
+        match get {
+            // SAFETY: the balancer's own function, with its own data.
+            Some(get) => unsafe { get(pc, data) },
+            None => ERROR,
+        }
+    })
+}
+
+extern "C" fn forgiven_free(pc: *mut ngx_peer_connection_t, data: *mut c_void, state: ngx_uint_t) {
+    // SAFETY: nginx calls the peer's free with the peer and the data
+    // not_failed set; the peer's log is the request's.
+    let (pc, log) = unsafe { (&mut *pc, Log::from_raw((*pc).log)) };
+    guard(log, "peer free", (), || {
+        // SAFETY: as above.
+        let (_, free, data) = unsafe { restore(pc, data) };
+        let failed = NGX_PEER_FAILED as ngx_uint_t;
+        let state = if state & failed != 0 {
+            (state & !failed) | NGX_PEER_NEXT as ngx_uint_t
+        } else {
+            state
+        };
+        if let Some(free) = free {
+            // SAFETY: the balancer's own function, with its own data.
+            unsafe { free(pc, data, state) }
+        }
+    })
+}
+
 /// The peer's current address (sockaddr bytes).
 pub fn chosen(pc: &ngx_peer_connection_t) -> &[u8] {
     if pc.sockaddr.is_null() {

@@ -355,6 +355,33 @@ impl Reply {
         &mut self.0.peer.tries
     }
 
+    /// The try that ends now (process_header's NGX_HTTP_UPSTREAM_INVALID_HEADER)
+    /// is not the server's failure: its balancer is not told it failed
+    /// (balancer::not_failed). False when the pool has no memory for it.
+    pub fn not_failed(&mut self, pool: Pool) -> bool {
+        super::balancer::not_failed(pool, &mut self.0.peer)
+    }
+
+    /// nginx's next-upstream step takes the failures of `ft` (NGX_HTTP_UPSTREAM_FT_*
+    /// bits) from now on, whatever the location's `*_next_upstream` says:
+    /// the request's settings become a copy of them (in the pool) with
+    /// those bits. False when the pool has no memory for it.
+    pub fn next_upstream_on(&mut self, pool: Pool, ft: ngx_uint_t) -> bool {
+        // SAFETY: the settings installed (configuration memory, or a copy
+        // in the request's pool).
+        let Some(conf) = (unsafe { self.0.conf.as_ref() }) else {
+            return false;
+        };
+        if conf.next_upstream & ft == ft {
+            return true;
+        }
+        let mut copy = *conf;
+        copy.next_upstream |= ft;
+        let Some(p) = pool.alloc(copy) else { return false };
+        self.0.conf = p.as_ptr();
+        true
+    }
+
     /// The bytes read and not used yet.
     pub fn unread(&self) -> &[u8] {
         let b = &self.0.buffer;

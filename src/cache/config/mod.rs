@@ -387,8 +387,9 @@ directive_handler! {
         if let Some(arg) = args.get(2) {
             lcf.stream_maxlen = gateway_core::streams::parse_maxlen_arg(arg).ok_or_else(|| {
                 format!(
-                    "invalid parameter \"{}\" in \"cache_stream_add\" directive (maxlen=N, N at least 1)",
-                    String::from_utf8_lossy(arg)
+                    "invalid parameter \"{}\" in \"cache_stream_add\" directive (maxlen=N, N from 1 to {}, Redis's range)",
+                    String::from_utf8_lossy(arg),
+                    gateway_core::streams::MAXLEN_MAX
                 )
             })?;
         }

@@ -86,7 +86,8 @@ enum StartError {
     EmptyStreamKey,
     /// A `cache_stream` key that is too long or not UTF-8.
     BadStreamKey(String),
-    /// A `Last-Event-ID` (or `last_event_id`) that is not an entry ID.
+    /// A `Last-Event-ID` (or `last_event_id`) that is not an entry ID, or
+    /// is the highest one (Redis reads nothing after it).
     BadLastEventId(String),
     BadChannel(String),
     BadDb(String),
@@ -118,7 +119,7 @@ impl fmt::Display for StartError {
             ),
             StartError::BadLastEventId(v) => write!(
                 f,
-                "the last event id \"{}\" (Last-Event-ID, or the argument last_event_id) is not a stream entry ID (ms-seq)",
+                "the last event id \"{}\" (Last-Event-ID, or the argument last_event_id) is not a stream entry ID (ms-seq, below the highest one)",
                 v.escape_default()
             ),
             StartError::BadChannel(v) => write!(

@@ -32,7 +32,8 @@ fn valid_key(k: &[u8]) -> bool {
 /// Why a stream cannot start.
 pub enum Refusal {
     Sse(Refused),
-    /// The client's last id is not an entry ID (its text).
+    /// The client's last id is not an entry ID that Redis reads after
+    /// (its text).
     BadLastId(String),
 }
 
@@ -59,7 +60,7 @@ pub fn start(r: &mut Req, lcf: &CacheLocConf) -> Result<ngx_int_t, Refusal> {
     }
     let from = (!from.is_empty()).then_some(from);
     if let Some(f) = &from {
-        if streams::parse_id(f).is_none() {
+        if streams::parse_last_id(f).is_none() {
             return Err(Refusal::BadLastId(String::from_utf8_lossy(f).into_owned()));
         }
     }
@@ -80,7 +81,13 @@ pub fn start(r: &mut Req, lcf: &CacheLocConf) -> Result<ngx_int_t, Refusal> {
         },
         &FANOUT,
         |r| hub(r, lcf, auth),
-        Some(Resume { from, tag: 0 }),
+        // (A stream's live entries come with their ids: no live event's
+        // first word is taken for one.)
+        Some(Resume {
+            from,
+            tag: 0,
+            kind: gateway_core::sse::IdKind::Any,
+        }),
     )?;
     Ok(rc)
 }

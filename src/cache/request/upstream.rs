@@ -93,7 +93,7 @@ request_handler! {
     /// reply without a value is read here to the end of the request's last
     /// reply, so that a miss keeps its connection too.
     fn process_header(r) -> ngx_int_t = ("cache process_header", ERROR) {
-        let log = r.log();
+        let (log, pool) = (r.log(), r.pool());
         let Some((u, ctx)) = r.upstream_and_ctx::<Cache>() else { return ERROR };
         if let Some(cr) = ctx.cluster.as_mut() {
             cr.spoke = true;
@@ -251,17 +251,49 @@ request_handler! {
                 // cost Redis one more connection), and the line comes once
                 // a minute at most.
                 Event::Failed(e @ ReplyError::Refused { setup: Setup::Auth, .. }) => {
-                    let node = u
-                        .peer_addr()
-                        .map(|(_, n)| String::from_utf8_lossy(n.as_bytes()).into_owned());
+                    let node = node_name(u);
                     if let Some(k) = ctx.auth_key {
-                        authfail::refused(k, log, format_args!("{e}, by redis {}", node.as_deref().unwrap_or("?")));
+                        authfail::refused(k, log, format_args!("{e}, by redis {node}"));
                     }
                     if let Some(cr) = ctx.cluster.as_mut() {
                         cr.stop = true;
                     }
                     *u.tries() = 0;
                     drop_unread(u);
+                    return NGX_HTTP_UPSTREAM_INVALID_HEADER as ngx_int_t;
+                }
+                // A server that cannot take the command now (a replica
+                // that answers READONLY, one loading its data): not its
+                // failure, and the command has not run. The request goes
+                // on to the next server whatever cache_next_upstream says
+                // (as a cluster's redirections do), and the server is not
+                // counted against max_fails, so that it serves as soon as
+                // it can (a promoted replica).
+                Event::Failed(e) if e.not_now() => {
+                    let node = node_name(u);
+                    log!(NGX_LOG_WARN, log, "cache: {e}, from redis {node}: the next server takes the request, if there is one");
+                    if let Some(t) = ctx.cluster.as_ref().and_then(|cr| cr.topology()) {
+                        t.borrow_mut().mark_stale();
+                    }
+                    drop_unread(u);
+                    let ft = (NGX_HTTP_UPSTREAM_FT_INVALID_HEADER | NGX_HTTP_UPSTREAM_FT_NON_IDEMPOTENT) as ngx_uint_t;
+                    if !u.next_upstream_on(pool, ft) || !u.not_failed(pool) {
+                        return ERROR;
+                    }
+                    return NGX_HTTP_UPSTREAM_INVALID_HEADER as ngx_int_t;
+                }
+                // An error reply (WRONGTYPE, ERR ...) is Redis's answer to
+                // the command: 502, or the next server with
+                // invalid_response, and never the server's failure.
+                Event::Failed(e @ ReplyError::Failed { .. }) => {
+                    log!(NGX_LOG_ERR, log, "cache: {e}");
+                    if let Some(cr) = ctx.cluster.as_mut() {
+                        cr.stop |= !cr.retry_invalid;
+                    }
+                    drop_unread(u);
+                    if !u.not_failed(pool) {
+                        return ERROR;
+                    }
                     return NGX_HTTP_UPSTREAM_INVALID_HEADER as ngx_int_t;
                 }
                 Event::Failed(e) => {
@@ -295,6 +327,14 @@ fn cluster_garbage(ctx: &Ctx, e: &ReplyError) {
             t.borrow_mut().mark_stale();
         }
     }
+}
+
+/// The server of the try, for the log ("?" when the peer has no name).
+fn node_name(u: &Reply) -> String {
+    u.peer_addr().map_or_else(
+        || "?".to_owned(),
+        |(_, n)| String::from_utf8_lossy(n.as_bytes()).into_owned(),
+    )
 }
 
 /// Drops the bytes read and not used: the connection they came on is not
@@ -367,6 +407,40 @@ input_filter_handler! {
                         cluster_garbage(ctx, &ReplyError::Unsolicited);
                     }
                     return OK;
+                }
+                // A server that cannot take the command now (a replica
+                // that answers READONLY, one loading its data): not its
+                // failure, and the command has not run. The request goes
+                // on to the next server whatever cache_next_upstream says
+                // (as a cluster's redirections do), and the server is not
+                // counted against max_fails, so that it serves as soon as
+                // it can (a promoted replica).
+                Event::Failed(e) if e.not_now() => {
+                    let node = node_name(u);
+                    log!(NGX_LOG_WARN, log, "cache: {e}, from redis {node}: the next server takes the request, if there is one");
+                    if let Some(t) = ctx.cluster.as_ref().and_then(|cr| cr.topology()) {
+                        t.borrow_mut().mark_stale();
+                    }
+                    drop_unread(u);
+                    let ft = (NGX_HTTP_UPSTREAM_FT_INVALID_HEADER | NGX_HTTP_UPSTREAM_FT_NON_IDEMPOTENT) as ngx_uint_t;
+                    if !u.next_upstream_on(pool, ft) || !u.not_failed(pool) {
+                        return ERROR;
+                    }
+                    return NGX_HTTP_UPSTREAM_INVALID_HEADER as ngx_int_t;
+                }
+                // An error reply (WRONGTYPE, ERR ...) is Redis's answer to
+                // the command: 502, or the next server with
+                // invalid_response, and never the server's failure.
+                Event::Failed(e @ ReplyError::Failed { .. }) => {
+                    log!(NGX_LOG_ERR, log, "cache: {e}");
+                    if let Some(cr) = ctx.cluster.as_mut() {
+                        cr.stop |= !cr.retry_invalid;
+                    }
+                    drop_unread(u);
+                    if !u.not_failed(pool) {
+                        return ERROR;
+                    }
+                    return NGX_HTTP_UPSTREAM_INVALID_HEADER as ngx_int_t;
                 }
                 Event::Failed(e) => {
                     log!(NGX_LOG_ERR, log, "cache: {e}");

@@ -16,7 +16,7 @@ use gateway_core::metrics::Id;
 use super::{end, open_header, send, too_far_behind, Fanout};
 use crate::common::token::{self, ReqToken};
 use crate::ffi::*;
-use crate::metrics;
+use crate::{log, metrics};
 
 /// Live events held for one subscriber while a replay runs, at most this
 /// many bytes (per subscriber). Past it they are let go and the replay
@@ -31,6 +31,9 @@ pub struct Resume {
     pub from: Option<Vec<u8>>,
     /// What the gateway knows the subscription by (its location).
     pub tag: usize,
+    /// The ids a live event's first word may be (sse::IdKind): another
+    /// first word is no id, and the event goes without one.
+    pub kind: sse::IdKind,
 }
 
 /// A subscription's ids.
@@ -38,6 +41,7 @@ pub(super) struct Ids {
     last: Option<Vec<u8>>,
     held: Option<Held>,
     tag: usize,
+    kind: sse::IdKind,
 }
 
 /// A held event: its id (if it has one) and its bytes, as every
@@ -72,6 +76,7 @@ impl Ids {
             last: r.from,
             held,
             tag: r.tag,
+            kind: r.kind,
         }
     }
 
@@ -94,12 +99,27 @@ impl Fanout {
     /// A live event to each subscriber of `to`: as it is to those without
     /// ids; to the others with its id, unless they were sent one as high,
     /// held while their replay runs. How many were sent it.
+    ///
+    /// A first word that is no id of a subscriber's kind (a notification
+    /// its replay did not send: any session may notify a channel) is no
+    /// id for it: the event goes as it is, without `id:`, and does not
+    /// become its last id (which it would send back when it comes back,
+    /// for the replay to refuse, and which would hold back the real ids
+    /// below it). One warn line says so, for all the subscribers.
     pub(super) fn live_event(&self, to: &[ReqToken], channel: &str, payload: &[u8]) -> i64 {
         let plain: Rc<[u8]> = Rc::from(sse::event(channel, payload));
-        let (id, data) = sse::split_id(payload);
+        let (word, data) = sse::split_id(payload);
         let mut with_id: Option<Rc<[u8]>> = None;
         let mut sent = 0;
+        let mut refused = None;
         self.each(to, |sub| {
+            let id = match (word, sub.ids.as_ref()) {
+                (Some(w), Some(ids)) if !ids.kind.takes(w) => {
+                    refused = Some(ids.kind);
+                    None
+                }
+                _ => word,
+            };
             let bytes = match (sub.ids.as_mut(), id) {
                 (None, _) => plain.clone(),
                 (Some(ids), Some(id)) => {
@@ -123,6 +143,16 @@ impl Fanout {
             sent += i64::from(self.put(sub, &bytes));
         });
         self.shed();
+        if let (Some(kind), Some(w)) = (refused, word) {
+            log!(
+                NGX_LOG_WARN,
+                Log::cycle(),
+                "{}: a notification on channel \"{}\" starts with \"{}\", which is no id of its replay ({kind}): it goes as an event without an id (only the outbox's trigger should notify a replaying channel)",
+                self.gateway,
+                channel.escape_default(),
+                w.escape_ascii()
+            );
+        }
         sent
     }
 

@@ -10,6 +10,7 @@ use std::ffi::{CStr, CString};
 use std::rc::Rc;
 
 use gateway_core::sql::{has_several_statements, has_word};
+use gateway_core::sse::IdKind;
 use gateway_core::template::{self, Piece};
 
 use super::LocConf;
@@ -31,6 +32,9 @@ pub struct Replay {
     pub sql: Rc<CStr>,
     /// What each parameter is, in order.
     pub params: Vec<ReplayParam>,
+    /// The ids `$sqldb_last_event_id`'s type takes: a notification's first
+    /// word that is not one is no event id.
+    pub id_kind: IdKind,
     /// Prepared under this name on every connection (`sqldb_prepare`).
     pub statement: Rc<Statement>,
     pub changes_session: bool,
@@ -51,6 +55,7 @@ fn compile(cf: Conf, text: &[u8]) -> Result<Replay, ConfError> {
     super::directives::check_params(DIRECTIVE, text)?;
     let mut sql = Vec::new();
     let mut params = Vec::new();
+    let mut id_kind = IdKind::Any;
     for piece in template::split(text) {
         match piece {
             Piece::Text(t) => {
@@ -74,6 +79,10 @@ fn compile(cf: Conf, text: &[u8]) -> Result<Replay, ConfError> {
                         .into())
                     }
                 };
+                // (Its first type, where the id is written twice.)
+                if p == ReplayParam::LastEventId && !params.contains(&p) {
+                    id_kind = IdKind::of_type(&ty);
+                }
                 params.push(p);
                 sql.extend_from_slice(format!("${}::{ty}", params.len()).as_bytes());
             }
@@ -97,6 +106,7 @@ fn compile(cf: Conf, text: &[u8]) -> Result<Replay, ConfError> {
     let statement = super::directives::statement_for(&sql);
     let changes_session = gateway_core::sql::changes_session(&sql);
     Ok(Replay {
+        id_kind,
         sql: CString::new(sql)
             .map_err(|_| format!("{DIRECTIVE}: the query contains a NUL byte"))?
             .into(),

@@ -121,6 +121,7 @@ pub fn subscribe(
     let resume = Resume {
         from: from.clone(),
         tag,
+        kind: replay.id_kind,
     };
     let (rc, token) = sse::start_resuming(
         r,

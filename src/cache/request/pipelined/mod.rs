@@ -227,7 +227,7 @@ fn dispatch(r: &mut Req) {
             );
             return end(r, HTTP_BAD_GATEWAY);
         }
-        DECLINED => return next(r, NGX_HTTP_UPSTREAM_FT_ERROR, false, false),
+        DECLINED => return next(r, NGX_HTTP_UPSTREAM_FT_ERROR, false, false, Verdict::Failed),
         _ => return end(r, HTTP_INTERNAL_SERVER_ERROR),
     }
     let has_addr = u.peer_addr().is_some();
@@ -386,7 +386,7 @@ fn again(r: &mut Req) {
             if let OpenError::Failed(why) = e {
                 log!(NGX_LOG_ERR, r.log(), "cache: {why} while connecting to upstream");
             }
-            next(r, NGX_HTTP_UPSTREAM_FT_ERROR, false, false)
+            next(r, NGX_HTTP_UPSTREAM_FT_ERROR, false, false, Verdict::Failed)
         }
     }
 }
@@ -498,9 +498,23 @@ fn respond_empty(r: &mut Req, status: ngx_int_t) {
     r.finalize(rc);
 }
 
+/// What a try that does not answer the request says of its server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    /// It failed (counted against `max_fails`): no connection, no reply in
+    /// time, a reply stream that broke.
+    Failed,
+    /// It answered (a miss, an error reply): not its failure.
+    Answered,
+    /// It cannot take the command now (a replica's `READONLY`, `LOADING`):
+    /// not its failure, and the command has not run, so the next server
+    /// takes it whatever `cache_next_upstream` says (a POST too).
+    NotNow,
+}
+
 /// The try failed: the next server when `cache_next_upstream` and the
 /// balancer allow it, else the status.
-fn next(r: &mut Req, ft: u32, sent: bool, reused: bool) {
+fn next(r: &mut Req, ft: u32, sent: bool, reused: bool, verdict: Verdict) {
     if shared_of(r).is_none_or(|s| s.done) {
         return;
     }
@@ -512,10 +526,10 @@ fn next(r: &mut Req, ft: u32, sent: bool, reused: bool) {
         HTTP_BAD_GATEWAY
     };
     leave(r);
-    let peer_state = if ft == NGX_HTTP_UPSTREAM_FT_HTTP_404 {
-        NGX_PEER_NEXT
-    } else {
+    let peer_state = if verdict == Verdict::Failed {
         NGX_PEER_FAILED
+    } else {
+        NGX_PEER_NEXT
     };
     finish_try(r, status, peer_state as ngx_uint_t);
     let lcf: &CacheLocConf = r.loc_conf::<Cache>();
@@ -531,12 +545,20 @@ fn next(r: &mut Req, ft: u32, sent: bool, reused: bool) {
     let timeout = conf.next_upstream_timeout;
     let non_idempotent = method & (NGX_HTTP_POST | NGX_HTTP_LOCK | NGX_HTTP_PATCH) != 0
         && conf.next_upstream & NGX_HTTP_UPSTREAM_FT_NON_IDEMPOTENT as ngx_uint_t == 0;
+    let any = verdict == Verdict::NotNow;
     let give_up = *u.tries() == 0
-        || conf.next_upstream & ft as ngx_uint_t == 0
-        || (sent && non_idempotent)
+        || (conf.next_upstream & ft as ngx_uint_t == 0 && !any)
+        || (sent && non_idempotent && !any)
         || (timeout != 0 && current_msec().wrapping_sub(u.first_start()) >= timeout)
         || client_error;
     if give_up {
+        if any && !client_error {
+            log!(
+                NGX_LOG_ERR,
+                r.log(),
+                "cache: no other server of the upstream to take the command"
+            );
+        }
         return end(r, status);
     }
     if let Some(s) = shared_of(r) {
@@ -576,7 +598,7 @@ request_event_handler! {
         if started {
             return end(r, ERROR);
         }
-        next(r, NGX_HTTP_UPSTREAM_FT_TIMEOUT, true, false);
+        next(r, NGX_HTTP_UPSTREAM_FT_TIMEOUT, true, false, Verdict::Failed);
     }
 }
 

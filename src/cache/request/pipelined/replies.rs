@@ -296,7 +296,7 @@ fn done(r: &mut Req) {
     }
     s.conn = None;
     if s.retry_404 {
-        return next(r, NGX_HTTP_UPSTREAM_FT_HTTP_404, true, false);
+        return next(r, NGX_HTTP_UPSTREAM_FT_HTTP_404, true, false, Verdict::Answered);
     }
     if let Some(t) = s.timer {
         t.clear();
@@ -359,12 +359,24 @@ pub(super) fn failed(r: &mut Req, f: ExchangeError) {
     s.conn = None;
     let started = s.started;
     match f {
+        // An error reply is Redis's answer, never the server's failure;
+        // one that says the server cannot take the command now (a
+        // replica's READONLY) sends it on to the next server (next).
+        ExchangeError::Answered(e) if e.not_now() && !started => {
+            let name = server_name(r);
+            log!(
+                NGX_LOG_WARN,
+                r.log(),
+                "cache: {e}, from redis {name}: the next server takes the request, if there is one"
+            );
+            next(r, NGX_HTTP_UPSTREAM_FT_INVALID_HEADER, true, false, Verdict::NotNow)
+        }
         ExchangeError::Answered(e) => {
             log!(NGX_LOG_ERR, r.log(), "cache: {e}");
             if started {
                 return end(r, ERROR);
             }
-            next(r, NGX_HTTP_UPSTREAM_FT_INVALID_HEADER, true, false)
+            next(r, NGX_HTTP_UPSTREAM_FT_INVALID_HEADER, true, false, Verdict::Answered)
         }
         ExchangeError::Broken { why, auth: true, .. } => {
             // A refused password: logged once a minute at most, and no
@@ -419,7 +431,7 @@ pub(super) fn failed(r: &mut Req, f: ExchangeError) {
             } else {
                 NGX_HTTP_UPSTREAM_FT_ERROR
             };
-            next(r, ft, sent, reused)
+            next(r, ft, sent, reused, Verdict::Failed)
         }
     }
 }
