@@ -178,19 +178,36 @@ pub const MAX_DEPTH: usize = 8;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NotResp;
 
+/// What one element of a reply costs in memory beyond its bytes, as
+/// `value` counts it: the `Value` that holds it.
+pub const ELEMENT_COST: usize = std::mem::size_of::<Value>();
+
+/// The memory a parsed reply may hold: its bytes and `ELEMENT_COST` per
+/// element of an array (so `*N` followed by N tiny elements costs what its
+/// `Value`s weigh, not what its bytes do).
+fn element_cost(bytes: usize, in_array: bool) -> usize {
+    bytes.saturating_add(if in_array { ELEMENT_COST } else { 0 })
+}
+
 /// Parses one whole reply at the start of `buf`: `Ok(None)` while it is
 /// incomplete, else the value and the bytes it took. A reply longer than
-/// `max` bytes is refused, as soon as that is known.
+/// `max` bytes, or whose values would hold more than `max` bytes of
+/// memory (`ELEMENT_COST` per element besides its bytes), is refused as
+/// soon as that is known: nothing past `max` is allocated.
+///
+/// It parses from the start at every call: a connection that gets large
+/// replies in pieces asks `Scan` first whether a whole one is in.
 pub fn value(buf: &[u8], max: usize) -> Result<Option<(Value, usize)>, NotResp> {
     let limit = &buf[..buf.len().min(max)];
-    match value_at(limit, 0)? {
+    let mut budget = max;
+    match value_at(limit, 0, &mut budget)? {
         Some(v) => Ok(Some(v)),
         None if buf.len() >= max => Err(NotResp),
         None => Ok(None),
     }
 }
 
-fn value_at(buf: &[u8], depth: usize) -> Result<Option<(Value, usize)>, NotResp> {
+fn value_at(buf: &[u8], depth: usize, budget: &mut usize) -> Result<Option<(Value, usize)>, NotResp> {
     let end = match line_end(buf) {
         LineEnd::Crlf(end) => end,
         LineEnd::Bare => return Err(NotResp),
@@ -202,6 +219,7 @@ fn value_at(buf: &[u8], depth: usize) -> Result<Option<(Value, usize)>, NotResp>
     }
     let line = &buf[1..end];
     let mut used = end + 2;
+    *budget = budget.checked_sub(element_cost(line.len(), depth > 0)).ok_or(NotResp)?;
     let v = match buf[0] {
         b'+' => Value::Status(line.to_vec()),
         b'-' => Value::Error(line.to_vec()),
@@ -218,6 +236,7 @@ fn value_at(buf: &[u8], depth: usize) -> Result<Option<(Value, usize)>, NotResp>
             if &buf[used + n..total] != b"\r\n" {
                 return Err(NotResp);
             }
+            *budget = budget.checked_sub(n).ok_or(NotResp)?;
             let v = Value::Bulk(buf[used..used + n].to_vec());
             used = total;
             v
@@ -227,10 +246,11 @@ fn value_at(buf: &[u8], depth: usize) -> Result<Option<(Value, usize)>, NotResp>
             if depth >= MAX_DEPTH {
                 return Err(NotResp);
             }
-            // Each element takes 3 bytes at least: a count that cannot fit is refused now.
-            let mut items = Vec::with_capacity(n.min(buf.len() / 3));
+            // Each element takes 3 bytes and ELEMENT_COST at least: room
+            // is made for no more than the bytes and the budget allow.
+            let mut items = Vec::with_capacity(n.min(buf.len() / 3).min(*budget / ELEMENT_COST));
             for _ in 0..n {
-                match value_at(&buf[used..], depth + 1)? {
+                match value_at(&buf[used..], depth + 1, budget)? {
                     Some((v, len)) => {
                         items.push(v);
                         used += len;
@@ -243,6 +263,108 @@ fn value_at(buf: &[u8], depth: usize) -> Result<Option<(Value, usize)>, NotResp>
         _ => return Err(NotResp),
     };
     Ok(Some((v, used)))
+}
+
+/// Looks for the end of one reply as its bytes arrive, without keeping
+/// any of it: each call goes on where the last one stopped, so a reply that
+/// comes in many reads is looked at once (linear in its size), and
+/// `value` parses it once it is whole. It counts what `value` would hold
+/// (`ELEMENT_COST` per element besides its bytes) and refuses a reply past
+/// `max` of either as soon as that is known.
+#[derive(Debug, Default, Clone)]
+pub struct Scan {
+    /// The reply's bytes looked at.
+    at: usize,
+    /// The elements still to come of each array open, outermost first.
+    open: Vec<usize>,
+    /// A bulk's bytes still to come (its CRLF after them).
+    bulk_left: Option<usize>,
+    cost: usize,
+}
+
+impl Scan {
+    /// Goes on over `buf`, the reply's bytes from its start (those of
+    /// earlier calls included): `Ok(Some(len))` once a whole reply is in
+    /// (its `len` bytes), `Ok(None)` while it is not.
+    pub fn feed(&mut self, buf: &[u8], max: usize) -> Result<Option<usize>, NotResp> {
+        loop {
+            if let Some(left) = self.bulk_left {
+                let here = buf.len().saturating_sub(self.at);
+                if here < left.saturating_add(2) {
+                    return Ok(None);
+                }
+                let end = self.at + left;
+                if &buf[end..end + 2] != b"\r\n" {
+                    return Err(NotResp);
+                }
+                self.at = end + 2;
+                self.bulk_left = None;
+                if let Some(len) = self.element_done() {
+                    return Ok(Some(len));
+                }
+                continue;
+            }
+            let rest = buf.get(self.at..).unwrap_or_default();
+            let end = match line_end(rest) {
+                LineEnd::Crlf(end) => end,
+                LineEnd::Bare => return Err(NotResp),
+                LineEnd::NotYet if rest.len() >= MAX_LINE => return Err(NotResp),
+                LineEnd::NotYet => return Ok(None),
+            };
+            if end == 0 {
+                return Err(NotResp);
+            }
+            let line = &rest[1..end];
+            self.cost = self
+                .cost
+                .saturating_add(element_cost(line.len(), !self.open.is_empty()));
+            let kind = rest[0];
+            let mut opened = false;
+            self.at += end + 2;
+            let n = match kind {
+                b'+' | b'-' => None,
+                b':' => parse_int(line).map(|_| None).ok_or(NotResp)?,
+                b'$' | b'*' if line == b"-1" => None,
+                b'$' | b'*' => Some(usize::try_from(parse_int(line).ok_or(NotResp)?).map_err(|_| NotResp)?),
+                _ => return Err(NotResp),
+            };
+            match (kind, n) {
+                (b'$', Some(n)) => {
+                    self.cost = self.cost.saturating_add(n);
+                    self.bulk_left = Some(n);
+                }
+                (b'*', Some(n)) if n > 0 => {
+                    if self.open.len() >= MAX_DEPTH {
+                        return Err(NotResp);
+                    }
+                    self.open.push(n);
+                    opened = true;
+                }
+                _ => {}
+            }
+            // (A bulk's length counts at once: one past the bound is not waited for.)
+            if self.cost > max || self.at > max || self.at.saturating_add(self.bulk_left.unwrap_or(0)) > max {
+                return Err(NotResp);
+            }
+            if self.bulk_left.is_none() && !opened {
+                if let Some(len) = self.element_done() {
+                    return Ok(Some(len));
+                }
+            }
+        }
+    }
+
+    /// An element ended: the reply's length when that was its last.
+    fn element_done(&mut self) -> Option<usize> {
+        while let Some(left) = self.open.last_mut() {
+            *left -= 1;
+            if *left > 0 {
+                return None;
+            }
+            self.open.pop();
+        }
+        Some(self.at)
+    }
 }
 
 #[cfg(test)]
@@ -450,5 +572,72 @@ mod tests {
         }
         assert_eq!(value(b"$2\r\nabc\r\n", 64), Err(NotResp));
         assert_eq!(value(b"*-2\r\n", 64), Err(NotResp));
+    }
+
+    #[test]
+    fn scans_find_what_value_parses() {
+        let slots = b"*1\r\n*3\r\n:0\r\n:16383\r\n*4\r\n$9\r\n127.0.0.1\r\n:7000\r\n$2\r\nid\r\n*0\r\n";
+        let mut more = slots.to_vec();
+        more.extend_from_slice(b"+OK\r\n");
+        // Byte by byte, and whole.
+        let mut s = Scan::default();
+        let mut found = None;
+        for cut in 0..=more.len() {
+            if let Some(n) = s.feed(&more[..cut], 1 << 20).unwrap() {
+                found = Some((cut, n));
+                break;
+            }
+        }
+        assert_eq!(found, Some((slots.len(), slots.len())));
+        assert_eq!(Scan::default().feed(&more, 1 << 20), Ok(Some(slots.len())));
+        for one in [
+            &b"+OK\r\n"[..],
+            b"-ERR x\r\n",
+            b":1\r\n",
+            b"$-1\r\n",
+            b"*-1\r\n",
+            b"*0\r\n",
+            b"$3\r\na\nb\r\n",
+        ] {
+            assert_eq!(Scan::default().feed(one, 64), Ok(Some(one.len())), "{one:?}");
+        }
+        for bad in [
+            &b"$2\r\nabc\r\n"[..],
+            b"*-2\r\n",
+            b"?\r\n",
+            b"+OK\n",
+            b":x\r\n",
+            b"$10\r\n",
+        ] {
+            assert_eq!(Scan::default().feed(bad, 8), Err(NotResp), "{bad:?}");
+        }
+        let deep = b"*1\r\n".repeat(MAX_DEPTH + 1);
+        assert_eq!(Scan::default().feed(&deep, 1 << 20), Err(NotResp));
+    }
+
+    #[test]
+    fn many_small_elements_cost_what_they_hold() {
+        // `*N` and N empty statuses: 3 bytes each, a Value each.
+        let n = 100_000;
+        let mut reply = format!("*{n}\r\n").into_bytes();
+        reply.extend(b"+\r\n".repeat(n));
+        let bytes = reply.len();
+        let holds = n * (ELEMENT_COST + 1);
+        assert!(holds > 4 * bytes);
+        // Within a bound of bytes but not of what it holds: refused, by both.
+        assert_eq!(value(&reply, 2 * bytes), Err(NotResp));
+        assert_eq!(Scan::default().feed(&reply, 2 * bytes), Err(NotResp));
+        // Refused long before its end when it comes in pieces.
+        let mut s = Scan::default();
+        let mut refused_at = None;
+        for cut in (0..=bytes).step_by(4096) {
+            if s.feed(&reply[..cut], bytes / 4).is_err() {
+                refused_at = Some(cut);
+                break;
+            }
+        }
+        assert!(refused_at.is_some_and(|c| c < bytes / 2), "{refused_at:?}");
+        assert!(matches!(value(&reply, 2 * holds), Ok(Some((Value::Array(a), len))) if a.len() == n && len == bytes));
+        assert_eq!(Scan::default().feed(&reply, 2 * holds), Ok(Some(bytes)));
     }
 }

@@ -421,6 +421,17 @@ impl RetryTimer {
         unsafe { ngx_post_event(&mut *self.0, std::ptr::addr_of_mut!(ngx_posted_events)) }
     }
 
+    /// Runs the handler in the event loop's next turn, after the events
+    /// that are ready by then (nginx's `ngx_posted_next_events`): what
+    /// yields to the other connections posts itself so.
+    pub fn post_next(&mut self) {
+        if self.0.posted() != 0 {
+            return;
+        }
+        // SAFETY: as for post; ngx_posted_next_events is this thread's too.
+        unsafe { ngx_post_event(&mut *self.0, std::ptr::addr_of_mut!(ngx_posted_next_events)) }
+    }
+
     pub fn stop(&mut self) {
         // SAFETY: as above.
         if let Some(ev) = unsafe { Event::from_raw(&mut *self.0) } {

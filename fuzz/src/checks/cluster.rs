@@ -6,10 +6,11 @@
 //! in (every shorter prefix of it is incomplete, never an error, and the
 //! same bytes followed by others give the same value and length); a map
 //! built from any reply names, for every slot, a node it lists; a
-//! redirection reads back the same from its own text.
+//! redirection reads back the same from its own text; `resp::Scan`, fed
+//! the bytes in pieces, finds the end of every whole value `value` finds.
 
 use gateway_core::cluster::{parse_redirect, parse_slots, Topology, SLOTS};
-use gateway_core::resp::value;
+use gateway_core::resp::{value, Scan};
 
 /// The most a reply may take here (the module's bound is 4 MiB).
 const LIMIT: usize = 1 << 16;
@@ -35,6 +36,16 @@ pub fn cluster_slots(data: &[u8]) {
         whole,
         "the value depends on bytes after it"
     );
+    let mut scan = Scan::default();
+    let mut found = None;
+    for k in (0..=data.len()).step_by(step) {
+        if let Ok(Some(len)) = scan.feed(&data[..k], LIMIT) {
+            found = Some(len);
+            break;
+        }
+    }
+    let found = found.or_else(|| scan.feed(data, LIMIT).ok().flatten());
+    assert_eq!(found, Some(*used), "Scan finds the end of the value");
     let Ok(ranges) = parse_slots(v) else { return };
     let Ok(seed) = "127.0.0.1:1".parse() else { return };
     let mut t = Topology::with_seeds(vec![seed]);

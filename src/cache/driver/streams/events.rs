@@ -53,6 +53,18 @@ event_handler! {
 }
 
 event_handler! {
+    /// Reads on what a connection left for the next turn (READ_TURN). (The
+    /// event's data is the Link that owns it.)
+    pub(super) fn more_event(ev) = "cache stream read on", {
+        run_owner::<StreamHub>(ev.data(), "cache stream read on", |h, i| {
+            if h.links[i].conn.is_up() {
+                h.read(i);
+            }
+        });
+    }
+}
+
+event_handler! {
     /// The subscribers hear that the servers cannot be reached.
     pub(super) fn tell_event(ev) = "cache stream unavailable", {
         // SAFETY: the event's data is its hub, which lives for the

@@ -10,15 +10,21 @@
 //! - `XREVRANGE key + - COUNT 1` for each key that came since the last
 //!   round: where its reading starts (its last entry; 0-0 when it has
 //!   none), after which its subscribers are told they are subscribed;
-//! - `XRANGE key (<id> + COUNT PAGE` for a page of each catch-up (a
-//!   subscriber that came with `Last-Event-ID`), at most `PAGES_PER_ROUND`
-//!   pages a round, none for a subscriber with more than `PAUSE_AT` bytes
-//!   waiting (its catch-up goes on when it has taken them);
+//! - `XRANGE key (<id> + COUNT n` for a page of each catch-up (a
+//!   subscriber that came with `Last-Event-ID`): `FIRST_PAGE` entries, then
+//!   as many as `PAGE_BYTES` holds at the size of the last page's (keys.rs);
+//!   at most `PAGES_PER_ROUND` pages a round, none for a subscriber with
+//!   more than `PAUSE_AT` bytes waiting (its catch-up goes on when it has
+//!   taken them, and the round's `XREAD` blocks `PAUSED_BLOCK_MS` only);
 //! - `XREAD COUNT READ_COUNT [BLOCK BLOCK_MS] STREAMS k1 k2 ... id1 id2 ...`
 //!   over every key whose position is known, each after the last entry
 //!   read of it. It blocks only when nothing else is in the round.
 //!
-//! The next round goes once every reply of this one is in. A key that
+//! The next round goes once every reply of this one is in. A connection
+//! reads `READ_TURN` bytes per event at most, then posts itself after
+//! nginx's other events; `resp::Scan` finds where a reply ends as its bytes
+//! come (linear in them), and it is parsed once, whole, under `REPLY_MAX`
+//! (its bytes and what its parsed form holds). A key that
 //! comes while an `XREAD` blocks waits for it to return: at most
 //! `BLOCK_MS`, the price of one connection instead of two (no entry is
 //! lost meanwhile: its reading starts where its `XREVRANGE` found it).
@@ -54,7 +60,7 @@ use std::rc::Rc;
 use gateway_core::cluster::{self as kslot, Topology};
 
 use gateway_core::pubsub;
-use gateway_core::resp::{self, Value};
+use gateway_core::resp::{self, Scan, Value};
 use gateway_core::streams::{self, EntryId};
 
 use super::authfail;
@@ -65,25 +71,39 @@ use crate::common::sse::StreamSink;
 use crate::common::token::ReqToken;
 use crate::ffi::net::TlsClient;
 use crate::ffi::*;
-use crate::log;
 
 mod cluster;
 mod events;
+mod keys;
 
-use events::{ask_event, retry_event, tell_event};
+use events::{ask_event, more_event, retry_event, tell_event};
 
 /// How long one `XREAD` waits for new entries (ms): also the longest a
 /// key that comes waits for its reading to start.
 pub const BLOCK_MS: u64 = 250;
 /// Entries per key per `XREAD`.
 pub const READ_COUNT: usize = 200;
-/// Entries per page of a catch-up.
+/// Entries per page of a catch-up, at most.
 pub const PAGE: usize = 200;
+/// Entries of a catch-up's first page: how large they are is not known yet.
+pub const FIRST_PAGE: usize = 4;
+/// The bytes a catch-up page is sized for (per subscriber): the next page
+/// asks as many entries as fit, by the size of the last page's (at least one).
+pub const PAGE_BYTES: usize = 256 << 10;
+/// How long the `XREAD` of a round blocks while a catch-up waits for its
+/// client to take what it was sent (ms): its next page goes that soon.
+pub const PAUSED_BLOCK_MS: u64 = 20;
+/// Bytes read from a connection per event (per connection): past them the
+/// rest is read after nginx's other events (a posted event), so that one
+/// large reply does not hold the worker.
+const READ_TURN: usize = 512 << 10;
 /// Catch-up pages per round (per hub).
 pub const PAGES_PER_ROUND: usize = 16;
 /// A subscriber with more bytes than this waiting gets no page this round.
 pub const PAUSE_AT: usize = 256 << 10;
-/// The largest reply taken (a bigger one breaks the connection).
+/// The largest reply taken per connection, in bytes, counting what its
+/// parsed form holds (resp::ELEMENT_COST per element besides its bytes):
+/// a bigger one breaks the connection, which is made again.
 const REPLY_MAX: usize = 64 << 20;
 
 #[derive(Default)]
@@ -102,6 +122,9 @@ struct Key {
     /// Its slot is being migrated (`-ASK`): it is asked again after
     /// `BLOCK_MS`, where the map says then.
     held: bool,
+    /// Read with an `XREAD` of its own: an `XREAD` of several keys with it
+    /// was refused, and each key's own error ends its streams only.
+    alone: bool,
 }
 
 /// A subscriber's catch-up.
@@ -114,14 +137,22 @@ struct CatchUp {
     started: bool,
     /// A page is out.
     asked: bool,
+    /// Entries its next page asks for (PAGE_BYTES).
+    count: usize,
 }
+
+/// The keys read by one `XREAD`: those of a slot (of a cluster's, else
+/// all), but a key read alone by itself (its name).
+type ReadGroup<'a> = (bool, u16, &'a str);
 
 /// What each reply in flight answers.
 enum Op {
     Auth,
     Last(String),
-    Range(ReqToken),
-    Read,
+    /// A page of a catch-up, of so many entries.
+    Range(ReqToken, usize),
+    /// An `XREAD` of these keys.
+    Read(Vec<String>),
     Slots,
 }
 
@@ -143,6 +174,10 @@ struct Link {
     node: Option<SocketAddr>,
     /// Its server is down (since the first failure, until it is up).
     outage: Outage,
+    /// Where the reply being read ends (resp::Scan).
+    scan: Scan,
+    /// Reads on after nginx's other events (READ_TURN).
+    more: RetryTimer,
 }
 
 /// A cluster's side of a hub.
@@ -232,9 +267,12 @@ impl StreamHub {
             inflight: VecDeque::new(),
             node,
             outage: Outage::default(),
+            scan: Scan::default(),
+            more: RetryTimer::new(std::ptr::null_mut(), Some(more_event)),
         });
         let data: *mut Link = &mut *l;
         l.retry.set_data(data.cast());
+        l.more.set_data(data.cast());
         self.links.push(l);
         index
     }
@@ -270,6 +308,8 @@ impl StreamHub {
     /// (a cluster's keys where the map will say).
     fn forget_inflight(&mut self, i: usize) {
         self.links[i].inflight.clear();
+        self.links[i].scan = Scan::default();
+        self.links[i].more.stop();
         let keys = &self.keys;
         for c in &mut self.catchups {
             if keys.get(&c.key).is_none_or(|k| k.link == Some(i)) {
@@ -453,6 +493,7 @@ impl StreamHub {
             }
         }
         let mut pages = 0;
+        let mut paused = false;
         let mut gone = Vec::new();
         for c in &mut self.catchups {
             if pages >= PAGES_PER_ROUND {
@@ -470,34 +511,43 @@ impl StreamHub {
                     gone.push(c.who);
                     continue;
                 }
-                Some(b) if b > PAUSE_AT => continue,
+                Some(b) if b > PAUSE_AT => {
+                    paused = true;
+                    continue;
+                }
                 Some(_) => {}
             }
             if !std::mem::replace(&mut c.started, true) {
                 self.sink.begin_round(c.who);
             }
-            streams::xrange_after(&mut out, c.key.as_bytes(), c.after, PAGE);
+            streams::xrange_after(&mut out, c.key.as_bytes(), c.after, c.count);
             c.asked = true;
             pages += 1;
-            ops.push_back(Op::Range(c.who));
+            ops.push_back(Op::Range(c.who, c.count));
             others = true;
         }
         self.catchups.retain(|c| !gone.contains(&c.who));
-        // One XREAD (a cluster's: one per slot; the last one blocks).
-        let mut groups: BTreeMap<u16, Vec<(&[u8], String)>> = BTreeMap::new();
+        // One XREAD (a cluster's: one per slot, and one per key read
+        // alone; the last one blocks).
+        let mut groups: BTreeMap<ReadGroup, Vec<(&str, String)>> = BTreeMap::new();
         let cluster = self.cluster.is_some();
         for (name, k) in self.keys.iter().filter(|(_, k)| k.link == Some(i)) {
             if let Some(p) = k.pos {
-                let g = if cluster { k.slot } else { 0 };
-                groups.entry(g).or_default().push((name.as_bytes(), p.to_string()));
+                let g = (
+                    k.alone,
+                    if cluster { k.slot } else { 0 },
+                    if k.alone { name.as_str() } else { "" },
+                );
+                groups.entry(g).or_default().push((name.as_str(), p.to_string()));
             }
         }
         let n = groups.len();
+        let wait = if paused { PAUSED_BLOCK_MS } else { BLOCK_MS };
         for (at, read) in groups.values().enumerate() {
-            let ids: Vec<(&[u8], &[u8])> = read.iter().map(|(k, p)| (*k, p.as_bytes())).collect();
-            let block = (!others && at + 1 == n).then_some(BLOCK_MS);
+            let ids: Vec<(&[u8], &[u8])> = read.iter().map(|(k, p)| (k.as_bytes(), p.as_bytes())).collect();
+            let block = (!others && at + 1 == n).then_some(wait);
             streams::xread(&mut out, READ_COUNT, block, &ids);
-            ops.push_back(Op::Read);
+            ops.push_back(Op::Read(read.iter().map(|(k, _)| (*k).to_owned()).collect()));
         }
         let l = &mut self.links[i];
         l.conn.out = out;
@@ -505,12 +555,17 @@ impl StreamHub {
         self.flush(i);
     }
 
-    /// Reads until the socket (and TLS) has nothing more.
+    /// Reads until the socket (and TLS) has nothing more, or READ_TURN
+    /// bytes were read: the rest after nginx's other events.
     fn read(&mut self, i: usize) {
+        let mut turn = 0;
         while self.links[i].conn.is_up() {
+            if turn >= READ_TURN {
+                return self.links[i].more.post_next();
+            }
             match self.links[i].conn.read() {
                 Ok(0) => return,
-                Ok(_) => {}
+                Ok(n) => turn += n,
                 Err(why) => return self.lost(i, &why),
             }
             if let Err(e) = self.take_replies(i) {
@@ -528,37 +583,29 @@ impl StreamHub {
             if !l.conn.is_up() {
                 return Ok(());
             }
-            let (v, used) = match resp::value(&l.conn.input[l.conn.in_at..], REPLY_MAX) {
+            let buf = &l.conn.input[l.conn.in_at..];
+            let bad = || "a reply that is not RESP, or one past 64 MB".to_owned();
+            let len = match l.scan.feed(buf, REPLY_MAX) {
                 Ok(None) => return Ok(()),
-                Ok(Some(x)) => x,
-                Err(_) => return Err("a reply that is not RESP, or one past 64 MB".to_owned()),
+                Ok(Some(len)) => len,
+                Err(_) => return Err(bad()),
+            };
+            l.scan = Scan::default();
+            let Ok(Some((v, used))) = resp::value(&buf[..len], REPLY_MAX) else {
+                return Err(bad());
             };
             l.conn.in_at += used;
             let Some(op) = l.inflight.pop_front() else {
                 return Err("a reply to nothing that was asked".to_owned());
             };
-            self.take_reply(i, op, v)?;
+            self.take_reply(i, op, v, used)?;
             if self.links[i].inflight.is_empty() {
                 self.kick(i);
             }
         }
     }
 
-    /// A Redis error for a key's subscribers: logged, their streams end
-    /// (502 before the header; their clients come back with their last id).
-    fn key_error(&mut self, i: usize, what: &str, who: &[ReqToken], msg: &[u8]) {
-        log!(
-            NGX_LOG_ERR,
-            Log::cycle(),
-            "cache: redis {} of upstream \"{}\" refused {what}: {}",
-            self.server(i),
-            self.upstream,
-            String::from_utf8_lossy(msg)
-        );
-        self.sink.fail(who, HTTP_BAD_GATEWAY);
-    }
-
-    fn take_reply(&mut self, i: usize, op: Op, v: Value) -> Result<(), String> {
+    fn take_reply(&mut self, i: usize, op: Op, v: Value, bytes: usize) -> Result<(), String> {
         if let Value::Error(msg) = &v {
             if !matches!(op, Op::Auth | Op::Slots) && self.redirected(i, msg) {
                 // Asked again where the map says (a connection that is
@@ -582,10 +629,7 @@ impl StreamHub {
                     authfail::accepted(k);
                 }
             }
-            (Op::Last(name), Value::Error(msg)) => {
-                let who = self.keys.get(&name).map(|k| k.subs.clone()).unwrap_or_default();
-                self.key_error(i, &format!("to read stream \"{name}\""), &who, &msg);
-            }
+            (Op::Last(name), Value::Error(msg)) => self.drop_key(i, &name, "to read", &msg),
             (Op::Last(name), v) => {
                 let last = streams::parse_range(v).map_err(|_| "a reply to XREVRANGE that is not one".to_owned())?;
                 if let Some(k) = self.keys.get_mut(&name) {
@@ -597,41 +641,24 @@ impl StreamHub {
                     }
                 }
             }
-            (Op::Range(who), Value::Error(msg)) => {
+            (Op::Range(who, _), Value::Error(msg)) => {
                 let key = self.catchups.iter().find(|c| c.who == who).map(|c| c.key.clone());
                 self.catchups.retain(|c| c.who != who);
                 if let Some(key) = key {
                     self.key_error(i, &format!("a catch-up read of stream \"{key}\""), &[who], &msg);
                 }
             }
-            (Op::Range(who), v) => {
+            (Op::Range(who, count), v) => {
                 let entries = streams::parse_range(v).map_err(|_| "a reply to XRANGE that is not one".to_owned())?;
-                let Some(at) = self.catchups.iter().position(|c| c.who == who) else {
-                    return Ok(());
-                };
-                let c = &mut self.catchups[at];
-                c.asked = false;
-                if let Some(e) = entries.last() {
-                    c.after = c.after.max(e.id);
-                    self.sink.replayed(who, &entries);
-                }
-                if entries.len() < PAGE {
-                    if self.sink.lapsed(who) {
-                        // Held live entries were let go: one more round.
-                        self.sink.begin_round(who);
-                    } else {
-                        self.catchups.remove(at);
-                        self.sink.release(who);
+                self.page(who, count, &entries, bytes);
+            }
+            (Op::Read(names), Value::Error(msg)) => self.read_refused(i, &names, &msg),
+            (Op::Read(names), v) => {
+                for name in &names {
+                    if let Some(k) = self.keys.get_mut(name) {
+                        k.alone = false;
                     }
                 }
-            }
-            (Op::Read, Value::Error(msg)) => {
-                // (A key that is no stream any more: every stream ends, and
-                // the one whose key it is fails when it comes back.)
-                let all = self.everyone();
-                self.key_error(i, "XREAD", &all, &msg);
-            }
-            (Op::Read, v) => {
                 let read = streams::parse_xread(v).map_err(|_| "a reply to XREAD that is not one".to_owned())?;
                 for (name, entries) in read {
                     let Some(k) = std::str::from_utf8(&name).ok().and_then(|n| self.keys.get_mut(n)) else {
@@ -671,6 +698,7 @@ impl StreamHub {
                 after,
                 started: false,
                 asked: false,
+                count: FIRST_PAGE,
             });
         }
         self.kick_all();
@@ -689,11 +717,12 @@ impl Hub for StreamHub {
 
     fn unsubscribe(&mut self, key: &str, who: ReqToken) {
         self.catchups.retain(|c| c.who != who);
-        let Some(k) = self.keys.get_mut(key) else { return };
-        k.subs.retain(|t| *t != who);
-        k.waiting.retain(|t| *t != who);
-        if k.subs.is_empty() {
-            self.keys.remove(key);
+        if let Some(k) = self.keys.get_mut(key) {
+            k.subs.retain(|t| *t != who);
+            k.waiting.retain(|t| *t != who);
+            if k.subs.is_empty() {
+                self.keys.remove(key);
+            }
         }
         if self.keys.is_empty() {
             // Nobody reads any more: the connection goes too.

@@ -1,0 +1,202 @@
+# cache_stream, bounded in bytes: a hostile reply of many tiny elements
+# costs the worker little and only its connection; a catch-up of entries
+# larger than a subscriber's buffers is served in turns (one entry then 24
+# of 1 MB, resumed from the first), and one of 70 entries of 1 MiB resumed
+# from 0 holds up neither another key's live entries nor an unrelated GET;
+# a key that stops being a stream ends its own streams only.
+use strict;
+use warnings;
+use lib 't/lib';
+use SseClient qw(open_sse pump body subscribed);
+use GatewayTest qw(http_request nginx_start nginx_error_log start_redis redis_cli wait_until stretch
+    nginx_workers proc_status_kb);
+use FakeRedis;
+use IO::Socket::INET;
+use Test::More;
+use Time::HiRes qw(sleep time);
+
+my $redis = start_redis();
+my $rport = $redis->{port};
+
+# A Redis that answers the reading connection's first command with `*N`
+# and N empty statuses: 12 MB of `+\r\n`.
+my $tiny = 4_000_000;
+my $fake = FakeRedis->start(sub {
+    my ($conn, $n, $cmd) = @_;
+    return (['send', "*$tiny\r\n" . ("+\r\n" x $tiny)]) if uc $cmd eq 'XREVRANGE';
+    return (['send', "*-1\r\n"]);
+});
+
+my $port = nginx_start(<<"HTTP", workers => 1);
+upstream red { server 127.0.0.1:$rport; }
+upstream fake { server 127.0.0.1:@{[ $fake->port ]}; }
+server {
+    listen 127.0.0.1:\$PORT;
+    cache_subscribe_heartbeat 1s;
+    location /s { cache_pass red; cache_stream \$arg_key; }
+    location /f { cache_pass fake; cache_stream k; }
+    location /kv/ { set \$cache_key \$uri; cache_pass red; }
+}
+HTTP
+my ($worker) = nginx_workers();
+
+# XADDs of `$n` entries of `$size` bytes each to `$key`, through a socket
+# of our own (an argument of a command line is at most 128 kB): their ids.
+sub xadd_big {
+    my ($key, $n, $size) = @_;
+    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $rport) or die $!;
+    binmode $s;
+    my @ids;
+    for my $i (1 .. $n) {
+        my $data = sprintf('%08d', $i) . ('x' x ($size - 8));
+        my @a = ('XADD', $key, '*', 'data', $data);
+        print $s '*' . @a . "\r\n" . join('', map { '$' . length($_) . "\r\n$_\r\n" } @a);
+        my $line = <$s>;
+        $line = <$s> if $line =~ /^\$/;
+        $line =~ s/\r\n$//;
+        push @ids, $line;
+    }
+    close $s;
+    return @ids;
+}
+
+sub xadd {
+    my ($key, @fields) = @_;
+    my $id = redis_cli($redis, 'xadd', $key, '*', @fields);
+    chomp $id;
+    return $id;
+}
+
+# The ids and data lengths of a stream's whole events.
+sub entries {
+    my ($sub) = @_;
+    my $body = body($sub);
+    my $end = rindex($body, "\n\n");
+    $body = $end < 0 ? '' : substr($body, 0, $end + 2);
+    my @ev;
+    for my $block (split /\n\n/, $body) {
+        my ($id) = $block =~ /^id: (.*)$/m or next;
+        my ($data) = $block =~ /^data: ?(.*)$/m;
+        push @ev, [$id, length($data // '')];
+    }
+    return @ev;
+}
+
+# The stream ended: its last chunk came, or the connection closed.
+sub ended {
+    my ($sub) = @_;
+    return $sub->{eof} || $sub->{buf} =~ /\r\n0\r\n\r\n\z/;
+}
+
+sub get_ms {
+    my ($path) = @_;
+    my $t0 = time;
+    my ($status) = http_request($port, 'GET', $path);
+    return ($status, 1000 * (time - $t0));
+}
+
+redis_cli($redis, 'set', '/kv/plain', 'hello');
+
+# 1. `*4000000` and 12 MB of `+\r\n` where entries are due: the reading
+# connection is closed (and made again, to get the same), the worker's
+# memory hardly grows, and its other requests do not wait.
+{
+    my $hwm0 = proc_status_kb($worker, 'VmHWM');
+    my $f = open_sse($port, '/f');
+    my ($worst, $served) = (0, 0);
+    my $until = time + stretch(4);
+    while (time < $until) {
+        pump([$f], 0.2);
+        my ($status, $ms) = get_ms('/kv/plain');
+        $served++ if $status == 200;
+        $worst = $ms if $ms > $worst;
+    }
+    my $hwm = proc_status_kb($worker, 'VmHWM');
+    ok(scalar(grep { /XREVRANGE/ } $fake->log_lines) >= 2, 'the hostile reply was sent, and again after the connection was made again');
+    cmp_ok($hwm - $hwm0, '<', 30_000, "12 MB of tiny elements cost the worker less than 30 MB (peak RSS +@{[ $hwm - $hwm0 ]} kB)");
+    cmp_ok($served, '>', 3, "GETs are served meanwhile ($served)");
+    cmp_ok($worst, '<', stretch(500), sprintf('the slowest took %.0f ms', $worst));
+    like(nginx_error_log(), qr/stream reading connection to 127\.0\.0\.1:\d+ of upstream "fake".*not RESP, or one past 64 MB/,
+        'the connection is closed, saying why');
+    close $f->{s};
+}
+
+# 2. One entry, then 24 of 1 MB, resumed from the first: each comes,
+# in turns, none missing, none twice.
+{
+    my ($first) = xadd('big', 'data', 'first');
+    my @ids = xadd_big('big', 24, 1_000_000);
+    my $c = open_sse($port, '/s?key=big', "Last-Event-ID: $first");
+    pump([$c], stretch(60), sub { entries($c) >= 24 || $c->{eof} });
+    my @got = entries($c);
+    like($c->{buf}, qr{^HTTP/1\.1 200}, 'the resuming client gets its 200');
+    is(scalar(@got), 24, 'it gets the 24 entries of 1 MB');
+    is_deeply([map { $_->[0] } @got], \@ids, 'each once, in order');
+    ok(!grep({ $_->[1] != 1_000_000 } @got), 'whole');
+    ok(!$c->{eof}, 'and its stream goes on');
+    close $c->{s};
+}
+
+# 3. 70 entries of 1 MiB resumed from 0, while another key has a live
+# subscriber and GETs come: those wait no longer than a round or two.
+{
+    my @ids = xadd_big('huge', 70, 1 << 20);
+    my $live = open_sse($port, '/s?key=live');
+    pump([$live], stretch(5), subscribed($live));
+    like($live->{buf}, qr/: subscribed/, 'a live subscriber of another key is on');
+    my $c = open_sse($port, '/s?key=huge', 'Last-Event-ID: 0');
+    my (@live_ms, @get_ms);
+    my $n = 0;
+    my $t0 = time;
+    while (entries($c) < 70 && !$c->{eof} && time - $t0 < stretch(60)) {
+        my $id = xadd('live', 'data', 'tick' . ++$n);
+        my $sent = time;
+        pump([$c, $live], stretch(5), sub { $live->{buf} =~ /^id: \Q$id\E$/m });
+        push @live_ms, 1000 * (time - $sent) if $live->{buf} =~ /^id: \Q$id\E$/m;
+        my ($status, $ms) = get_ms('/kv/plain');
+        push @get_ms, $ms if $status == 200;
+    }
+    my @got = entries($c);
+    is(scalar(@got), 70, 'the resuming client gets the 70 entries of 1 MiB');
+    is_deeply([map { $_->[0] } @got], \@ids, 'each once, in order');
+    my ($live_worst) = sort { $b <=> $a } @live_ms;
+    my ($get_worst) = sort { $b <=> $a } @get_ms;
+    is(scalar(@live_ms), $n, "the other key's $n live entries all came meanwhile");
+    cmp_ok($live_worst // 1e9, '<', stretch(600), sprintf("the slowest of them in %.0f ms", $live_worst // -1));
+    cmp_ok($get_worst // 1e9, '<', stretch(300), sprintf("the slowest of %d GETs meanwhile took %.0f ms", scalar(@get_ms), $get_worst // -1));
+    diag(sprintf('catch-up of 70 MiB: %.1f s, %d live entries (worst %.0f ms), %d GETs (worst %.0f ms)',
+        time - $t0, $n, $live_worst // -1, scalar(@get_ms), $get_worst // -1));
+    close $c->{s};
+    close $live->{s};
+}
+
+# 4. A key that stops being a stream ends its own streams, with one info
+# line; the other keys' streams go on.
+{
+    xadd('victim', 'data', 'v1');
+    xadd('other', 'data', 'o1');
+    my $v = open_sse($port, '/s?key=victim');
+    my $o = open_sse($port, '/s?key=other');
+    my $o2 = open_sse($port, '/s?key=other2');
+    pump([$v, $o, $o2], stretch(5), subscribed($v, $o, $o2));
+    is(scalar(grep { $_->{buf} =~ /: subscribed/ } $v, $o, $o2), 3, 'three keys are streamed');
+    redis_cli($redis, 'del', 'victim');
+    redis_cli($redis, 'set', 'victim', 'x');
+    pump([$v], stretch(5), sub { ended($v) });
+    ok(ended($v), "the victim's stream ends");
+    my $id = xadd('other', 'data', 'after');
+    my $id2 = xadd('other2', 'data', 'after2');
+    pump([$o, $o2], stretch(5), sub { $o->{buf} =~ /\Q$id\E/ && $o2->{buf} =~ /\Q$id2\E/ });
+    like($o->{buf}, qr/^id: \Q$id\E$/m, "another key's stream goes on");
+    like($o2->{buf}, qr/^id: \Q$id2\E$/m, 'and so does a third');
+    ok(!ended($o) && !ended($o2), 'neither ended');
+    my @lines = grep { /WRONGTYPE/ } split /\n/, nginx_error_log();
+    is(scalar(@lines), 1, 'one log line') or diag(join "\n", @lines);
+    like($lines[0] // '', qr/\[info\].*stream "victim".*WRONGTYPE/, 'at info, naming the key');
+    my $again = open_sse($port, '/s?key=victim');
+    pump([$again], stretch(5), sub { ended($again) });
+    ok(ended($again), 'a new stream of that key ends too') or diag($again->{buf});
+    close $_->{s} for $v, $o, $o2, $again;
+}
+
+done_testing();
