@@ -11,6 +11,7 @@ use lib 't/lib';
 use SseClient qw(open_sse pump events subscribed);
 use GatewayTest qw(nginx_start stop_nginx nginx_error_log wait_until psql start_extra_pg pg_stop pg_start
     start_redis kill_redis redis_cli redis_numsub stretch);
+use IO::Socket::INET;
 use POSIX ();
 use Test::More;
 use Time::HiRes qw(sleep time);
@@ -115,13 +116,29 @@ HTTP
     },
 );
 
+# While a Redis is down, its port stays bound (not listening) by this
+# file, so that connecting is refused and no file running beside this one
+# is given the port for a server of its own (the gateway would reach it).
+my %held;
+sub hold_port {
+    my ($port) = @_;
+    $held{$port} = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => $port, ReuseAddr => 1, Proto => 'tcp')
+        or die "holding port $port: $!";
+}
+sub redis_back {
+    my ($port) = @_;
+    close(delete $held{$port}) if $held{$port};
+    return start_redis(port => $port);
+}
+
 # 2. cache_subscribe, its Redis killed; a Redis on the same port later.
 my $redis = start_redis();
 my $rport = $redis->{port};
 kill_redis($redis);
+hold_port($rport);
 my $again;
 sub redis_up {
-    $again = start_redis(port => $rport);
+    $again = redis_back($rport);
 }
 outage_case(
     name => 'cache_subscribe',
@@ -135,7 +152,7 @@ server {
 }
 HTTP
     up => \&redis_up,
-    down => sub { kill_redis($again) },
+    down => sub { kill_redis($again); hold_port($rport) },
     event => sub { redis_cli($again, 'publish', 'news', $_[0]) },
 );
 
@@ -144,6 +161,7 @@ HTTP
 my $sredis = start_redis();
 my $sport = $sredis->{port};
 kill_redis($sredis);
+hold_port($sport);
 my $sagain;
 outage_case(
     name => 'cache_stream',
@@ -156,8 +174,8 @@ server {
     location /x { cache_pass blue; cache_stream news; cache_subscribe_heartbeat 1s; }
 }
 HTTP
-    up => sub { $sagain = start_redis(port => $sport) },
-    down => sub { kill_redis($sagain) },
+    up => sub { $sagain = redis_back($sport) },
+    down => sub { kill_redis($sagain); hold_port($sport) },
     event => sub { redis_cli($sagain, 'xadd', 'news', '*', 'event', 'news', 'data', $_[0]) },
     reconnects => 0,
 );
