@@ -262,39 +262,10 @@ request_handler! {
                     drop_unread(u);
                     return NGX_HTTP_UPSTREAM_INVALID_HEADER as ngx_int_t;
                 }
-                // A server that cannot take the command now (a replica
-                // that answers READONLY, one loading its data): not its
-                // failure, and the command has not run. The request goes
-                // on to the next server whatever cache_next_upstream says
-                // (as a cluster's redirections do), and the server is not
-                // counted against max_fails, so that it serves as soon as
-                // it can (a promoted replica).
-                Event::Failed(e) if e.not_now() => {
-                    let node = node_name(u);
-                    log!(NGX_LOG_WARN, log, "cache: {e}, from redis {node}: the next server takes the request, if there is one");
-                    if let Some(t) = ctx.cluster.as_ref().and_then(|cr| cr.topology()) {
-                        t.borrow_mut().mark_stale();
-                    }
-                    drop_unread(u);
-                    let ft = (NGX_HTTP_UPSTREAM_FT_INVALID_HEADER | NGX_HTTP_UPSTREAM_FT_NON_IDEMPOTENT) as ngx_uint_t;
-                    if !u.next_upstream_on(pool, ft) || !u.not_failed(pool) {
-                        return ERROR;
-                    }
-                    return NGX_HTTP_UPSTREAM_INVALID_HEADER as ngx_int_t;
-                }
-                // An error reply (WRONGTYPE, ERR ...) is Redis's answer to
-                // the command: 502, or the next server with
-                // invalid_response, and never the server's failure.
-                Event::Failed(e @ ReplyError::Failed { .. }) => {
-                    log!(NGX_LOG_ERR, log, "cache: {e}");
-                    if let Some(cr) = ctx.cluster.as_mut() {
-                        cr.stop |= !cr.retry_invalid;
-                    }
-                    drop_unread(u);
-                    if !u.not_failed(pool) {
-                        return ERROR;
-                    }
-                    return NGX_HTTP_UPSTREAM_INVALID_HEADER as ngx_int_t;
+                // An error reply: Redis's answer, never the server's
+                // failure (see error_reply).
+                Event::Failed(e) if e.not_now() || matches!(e, ReplyError::Failed { .. }) => {
+                    return error_reply(u, ctx, pool, log, &e);
                 }
                 Event::Failed(e) => {
                     log!(NGX_LOG_ERR, log, "cache: {e}");
@@ -335,6 +306,42 @@ fn node_name(u: &Reply) -> String {
         || "?".to_owned(),
         |(_, n)| String::from_utf8_lossy(n.as_bytes()).into_owned(),
     )
+}
+
+/// An error reply, which is never the server's failure (it is not counted
+/// against max_fails). A server that cannot take the command now (a
+/// replica that answers READONLY, one loading its data) has not run it: the
+/// request goes on to the next server whatever cache_next_upstream says
+/// (as a cluster's redirections do), so that a promoted replica serves as
+/// soon as it can. Another error reply (WRONGTYPE, ERR ...) is Redis's
+/// answer to the command: 502, or the next server with invalid_response.
+fn error_reply(u: &mut Reply, ctx: &mut Ctx, pool: Pool, log: Log, e: &ReplyError) -> ngx_int_t {
+    if e.not_now() {
+        let node = node_name(u);
+        log!(
+            NGX_LOG_WARN,
+            log,
+            "cache: {e}, from redis {node}: the next server takes the request, if there is one"
+        );
+        if let Some(t) = ctx.cluster.as_ref().and_then(|cr| cr.topology()) {
+            t.borrow_mut().mark_stale();
+        }
+        drop_unread(u);
+        let ft = (NGX_HTTP_UPSTREAM_FT_INVALID_HEADER | NGX_HTTP_UPSTREAM_FT_NON_IDEMPOTENT) as ngx_uint_t;
+        if !u.next_upstream_on(pool, ft) {
+            return ERROR;
+        }
+    } else {
+        log!(NGX_LOG_ERR, log, "cache: {e}");
+        if let Some(cr) = ctx.cluster.as_mut() {
+            cr.stop |= !cr.retry_invalid;
+        }
+        drop_unread(u);
+    }
+    if !u.not_failed(pool) {
+        return ERROR;
+    }
+    NGX_HTTP_UPSTREAM_INVALID_HEADER as ngx_int_t
 }
 
 /// Drops the bytes read and not used: the connection they came on is not
@@ -408,39 +415,10 @@ input_filter_handler! {
                     }
                     return OK;
                 }
-                // A server that cannot take the command now (a replica
-                // that answers READONLY, one loading its data): not its
-                // failure, and the command has not run. The request goes
-                // on to the next server whatever cache_next_upstream says
-                // (as a cluster's redirections do), and the server is not
-                // counted against max_fails, so that it serves as soon as
-                // it can (a promoted replica).
-                Event::Failed(e) if e.not_now() => {
-                    let node = node_name(u);
-                    log!(NGX_LOG_WARN, log, "cache: {e}, from redis {node}: the next server takes the request, if there is one");
-                    if let Some(t) = ctx.cluster.as_ref().and_then(|cr| cr.topology()) {
-                        t.borrow_mut().mark_stale();
-                    }
-                    drop_unread(u);
-                    let ft = (NGX_HTTP_UPSTREAM_FT_INVALID_HEADER | NGX_HTTP_UPSTREAM_FT_NON_IDEMPOTENT) as ngx_uint_t;
-                    if !u.next_upstream_on(pool, ft) || !u.not_failed(pool) {
-                        return ERROR;
-                    }
-                    return NGX_HTTP_UPSTREAM_INVALID_HEADER as ngx_int_t;
-                }
-                // An error reply (WRONGTYPE, ERR ...) is Redis's answer to
-                // the command: 502, or the next server with
-                // invalid_response, and never the server's failure.
-                Event::Failed(e @ ReplyError::Failed { .. }) => {
-                    log!(NGX_LOG_ERR, log, "cache: {e}");
-                    if let Some(cr) = ctx.cluster.as_mut() {
-                        cr.stop |= !cr.retry_invalid;
-                    }
-                    drop_unread(u);
-                    if !u.not_failed(pool) {
-                        return ERROR;
-                    }
-                    return NGX_HTTP_UPSTREAM_INVALID_HEADER as ngx_int_t;
+                // An error reply: Redis's answer, never the server's
+                // failure (see error_reply).
+                Event::Failed(e) if e.not_now() || matches!(e, ReplyError::Failed { .. }) => {
+                    return error_reply(u, ctx, pool, log, &e);
                 }
                 Event::Failed(e) => {
                     log!(NGX_LOG_ERR, log, "cache: {e}");
