@@ -1,7 +1,7 @@
 //! The cache gateway's series in `gateway_status`, counted at the log
 //! phase: requests by upstream, command and status, GET's hits and misses
-//! (what Redis answered), and durations (a `cache_subscribe` stream's
-//! length is not one).
+//! (what Redis answered), and durations (the length of a
+//! `cache_subscribe` or `cache_stream` stream is not one).
 
 use gateway_core::metrics::{join_labels, Id, Memo, Table};
 
@@ -35,7 +35,7 @@ pub fn count_request(r: &mut Req, t: Table, known: &mut Memo<SeriesKey>, block: 
     } else {
         "-"
     };
-    let stream = lcf.subscribe.is_some();
+    let stream = lcf.subscribe.is_some() || lcf.stream.is_some();
     let us = r.upstream_response_ms().filter(|_| !stream).map(|ms| ms as i64 * 1000);
     let upstream = || upstream_label(r, block);
     let key = (block, status, command);
