@@ -38,6 +38,22 @@ sqldb: a parameter was rejected: ERROR: invalid input syntax for type integer: "
 
 
 
+=== TEST 2b: a misspelt argument is an empty value: 400, and the info line names the parameter
+--- config
+location /item {
+    sqldb_pass database;
+    sqldb_query "select id, label from items where id = $arg_idd::int and label <> $arg_l::text";
+}
+--- request
+GET /item?id=42
+--- error_code: 400
+--- error_log eval
+qr/\[info\] .*sqldb: a parameter was rejected: ERROR: invalid input syntax for type integer: "" \(SQLSTATE 22P02\); empty: \$arg_idd::int, \$arg_l::text while/
+--- no_error_log
+[error]
+
+
+
 === TEST 3: injection through a text parameter stays data
 --- config
 location /name {

@@ -31,6 +31,18 @@ impl ComplexValue {
         self.0.as_ptr()
     }
 
+    /// The text it was compiled from, as the configuration wrote it.
+    pub fn source(self) -> String {
+        // SAFETY: compiled into configuration memory, which outlives every
+        // request; `value` is the source text nginx keeps beside the code.
+        let v = unsafe { self.0.as_ref() }.value;
+        if v.data.is_null() {
+            return String::new();
+        }
+        // SAFETY: `data` points at `len` bytes of configuration memory.
+        String::from_utf8_lossy(unsafe { std::slice::from_raw_parts(v.data, v.len) }).into_owned()
+    }
+
     /// The value is a constant (it has no variables).
     pub fn is_constant(self) -> bool {
         // SAFETY: compiled into configuration memory, which outlives every request.

@@ -9,7 +9,7 @@ use super::{ctx_of, output, vars};
 use crate::common::token as registry;
 use crate::debug;
 use crate::ffi::*;
-use crate::sqldb::config::{LocConf, Sqldb, Var};
+use crate::sqldb::config::{LocConf, Sqldb, TemplatePiece, Var};
 use crate::sqldb::driver::{Delivery, PgResult, ReqToken, ResultKind};
 
 pub(super) fn token_of(d: &Delivery) -> ReqToken {
@@ -128,7 +128,7 @@ fn complete(r: &mut Req) {
         } else if (ctx.has_params || ctx.preamble_failed) && BAD_PARAMETER.contains(&err.sqlstate().as_str()) {
             // (The preamble's values are the request's too: a setting of
             // bytes that are not text, say.)
-            ResultError::BadParameter(summary)
+            ResultError::BadParameter(summary + &empty_parameters(r))
         } else {
             ResultError::Query(summary)
         };
@@ -175,4 +175,28 @@ fn answer(r: &mut Req, res: &PgResult) {
         }
     };
     r.finalize(rc);
+}
+
+/// For the log line of a rejected value: the typed parameters of the
+/// request's template whose values were empty (a variable that is not set,
+/// or a misspelt `$arg_` name, is empty), as "; empty: $arg_id::int".
+fn empty_parameters(r: &mut Req) -> String {
+    let lcf = r.loc_conf::<Sqldb>();
+    let Some(tmpl) = lcf.queries.select(r.method()).cloned() else {
+        return String::new();
+    };
+    let mut empty = Vec::new();
+    for piece in &tmpl.pieces {
+        if let TemplatePiece::Param(cv, ph) = piece {
+            if r.complex_value(*cv).is_some_and(|v| v.is_empty()) {
+                let cast = ph.iter().position(|&b| b == b':').map_or(&[][..], |at| &ph[at..]);
+                empty.push(format!("{}{}", cv.source(), String::from_utf8_lossy(cast)));
+            }
+        }
+    }
+    if empty.is_empty() {
+        String::new()
+    } else {
+        format!("; empty: {}", empty.join(", "))
+    }
 }
