@@ -23,7 +23,7 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(nginx_start stop_nginx start_redis tls_files free_port stretch);
+use GatewayTest qw(nginx_start stop_nginx start_redis redis_cli tls_files free_port stretch);
 use Test::More;
 use File::Temp qw(tempdir);
 
@@ -168,6 +168,9 @@ sub configuration {
 
 # --- nginx -t of every block ----------------------------------------------
 for my $b (@nginx) {
+    # (A guide's runnable blocks add to the quick start's site: they are
+    # checked in it, below.)
+    next if $b->{run} && $b->{run} ne 'quickstart';
     my $where = "$b->{page}:$b->{line}";
     my $dir = tempdir('ngx-gateway-doc-XXXXXX', TMPDIR => 1, CLEANUP => 1);
     chmod 0755, $dir;
@@ -240,35 +243,98 @@ sub output_matches {
     return $got =~ /\A$re\z/s;
 }
 
-for my $name (@run_order) {
-    my $r = $run{$name};
-    ok($r->{nginx} && @{ $r->{nginx} } == 1, "run $name: one nginx block") or next;
-    ok($r->{console} && @{ $r->{console} }, "run $name: requests to make") or next;
-    for my $sql (@{ $r->{sql} || [] }) {
-        my ($ok, $out) = superuser_psql_file($sql->{text});
-        ok($ok, "run $name: the SQL of $sql->{page}:$sql->{line}") or diag($out);
+# The quick start is the base; every other run is a guide that adds to
+# its site: `# context: http` blocks above its server block (a map,
+# another upstream), `# context: server` blocks inside it. The quick start
+# and then every guide are pasted into one site, in the pages' order and
+# in the reverse one, each time on a fresh database and Redis: nginx
+# starts with the whole, the SQL of each page runs, then its requests.
+my $base_name = 'quickstart';
+my $base = $run{$base_name};
+ok($base && $base->{nginx} && @{ $base->{nginx} } == 1, "run $base_name: one nginx block")
+    or BAIL_OUT('no quick start to build on');
+my @guides = grep { $_ ne $base_name } @run_order;
+my %roles_before = map { ($_ => 1) } split /\n/, superuser_query("select rolname from pg_roles");
+
+sub superuser_query {
+    my ($sql) = @_;
+    local $ENV{PGPASSWORD} = $ENV{TEST_NGINX_PG_SUPERPW};
+    my $out = `psql -X -q -At -h 127.0.0.1 -p $pg_port -U postgres -d postgres -c "$sql" 2>&1`;
+    die "psql: $out" if $?;
+    return $out;
+}
+
+# What keeps a guide from running here (a module this nginx lacks), if any.
+sub cannot_run {
+    my ($name) = @_;
+    for my $b (@{ $run{$name}{nginx} || [] }) {
+        my $dir = tempdir('ngx-gateway-doccheck-XXXXXX', TMPDIR => 1, CLEANUP => 1);
+        my ($conf, $why) = configuration($b, $dir, 1);
+        return $why if !defined $conf;
     }
-    my $b = $r->{nginx}[0];
-    my $port;
-    my $dir = tempdir('ngx-gateway-docrun-XXXXXX', TMPDIR => 1, CLEANUP => 1);
-    chmod 0755, $dir;
-    # nginx_start writes the events/http frame itself: give it the inside.
-    my ($conf, $why) = configuration($b, $dir, '$PORT');
-    if (!defined $conf && $why =~ /^needs/) {
+    return undef;
+}
+
+# The site of the quick start with the guides' blocks pasted in.
+sub composed {
+    my (@names) = @_;
+    my $text = $base->{nginx}[0]{text};
+    my ($above, $inside) = ('', '');
+    for my $name (@names) {
+        for my $b (@{ $run{$name}{nginx} || [] }) {
+            my ($context) = $b->{text} =~ /\A\s*# context: (\w+)/;
+            my $body = $b->{text} =~ s/\A\s*# context: \w+\s*\n//r;
+            if ($context eq 'http') { $above .= "# $b->{page}:$b->{line}\n$body\n" }
+            elsif ($context eq 'server') { $inside .= "# $b->{page}:$b->{line}\n$body\n" }
+            else { fail("$b->{page}:$b->{line}: a guide's block goes in the http or the server context, not $context") }
+        }
+    }
+    $text =~ s/^(server\s*\{)/$above$1/m or fail("the quick start's site has a server block");
+    $text =~ s/\}\s*\z/$inside}\n/ or fail("the quick start's server block ends the site");
+    return { page => $base->{nginx}[0]{page}, line => $base->{nginx}[0]{line}, text => $text };
+}
+
+my @runnable;
+for my $name (@guides) {
+    ok($run{$name}{console} && @{ $run{$name}{console} }, "run $name: requests to make") or next;
+    if (my $why = cannot_run($name)) {
         SKIP: { skip "run $name: $why", 1 }
         next;
     }
-    ok(defined $conf, "run $name: $b->{page}:$b->{line} can run here") or do { diag($why); next };
+    push @runnable, $name;
+}
+
+for my $order (['in the pages\' order', @runnable], ['in the reverse order', reverse @runnable]) {
+    my ($how, @names) = @$order;
+    # A fresh database and Redis: what the quick start made goes.
+    superuser_query("drop database if exists app");
+    my @made = grep { !$roles_before{$_} } split /\n/, superuser_query("select rolname from pg_roles");
+    superuser_query(join '; ', map { qq{drop role "$_"} } @made) if @made;
+    redis_cli($redis, 'flushall');
+    for my $name ($base_name, @names) {
+        for my $sql (@{ $run{$name}{sql} || [] }) {
+            my ($ok, $out) = superuser_psql_file($sql->{text});
+            ok($ok, "$how: the SQL of $sql->{page}:$sql->{line}") or diag($out);
+        }
+    }
+    my $site = composed(@names);
+    my $dir = tempdir('ngx-gateway-docrun-XXXXXX', TMPDIR => 1, CLEANUP => 1);
+    chmod 0755, $dir;
+    # nginx_start writes the events/http frame itself: give it the inside.
+    my ($conf, $why) = configuration($site, $dir, '$PORT');
+    ok(defined $conf, "$how: the quick start with " . join(', ', @names) . " can run here") or do { diag($why); next };
     my ($main) = $conf =~ /\A(.*?)load_module \Q$module\E;\n/s;
     $main =~ s/^(error_log|pid) .*\n//mg;
     my ($inner) = $conf =~ /^http \{\n(.*)\}\n\z/ms;
     $inner =~ s/^(access_log|\w+_temp_path) .*\n//mg;
-    $port = eval { nginx_start($inner, main => $main) };
-    ok($port, "run $name: nginx starts with $b->{page}:$b->{line}") or do { diag($@); next };
-    for my $step (run_console($r->{console}, $port)) {
-        my ($s, $got) = @$step;
-        ok(output_matches($s->{want}, $got), "run $name: $s->{where}: \$ $s->{cmd}")
-            or diag("want:\n" . join("\n", @{ $s->{want} }) . "\ngot:\n$got");
+    my $port = eval { nginx_start($inner, main => $main) };
+    ok($port, "$how: nginx starts with the quick start and every guide") or do { diag("$@\n$inner"); next };
+    for my $name ($base_name, @names) {
+        for my $step (run_console($run{$name}{console}, $port)) {
+            my ($s, $got) = @$step;
+            ok(output_matches($s->{want}, $got), "$how: $s->{where}: \$ $s->{cmd}")
+                or diag("want:\n" . join("\n", @{ $s->{want} }) . "\ngot:\n$got");
+        }
     }
     stop_nginx();
 }

@@ -236,4 +236,30 @@ for my $case (
     stop_nginx();
 }
 
+# A stream behind auth_request while the database cannot be reached (here
+# a port where nothing listens): /authorize gets 502, auth_request makes
+# that a 500, and docs/realtime.md's error_page tells the client 503 with
+# Retry-After rather than a 500.
+{
+    my $down = "127.0.0.1:$ENV{TEST_NGINX_CLOSED_PORT}";
+    my $port = nginx_start(<<"HTTP");
+upstream gone { sqldb_server $down dbname=x user=x connect_timeout=2; }
+server {
+    listen 127.0.0.1:\$PORT;
+    location = /events {
+        auth_request /authorize;
+        error_page   500 = \@events_unavailable;
+        sqldb_pass   gone;
+        sqldb_listen room_lobby;
+    }
+    location = /authorize { internal; sqldb_pass gone; sqldb_output none; sqldb_query "select 1"; }
+    location \@events_unavailable { add_header Retry-After 2 always; return 503; }
+}
+HTTP
+    my ($status, undef, $head) = http_request($port, 'GET', '/events');
+    is($status, 503, 'a stream whose authorization cannot be asked: 503');
+    like($head, qr/^Retry-After: 2\r?$/mi, 'with Retry-After');
+    stop_nginx();
+}
+
 done_testing();
