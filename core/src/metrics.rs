@@ -188,7 +188,8 @@ impl Hasher for Fnv {
 
 /// The memo's hasher: a word at a time (its keys are a few integers and a
 /// short string, looked up several times for every request), for one
-/// process's map only: never for a slot's place in the shared table.
+/// process's map only: never for a slot's place in the shared table. (The
+/// token cache's too: its keys are tokens whose signature was checked.)
 #[derive(Default)]
 pub struct WordHash(u64);
 
