@@ -16,7 +16,7 @@
 #   - each SQL scenario and the cache GET beside nginx's own `return 200`
 #     of a body of the same length (the HTTP ceiling of the machine), in
 #     interleaved rounds, with the worker's CPU time per request of each
-#     (utime + stime of /proc/PID/stat over the run / requests served);
+#     (user + kernel time from schedstat over the run / requests served);
 #   - eight queries stuck for a second (pg_sleep) while fast requests run;
 #   - the worker's RSS after warm-up and after each run of the default
 #     pool's nginx, with the number of requests it had served by then, and
@@ -547,7 +547,7 @@ stop_nginx
         "$(((secs + 1) / 2))s: (a) ${prr[a]:-}, (b) ${prr[b]:-}, (c) ${prr[c]:-})"
     echo
     echo "Beside nginx's own return 200 of a body of the same length, default pool: requests/s, ratio (the median"
-    echo "of three interleaved rounds), and the worker's CPU microseconds per request (utime + stime / requests)"
+    echo "of three interleaved rounds), and the worker's CPU microseconds per request (user + kernel, schedstat / requests)"
     for s in a b c; do
         read -r rps _ _ cpu _ <<<"${g[$s.default]}"
         read -r trps _ _ tcpu <<<"${ret[$s]}"
