@@ -1,6 +1,13 @@
 #!/usr/bin/env bash
-# `make bench`: requests per second and p99 latency through the gateway
-# (wrk) next to the raw servers in the same run, as ratios:
+# `make bench`: first, what the worker spends per request: its CPU time
+# (user + kernel, /proc/PID/task/TID/schedstat) per request served for the
+# echo, the pk lookup, 100 rows x 3, the cache GET of 100 bytes and the pk
+# lookup with a bearer token, beside nginx's own `return 200` of the same
+# bytes (for the token: the lookup without one), three interleaved rounds
+# of half a run each: medians and the median of the rounds' ratios (the
+# figure that does not depend on what PostgreSQL, Redis and wrk take from
+# the same cores). Then requests per second and p99 latency through the
+# gateway (wrk) next to the raw servers in the same run, as ratios:
 #   - SQL: pgbench -M prepared and -M simple, at the same concurrency, for
 #     three pool settings: none written (the defaults), max=32 and max=2;
 #   - cache GET: redis-benchmark, nginx's own `return 200` of the same bytes
@@ -9,7 +16,7 @@
 #   - each SQL scenario and the cache GET beside nginx's own `return 200`
 #     of a body of the same length (the HTTP ceiling of the machine), in
 #     interleaved rounds, with the worker's CPU time per request of each
-#     (utime + stime of /proc/PID/stat over the run / requests served);
+#     (user + kernel time from schedstat over the run / requests served);
 #   - eight queries stuck for a second (pg_sleep) while fast requests run;
 #   - the worker's RSS after warm-up and after each run of the default
 #     pool's nginx, with the number of requests it had served by then, and
@@ -31,12 +38,13 @@
 #   BENCH_ONLY=jwt  only the pk lookups with and without a token (each twice,
 #                   interleaved), the pgbench pair, and their ratios
 #   BENCH_ONLY=hol  only the head-of-line check, three times on one nginx
-#   BENCH_ONLY=release  per scenario (echo, pk, 100 x 3, cache GET) and its
-#                   `return 200` of the same bytes: the worker's CPU per
-#                   request (median of three interleaved rounds) and its
-#                   system calls per request (strace -c -f on the worker, a
-#                   run of its own); the figures that differ between Debian
-#                   releases (libpq 15 or 17): make bench DIST=trixie
+#   BENCH_ONLY=release  only the first table (rounds of BENCH_SECONDS), with
+#                   the worker's system calls per request beside (strace -c
+#                   -f on the worker, a run of its own for each); the
+#                   figures that differ between Debian releases (libpq 15
+#                   or 17): make bench DIST=trixie BENCH_ONLY=release
+# bench/callgrind.sh counts the worker's instructions per request of the
+# same scenarios (stable whatever else runs on the machine).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(dirname "$here")
@@ -193,15 +201,16 @@ CONF
     sleep 0.3
 }
 
-# The worker's CPU time so far, in clock ticks (utime + stime).
-worker_ticks() {
+# The workers' CPU time so far, in nanoseconds (user and kernel, of every
+# thread: the first field of /proc/PID/task/TID/schedstat, which the
+# scheduler counts exactly, where /proc/PID/stat's clock ticks are 10 ms).
+worker_cpu_ns() {
     local total=0
     for p in $(pgrep -P "$(cat "$dir/nginx/logs/nginx.pid")"); do
-        total=$((total + $(awk '{ print $14 + $15 }' "/proc/$p/stat")))
+        total=$((total + $(cat /proc/"$p"/task/*/schedstat 2>/dev/null | awk '{ n += $1 } END { printf "%.0f\n", n }')))
     done
     echo $total
 }
-hz=$(getconf CLK_TCK)
 
 worker_rss_kb() {
     local total=0
@@ -225,15 +234,15 @@ wrk_run() {
     (sleep $((secs / 2)); psql -X -A -t -h 127.0.0.1 -p $pgport -U demo demo \
         -c "select count(*) - 1 from pg_stat_activity where datname = 'demo'" >"$dir/conns" 2>/dev/null) &
     local probe=$! t0
-    t0=$(worker_ticks)
+    t0=$(worker_cpu_ns)
     wrk "${args[@]}" "http://127.0.0.1:$port$path" >"$dir/wrk.out"
-    local ticks=$(($(worker_ticks) - t0))
-    awk -v served="$dir/served" -v ticks=$ticks -v hz="$hz" '
+    local ns=$(($(worker_cpu_ns) - t0))
+    awk -v served="$dir/served" -v ns=$ns '
         / requests in / { n = $1 }
         /Requests\/sec/ { rps = $2 }
         /^ +99%/ { v = $2; if (v ~ /us$/) { sub(/us/, "", v); v /= 1000 } else if (v ~ /ms$/) { sub(/ms/, "", v) } else if (v ~ /s$/) { sub(/s/, "", v); v *= 1000 } p99 = v }
         /Non-2xx/ { bad = $NF }
-        END { cpu = n > 0 ? ticks * 1e6 / hz / n : 0; printf "%.0f %.2f %d %.2f\n", rps, p99, bad, cpu; printf "%d\n", n >>served }' "$dir/wrk.out"
+        END { cpu = n > 0 ? ns / 1000 / n : 0; printf "%.0f %.2f %d %.2f\n", rps, p99, bad, cpu; printf "%d\n", n >>served }' "$dir/wrk.out"
     wait $probe
     echo "$(cat "$dir/conns")" >"$dir/conns.last"
 }
@@ -301,49 +310,89 @@ syscalls_per_request() {
     wrk "${args[@]}" "http://127.0.0.1:$port$path" >"$dir/wrk.out"
     kill -INT $tracer
     wait $tracer 2>/dev/null || true
+    # (The calls: the fourth field of the total line, with or without an
+    # errors column.)
     awk -v n="$(awk '/ requests in / { print $1 }' "$dir/wrk.out")" \
-        '$NF == "total" { calls = $(NF - 2) } END { if (n > 0) printf "%.2f\n", calls / n; else print "n/a" }' "$dir/strace.out"
+        '$NF == "total" { calls = $4 } END { if (n > 0) printf "%.2f\n", calls / n; else print "n/a" }' "$dir/strace.out"
 }
 
-if [ "${BENCH_ONLY:-}" = release ]; then
-    start_nginx ""
+# body_lengths: the lengths of the SQL scenarios' bodies (the pk lookup's
+# label varies little: one id's), for the `return 200` of the same bytes.
+body_lengths() {
     lens[a]=$(curl -s "http://127.0.0.1:$port/a" | wc -c)
     lens[b]=$(curl -s "http://127.0.0.1:$port/b?id=5000" | wc -c)
     lens[c]=$(curl -s "http://127.0.0.1:$port/c" | wc -c)
+}
+
+# cpu_table RUN_SECONDS [syscalls]: the first table. Each scenario (echo,
+# pk lookup, 100 x 3, cache GET, the pk lookup with an HS256 token) and what
+# it is measured against (nginx's `return 200` of the same bytes; for the
+# token, the lookup without one), one worker, default pool, three rounds in
+# which every run follows the other: the worker's CPU per request (user and
+# kernel, schedstat), the median of the rounds, and the median of the
+# rounds' ratios. With "syscalls": the worker's system calls per request
+# too (strace -c -f, a run of its own for each).
+cpu_table() {
+    local run_secs=$1 with_syscalls=${2:-}
+    start_nginx ""
+    body_lengths
     start_nginx ""
     : >"$dir/served"
     wrk -t1 -c"$conns" -d1s "http://127.0.0.1:$port/a" >/dev/null 2>&1 || true
-    declare -A cpu_runs rps_runs
-    pairs=("a ret_a" "b ret_b" "c ret_c" "r ret")
+    wrk -t1 -c"$conns" -d1s -s "$dir/scripts/bj.lua" "http://127.0.0.1:$port/bj" >/dev/null 2>&1 || true
+    local -A cpu_runs rps_runs ratio_runs
+    local groups=("a ret_a" "b ret_b bj" "c ret_c" "r ret") rows=("a ret_a" "b ret_b" "c ret_c" "r ret" "bj b")
+    local round group s ref rps p99 bad cpu
     for round in 1 2 3; do
-        for pair in "${pairs[@]}"; do
-            for s in $pair; do
-                script=""
-                [ "$s" = b ] && script="$dir/scripts/b.lua"
-                read -r rps p99 bad cpu <<<"$(wrk_run "/$s" "$script")"
+        for group in "${groups[@]}"; do
+            for s in $group; do
+                read -r rps p99 bad cpu <<<"$(secs=$run_secs wrk_run "/$s" "$(script_of "$s")")"
                 cpu_runs[$s]+="$cpu "
                 rps_runs[$s]+="$rps "
+                cpu_last[$s]=$cpu
             done
+        done
+        for group in "${rows[@]}"; do
+            read -r s ref <<<"$group"
+            ratio_runs[$s]+="$(ratio "${cpu_last[$s]}" "${cpu_last[$ref]}") "
         done
     done
     med() { printf '%s\n' $1 | sort -n | sed -n 2p; }
-    {
-        echo "$(. /etc/os-release && echo "$PRETTY_NAME"), $("$nginx" -v 2>&1 | sed 's/.*: //'), libpq $(pkg-config --modversion libpq 2>/dev/null || echo '?'), one worker, wrk -t1 -c$conns, ${secs} s runs"
-        printf '%-18s %12s %12s %8s %14s %14s %10s %10s\n' scenario "worker us/r" "return 200" ratio "syscalls/r" "return 200" "rate/s" "ret rate/s"
-        declare -A label=([a]="echo" [b]="pk lookup" [c]="100 rows x 3" [r]="cache GET 100 B")
-        for pair in "${pairs[@]}"; do
-            read -r s r <<<"$pair"
-            script=""
-            [ "$s" = b ] && script="$dir/scripts/b.lua"
-            sc_s=$(syscalls_per_request "/$s" "$script")
-            sc_r=$(syscalls_per_request "/$r")
-            printf '%-18s %12s %12s %8s %14s %14s %10s %10s\n' "${label[$s]}" "$(med "${cpu_runs[$s]}")" "$(med "${cpu_runs[$r]}")" \
-                "$(ratio "$(med "${cpu_runs[$s]}")" "$(med "${cpu_runs[$r]}")")" "$sc_s" "$sc_r" "$(med "${rps_runs[$s]}")" "$(med "${rps_runs[$r]}")"
-        done
-    } | tee "$out/release.txt"
+    local -A label=([a]="echo" [b]="pk lookup" [c]="100 rows x 3" [r]="cache GET 100 B" [bj]="pk lookup, token")
+    local -A against=([ret_a]="return 200" [ret_b]="return 200" [ret_c]="return 200" [ret]="return 200" [b]="pk, no token")
+    echo "Worker CPU per request (user + kernel, schedstat), one worker, default pool, wrk -t1 -c$conns, three interleaved"
+    echo "rounds of ${run_secs} s: medians, and the median of the rounds' ratios; $(. /etc/os-release && echo "$PRETTY_NAME")," \
+        "nginx $("$nginx" -v 2>&1 | sed 's/.*\///'), libpq $(pkg-config --modversion libpq 2>/dev/null || echo '?'), $(nproc) cores"
+    printf '%-18s %10s   %-13s %10s %7s   %-20s %9s %9s' scenario "us/req" against "us/req" ratio "rounds" "rate/s" "its rate"
+    [ -n "$with_syscalls" ] && printf ' %10s %10s' "syscalls/r" "its"
+    echo
+    for group in "${rows[@]}"; do
+        read -r s ref <<<"$group"
+        printf '%-18s %10s   %-13s %10s %7s   %-20s %9s %9s' "${label[$s]}" "$(med "${cpu_runs[$s]}")" "${against[$ref]}" \
+            "$(med "${cpu_runs[$ref]}")" "$(med "${ratio_runs[$s]}")" "$(echo ${ratio_runs[$s]} | tr ' ' ,)" \
+            "$(med "${rps_runs[$s]}")" "$(med "${rps_runs[$ref]}")"
+        if [ -n "$with_syscalls" ]; then
+            printf ' %10s %10s' "$(syscalls_per_request "/$s" "$(script_of "$s")")" \
+                "$(syscalls_per_request "/$ref" "$(script_of "$ref")")"
+        fi
+        echo
+    done
     stop_nginx
+}
+declare -A cpu_last
+# script_of NAME: the wrk script of a scenario (the lookups vary the id).
+script_of() {
+    case $1 in b | bj | bjr) echo "$dir/scripts/$1.lua" ;; esac
+}
+
+if [ "${BENCH_ONLY:-}" = release ]; then
+    cpu_table "$secs" syscalls | tee "$out/release.txt"
     exit 0
 fi
+
+# The first table: the worker's CPU per request beside nginx's own.
+cpu_table $(((secs + 1) / 2)) >"$out/cpu.txt"
+cat "$out/cpu.txt"
 
 declare -A names=([a]="(a) echo" [b]="(b) pk lookup" [c]="(c) 100 rows x 3")
 declare -A lines=([default]="" [max32]="sqldb_keepalive max=32;" [max2]="sqldb_keepalive max=2;")
@@ -368,12 +417,8 @@ rb=$(redis-benchmark -p $redisport -t get -c "$conns" -n $((secs * 40000)) -d 10
     awk -F'"' '/GET/ { printf "%.0f %.2f\n", $4, $14 }')
 printf "r\tredis-benchmark\t-\t%s\t%s\t0\t%s\t\n" $rb "$conns" >>"$tsv"
 
-# The lengths of the SQL scenarios' bodies (the pk lookup's label varies
-# little: one id's).
 start_nginx ""
-lens[a]=$(curl -s "http://127.0.0.1:$port/a" | wc -c)
-lens[b]=$(curl -s "http://127.0.0.1:$port/b?id=5000" | wc -c)
-lens[c]=$(curl -s "http://127.0.0.1:$port/c" | wc -c)
+body_lengths
 
 # median_of LINES...: the line with the median first field (of three).
 median_of() { printf '%s\n' "$@" | sort -n | sed -n 2p; }
@@ -477,6 +522,8 @@ stop_nginx
     echo "ngx_gateway benchmark, $(date -u +%Y-%m-%d): $conns client connections, ${secs}s per run," \
         "$(nproc) cores, $("$nginx" -v 2>&1 | sed 's/.*: //'), $workers worker(s)"
     echo
+    cat "$out/cpu.txt"
+    echo
     echo "SQL: requests/s, p99 ms, ratio to pgbench -M prepared (and to -M simple), server connections"
     printf "%-18s %-22s %-22s" "" "pgbench prepared" "pgbench simple"
     for cfg in "${configs[@]}"; do printf " %-32s" "gateway, ${lines[$cfg]:-no keepalive line}"; done
@@ -500,7 +547,7 @@ stop_nginx
         "$(((secs + 1) / 2))s: (a) ${prr[a]:-}, (b) ${prr[b]:-}, (c) ${prr[c]:-})"
     echo
     echo "Beside nginx's own return 200 of a body of the same length, default pool: requests/s, ratio (the median"
-    echo "of three interleaved rounds), and the worker's CPU microseconds per request (utime + stime / requests)"
+    echo "of three interleaved rounds), and the worker's CPU microseconds per request (user + kernel, schedstat / requests)"
     for s in a b c; do
         read -r rps _ _ cpu _ <<<"${g[$s.default]}"
         read -r trps _ _ tcpu <<<"${ret[$s]}"

@@ -188,7 +188,8 @@ impl Hasher for Fnv {
 
 /// The memo's hasher: a word at a time (its keys are a few integers and a
 /// short string, looked up several times for every request), for one
-/// process's map only: never for a slot's place in the shared table.
+/// process's map only: never for a slot's place in the shared table. (The
+/// token cache's too: its keys are tokens whose signature was checked.)
 #[derive(Default)]
 pub struct WordHash(u64);
 
@@ -244,8 +245,10 @@ pub const MEMO_MAX: usize = 4096;
 /// stands for the label values (with the family and, for a histogram, the
 /// part): updating a series it knows builds no label bytes and probes no
 /// slots. One key must always stand for the same label values. The series
-/// of a key are found with one lookup of the key, and the key last used
-/// with none (a request's counter and histogram share theirs).
+/// of a key are found with one lookup of the key, and the keys used last
+/// with none: a request's counter and histogram share theirs, and a
+/// connection's gauges go back and forth between a few states, whose keys
+/// would otherwise be hashed on each change.
 #[derive(Debug)]
 pub struct Memo<K> {
     /// The address of the slots the entries are of.
@@ -254,11 +257,15 @@ pub struct Memo<K> {
     index: HashMap<K, usize, BuildHasherDefault<WordHash>>,
     /// The series of each key: (family, part, where).
     series: Vec<Vec<(u16, u32, SeriesRef)>>,
-    /// The key used last, and its place.
-    last: Option<(K, usize)>,
+    /// The keys used last, and their places (`next`: the one replaced next).
+    recent: [Option<(K, usize)>; RECENT],
+    next: usize,
     /// Series held, over all keys.
     entries: usize,
 }
+
+/// Keys a memo finds without hashing them.
+const RECENT: usize = 4;
 
 impl<K: Hash + Eq> Default for Memo<K> {
     fn default() -> Self {
@@ -266,7 +273,8 @@ impl<K: Hash + Eq> Default for Memo<K> {
             table: 0,
             index: HashMap::default(),
             series: Vec::new(),
-            last: None,
+            recent: std::array::from_fn(|_| None),
+            next: 0,
             entries: 0,
         }
     }
@@ -276,15 +284,15 @@ impl<K: Hash + Eq + Copy> Memo<K> {
     fn clear(&mut self) {
         self.index.clear();
         self.series.clear();
-        self.last = None;
+        self.recent = [None; RECENT];
         self.entries = 0;
     }
 
     /// The place of `key`'s series (made when new).
     fn place(&mut self, key: K) -> usize {
-        if let Some((k, i)) = self.last {
-            if k == key {
-                return i;
+        for (k, i) in self.recent.iter().flatten() {
+            if *k == key {
+                return *i;
             }
         }
         let i = match self.index.get(&key) {
@@ -298,7 +306,8 @@ impl<K: Hash + Eq + Copy> Memo<K> {
                 self.series.len() - 1
             }
         };
-        self.last = Some((key, i));
+        self.recent[self.next] = Some((key, i));
+        self.next = (self.next + 1) % RECENT;
         i
     }
 
@@ -786,6 +795,37 @@ mod tests {
         assert_eq!(of(b"a"), 0xaf63_dc4c_8601_ec8c);
         assert_eq!(of(b"foobar"), 0x8594_4171_f739_67e8);
         assert_eq!(hash(1, 2, b"db"), of(&[1, 0, 0, 0, 2, 0, 0, 0, b'd', b'b']));
+    }
+
+    #[test]
+    fn keys_taken_in_turn_keep_their_own_series() {
+        // More keys than the memo finds without hashing, each used in turn
+        // (a connection's gauge states): each still adds to its own series.
+        let s = slots(64);
+        let t = Table::new(&s);
+        let mut memo: Memo<&'static str> = Memo::default();
+        let states = ["connecting", "idle", "busy", "closing", "gone", ""];
+        for round in 0..5 {
+            for (n, st) in states.iter().enumerate() {
+                t.add_known(
+                    &mut memo,
+                    *st,
+                    Id::SqldbConnections,
+                    || join_labels(&["db", "x", st]),
+                    n as i64 + 1,
+                );
+                let held = if round == 0 { n + 1 } else { states.len() };
+                assert_eq!(memo.len(), held);
+            }
+        }
+        let text = t.prometheus();
+        for (n, st) in states.iter().enumerate() {
+            let w = format!(
+                "ngx_gateway_sqldb_connections{{upstream=\"db\",server=\"x\",state=\"{st}\"}} {}\n",
+                5 * (n + 1)
+            );
+            assert!(text.contains(&w), "missing {w} in {text}");
+        }
     }
 
     #[test]

@@ -162,12 +162,6 @@ fn run(r: &mut Req) -> Result<(), StartError> {
     if several && auth.preamble.is_some() {
         return Err(StartError::SeveralWithRole);
     }
-    let role = auth
-        .preamble
-        .as_ref()
-        .filter(|_| lcf.jwt.is_some())
-        .and_then(|p| p.params.first())
-        .map(|r| r.to_string_lossy().into_owned());
     vars::store(r, Var::Query, sql.to_bytes());
     let output = lcf.output();
     let streamable = lcf.stream == 1 && !several && lcf.sets.is_empty() && lcf.rewrites.is_empty();
@@ -247,7 +241,6 @@ fn run(r: &mut Req) -> Result<(), StartError> {
         stream_failed: false,
         saved_write_handler: None,
         claims: auth.claims,
-        role,
         preamble_failed: false,
     };
     if r.set_ctx::<Sqldb>(ctx).is_none() {

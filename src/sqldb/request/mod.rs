@@ -68,8 +68,6 @@ pub struct Ctx {
     saved_write_handler: ngx_http_event_handler_pt,
     /// The verified token's claims (`$sqldb_jwt_claim_NAME`).
     claims: Option<Rc<gateway_core::jwt::Claims>>,
-    /// The role its query runs as (`sqldb_jwt_key`), for the log.
-    role: Option<String>,
     /// Its error came from the preamble (the role or settings).
     preamble_failed: bool,
 }

@@ -29,7 +29,13 @@ struct StandIn {
 }
 
 impl StandIn {
-    fn link(&mut self) {
+    /// `pool`: the request's, which nginx's upstream code finds on the
+    /// stand-in and so does not create one of its own for it on each
+    /// connect (it only sets its log, the request connection's already;
+    /// the stand-in is never closed by nginx: the peer's free takes it
+    /// back first).
+    fn link(&mut self, pool: *mut ngx_pool_t) {
+        self.c.pool = pool;
         self.c.read = &mut self.read;
         self.c.write = &mut self.write;
         self.c.fd = -1;
@@ -43,16 +49,11 @@ impl StandIn {
         unsafe { Event::from_raw(&mut self.read) }.expect("an event")
     }
 
-    /// Timers, posted events and the pool nginx may have given it.
+    /// Its timers and posted events.
     fn clear(&mut self) {
         for ev in [&mut self.read as *mut ngx_event_t, &mut self.write] {
             // SAFETY: the events are the stand-in's own.
             unsafe { Event::from_raw(ev) }.expect("an event").clear();
-        }
-        if !self.c.pool.is_null() {
-            // SAFETY: nginx created this pool for the stand-in connection.
-            unsafe { ngx_destroy_pool(self.c.pool) };
-            self.c.pool = std::ptr::null_mut();
         }
     }
 }
@@ -121,7 +122,7 @@ fn init(r: &mut Req, us: &mut ngx_http_upstream_srv_conf_t) -> ngx_int_t {
     let Some(mut pd) = pool.alloc(pd) else { return ERROR };
     // SAFETY: just allocated in the request's pool; nothing else refers to it yet.
     let pdm = unsafe { pd.as_mut() };
-    pdm.standin.link();
+    pdm.standin.link(pool.as_ptr());
     let srv = pdm.srv;
     let Some(ctx) = ctx_of(r) else { return ERROR };
     ctx.peer = Some(pd);

@@ -97,6 +97,7 @@ fn fail_with(r: &mut Req, e: ResultError) {
 
 /// All results are in: answer the client.
 fn complete(r: &mut Req) {
+    let lcf: &'static LocConf = r.loc_conf::<Sqldb>();
     let Some(ctx) = ctx_of(r) else { return };
     if ctx.done {
         return;
@@ -110,18 +111,24 @@ fn complete(r: &mut Req) {
         s.drop_gathered();
     }
     if let Some(err) = ctx.error.take() {
+        // The role its query ran as (`sqldb_jwt_key`): the preamble's first
+        // parameter (read here, on an error, not kept for every request).
+        let role = (lcf.jwt.is_some())
+            .then(|| ctx.query.preamble.as_ref().and_then(|p| p.params.first()))
+            .flatten()
+            .map(|c| c.to_string_lossy().into_owned());
         let summary = err.error_summary();
         let stored = summary.clone();
         // A value the server cannot read as its parameter's type is the
         // client's mistake: 400, logged as client errors are.
         // The role cannot be set: it does not exist (22023), or the login
         // role may not switch to it (42501).
-        let e = if ctx.preamble_failed && ROLE_DENIED.contains(&err.sqlstate().as_str()) && ctx.role.is_some() {
+        let e = if ctx.preamble_failed && ROLE_DENIED.contains(&err.sqlstate().as_str()) && role.is_some() {
             ResultError::RoleDenied {
-                role: ctx.role.clone().unwrap_or_default(),
+                role: role.unwrap_or_default(),
                 why: summary,
             }
-        } else if ctx.role.is_some() && err.sqlstate() == "42501" {
+        } else if role.is_some() && err.sqlstate() == "42501" {
             // The request's role may not do this (a grant it lacks, a
             // row-level security check): the role's, not the server's.
             ResultError::Forbidden(summary)
