@@ -188,9 +188,10 @@ fault: $(DEB_BUILD)/objs/ngx_auto_config.h FORCE
 	$(call cargo_module,NGINX_BUILD_DIR=$(DEB_BUILD)/objs,--features fault-injection,$(FAULT_MODULE))
 
 # With debug logging (--with-debug), so that the suites see the module's
-# debug traces on one of the two builds.
+# debug traces on one of the two builds; with auth_request, which Debian's
+# nginx has and the suites and guides use.
 vendored: build-deps FORCE
-	$(call cargo_module,NGX_CONFIGURE_ARGS="--with-debug --with-threads",--features vendored,$(VEN_MODULE))
+	$(call cargo_module,NGX_CONFIGURE_ARGS="--with-debug --with-threads --with-http_auth_request_module",--features vendored,$(VEN_MODULE))
 	cp "$$(cat $(MODULE_TARGET)/release/nginx-build-dir)/nginx" $(VEN_NGINX)
 
 unittest:

@@ -239,8 +239,12 @@ for my $case (
 # A stream behind auth_request while the database cannot be reached (here
 # a port where nothing listens): /authorize gets 502, auth_request makes
 # that a 500, and docs/realtime.md's error_page tells the client 503 with
-# Retry-After rather than a 500.
-{
+# Retry-After rather than a 500. (On an nginx built without auth_request,
+# nothing to try.)
+SKIP: {
+    my $bin = $ENV{TEST_NGINX_BINARY} || 'nginx';
+    skip 'needs an nginx built with http_auth_request_module', 2
+        unless `$bin -V 2>&1` =~ /http_auth_request_module/;
     my $down = "127.0.0.1:$ENV{TEST_NGINX_CLOSED_PORT}";
     my $port = nginx_start(<<"HTTP");
 upstream gone { sqldb_server $down dbname=x user=x connect_timeout=2; }

@@ -126,14 +126,22 @@ sub serve {
             return;
         }
         $buf .= $chunk;
+        # The commands are logged before anything is sent back (stale bytes
+        # included): once the peer has seen an answer to them, the log
+        # shows them.
+        my @cmds;
+        while (my $cmd = take_command(\$buf)) {
+            $n++;
+            note($log, "$conn: " . join ' ', @$cmd);
+            push @cmds, [$n, $cmd];
+        }
         for my $st (splice @stale) {
             sleep $st->[0];
             syswrite($c, $st->[1]);
         }
-        while (my $cmd = take_command(\$buf)) {
-            $n++;
-            note($log, "$conn: " . join ' ', @$cmd);
-            for my $step ($script->($conn, $n, @$cmd)) {
+        for my $nc (@cmds) {
+            my ($i, $cmd) = @$nc;
+            for my $step ($script->($conn, $i, @$cmd)) {
                 my ($what, @a) = @$step;
                 if ($what eq 'send') { syswrite($c, $a[0]) }
                 elsif ($what eq 'drip') {
