@@ -646,7 +646,8 @@ sub value_for { my ($tag, $len) = @_; my $v = "<$tag>"; $v .= chr(97 + length($v
     cmp_ok(time - $t0, '<', stretch(2), 'at once, not after a timeout');
     my $r = req('GET', '/g/?k=before');
     is($r->{status}, 502, 'while Redis is down: 502');
-    # The same port again.
+    # The same port again (held by kill_redis while it was down).
+    GatewayTest::release_port($old{port});
     my $pid = fork;
     die "fork: $!" unless defined $pid;
     if (!$pid) {
