@@ -261,8 +261,10 @@ test-checks:
 # free loopback ports and its own folders under TMPDIR. The longest go
 # first, so that the others fill in beside them (t/run-suite).
 PROVE_JOBS ?= 2
-SLOW_FIRST := t/214-cache-stream-read.t t/206-cache-pubsub.t t/134-sse-outage.t t/106-faults.t t/208-cache-pipeline.t \
-              t/204-cluster.t t/128-listen.t t/007-browser.t t/118-pg-faults.t t/122-load-and-leave.t t/135-spare-connection.t
+# (By the times t/run-suite prints, longest first.)
+SLOW_FIRST := t/132-listen-replay.t t/006-sse-bounds.t t/009-doc-examples.t t/137-jwt-session-attack.t t/001-config.t \
+              t/129-jwt.t t/007-browser.t t/206-cache-pubsub.t t/135-spare-connection.t t/110-output.t \
+              t/131-stream-connections.t t/204-cluster.t t/214-cache-stream-read.t
 TESTS      ?= $(SLOW_FIRST) $(filter-out $(SLOW_FIRST),$(sort $(wildcard t/*.t)))
 PROVE       = PROVE_JOBS=$(PROVE_JOBS) PROVE_FLAGS="$(PROVE_FLAGS)" t/run-suite $(TESTS)
 

@@ -183,7 +183,13 @@ close $after->{s};
     my $pages = sub { (redis_cli($redis, 'info', 'commandstats') =~ /cmdstat_xrange:calls=(\d+)/)[0] // 0 };
     my $before = $pages->();
     my $s = open_sse($port, '/s?key=big&last_event_id=0-0');
-    sleep stretch(3);
+    # Until its catch-up has read pages and then read none for a second.
+    my ($seen, $since) = (-1, time);
+    wait_until(sub {
+        my $now = $pages->();
+        ($seen, $since) = ($now, time) if $now != $seen;
+        $now > $before && time - $since >= 1;
+    }, 3);
     my $paused = $pages->() - $before;
     cmp_ok($paused, '<', 20, "a client that does not read: $paused pages of the 26 the catch-up needs");
     pump([$s], stretch(30), sub { entries($s) >= $n });
@@ -217,9 +223,19 @@ close $after->{s};
     is(scalar(grep { (entries($_))[1] && (entries($_))[1][0] eq $between } @s), 4,
         'a killed reading connection: the entry added meanwhile arrives');
     # A restart (no persistence: the stream starts again, with new ids).
+    my $mark = length nginx_error_log();
+    # (The reading connections, one a worker with subscribers, wait in XREAD.)
+    my $readers = GatewayTest::redis_info($redis, 'clients', 'blocked_clients');
     redis_cli($redis, 'shutdown', 'nosave');
     waitpid($redis->{pid}, 0);
-    pump(\@s, 1.5);
+    # (While it is down its port is held: no file running beside this one
+    # is given it for a Redis of its own.)
+    GatewayTest::hold_port($rport);
+    # Down until the reading connections have failed (or were lost).
+    my $lost = sub { scalar(() = substr(nginx_error_log(), $mark) =~ /\[error\].*stream reading connection .* (?:was lost|failed)/g) };
+    pump(\@s, stretch(5), sub { $lost->() >= $readers });
+    is($lost->(), $readers, "the $readers reading connection(s) are lost, one error line each");
+    GatewayTest::release_port($rport);
     my $pid = fork // die;
     if (!$pid) {
         open STDOUT, '>', '/dev/null';
@@ -228,7 +244,8 @@ close $after->{s};
     }
     $redis->{pid} = $pid;
     wait_until(sub { IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $rport) }, stretch(10));
-    pump(\@s, stretch(3));
+    # Until the reading connections are back, waiting in XREAD again.
+    pump(\@s, stretch(10), sub { (GatewayTest::redis_info($redis, 'clients', 'blocked_clients') // 0) >= $readers });
     my $later = xadd($redis, 'r1', 'data', 'after the restart');
     pump(\@s, stretch(10), sub { !grep { entries($_) < 3 } @s });
     is(scalar(grep { (entries($_))[2] && (entries($_))[2][0] eq $later } @s), 4, 'after a restart: the new entry arrives');
@@ -253,7 +270,6 @@ close $after->{s};
     pump([$s], stretch(15), sub { $s->{eof} });
     ok($s->{eof}, 'a reload ends the stream');
     my $away = xadd($redis, 'rl', 'data', 'while away');
-    sleep 0.5;
     my $back = open_sse($port, '/s?key=rl', "Last-Event-ID: $first");
     pump([$back], stretch(10), sub { entries($back) >= 1 });
     my $next = xadd($redis, 'rl', 'data', 'next');

@@ -50,7 +50,7 @@ our @EXPORT_OK = qw(http_request wait_until pg_server_line start_servers stop_se
     pg_restart start_extra_pg start_standby_pg nginx_signal nginx_exited start_redis kill_redis redis_cli garbage_port
     nginx_start stop_nginx nginx_error_log http_send http_send_request http_read http_get stretch under_valgrind listen_socket pg_sessions
     redis_info redis_connections redis_numsub key_slot tls_files nginx_workers proc_status_kb conf_line_of nginx_conf_test
-    periodic_bytes $RedisServer $RedisCli);
+    periodic_bytes hold_port release_port $RedisServer $RedisCli);
 
 our $RedisServer = $ENV{TEST_REDIS_SERVER} || 'redis-server';
 our $RedisCli    = $ENV{TEST_REDIS_CLI}    || 'redis-cli';
@@ -313,15 +313,38 @@ sub pg_sessions {
 
 # Stops and starts a test server (for tests of a server that goes away):
 # the main one, or an instance from start_extra_pg.
+# While it is stopped its port is held (hold_port): a start lets it go.
 sub pg_ctl {
     my ($pg, @args) = @_;
     my $dir = $pg ? $pg->{dir} : $ENV{TEST_NGINX_PG_SOCKET_DIR};
+    my $port = $pg ? $pg->{port} : $ENV{TEST_NGINX_PG_PORT};
     local $PgDir = $dir;
+    die "pg_ctl restart: stop, then start (the port is held between)\n" if $args[-1] eq 'restart';
+    release_port($port) if $args[-1] eq 'start';
     run_as_owner("$PgBin/pg_ctl", '-D', "$dir/data", '-w', '-s', @args);
+    hold_port($port) if $args[-1] eq 'stop';
 }
 sub pg_stop { pg_ctl($_[0], '-m', 'fast', 'stop') }
 sub pg_start { my $pg = $_[0]; pg_ctl($pg, '-l', ($pg ? $pg->{dir} : $ENV{TEST_NGINX_PG_SOCKET_DIR}) . '/server.log', 'start') }
-sub pg_restart { my $pg = $_[0]; pg_ctl($pg, '-m', 'fast', '-l', ($pg ? $pg->{dir} : $ENV{TEST_NGINX_PG_SOCKET_DIR}) . '/server.log', 'restart') }
+sub pg_restart { pg_stop($_[0]); pg_start($_[0]) }
+
+# A port whose server a test stopped or killed, and will start again there
+# (or wants connections to it refused): while the server is down the port
+# stays bound by this process, not listening, so that connecting is
+# refused and no file running beside this one is given the port for a
+# server of its own (the kernel hands out no port that a socket holds).
+# release_port lets it go, just before a server starts on it again.
+my %Held;
+sub hold_port {
+    my ($port) = @_;
+    return if $Held{$port};
+    $Held{$port} = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => $port, ReuseAddr => 1, Proto => 'tcp')
+        or die "holding port $port: $!";
+}
+sub release_port {
+    my ($port) = @_;
+    close(delete $Held{$port}) if $Held{$port};
+}
 
 # A port that accepts TCP connections (the kernel completes the handshake)
 # but never answers: for connect timeouts.
@@ -433,6 +456,7 @@ sub start_redis {
     chmod 0755, $dir;    # nginx workers reach the socket in it
     # (port => N: on that port, e.g. the one of an instance killed before.)
     my $port = $opt{port} // free_port();
+    release_port($port);
     my @args = ('--port', $port, '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no',
         '--dir', $dir, '--logfile', "$dir/redis.log", '--daemonize', 'no');
     push @args, '--requirepass', $opt{password} if defined $opt{password};
@@ -545,11 +569,14 @@ sub tls_files {
 }
 
 # Kills an instance at once (SIGKILL: no goodbye to its clients or peers).
+# Its ports stay held (hold_port) until start_redis(port => ...) or
+# release_port.
 sub kill_redis {
     my ($r) = @_;
     kill 'KILL', $r->{pid};
     waitpid($r->{pid}, 0);
     @Redis = grep { $_ != $r } @Redis;
+    hold_port($_) for grep { defined } $r->{port}, $r->{tls_port};
 }
 
 sub stop_redis {
