@@ -3,7 +3,8 @@
 # larger than a subscriber's buffers is served in turns (one entry then 24
 # of 1 MB, resumed from the first), and one of 70 entries of 1 MiB resumed
 # from 0 holds up neither another key's live entries nor an unrelated GET;
-# a key that stops being a stream ends its own streams only.
+# a key that stops being a stream ends its own streams only; 70 entries
+# of 1 MiB added at once to a key read live come in turns.
 use strict;
 use warnings;
 use lib 't/lib';
@@ -197,6 +198,54 @@ redis_cli($redis, 'set', '/kv/plain', 'hello');
     pump([$again], stretch(5), sub { ended($again) });
     ok(ended($again), 'a new stream of that key ends too') or diag($again->{buf});
     close $_->{s} for $v, $o, $o2, $again;
+}
+
+# 5. Live entries larger than a reply may be: 70 of 1 MiB added at once
+# (MULTI ... EXEC) to a key that is read live. The blocking XREAD returned
+# them all in one reply past the 64 MB bound: the connection broke, was
+# made again, and read the same again, so that no entry ever came to any
+# key's subscribers. Now a key's XREAD asks as many entries as the size of
+# its last ones allows: they come in turns, another key's live entry and an
+# unrelated GET do not wait for them, and the subscriber gets them all (on
+# a second connection with its last id if it fell too far behind).
+{
+    my $big = open_sse($port, '/s?key=livebig');
+    my $other = open_sse($port, '/s?key=liveother');
+    pump([$big, $other], stretch(5), subscribed($big, $other));
+    is(scalar(grep { $_->{buf} =~ /: subscribed/ } $big, $other), 2, 'live: two keys are read');
+    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $rport) or die $!;
+    binmode $s;
+    my $cmd = sub { my @a = @_; '*' . @a . "\r\n" . join('', map { '$' . length($_) . "\r\n$_\r\n" } @a) };
+    my $out = $cmd->('MULTI');
+    $out .= $cmd->('XADD', 'livebig', '*', 'data', sprintf('%08d', $_) . ('y' x ((1 << 20) - 8))) for 1 .. 70;
+    $out .= $cmd->('EXEC');
+    print $s $out;
+    my $t0 = time;
+    my $id = xadd('liveother', 'data', 'small');
+    pump([$big, $other], stretch(10), sub { $other->{buf} =~ /^id: \Q$id\E$/m });
+    like($other->{buf}, qr/^id: \Q$id\E$/m, "live: another key's entry comes meanwhile");
+    my ($status, $ms) = get_ms('/kv/plain');
+    is($status, 200, 'live: an unrelated GET is answered meanwhile');
+    # A live subscriber that falls more than 16 MB behind is dropped (its
+    # client comes back with its last id, and catches up in turns): all
+    # 70 come, over at most a few connections.
+    my (@got, $conns);
+    my $c = $big;
+    while (++$conns <= 6) {
+        pump([$c], stretch(60), sub { @got + entries($c) >= 70 || $c->{eof} });
+        push @got, entries($c);
+        last if @got >= 70;
+        close $c->{s};
+        $c = open_sse($port, '/s?key=livebig', "Last-Event-ID: " . ($got[-1][0] // '0'));
+    }
+    close $c->{s};
+    my @ids = split /\n/, redis_cli($redis, 'eval', "local r = redis.call('XRANGE', KEYS[1], '-', '+') local t = {} for i, e in ipairs(r) do t[i] = e[1] end return t", 1, 'livebig');
+    is(scalar(@got), 70, sprintf('live: the 70 entries of 1 MiB came (%.1f s, %d connections)', time - $t0, $conns));
+    is_deeply([map { $_->[0] } @got], \@ids, 'live: each once, in order');
+    ok(!grep({ $_->[1] != 1 << 20 } @got), 'live: whole');
+    unlike(nginx_error_log(), qr/stream reading connection to 127\.0\.0\.1:$rport .*past 64 MB/, 'live: the reading connection was not broken');
+    close $s;
+    close $other->{s};
 }
 
 done_testing();

@@ -24,6 +24,7 @@ use std::collections::BTreeSet;
 use std::ffi::c_void;
 
 use gateway_core::pubsub::{self, Push};
+use gateway_core::resp::Scan;
 
 use super::authfail;
 use super::conn::{run_owner, Dial, Owner, RedisConn, State, Step};
@@ -65,7 +66,16 @@ struct Link {
     retry: RetryTimer,
     /// Its server is down (since the first failure, until it is up).
     outage: Outage,
+    /// Where the message being read ends (resp::Scan).
+    scan: Scan,
+    /// Reads on after nginx's other events (READ_TURN).
+    more: RetryTimer,
 }
+
+/// The most bytes a connection reads in one event: the rest waits for
+/// nginx's other events (a burst of messages, or one large message, does
+/// not hold the worker).
+const READ_TURN: usize = 512 << 10;
 
 pub struct RedisHub {
     /// The upstream, for the log.
@@ -145,12 +155,15 @@ impl RedisHub {
                 confirmed: BTreeSet::new(),
                 retry: RetryTimer::new(std::ptr::null_mut(), Some(retry_event)),
                 outage: Outage::default(),
+                scan: Scan::default(),
+                more: RetryTimer::new(std::ptr::null_mut(), Some(more_event)),
             })
             .collect();
         // (The links stay where they are now.)
         for l in &mut h.links {
             let data: *mut Link = l;
             l.retry.set_data(data.cast());
+            l.more.set_data(data.cast());
         }
         h
     }
@@ -165,6 +178,8 @@ impl RedisHub {
         let l = &mut self.links[i];
         l.live = false;
         l.confirmed.clear();
+        l.scan = Scan::default();
+        l.more.stop();
         l.conn.close();
     }
 
@@ -328,13 +343,18 @@ impl RedisHub {
         }
     }
 
-    /// Reads until the socket (and TLS) has nothing more: with TLS, bytes
-    /// may wait in OpenSSL where no readiness event tells of them.
+    /// Reads until the socket (and TLS) has nothing more (with TLS, bytes
+    /// may wait in OpenSSL where no readiness event tells of them), or
+    /// READ_TURN bytes were read: the rest after nginx's other events.
     fn read(&mut self, i: usize) {
+        let mut turn = 0;
         while self.links[i].conn.is_up() {
+            if turn >= READ_TURN {
+                return self.links[i].more.post_next();
+            }
             match self.links[i].conn.read() {
                 Ok(0) => return,
-                Ok(_) => {}
+                Ok(n) => turn += n,
                 Err(why) => return self.lost(i, &why),
             }
             if let Err(e) = self.take_pushes(i) {
@@ -347,12 +367,21 @@ impl RedisHub {
     }
 
     /// Everything whole in a connection's input: publications go to their
-    /// subscribers.
+    /// subscribers. `resp::Scan` finds where a message ends as its bytes
+    /// come (each byte looked at once, however many reads it takes), and
+    /// it is parsed once, whole.
     fn take_pushes(&mut self, i: usize) -> Result<(), String> {
         let input = std::mem::take(&mut self.links[i].conn.input);
         let mut at = self.links[i].conn.in_at;
         let result = loop {
-            match pubsub::next(&input[at..]) {
+            let rest = &input[at.min(input.len())..];
+            let len = match self.links[i].scan.feed(rest, pubsub::MAX_MESSAGE) {
+                Ok(None) => break Ok(()),
+                Ok(Some(len)) => len,
+                Err(_) => break Err(pubsub::PushError::NotResp.to_string()),
+            };
+            self.links[i].scan = Scan::default();
+            match pubsub::next(&rest[..len]) {
                 Ok(None) => break Ok(()),
                 Err(e) => break Err(e.to_string()),
                 Ok(Some((push, used))) => {
@@ -513,6 +542,18 @@ event_handler! {
             h.sink.unavailable(&all);
         }
         h.settle_all();
+    }
+}
+
+event_handler! {
+    /// Reads on what a connection left for the next turn (READ_TURN). (The
+    /// event's data is the Link that owns it.)
+    fn more_event(ev) = "cache subscribe read on", {
+        run_owner::<RedisHub>(ev.data(), "cache subscribe read on", |h, i| {
+            if h.links[i].conn.is_up() {
+                h.read(i);
+            }
+        });
     }
 }
 

@@ -415,11 +415,12 @@ input_filter_handler! {
                     }
                     return OK;
                 }
-                // An error reply: Redis's answer, never the server's
-                // failure (see error_reply).
-                Event::Failed(e) if e.not_now() || matches!(e, ReplyError::Failed { .. }) => {
-                    return error_reply(u, ctx, pool, log, &e);
-                }
+                // Past the answer (its status is out): whatever the reply,
+                // the answer stands and the connection goes. nginx reads an
+                // input filter's NGX_ERROR and takes anything else as OK
+                // (ngx_http_upstream.c): no next-upstream step from here.
+                // (The command's own error reply is process_header's: the
+                // replies read here are those of the setups after it.)
                 Event::Failed(e) => {
                     log!(NGX_LOG_ERR, log, "cache: {e}");
                     cluster_garbage(ctx, &e);

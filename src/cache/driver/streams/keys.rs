@@ -5,10 +5,30 @@
 
 use gateway_core::streams::Entry;
 
-use super::{StreamHub, PAGE, PAGE_BYTES};
+use super::{StreamHub, PAGE, PAGE_BYTES, READ_COUNT};
 use crate::common::token::ReqToken;
 use crate::ffi::*;
 use crate::log;
+
+/// What a reply holds per entry besides its fields' bytes (the id, the
+/// field names, the RESP framing), about.
+const ENTRY_FRAMING: usize = 64;
+
+/// The entries a key's next `XREAD` asks for: as many as `PAGE_BYTES`
+/// holds at the size of these (its last ones), so that a key of large
+/// entries is read in turns, not in one reply past the connection's bound.
+/// None when there are none to size it by.
+pub(super) fn read_count(entries: &[Entry]) -> Option<usize> {
+    if entries.is_empty() {
+        return None;
+    }
+    let bytes: usize = entries
+        .iter()
+        .map(|e| e.data.len() + e.event.as_ref().map_or(0, Vec::len) + ENTRY_FRAMING)
+        .sum();
+    let each = (bytes / entries.len()).max(1);
+    Some((PAGE_BYTES / each).clamp(1, READ_COUNT))
+}
 
 impl StreamHub {
     /// A page of `count` entries asked for `who`'s catch-up came: `entries`,

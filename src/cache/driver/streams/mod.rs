@@ -16,9 +16,14 @@
 //!   at most `PAGES_PER_ROUND` pages a round, none for a subscriber with
 //!   more than `PAUSE_AT` bytes waiting (its catch-up goes on when it has
 //!   taken them, and the round's `XREAD` blocks `PAUSED_BLOCK_MS` only);
-//! - `XREAD COUNT READ_COUNT [BLOCK BLOCK_MS] STREAMS k1 k2 ... id1 id2 ...`
+//! - `XREAD COUNT n [BLOCK BLOCK_MS] STREAMS k1 k2 ... id1 id2 ...`
 //!   over every key whose position is known, each after the last entry
-//!   read of it. It blocks only when nothing else is in the round.
+//!   read of it. It blocks only when nothing else is in the round. `n` is
+//!   the smallest of its keys' counts: as many entries as `PAGE_BYTES`
+//!   holds at the size of the key's last ones (`READ_COUNT` at most,
+//!   `FIRST_PAGE` for a key none of whose entries was seen), so that
+//!   entries added at once (a burst, a transaction) come in turns, not in
+//!   one reply past `REPLY_MAX`.
 //!
 //! The next round goes once every reply of this one is in. A connection
 //! reads `READ_TURN` bytes per event at most, then posts itself after
@@ -125,6 +130,10 @@ struct Key {
     /// Read with an `XREAD` of its own: an `XREAD` of several keys with it
     /// was refused, and each key's own error ends its streams only.
     alone: bool,
+    /// Entries its `XREAD` asks for: as many as `PAGE_BYTES` holds at the
+    /// size of its last ones (keys::read_count); 0 while none was seen
+    /// (`FIRST_PAGE`).
+    count: usize,
 }
 
 /// A subscriber's catch-up.
@@ -530,6 +539,8 @@ impl StreamHub {
         // One XREAD (a cluster's: one per slot, and one per key read
         // alone; the last one blocks).
         let mut groups: BTreeMap<ReadGroup, Vec<(&str, String)>> = BTreeMap::new();
+        // (One COUNT for the keys of an XREAD: the smallest of theirs.)
+        let mut counts: BTreeMap<ReadGroup, usize> = BTreeMap::new();
         let cluster = self.cluster.is_some();
         for (name, k) in self.keys.iter().filter(|(_, k)| k.link == Some(i)) {
             if let Some(p) = k.pos {
@@ -539,14 +550,18 @@ impl StreamHub {
                     if k.alone { name.as_str() } else { "" },
                 );
                 groups.entry(g).or_default().push((name.as_str(), p.to_string()));
+                let count = if k.count == 0 { FIRST_PAGE } else { k.count };
+                let c = counts.entry(g).or_insert(READ_COUNT);
+                *c = (*c).min(count);
             }
         }
         let n = groups.len();
         let wait = if paused { PAUSED_BLOCK_MS } else { BLOCK_MS };
-        for (at, read) in groups.values().enumerate() {
+        for (at, (g, read)) in groups.iter().enumerate() {
             let ids: Vec<(&[u8], &[u8])> = read.iter().map(|(k, p)| (k.as_bytes(), p.as_bytes())).collect();
             let block = (!others && at + 1 == n).then_some(wait);
-            streams::xread(&mut out, READ_COUNT, block, &ids);
+            let count = counts.get(g).copied().unwrap_or(READ_COUNT);
+            streams::xread(&mut out, count, block, &ids);
             ops.push_back(Op::Read(read.iter().map(|(k, _)| (*k).to_owned()).collect()));
         }
         let l = &mut self.links[i];
@@ -635,6 +650,7 @@ impl StreamHub {
                 if let Some(k) = self.keys.get_mut(&name) {
                     k.asked = false;
                     k.pos = Some(last.first().map_or(EntryId { ms: 0, seq: 0 }, |e| e.id));
+                    k.count = keys::read_count(&last).unwrap_or(k.count);
                     let to = std::mem::take(&mut k.waiting);
                     if !to.is_empty() {
                         self.sink.subscribed(&to);
@@ -664,6 +680,7 @@ impl StreamHub {
                     let Some(k) = std::str::from_utf8(&name).ok().and_then(|n| self.keys.get_mut(n)) else {
                         continue;
                     };
+                    k.count = keys::read_count(&entries).unwrap_or(k.count);
                     let from = k.pos.unwrap_or(EntryId { ms: 0, seq: 0 });
                     let new: Vec<_> = entries.into_iter().filter(|e| e.id > from).collect();
                     if let Some(e) = new.last() {
