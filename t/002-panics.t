@@ -62,6 +62,80 @@ HTTP
     unlike($err, qr/exited on signal|core dumped/, 'no crash');
 }
 
+# Inside the module's work, not at an entry point's start: the fault point
+# NGX_GATEWAY_PANIC names panics the first time the worker reaches it (a
+# hub call, a connection's step, a delivery to a request). The panic is
+# caught where it happens; what the module had lent (a hub, a connection)
+# is given back as it unwinds, and the worker serves the same
+# subscriptions and requests afterwards.
+{
+    use SseClient qw(open_sse pump events subscribed);
+    use GatewayTest qw(nginx_start stop_nginx http_request nginx_error_log psql);
+    my $rport = $redis->{port};
+    my $conf = <<"HTTP";
+upstream red { server 127.0.0.1:$rport; }
+upstream db { sqldb_server \$TEST_NGINX_PG_SERVER; }
+server {
+    listen 127.0.0.1:\$PORT;
+    location /sub { cache_pass red; cache_subscribe \$arg_channel; }
+    location /listen { sqldb_pass db; sqldb_listen \$arg_channel; }
+    location /c/ { set \$cache_key \$uri; cache_pass red; }
+}
+HTTP
+    my $start = sub {
+        my ($point) = @_;
+        return nginx_start($conf, main => "env \"NGX_GATEWAY_PANIC=$point\";\n");
+    };
+    # A subscriber that gets its ": subscribed" line, then what is
+    # published: true when both came.
+    my $hears = sub {
+        my ($port, $path, $publish, $what) = @_;
+        my $sub = open_sse($port, $path);
+        pump([$sub], 10, subscribed($sub));
+        return 0 if $sub->{buf} !~ /: subscribed/;
+        $publish->();
+        pump([$sub], 5, sub { $sub->{buf} =~ /\Q$what\E/ });
+        close $sub->{s};
+        return $sub->{buf} =~ /\Q$what\E/ ? 1 : 0;
+    };
+    my $publish = sub { GatewayTest::redis_cli($redis, 'PUBLISH', 'news', 'hello') };
+
+    # A hub call: the first subscriber's request ends (its header had gone
+    # out: the stream is cut); the hub is not left lent, so the next one
+    # subscribes and hears what comes.
+    my $port = $start->('hub call');
+    my $first = open_sse($port, '/sub?channel=news');
+    pump([$first], 5, sub { $first->{eof} });
+    ok($first->{eof} && $first->{buf} !~ /: subscribed/, 'a panic in a hub call: that subscription ends');
+    my $st;
+    ok($hears->($port, '/sub?channel=news', $publish, 'data: hello'), 'the next subscriber of that hub is served');
+    like(nginx_error_log(), qr/internal error \(panic\) in .*injected panic in hub call/, 'one alert names it');
+    unlike(nginx_error_log(), qr/lent twice/, 'no hub is found lent afterwards');
+
+    # A step of the subscribing connection: it is lost (and made again),
+    # its hub is not left lent: the subscriber is served.
+    $port = $start->('connection step');
+    ok($hears->($port, '/sub?channel=news', $publish, 'data: hello'), 'a panic in a subscribing connection\'s step: its subscriber is served');
+    like(nginx_error_log(), qr/injected panic in connection step/, 'the panic was there');
+    unlike(nginx_error_log(), qr/lent twice/, 'no hub is found lent afterwards');
+
+    # The same in the listening connection of sqldb_listen.
+    $port = $start->('connection step');
+    ok($hears->($port, '/listen?channel=orders', sub { psql("notify orders, 'n1'") }, 'data: n1'),
+        'a panic in the listening connection\'s step: its subscriber is served');
+    like(nginx_error_log(), qr/injected panic in connection step/, 'the panic was there');
+
+    # A delivery to a pipelined request: that request ends (500), the
+    # connection it came from serves the next ones.
+    $port = $start->('delivery');
+    ($st) = http_request($port, 'GET', '/c/there');
+    is($st, 500, 'a panic in a delivery: that request gets 500');
+    my ($st2, $body) = http_request($port, 'GET', '/c/there');
+    is("$st2 $body", '200 value', 'the next request is served');
+    ok($hears->($port, '/sub?channel=news', $publish, 'data: hello'), 'and so is a subscriber');
+    stop_nginx();
+}
+
 __DATA__
 
 === TEST 1: the database content handler

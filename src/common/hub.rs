@@ -139,8 +139,44 @@ pub trait Hub {
 pub struct HubRef(NonNull<dyn Hub>);
 
 thread_local! {
-    /// The hub `with` lends now (no second loan of it is made).
+    /// The hub lent now (`lend`: no second loan of it is made).
     static LENT: Cell<*const ()> = const { Cell::new(std::ptr::null()) };
+}
+
+/// A loan of a hub, marked in `LENT` while it lasts; its end, a return or
+/// a panic that unwinds through it, gives the mark back (a panic caught
+/// inside a hub call leaves the hub usable).
+struct Loan {
+    outer: *const (),
+}
+
+impl Loan {
+    fn take(at: *const ()) -> Loan {
+        assert!(LENT.get() != at, "a hub lent twice");
+        Loan {
+            outer: LENT.replace(at),
+        }
+    }
+}
+
+impl Drop for Loan {
+    fn drop(&mut self) {
+        LENT.set(self.outer);
+    }
+}
+
+/// Runs `f` with a hub, lent for the call only: the one way a hub is used,
+/// by its subscribers (`HubRef::with`) and by its own events. A call that
+/// reaches the same hub again panics instead of lending it twice.
+///
+/// # Safety
+/// `hub` points to a live hub that does not move while `f` runs, and is
+/// reached only through `lend` (or a `&mut` derived from a loan).
+pub unsafe fn lend<H: ?Sized, T>(hub: *mut H, f: impl FnOnce(&mut H) -> T) -> T {
+    let _loan = Loan::take(hub as *const ());
+    crate::ffi::fault_point("hub call");
+    // SAFETY: live and unmoved (above); lent once at a time (the loan).
+    f(unsafe { &mut *hub })
 }
 
 impl HubRef {
@@ -150,17 +186,10 @@ impl HubRef {
         HubRef(hub)
     }
 
-    /// Runs `f` with the hub. A hub that calls back into code that uses
-    /// it again (it does not) panics instead of lending it twice.
+    /// Runs `f` with the hub (`lend`).
     pub fn with<T>(self, f: impl FnOnce(&mut dyn Hub) -> T) -> T {
-        let at = self.0.as_ptr() as *const ();
-        assert!(LENT.get() != at, "a hub lent twice");
-        let outer = LENT.replace(at);
-        // SAFETY: the hub lives for the worker's life (new); it is lent
-        // once at a time (above), for the call only.
-        let out = f(unsafe { &mut *self.0.as_ptr() });
-        LENT.set(outer);
-        out
+        // SAFETY: the hub lives for the worker's life (new).
+        unsafe { lend(self.0.as_ptr(), |h: &mut (dyn Hub + 'static)| f(h)) }
     }
 }
 

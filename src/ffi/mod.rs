@@ -128,6 +128,27 @@ fn fault_injection(entry: &str) {
 #[inline(always)]
 fn fault_injection(_entry: &str) {}
 
+/// With the `fault-injection` feature (tests only), a point inside the
+/// module's work (not an entry point: a hub call, a delivery, a
+/// connection's step) that NGX_GATEWAY_PANIC names panics, the first time
+/// it is reached in the worker only: what comes after shows that the
+/// worker carries on.
+#[cfg(feature = "fault-injection")]
+pub fn fault_point(point: &str) {
+    thread_local! {
+        static FIRED: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let named = std::env::var("NGX_GATEWAY_PANIC").is_ok_and(|v| v.split(',').any(|e| e == point));
+    if named && FIRED.with(|f| !f.borrow().iter().any(|p| p == point)) {
+        FIRED.with(|f| f.borrow_mut().push(point.to_owned()));
+        panic!("injected panic in {point}");
+    }
+}
+
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub fn fault_point(_point: &str) {}
+
 /// With the `fault-injection` feature (tests only), the value of one of the
 /// environment variables by which a suite makes a fault happen on purpose
 /// (NGX_GATEWAY_HOLD_QUERY, NGX_GATEWAY_LOSE_CANCELS); None in every

@@ -320,12 +320,17 @@ pub trait Owner {
     const EVENT: &'static str;
     const HANDSHAKE: &'static str;
 
-    /// The owner of an event's data, and which of its connections it is.
+    /// What the steps leave for others (deliveries), taken while the owner
+    /// is lent and handed on once it is not.
+    type Out;
+
+    /// Runs `f` on the owner of an event's data and the index of its
+    /// connection there, lent for the call only (no other reference to the
+    /// owner is alive meanwhile); None when the owner is gone.
     ///
     /// # Safety
-    /// `data` is what the owner gave `RedisConn::open`, and the owner is
-    /// live (it closes its connections before it goes).
-    unsafe fn from_data<'a>(data: *mut c_void) -> (&'a mut Self, usize);
+    /// `data` is what the owner gave `RedisConn::open` (or its timers).
+    unsafe fn lend<T>(data: *mut c_void, f: impl FnOnce(&mut Self, usize) -> T) -> Option<T>;
 
     fn conn(&mut self, i: usize) -> &mut RedisConn;
 
@@ -335,25 +340,41 @@ pub trait Owner {
     /// A panic in a step: the connection is closed, its users told.
     fn panicked(&mut self, i: usize);
 
-    /// After every event: what the steps left for others (deliveries).
-    fn after(&mut self) {}
+    /// What the steps left for others.
+    fn take_out(&mut self) -> Self::Out;
+
+    /// Hands on what `take_out` took, the owner not lent any more: it may
+    /// be used again, freed or reused meanwhile.
+    fn deliver(out: Self::Out);
 }
 
 /// Runs `f` on an owner for one of its events (`data`, as its sockets and
-/// timers carry it), under the panic guard.
+/// timers carry it), under the panic guard: collect, then deliver. What
+/// the step leaves for others is taken while the owner is lent, and
+/// delivered once the loan has ended.
 pub fn run_owner<O: Owner>(data: *mut c_void, entry: &str, f: impl FnOnce(&mut O, usize)) {
-    let ok = guard(Log::cycle(), entry, false, || {
-        // SAFETY: the event's data is the owner's, which is live (Owner).
-        let (o, i) = unsafe { O::from_data(data) };
-        f(o, i);
-        true
+    let stepped = guard(Log::cycle(), entry, None, || {
+        let step = |o: &mut O, i| {
+            fault_point("connection step");
+            f(o, i);
+            o.take_out()
+        };
+        // SAFETY: the event's data is the owner's (Owner).
+        Some(unsafe { O::lend(data, step) })
     });
-    // SAFETY: as above: a panic in the step does not free the owner.
-    let (o, i) = unsafe { O::from_data(data) };
-    if !ok {
+    let panicked = |o: &mut O, i| {
         o.panicked(i);
+        o.take_out()
+    };
+    let out = match stepped {
+        Some(out) => out,
+        // SAFETY: as above: a panic in the step does not free the owner
+        // (and its loan ended as the panic unwound).
+        None => unsafe { O::lend(data, panicked) },
+    };
+    if let Some(out) = out {
+        O::deliver(out);
     }
-    o.after();
 }
 
 event_handler! {

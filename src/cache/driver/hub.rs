@@ -28,7 +28,8 @@ use gateway_core::resp::Scan;
 
 use super::authfail;
 use super::conn::{run_owner, Dial, Owner, RedisConn, State, Step};
-use crate::common::hub::{Added, Channels, Hub, HubSink, Outage, RETRY};
+use crate::common::hub::{self, Added, Channels, Hub, HubSink};
+use crate::common::reconnect::{self, Supervised, Supervisor};
 use crate::common::token::ReqToken;
 use crate::ffi::net::TlsClient;
 use crate::ffi::*;
@@ -44,16 +45,12 @@ pub struct Addr {
 /// One subscribing connection: to one address of the upstream's servers,
 /// or, for a cluster, to its configured nodes in turn.
 struct Link {
-    /// The hub it belongs to, and its place there (for its events).
-    hub: *mut RedisHub,
-    index: usize,
     addrs: Vec<Addr>,
-    /// The address to try next (the one in use, while connected).
-    next: usize,
+    /// Its retry, its outage, the address it tries next (its events find
+    /// the hub through it); it works again once Redis confirmed a
+    /// subscription on it, and subscribers then hear of the gap.
+    sup: Supervisor,
     conn: RedisConn,
-    /// This connection had worked before: subscribers hear of the gap once
-    /// it works again (Redis confirmed a subscription on it).
-    was_up: bool,
     /// This connection works.
     live: bool,
     /// The next status or error is AUTH's.
@@ -62,10 +59,6 @@ struct Link {
     auth_refused: Option<String>,
     /// The channels Redis confirmed on this connection.
     confirmed: BTreeSet<String>,
-    /// The timer that makes the connection again.
-    retry: RetryTimer,
-    /// Its server is down (since the first failure, until it is up).
-    outage: Outage,
     /// Where the message being read ends (resp::Scan).
     scan: Scan,
     /// Reads on after nginx's other events (READ_TURN).
@@ -80,8 +73,8 @@ const READ_TURN: usize = 512 << 10;
 pub struct RedisHub {
     /// The upstream, for the log.
     upstream: String,
-    /// Made with the hub, never added to later: their events carry
-    /// pointers to them.
+    /// Made with the hub (their events find them through their
+    /// supervisors, not by where they are).
     links: Vec<Link>,
     auth: Option<Vec<u8>>,
     /// The password's key in the worker's table of refused ones.
@@ -142,35 +135,28 @@ impl RedisHub {
         h.links = groups
             .into_iter()
             .enumerate()
-            .map(|(index, addrs)| Link {
-                hub,
-                index,
-                addrs,
-                next: 0,
-                conn: RedisConn::new(),
-                was_up: false,
-                live: false,
-                auth_pending: false,
-                auth_refused: None,
-                confirmed: BTreeSet::new(),
-                retry: RetryTimer::new(std::ptr::null_mut(), Some(retry_event)),
-                outage: Outage::default(),
-                scan: Scan::default(),
-                more: RetryTimer::new(std::ptr::null_mut(), Some(more_event)),
+            .map(|(index, addrs)| {
+                let sup = Supervisor::new(hub, index, addrs.len());
+                let more = RetryTimer::new(sup.data(), Some(more_event));
+                Link {
+                    sup,
+                    addrs,
+                    conn: RedisConn::new(),
+                    live: false,
+                    auth_pending: false,
+                    auth_refused: None,
+                    confirmed: BTreeSet::new(),
+                    scan: Scan::default(),
+                    more,
+                }
             })
             .collect();
-        // (The links stay where they are now.)
-        for l in &mut h.links {
-            let data: *mut Link = l;
-            l.retry.set_data(data.cast());
-            l.more.set_data(data.cast());
-        }
         h
     }
 
     fn server(&self, i: usize) -> &str {
         let l = &self.links[i];
-        l.addrs.get(l.next % l.addrs.len().max(1)).map_or("", |a| &a.name)
+        l.addrs.get(l.sup.next() % l.addrs.len().max(1)).map_or("", |a| &a.name)
     }
 
     /// Closes a link's socket, and frees its TLS state.
@@ -187,11 +173,8 @@ impl RedisHub {
     fn close(&mut self) {
         for i in 0..self.links.len() {
             self.drop_socket(i);
-            let l = &mut self.links[i];
-            l.retry.stop();
-            // A connection made later for new subscribers is no reconnect.
-            l.was_up = false;
-            l.outage.forget();
+            // (A connection made later for new subscribers is no reconnect.)
+            self.links[i].sup.forget();
         }
         self.settle_later.stop();
         self.tell = false;
@@ -223,36 +206,9 @@ impl RedisHub {
     }
 
     /// A connection is gone: tried again later (the next address of a
-    /// cluster) while anyone is subscribed.
+    /// cluster) while anyone is subscribed (common::reconnect).
     fn lost(&mut self, i: usize, why: &str) {
-        let was = self.links[i].conn.state();
-        self.drop_socket(i);
-        if self.channels.is_empty() {
-            return;
-        }
-        let server = self.server(i).to_owned();
-        let failed = self.links[i].outage.failed_logged(
-            was == State::Up,
-            why,
-            format_args!(
-                "cache: the subscribing connection to {server} of upstream \"{}\"",
-                self.upstream
-            ),
-        );
-        let l = &mut self.links[i];
-        l.next = (l.next + 1) % l.addrs.len().max(1);
-        l.retry.start(RETRY);
-        // The subscribers hear it once when an attempt failed and no
-        // connection is up or on its way (with several servers, the others
-        // carry the subscriptions).
-        if failed.tell && !self.told && self.links.iter().all(|l| l.conn.state() == State::Down) {
-            self.told = true;
-            self.tell = true;
-        }
-        // The channels the other connections confirmed are in effect now.
-        if was == State::Up || self.tell {
-            self.settle_later.post();
-        }
+        reconnect::lost(self, i, why);
     }
 
     /// Redis refused the password: the subscriptions end (the responses
@@ -279,7 +235,11 @@ impl RedisHub {
 
     fn connect(&mut self, i: usize) {
         let l = &self.links[i];
-        let Some(addr) = l.addrs.get(l.next % l.addrs.len().max(1)).map(|a| a.sockaddr.clone()) else {
+        let Some(addr) = l
+            .addrs
+            .get(l.sup.next() % l.addrs.len().max(1))
+            .map(|a| a.sockaddr.clone())
+        else {
             return;
         };
         let dial = Dial {
@@ -290,12 +250,12 @@ impl RedisHub {
             log: None,
         };
         let l = &mut self.links[i];
-        let data: *mut Link = l;
+        let data = l.sup.data();
         // (A connect that did not start: nginx's line says why, this one
         // what it comes to.)
         let step = l
             .conn
-            .open::<RedisHub>(&dial, data.cast())
+            .open::<RedisHub>(&dial, data)
             .unwrap_or_else(|e| Step::Lost(e.to_string()));
         if let Some(s) = l.conn.socket() {
             // nginx tells an idle connection when it exits (a reload, a quit).
@@ -414,14 +374,8 @@ impl RedisHub {
                 let l = &mut self.links[i];
                 if !std::mem::replace(&mut l.live, true) {
                     self.told = false;
-                    let l = &mut self.links[i];
-                    let was_up = std::mem::replace(&mut l.was_up, true);
-                    let server = self.server(i).to_owned();
-                    self.links[i].outage.up(format_args!(
-                        "cache: the subscribing connection to {server} of upstream \"{}\"",
-                        self.upstream
-                    ));
-                    if was_up {
+                    let what = self.what(i);
+                    if self.links[i].sup.up(format_args!("{what}")) {
                         let all = self.channels.settled();
                         self.sink.reconnected(&all);
                     }
@@ -471,7 +425,7 @@ impl Hub for RedisHub {
                     pubsub::subscribe(&mut self.links[i].conn.out, [channel.as_bytes()]);
                     self.flush(i);
                 }
-                State::Down if !self.links[i].retry.pending() => self.connect(i),
+                State::Down if !self.links[i].sup.retrying() => self.connect(i),
                 _ => {}
             }
         }
@@ -503,19 +457,66 @@ impl Hub for RedisHub {
     }
 }
 
+impl Supervised for RedisHub {
+    fn supervisor(&mut self, i: usize) -> &mut Supervisor {
+        &mut self.links[i].sup
+    }
+
+    fn what(&self, i: usize) -> String {
+        format!(
+            "cache: the subscribing connection to {} of upstream \"{}\"",
+            self.server(i),
+            self.upstream
+        )
+    }
+
+    fn close_link(&mut self, i: usize) -> bool {
+        let was = self.links[i].conn.state();
+        self.drop_socket(i);
+        was == State::Up
+    }
+
+    fn wanted(&self) -> bool {
+        !self.channels.is_empty()
+    }
+
+    fn all_down(&self) -> bool {
+        self.links.iter().all(|l| l.conn.state() == State::Down)
+    }
+
+    fn told(&mut self) -> &mut bool {
+        &mut self.told
+    }
+
+    /// The subscribers hear of an outage (with several servers, only once
+    /// none is left: the others carry the subscriptions), and the channels
+    /// the other connections confirmed are in effect now: both posted
+    /// (a loss may come while a request subscribes).
+    fn after_loss(&mut self, _: usize, was_up: bool, tell: bool) {
+        self.tell |= tell;
+        if was_up || self.tell {
+            self.settle_later.post();
+        }
+    }
+
+    fn reconnect(&mut self, i: usize) {
+        if self.links[i].conn.state() == State::Down && !self.channels.is_empty() {
+            self.connect(i);
+        }
+    }
+}
+
 impl Owner for RedisHub {
     const EVENT: &'static str = "cache subscribe event";
     const HANDSHAKE: &'static str = "cache subscribe handshake";
 
-    /// `data` is a Link's.
-    unsafe fn from_data<'a>(data: *mut c_void) -> (&'a mut RedisHub, usize) {
-        // SAFETY: data is a Link of a live hub (hubs live for the worker's
-        // life, their links as long as they do); only the two plain fields
-        // are read, no reference to the link is made while the hub's is.
-        unsafe {
-            let link = data as *mut Link;
-            (&mut *(*link).hub, (*link).index)
-        }
+    type Out = ();
+
+    /// `data` is a link's supervisor's (common::reconnect).
+    unsafe fn lend<T>(data: *mut c_void, f: impl FnOnce(&mut RedisHub, usize) -> T) -> Option<T> {
+        // SAFETY: the hubs live for the worker's life, boxed, and their
+        // links' supervisors as long as they do.
+        Some(unsafe { reconnect::lend_seat(data, f) })
     }
 
     fn conn(&mut self, i: usize) -> &mut RedisConn {
@@ -529,6 +530,10 @@ impl Owner for RedisHub {
     fn panicked(&mut self, i: usize) {
         self.lost(i, "an internal error (a panic) in the module");
     }
+
+    fn take_out(&mut self) {}
+
+    fn deliver(_: ()) {}
 }
 
 event_handler! {
@@ -536,35 +541,25 @@ event_handler! {
     fn settle_event(ev) = "cache subscribe settle", {
         // SAFETY: the event's data is its hub, which lives for the
         // worker's life (its Drop would take the event out of the queue).
-        let h = unsafe { &mut *(ev.data() as *mut RedisHub) };
-        if std::mem::take(&mut h.tell) {
-            let all = h.channels.everyone();
-            h.sink.unavailable(&all);
-        }
-        h.settle_all();
+        let settle = |h: &mut RedisHub| {
+            if std::mem::take(&mut h.tell) {
+                let all = h.channels.everyone();
+                h.sink.unavailable(&all);
+            }
+            h.settle_all();
+        };
+        // SAFETY: see above.
+        unsafe { hub::lend(ev.data() as *mut RedisHub, settle) };
     }
 }
 
 event_handler! {
     /// Reads on what a connection left for the next turn (READ_TURN). (The
-    /// event's data is the Link that owns it.)
+    /// event's data is its link's supervisor's.)
     fn more_event(ev) = "cache subscribe read on", {
         run_owner::<RedisHub>(ev.data(), "cache subscribe read on", |h, i| {
             if h.links[i].conn.is_up() {
                 h.read(i);
-            }
-        });
-    }
-}
-
-event_handler! {
-    /// A connection is made again. (The timer's data is the Link that owns
-    /// it.)
-    fn retry_event(ev) = "cache subscribe retry timer", {
-        ev.take_timedout();
-        run_owner::<RedisHub>(ev.data(), "cache subscribe retry", |h, i| {
-            if h.links[i].conn.state() == State::Down && !h.channels.is_empty() && !exiting() {
-                h.connect(i);
             }
         });
     }

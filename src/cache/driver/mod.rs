@@ -219,6 +219,11 @@ pub fn pipes() -> &'static Pipes {
     WORKER.with(|w| &w.pipes)
 }
 
+/// Lends one of the worker's pipelined connections to `f` (`Pipes::lend`).
+fn lend_pipe<T>(id: PipeId, f: impl FnOnce(&mut pipe::PipeConn) -> T) -> Option<T> {
+    pipes().lend(id, f)
+}
+
 /// The worker's hub for an upstream block (`key`) and password, made by
 /// `make` on first use (None: it cannot be made).
 pub fn hub(

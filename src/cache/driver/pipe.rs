@@ -87,7 +87,6 @@ impl Waiter {
 }
 
 pub struct PipeConn {
-    pub(super) id: PipeId,
     pub(super) addr: Vec<u8>,
     pub(super) auth: Option<Vec<u8>>,
     pub(super) tls: Option<TlsClient>,
@@ -297,9 +296,8 @@ impl PipeConn {
             .is_some_and(|w| now.wrapping_sub(w.since) >= SLOW_MS)
     }
 
-    pub(super) fn open(id: PipeId, to: &Endpoint<'_>, sink: &'static dyn Sink) -> Result<Box<PipeConn>, OpenError> {
-        let mut c = Box::new(PipeConn {
-            id,
+    pub(super) fn open(id: PipeId, to: &Endpoint<'_>, sink: &'static dyn Sink) -> Result<PipeConn, OpenError> {
+        let mut c = PipeConn {
             addr: to.addr.to_vec(),
             auth: to.auth.map(<[u8]>::to_vec),
             tls: to.tls.cloned(),
@@ -322,10 +320,11 @@ impl PipeConn {
             kick: RetryTimer::new(std::ptr::null_mut(), Some(kick_event)),
             idle: RetryTimer::new(std::ptr::null_mut(), Some(idle_event)),
             out_buf: Vec::new(),
-        });
-        let data: *mut PipeConn = &mut *c;
-        c.kick.set_data(data.cast());
-        c.idle.set_data(data.cast());
+        };
+        // Its events find it by its number (driver::pipes), not by where it is.
+        let data = id.as_data();
+        c.kick.set_data(data);
+        c.idle.set_data(data);
         if let Some(pw) = c.auth.clone() {
             let (bytes, exchange) = redis::plan_setup(Some(&pw), None, next_ping());
             c.queue(None, exchange, Kind::Open, bytes.len(), |out| {
@@ -339,7 +338,7 @@ impl PipeConn {
             keepalive: to.so_keepalive,
             log: Some(to.log),
         };
-        match c.conn.open::<PipeConn>(&dial, data.cast()) {
+        match c.conn.open::<PipeConn>(&dial, data) {
             Err(_) => return Err(OpenError::Logged),
             Ok(Step::Lost(why)) => {
                 c.conn.close();
@@ -618,15 +617,27 @@ impl PipeConn {
     }
 }
 
+impl PipeId {
+    /// The number as its connection's events carry it (never null).
+    fn as_data(self) -> *mut c_void {
+        std::ptr::without_provenance_mut(self.0 as usize + 1)
+    }
+
+    fn from_data(data: *mut c_void) -> PipeId {
+        PipeId((data as usize).wrapping_sub(1) as u64)
+    }
+}
+
 impl Owner for PipeConn {
     const EVENT: &'static str = "cache pipelined connection event";
     const HANDSHAKE: &'static str = "cache pipelined connection handshake";
 
-    unsafe fn from_data<'a>(data: *mut c_void) -> (&'a mut PipeConn, usize) {
-        // SAFETY: data is a PipeConn's own pointer (set by `open`), which
-        // lives until the connection is dropped from the worker's list,
-        // after its events were stopped.
-        (unsafe { &mut *(data as *mut PipeConn) }, 0)
+    type Out = (&'static dyn Sink, Vec<Outcome>);
+
+    /// `data` is the connection's number (`PipeId::as_data`): it is found
+    /// in the worker's list, and lent from there.
+    unsafe fn lend<T>(data: *mut c_void, f: impl FnOnce(&mut PipeConn, usize) -> T) -> Option<T> {
+        super::lend_pipe(PipeId::from_data(data), |c| f(c, 0))
     }
 
     fn conn(&mut self, _: usize) -> &mut RedisConn {
@@ -648,12 +659,13 @@ impl Owner for PipeConn {
         self.broken("an internal error (a panic) in the module", false);
     }
 
-    /// What the steps delivered is delivered after them, the connection
-    /// untouched since.
-    fn after(&mut self) {
-        let out = self.take_deliveries();
+    fn take_out(&mut self) -> Self::Out {
+        (self.sink, self.take_deliveries())
+    }
+
+    fn deliver((sink, out): Self::Out) {
         if !out.is_empty() {
-            self.sink.deliver(out);
+            sink.deliver(out);
         }
     }
 }

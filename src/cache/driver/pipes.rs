@@ -2,18 +2,22 @@
 //! goes on.
 
 use std::cell::{Cell, RefCell};
+use std::rc::Rc;
 
+use super::conn::Owner;
 use super::pipe::{PipeConn, DEPTH, MAX_CONNS};
 use super::{Endpoint, OpenError, PipeId, Sink};
 use crate::ffi::*;
 
-/// The worker's pipelined connections (driver::pipes).
+/// The worker's pipelined connections (driver::pipes). Each is shared
+/// (`Rc`) and lent one use at a time (`RefCell`): an event of a connection
+/// finds it by its number, holds it while its step runs, and delivers what
+/// the step left once it is not lent any more; a connection the list drops
+/// meanwhile lives on until then. No pointer to a connection is kept
+/// anywhere else.
 #[derive(Default)]
 pub struct Pipes {
-    // Boxed: a connection's events point at it, and it must not move when
-    // the list grows.
-    #[allow(clippy::vec_box)]
-    conns: RefCell<Vec<Box<PipeConn>>>,
+    conns: RefCell<Vec<(PipeId, Rc<RefCell<PipeConn>>)>>,
     next_id: Cell<u64>,
 }
 
@@ -24,15 +28,17 @@ impl Pipes {
     /// loaded.
     pub fn pick(&self, to: &Endpoint<'_>, sink: &'static dyn Sink) -> Result<PipeId, OpenError> {
         let mut conns = self.conns.borrow_mut();
-        // Closed connections go (nothing refers to them: their requests
-        // heard of it, and their events are off).
-        conns.retain(|c| !c.closed);
+        // Closed connections go (their requests heard of it, and their
+        // events are off; one still lent lives until its loan ends).
+        conns.retain(|(_, c)| c.try_borrow().map_or(true, |c| !c.closed));
         let now = current_msec();
         let mut open = 0;
         let mut best: Option<(usize, bool, usize)> = None;
         let mut room = None;
-        for (i, c) in conns.iter().enumerate() {
-            if c.retired || c.addr != to.addr || c.auth.as_deref() != to.auth || c.tls.as_ref() != to.tls {
+        for (i, (_, c)) in conns.iter().enumerate() {
+            // (One lent now is in the middle of a step: not chosen.)
+            let Ok(c) = c.try_borrow() else { continue };
+            if c.closed || c.retired || c.addr != to.addr || c.auth.as_deref() != to.auth || c.tls.as_ref() != to.tls {
                 continue;
             }
             if c.paused || c.heavy {
@@ -61,10 +67,10 @@ impl Pipes {
             }
         }
         if let Some(i) = room {
-            return Ok(conns[i].id);
+            return Ok(conns[i].0);
         }
         match best {
-            Some((_, _, i)) if open >= MAX_CONNS => return Ok(conns[i].id),
+            Some((_, _, i)) if open >= MAX_CONNS => return Ok(conns[i].0),
             _ => {}
         }
         let id = PipeId(self.next_id.get());
@@ -74,21 +80,31 @@ impl Pipes {
             // (It failed at once: a TLS setup that could not start, say.)
             return Err(OpenError::Failed(c.closed_why.clone()));
         }
-        conns.push(c);
+        conns.push((id, Rc::new(RefCell::new(c))));
         Ok(id)
     }
 
-    /// Runs `f` on a connection; what its steps deliver is delivered after.
+    /// A connection, by its number (None: it is gone).
+    fn get(&self, id: PipeId) -> Option<Rc<RefCell<PipeConn>>> {
+        let conns = self.conns.borrow();
+        conns.iter().find(|(i, _)| *i == id).map(|(_, c)| c.clone())
+    }
+
+    /// Lends a connection to `f`, for the call only (what its steps leave
+    /// for others stays with it: `with` delivers it). A connection lent
+    /// already (a step that reaches it again) panics instead of being lent
+    /// twice.
+    pub(super) fn lend<T>(&self, id: PipeId, f: impl FnOnce(&mut PipeConn) -> T) -> Option<T> {
+        let c = self.get(id)?;
+        let mut c = c.borrow_mut();
+        Some(f(&mut c))
+    }
+
+    /// Runs `f` on a connection; what its steps deliver is delivered after,
+    /// once it is not lent any more.
     pub fn with<T>(&self, id: PipeId, f: impl FnOnce(&mut PipeConn) -> T) -> Option<T> {
-        let (t, out, sink) = {
-            let mut conns = self.conns.borrow_mut();
-            let c = conns.iter_mut().find(|c| c.id == id)?;
-            let t = f(c);
-            (t, c.take_deliveries(), c.sink)
-        };
-        if !out.is_empty() {
-            sink.deliver(out);
-        }
+        let (t, out) = self.lend(id, |c| (f(c), c.take_out()))?;
+        PipeConn::deliver(out);
         Some(t)
     }
 }

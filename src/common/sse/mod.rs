@@ -129,7 +129,8 @@ thread_local! {
 event_handler! {
     fn apply_leaving(_ev) = "subscription leave", {
         for (hub, channel, token) in LEAVING.with(|l| std::mem::take(&mut *l.borrow_mut())) {
-            hub.with(|h| h.unsubscribe(&channel, token));
+            // (One that panics does not keep the others from their hubs.)
+            guard(Log::cycle(), "subscription leave", (), || hub.with(|h| h.unsubscribe(&channel, token)));
         }
     }
 }

@@ -11,7 +11,8 @@ use std::collections::{HashMap, VecDeque};
 use std::ffi::CString;
 
 use super::pq::{PgConn, Poll};
-use crate::common::hub::{Added, Channels, Hub, HubSink, Outage, RETRY};
+use crate::common::hub::{self, Added, Channels, Hub, HubSink};
+use crate::common::reconnect::{self, SeatRef, Supervised, Supervisor};
 use crate::common::token::ReqToken;
 use crate::ffi::*;
 use crate::log;
@@ -39,12 +40,12 @@ pub struct Listener {
     in_flight: Option<(String, bool)>,
     /// A statement's results are being read.
     busy: bool,
-    /// The connection had been up before: subscribers hear of the gap.
-    was_up: bool,
-    /// The timer that makes the connection again.
-    retry: RetryTimer,
-    /// The server is down (since the first failure, until it is up).
-    outage: Outage,
+    /// Its retry and its outage; whether it had been up before (the
+    /// subscribers then hear of the gap). Its events find it through it.
+    sup: Supervisor,
+    /// Its subscribers were told (or are to be) that the server is
+    /// unavailable, and it is not up since.
+    told: bool,
     /// Tells the subscribers the server is unavailable (posted: a failure
     /// may come while a request subscribes).
     tell_later: RetryTimer,
@@ -74,15 +75,14 @@ impl Listener {
             queue: VecDeque::new(),
             in_flight: None,
             busy: false,
-            was_up: false,
-            retry: RetryTimer::new(std::ptr::null_mut(), Some(retry_event)),
-            outage: Outage::default(),
+            sup: Supervisor::new::<Listener>(std::ptr::null_mut(), 0, 1),
+            told: false,
             tell_later: RetryTimer::new(std::ptr::null_mut(), Some(tell_event)),
             confirmed: HashMap::new(),
             confirmations: 0,
         });
         let data: *mut Listener = &mut *l;
-        l.retry.set_data(data.cast());
+        l.sup = Supervisor::new(data, 0, 1);
         l.tell_later.set_data(data.cast());
         l
     }
@@ -93,7 +93,7 @@ impl Listener {
         if added == Added::First {
             self.listen(channel);
         }
-        if self.state == State::Down && !self.retry.pending() {
+        if self.state == State::Down && !self.sup.retrying() {
             self.connect();
         }
         added == Added::Active
@@ -120,9 +120,10 @@ impl Listener {
 
     /// Closes the connection (no retry).
     fn close(&mut self) {
-        self.retry.stop();
+        // (A connection made later for new subscribers is no reconnect.)
+        self.sup.forget();
+        self.told = false;
         self.tell_later.stop();
-        self.outage.forget();
         if let Some(s) = self.socket.take() {
             s.release();
         }
@@ -133,8 +134,6 @@ impl Listener {
         self.in_flight = None;
         self.channels.deactivate();
         self.confirmed.clear();
-        // A connection made later for new subscribers is no reconnect.
-        self.was_up = false;
     }
 
     fn command(&mut self, sql: &str, confirms: Option<String>) {
@@ -156,8 +155,7 @@ impl Listener {
         let Some(socket) = Socket::get(pg.socket(), Log::cycle()) else {
             return self.lost("no free connection");
         };
-        let data: *mut Listener = self;
-        socket.set_data(data.cast());
+        socket.set_data(self.sup.data());
         socket.set_handler(Some(listen_event));
         // nginx tells an idle connection when it exits (a reload, a quit).
         socket.set_idle(true);
@@ -175,30 +173,10 @@ impl Listener {
         }
     }
 
-    /// The connection is gone: try again later while anyone listens.
+    /// The connection is gone: try again later while anyone listens
+    /// (common::reconnect).
     fn lost(&mut self, why: &str) {
-        if let Some(s) = self.socket.take() {
-            s.release();
-        }
-        self.pg = None;
-        let was = std::mem::replace(&mut self.state, State::Down);
-        self.busy = false;
-        self.queue.clear();
-        self.in_flight = None;
-        self.channels.deactivate();
-        self.confirmed.clear();
-        if self.channels.is_empty() {
-            return;
-        }
-        let failed = self.outage.failed_logged(
-            was == State::Up,
-            why,
-            format_args!("sqldb: the listening connection to {}", self.name),
-        );
-        if failed.tell {
-            self.tell_later.post();
-        }
-        self.retry.start(RETRY);
+        reconnect::lost(self, 0, why);
     }
 
     fn on_event(&mut self) {
@@ -233,13 +211,14 @@ impl Listener {
                     return self.lost(&e.0);
                 }
                 self.state = State::Up;
-                self.outage
-                    .up(format_args!("sqldb: the listening connection to {}", self.name));
+                let what = self.what(0);
+                let again = self.sup.up(format_args!("{what}"));
+                self.told = false;
                 let channels: Vec<String> = self.channels.names().map(str::to_owned).collect();
                 for c in channels {
                     self.listen(&c);
                 }
-                if std::mem::replace(&mut self.was_up, true) {
+                if again {
                     let all = self.channels.settled();
                     self.sink.reconnected(&all);
                 }
@@ -354,7 +333,7 @@ impl Hub for Listener {
     }
 
     fn unavailable(&self) -> bool {
-        self.outage.told() && !self.tell_later.posted()
+        self.sup.told() && !self.tell_later.posted()
     }
 }
 
@@ -364,26 +343,64 @@ impl Drop for Listener {
     }
 }
 
-event_handler! {
-    /// Read/write readiness of the listening connection.
-    fn listen_event(ev) = "sqldb listen event", {
-        ev.take_timedout();
-        // SAFETY: the connection's data is the Listener that owns it (boxed,
-        // it does not move; it releases the connection before it goes).
-        let l = unsafe { &mut *(ev.connection_data() as *mut Listener) };
-        l.on_event();
+impl Supervised for Listener {
+    fn supervisor(&mut self, _: usize) -> &mut Supervisor {
+        &mut self.sup
+    }
+
+    fn what(&self, _: usize) -> String {
+        format!("sqldb: the listening connection to {}", self.name)
+    }
+
+    fn close_link(&mut self, _: usize) -> bool {
+        if let Some(s) = self.socket.take() {
+            s.release();
+        }
+        self.pg = None;
+        let was = std::mem::replace(&mut self.state, State::Down);
+        self.busy = false;
+        self.queue.clear();
+        self.in_flight = None;
+        self.channels.deactivate();
+        self.confirmed.clear();
+        was == State::Up
+    }
+
+    fn wanted(&self) -> bool {
+        !self.channels.is_empty()
+    }
+
+    fn all_down(&self) -> bool {
+        self.state == State::Down
+    }
+
+    fn told(&mut self) -> &mut bool {
+        &mut self.told
+    }
+
+    /// The subscribers hear of an outage (posted: a failure may come
+    /// while a request subscribes).
+    fn after_loss(&mut self, _: usize, _: bool, tell: bool) {
+        if tell {
+            self.tell_later.post();
+        }
+    }
+
+    fn reconnect(&mut self, _: usize) {
+        if self.state == State::Down && !self.channels.is_empty() {
+            self.connect();
+        }
     }
 }
 
 event_handler! {
-    /// The connection is made again.
-    fn retry_event(ev) = "sqldb listen retry", {
+    /// Read/write readiness of the listening connection.
+    fn listen_event(ev) = "sqldb listen event", {
         ev.take_timedout();
-        // SAFETY: the timer's data is the Listener that owns it.
-        let l = unsafe { &mut *(ev.data() as *mut Listener) };
-        if l.state == State::Down && !l.channels.is_empty() && !exiting() {
-            l.connect();
-        }
+        // SAFETY: the connection's data is its Listener's supervisor's (the
+        // Listener is boxed, and releases the connection before it goes).
+        let seat = unsafe { SeatRef::<Listener>::from_data(ev.connection_data()) };
+        reconnect::step_seat(seat, "sqldb listen step", |l, _| l.on_event());
     }
 }
 
@@ -392,10 +409,13 @@ event_handler! {
     fn tell_event(ev) = "sqldb listen unavailable", {
         // SAFETY: the event's data is the Listener that owns it (its Drop
         // takes the event out of the queue).
-        let l = unsafe { &mut *(ev.data() as *mut Listener) };
-        if l.outage.told() {
-            let all = l.channels.everyone();
-            l.sink.unavailable(&all);
-        }
+        let tell = |l: &mut Listener| {
+            if l.sup.told() {
+                let all = l.channels.everyone();
+                l.sink.unavailable(&all);
+            }
+        };
+        // SAFETY: see above.
+        unsafe { hub::lend(ev.data() as *mut Listener, tell) };
     }
 }

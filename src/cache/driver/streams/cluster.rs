@@ -78,7 +78,7 @@ impl StreamHub {
         };
         let answered = self.links[i]
             .addrs
-            .get(self.links[i].next)
+            .get(self.links[i].sup.next())
             .and_then(|a| socket_addr(&a.sockaddr));
         let ask = r.kind == RedirectKind::Ask;
         let followed = {
@@ -142,7 +142,7 @@ impl StreamHub {
             c.asked_slots = false;
             let answered = self.links[i]
                 .addrs
-                .get(self.links[i].next)
+                .get(self.links[i].sup.next())
                 .and_then(|a| socket_addr(&a.sockaddr));
             let rebuilt = match (kslot::parse_slots(v), answered) {
                 (Ok(ranges), Some(a)) => c.map.borrow_mut().rebuild(&ranges, a).map_err(|e| e.to_string()),

@@ -1,26 +1,80 @@
 //! The stream hub's connections and timers, as nginx calls them: the
-//! `Owner` of its links, the retry timer and the posted telling of an
-//! outage.
+//! `Owner` of its links, their supervision (common::reconnect), and the
+//! posted telling of an outage.
 
 use std::ffi::c_void;
 
 use super::super::conn::{run_owner, Owner, RedisConn, State, Step};
-use super::{Link, StreamHub};
+use super::StreamHub;
+use crate::common::hub;
+use crate::common::reconnect::{self, Supervised, Supervisor};
 use crate::ffi::*;
+
+impl Supervised for StreamHub {
+    fn supervisor(&mut self, i: usize) -> &mut Supervisor {
+        &mut self.links[i].sup
+    }
+
+    fn what(&self, i: usize) -> String {
+        format!(
+            "cache: the stream reading connection to {} of upstream \"{}\"",
+            self.server(i),
+            self.upstream
+        )
+    }
+
+    fn close_link(&mut self, i: usize) -> bool {
+        let was = self.links[i].conn.state();
+        self.links[i].conn.close();
+        self.forget_inflight(i);
+        was == State::Up
+    }
+
+    fn wanted(&self) -> bool {
+        !self.keys.is_empty()
+    }
+
+    fn all_down(&self) -> bool {
+        self.links.iter().all(|l| l.conn.state() == State::Down)
+    }
+
+    fn told(&mut self) -> &mut bool {
+        &mut self.told
+    }
+
+    /// The subscribers hear of an outage (posted: a failure may come while
+    /// a request subscribes); a cluster master's keys go where the next
+    /// map says.
+    fn after_loss(&mut self, i: usize, _: bool, tell: bool) {
+        if tell {
+            self.tell_later.post();
+        }
+        if self.cluster.is_some() && i != 0 {
+            self.kick_all();
+        }
+    }
+
+    fn reconnect(&mut self, i: usize) {
+        if self.links[i].conn.state() == State::Down && !self.keys.is_empty() {
+            self.resolve();
+            if self.has_work(i) {
+                self.connect(i);
+            }
+        }
+    }
+}
 
 impl Owner for StreamHub {
     const EVENT: &'static str = "cache stream event";
     const HANDSHAKE: &'static str = "cache stream handshake";
 
-    /// `data` is a Link's.
-    unsafe fn from_data<'a>(data: *mut c_void) -> (&'a mut StreamHub, usize) {
-        // SAFETY: data is a Link of a live hub (hubs live for the worker's
-        // life, their links as long as they do); only the two plain fields
-        // are read, no reference to the link is made while the hub's is.
-        unsafe {
-            let link = data as *mut Link;
-            (&mut *(*link).hub, (*link).index)
-        }
+    type Out = ();
+
+    /// `data` is a link's supervisor's (common::reconnect).
+    unsafe fn lend<T>(data: *mut c_void, f: impl FnOnce(&mut StreamHub, usize) -> T) -> Option<T> {
+        // SAFETY: the hubs live for the worker's life, boxed, and their
+        // links' supervisors as long as they do.
+        Some(unsafe { reconnect::lend_seat(data, f) })
     }
 
     fn conn(&mut self, i: usize) -> &mut RedisConn {
@@ -34,27 +88,15 @@ impl Owner for StreamHub {
     fn panicked(&mut self, i: usize) {
         self.lost(i, "an internal error (a panic) in the module");
     }
-}
 
-event_handler! {
-    /// The connection is made again. (The timer's data is the Link that
-    /// owns it.)
-    pub(super) fn retry_event(ev) = "cache stream retry timer", {
-        ev.take_timedout();
-        run_owner::<StreamHub>(ev.data(), "cache stream retry", |h, i| {
-            if h.links[i].conn.state() == State::Down && !h.keys.is_empty() && !exiting() {
-                h.resolve();
-                if h.has_work(i) {
-                    h.connect(i);
-                }
-            }
-        });
-    }
+    fn take_out(&mut self) {}
+
+    fn deliver(_: ()) {}
 }
 
 event_handler! {
     /// Reads on what a connection left for the next turn (READ_TURN). (The
-    /// event's data is the Link that owns it.)
+    /// event's data is its link's supervisor's.)
     pub(super) fn more_event(ev) = "cache stream read on", {
         run_owner::<StreamHub>(ev.data(), "cache stream read on", |h, i| {
             if h.links[i].conn.is_up() {
@@ -69,11 +111,14 @@ event_handler! {
     pub(super) fn tell_event(ev) = "cache stream unavailable", {
         // SAFETY: the event's data is its hub, which lives for the
         // worker's life (its Drop takes the event out of the queue).
-        let h = unsafe { &mut *(ev.data() as *mut StreamHub) };
-        if h.told {
-            let all = h.everyone();
-            h.sink.unavailable(&all);
-        }
+        let tell = |h: &mut StreamHub| {
+            if h.told {
+                let all = h.everyone();
+                h.sink.unavailable(&all);
+            }
+        };
+        // SAFETY: see above.
+        unsafe { hub::lend(ev.data() as *mut StreamHub, tell) };
     }
 }
 
@@ -83,12 +128,15 @@ event_handler! {
         ev.take_timedout();
         // SAFETY: the timer's data is its hub, which lives for the
         // worker's life (its Drop takes the timer away).
-        let h = unsafe { &mut *(ev.data() as *mut StreamHub) };
-        for k in h.keys.values_mut() {
-            k.held = false;
-        }
-        if !h.keys.is_empty() && !exiting() {
-            h.kick_all();
-        }
+        let ask = |h: &mut StreamHub| {
+            for k in h.keys.values_mut() {
+                k.held = false;
+            }
+            if !h.keys.is_empty() && !exiting() {
+                h.kick_all();
+            }
+        };
+        // SAFETY: see above.
+        unsafe { hub::lend(ev.data() as *mut StreamHub, ask) };
     }
 }

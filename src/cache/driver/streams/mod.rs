@@ -71,7 +71,8 @@ use gateway_core::streams::{self, EntryId};
 use super::authfail;
 use super::conn::{Dial, RedisConn, State, Step};
 use super::hub::Addr;
-use crate::common::hub::{Hub, Outage, RETRY};
+use crate::common::hub::Hub;
+use crate::common::reconnect::{self, Supervised, Supervisor};
 use crate::common::sse::StreamSink;
 use crate::common::token::ReqToken;
 use crate::ffi::net::TlsClient;
@@ -81,7 +82,7 @@ mod cluster;
 mod events;
 mod keys;
 
-use events::{ask_event, more_event, retry_event, tell_event};
+use events::{ask_event, more_event, tell_event};
 
 /// How long one `XREAD` waits for new entries (ms): also the longest a
 /// key that comes waits for its reading to start.
@@ -167,22 +168,19 @@ enum Op {
 
 /// One of the hub's connections: to the upstream's servers in turn (the
 /// first, and a cluster's seed connection), or to one master of a
-/// cluster. Boxed: its events carry a pointer to it.
+/// cluster.
 struct Link {
-    hub: *mut StreamHub,
-    index: usize,
     addrs: Vec<Addr>,
-    next: usize,
+    /// Its retry, its outage, the address it tries next (its events find
+    /// the hub through it: common::reconnect).
+    sup: Supervisor,
     conn: RedisConn,
-    retry: RetryTimer,
     /// Redis refused the password (its message).
     auth_refused: Option<String>,
     /// What each reply to come answers.
     inflight: VecDeque<Op>,
     /// The master it goes to (a cluster's).
     node: Option<SocketAddr>,
-    /// Its server is down (since the first failure, until it is up).
-    outage: Outage,
     /// Where the reply being read ends (resp::Scan).
     scan: Scan,
     /// Reads on after nginx's other events (READ_TURN).
@@ -199,10 +197,9 @@ struct ClusterSide {
 
 pub struct StreamHub {
     upstream: String,
-    /// Boxed: a link's events carry its address, which must not move when
-    /// a cluster's master adds one.
-    #[allow(clippy::vec_box)]
-    links: Vec<Box<Link>>,
+    /// (A link's events find it through its supervisor, not by where it
+    /// is: a cluster's master adds one.)
+    links: Vec<Link>,
     cluster: Option<ClusterSide>,
     auth: Option<Vec<u8>>,
     auth_key: Option<u64>,
@@ -265,24 +262,18 @@ impl StreamHub {
     fn add_link(&mut self, addrs: Vec<Addr>, node: Option<SocketAddr>) -> usize {
         let hub: *mut StreamHub = self;
         let index = self.links.len();
-        let mut l = Box::new(Link {
-            hub,
-            index,
+        let sup = Supervisor::new(hub, index, addrs.len());
+        let more = RetryTimer::new(sup.data(), Some(more_event));
+        self.links.push(Link {
             addrs,
-            next: 0,
+            sup,
             conn: RedisConn::new(),
-            retry: RetryTimer::new(std::ptr::null_mut(), Some(retry_event)),
             auth_refused: None,
             inflight: VecDeque::new(),
             node,
-            outage: Outage::default(),
             scan: Scan::default(),
-            more: RetryTimer::new(std::ptr::null_mut(), Some(more_event)),
+            more,
         });
-        let data: *mut Link = &mut *l;
-        l.retry.set_data(data.cast());
-        l.more.set_data(data.cast());
-        self.links.push(l);
         index
     }
 
@@ -296,7 +287,7 @@ impl StreamHub {
             }
             match self.links[i].conn.state() {
                 State::Up => self.kick(i),
-                State::Down if !self.links[i].retry.pending() => self.connect(i),
+                State::Down if !self.links[i].sup.retrying() => self.connect(i),
                 _ => {}
             }
         }
@@ -310,7 +301,7 @@ impl StreamHub {
 
     fn server(&self, i: usize) -> &str {
         let l = &self.links[i];
-        l.addrs.get(l.next % l.addrs.len().max(1)).map_or("", |a| &a.name)
+        l.addrs.get(l.sup.next() % l.addrs.len().max(1)).map_or("", |a| &a.name)
     }
 
     /// What was out on a connection that went is asked again on the next
@@ -345,8 +336,7 @@ impl StreamHub {
     fn close(&mut self) {
         for i in 0..self.links.len() {
             self.links[i].conn.close();
-            self.links[i].retry.stop();
-            self.links[i].outage.forget();
+            self.links[i].sup.forget();
             self.forget_inflight(i);
         }
         self.told = false;
@@ -354,35 +344,10 @@ impl StreamHub {
         self.ask_later.stop();
     }
 
+    /// A connection is gone: made again later while anyone reads
+    /// (common::reconnect).
     fn lost(&mut self, i: usize, why: &str) {
-        let was = self.links[i].conn.state();
-        self.links[i].conn.close();
-        self.forget_inflight(i);
-        if self.keys.is_empty() {
-            return;
-        }
-        let server = self.server(i).to_owned();
-        let failed = self.links[i].outage.failed_logged(
-            was == State::Up,
-            why,
-            format_args!(
-                "cache: the stream reading connection to {server} of upstream \"{}\"",
-                self.upstream
-            ),
-        );
-        let l = &mut self.links[i];
-        l.next = (l.next + 1) % l.addrs.len().max(1);
-        l.retry.start(RETRY);
-        // The subscribers hear it once when an attempt failed and no
-        // connection is up or on its way.
-        if failed.tell && !self.told && self.links.iter().all(|l| l.conn.state() == State::Down) {
-            self.told = true;
-            self.tell_later.post();
-        }
-        if self.cluster.is_some() && i != 0 {
-            // Its keys go where the next map says.
-            self.kick_all();
-        }
+        reconnect::lost(self, i, why);
     }
 
     /// Every subscriber of every key.
@@ -409,7 +374,11 @@ impl StreamHub {
 
     fn connect(&mut self, i: usize) {
         let l = &self.links[i];
-        let Some(addr) = l.addrs.get(l.next % l.addrs.len().max(1)).map(|a| a.sockaddr.clone()) else {
+        let Some(addr) = l
+            .addrs
+            .get(l.sup.next() % l.addrs.len().max(1))
+            .map(|a| a.sockaddr.clone())
+        else {
             return;
         };
         let dial = Dial {
@@ -420,10 +389,10 @@ impl StreamHub {
             log: None,
         };
         let l = &mut self.links[i];
-        let data: *mut Link = &mut **l;
+        let data = l.sup.data();
         let step = l
             .conn
-            .open::<StreamHub>(&dial, data.cast())
+            .open::<StreamHub>(&dial, data)
             .unwrap_or_else(|e| Step::Lost(e.to_string()));
         if let Some(s) = l.conn.socket() {
             // nginx tells an idle connection when it exits (a reload, a quit).
@@ -436,11 +405,8 @@ impl StreamHub {
         match step {
             Step::Wait => {}
             Step::Up => {
-                let server = self.server(i).to_owned();
-                self.links[i].outage.up(format_args!(
-                    "cache: the stream reading connection to {server} of upstream \"{}\"",
-                    self.upstream
-                ));
+                let what = self.what(i);
+                self.links[i].sup.up(format_args!("{what}"));
                 self.told = false;
                 let l = &mut self.links[i];
                 l.conn.out.clear();

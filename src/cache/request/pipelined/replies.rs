@@ -129,7 +129,10 @@ impl Sink for RequestSide {
                 } else {
                     "cache reply"
                 };
-                guard_request(r, entry, |r| outcome(r, d));
+                guard_request(r, entry, |r| {
+                    fault_point("delivery");
+                    outcome(r, d)
+                });
                 posted.run();
             });
         }
