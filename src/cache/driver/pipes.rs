@@ -78,6 +78,21 @@ impl Pipes {
         Ok(id)
     }
 
+    /// Closes every connection to `addr` (a master that is one no more):
+    /// the requests on them go on to the next try.
+    pub fn close_to(&self, addr: std::net::SocketAddr, why: &str) {
+        let ids: Vec<PipeId> = self
+            .conns
+            .borrow()
+            .iter()
+            .filter(|c| !c.closed && crate::ffi::conf::socket_addr(&c.addr) == Some(addr))
+            .map(|c| c.id)
+            .collect();
+        for id in ids {
+            self.with(id, |c| c.close(why));
+        }
+    }
+
     /// Runs `f` on a connection; what its steps deliver is delivered after.
     pub fn with<T>(&self, id: PipeId, f: impl FnOnce(&mut PipeConn) -> T) -> Option<T> {
         let (t, out, sink) = {
