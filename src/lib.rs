@@ -59,6 +59,7 @@ impl cache::config::Entries for CacheEntries {
     const OWNER_OF: common::upstream::OwnerOf = sqldb::config::upstream::owner_of;
     const CONTENT: ngx_http_handler_pt = Some(cache::content_handler);
     const PEER_INIT: ngx_http_upstream_init_peer_pt = Some(cache::request::balancer::init_peer);
+    const SENTINEL_PEER_INIT: ngx_http_upstream_init_peer_pt = Some(cache::request::sentinel::init_peer);
     const OTHERS: &'static [(ngx_http_handler_pt, &'static str)] =
         &[(Some(sqldb::request::content_handler), "\"sqldb_pass\"")];
 }
@@ -294,7 +295,7 @@ cycle_handler! {
 
 use cache::config as cc;
 
-static mut CACHE_COMMANDS: [ngx_command_t; 29] = [
+static mut CACHE_COMMANDS: [ngx_command_t; 31] = [
     command(
         "cache_pass\0",
         NGX_HTTP_LOC_CONF | NGX_HTTP_LIF_CONF | NGX_CONF_TAKE1,
@@ -391,6 +392,20 @@ static mut CACHE_COMMANDS: [ngx_command_t; 29] = [
         "cache_cluster\0",
         NGX_HTTP_UPS_CONF | NGX_CONF_TAKE1,
         cc::cluster::cmd_cache_cluster::<CacheEntries>,
+        NGX_HTTP_MAIN_CONF_OFFSET,
+        0,
+    ),
+    command(
+        "cache_sentinel\0",
+        NGX_HTTP_UPS_CONF | NGX_CONF_TAKE1,
+        cc::sentinel::cmd_cache_sentinel::<CacheEntries>,
+        NGX_HTTP_MAIN_CONF_OFFSET,
+        0,
+    ),
+    command(
+        "cache_sentinel_auth\0",
+        NGX_HTTP_UPS_CONF | NGX_CONF_TAKE1,
+        cc::sentinel::cmd_cache_sentinel_auth,
         NGX_HTTP_MAIN_CONF_OFFSET,
         0,
     ),
@@ -505,6 +520,7 @@ pub static mut ngx_http_gateway_cache_module: ngx_module_t = ngx_module_t {
     ctx: ptr::addr_of!(CACHE_CTX) as *mut _,
     commands: ptr::addr_of_mut!(CACHE_COMMANDS) as *mut _,
     type_: NGX_HTTP_MODULE as ngx_uint_t,
+    init_process: Some(cache::request::sentinel::init_process),
     ..ngx_module_t::default()
 };
 

@@ -82,6 +82,10 @@ families! {
         "Series not recorded because the metrics table was full.";
     SubscribersDropped = "subscribers_dropped_total", Counter, ["source", "reason"],
         "Subscribers of server-sent events dropped (reason: behind, buffers_max, error).";
+    CacheSentinelMaster = "cache_sentinel_master", Gauge, ["upstream", "set", "master"],
+        "Workers whose confirmed master of a Sentinel set is this address.";
+    CacheSentinelSwitches = "cache_sentinel_switches_total", Counter, ["upstream", "set"],
+        "Master switches of a Sentinel set, counted by each worker that followed one.";
 }
 
 /// Histogram bucket bounds, in microseconds (rendered in seconds).

@@ -66,6 +66,11 @@ pub fn unregister(t: ReqToken) {
     REQUESTS.with(|l| l.unregister(t));
 }
 
+/// The token names a request (or a reserved token) that is still there.
+pub fn is_live(t: ReqToken) -> bool {
+    REQUESTS.with(|l| l.lookup(t).is_some())
+}
+
 /// A token of the requests' kind for work of the gateway's own that no
 /// request carries (a query it runs for subscribers): a driver takes it
 /// as a request's, `with_request` finds nothing for it. `unregister` ends it.

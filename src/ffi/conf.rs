@@ -48,6 +48,13 @@ impl ComplexValue {
         // SAFETY: compiled into configuration memory, which outlives every request.
         unsafe { self.0.as_ref() }.lengths.is_null()
     }
+
+    /// The value's bytes, when it is a constant.
+    pub fn constant(self) -> Option<&'static [u8]> {
+        // SAFETY: as above; a constant's value is its text, in the same memory.
+        let v = unsafe { self.0.as_ref() };
+        v.lengths.is_null().then(|| v.value.as_bytes())
+    }
 }
 
 impl Conf {

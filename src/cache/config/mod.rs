@@ -3,6 +3,7 @@
 //! variables it reads.
 
 pub mod cluster;
+pub mod sentinel;
 mod tls;
 
 use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
@@ -47,6 +48,8 @@ unsafe impl HttpModuleLocationConf for Cache {
 pub trait Entries {
     /// The peer init of `cache_cluster` blocks.
     const PEER_INIT: ngx_http_upstream_init_peer_pt;
+    /// The peer init of `cache_sentinel` blocks.
+    const SENTINEL_PEER_INIT: ngx_http_upstream_init_peer_pt;
     /// The owner of a block that another gateway's lines make.
     const OWNER_OF: OwnerOf;
     const CONTENT: ngx_http_handler_pt;
@@ -118,6 +121,8 @@ pub struct CacheMainConf {
     pub exptime: ngx_int_t,
     /// Upstream blocks with `cache_cluster`.
     pub clusters: Vec<Box<cluster::Cluster>>,
+    /// Upstream blocks with `cache_sentinel` (or `cache_sentinel_auth`).
+    pub sentinels: Vec<Box<sentinel::Sentinel>>,
     /// `cache_subscribe_buffers_max`: bytes that may wait for this
     /// worker's `cache_subscribe` subscribers, all together
     /// (NGX_CONF_UNSET_SIZE: the default).
@@ -194,6 +199,15 @@ fn merge_or<T: PartialEq + Copy>(conf: &mut T, prev: T, unset: T, default: T) {
 }
 
 impl CacheLocConf {
+    /// The `cache_auth` password when it has no variables (Some(None):
+    /// none, or an empty one); None when it has variables.
+    pub fn auth_literal(&self) -> Option<Option<Vec<u8>>> {
+        match self.auth {
+            None => Some(None),
+            Some(cv) => cv.constant().map(|v| Some(v.to_vec()).filter(|v| !v.is_empty())),
+        }
+    }
+
     /// `cache_subscribe` and `cache_publish` need `cache_pass` beside them.
     fn check_channel(&self) -> Result<(), ConfError> {
         // (Found when the levels are merged: named at the directive's line.)
@@ -518,6 +532,9 @@ fn postconfigure(cf: Conf) -> Result<(), ConfError> {
         }
     }
     tls::same_tls_per_upstream(&cf, &mcf.pending)?;
+    let pending = std::mem::take(&mut mcf.pending);
+    sentinel::check(mcf, &pending)?;
+    mcf.pending = pending;
     let index = |name: &str| {
         if !cf.variable_declared(name.as_bytes()) {
             return Ok(-1);

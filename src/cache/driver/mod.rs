@@ -10,6 +10,8 @@ mod conn;
 pub mod hub;
 pub mod pipe;
 mod pipes;
+pub mod sentinel;
+mod sentinel_reply;
 pub mod streams;
 
 use std::cell::{Cell, RefCell};

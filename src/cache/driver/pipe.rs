@@ -266,6 +266,11 @@ impl PipeConn {
         self.kick.post();
     }
 
+    /// Closes it now: its requests hear why, and go on to their next try.
+    pub fn close(&mut self, why: &str) {
+        self.broken(why, false);
+    }
+
     /// The client of the request being answered caught up: read on.
     pub fn resume(&mut self) {
         if self.paused {

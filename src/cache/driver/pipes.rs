@@ -84,6 +84,25 @@ impl Pipes {
         Ok(id)
     }
 
+    /// Closes every connection to `addr` (a master that is one no more):
+    /// the requests on them go on to the next try. (A connection lent now
+    /// is the one whose step calls this: it is left to that step.)
+    pub fn close_to(&self, addr: std::net::SocketAddr, why: &str) {
+        let ids: Vec<PipeId> = self
+            .conns
+            .borrow()
+            .iter()
+            .filter(|(_, c)| {
+                c.try_borrow()
+                    .is_ok_and(|c| !c.closed && crate::ffi::conf::socket_addr(&c.addr) == Some(addr))
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            self.with(id, |c| c.close(why));
+        }
+    }
+
     /// A connection, by its number (None: it is gone).
     fn get(&self, id: PipeId) -> Option<Rc<RefCell<PipeConn>>> {
         let conns = self.conns.borrow();

@@ -26,6 +26,7 @@ use upstream::{filter, filter_init, CALLBACKS};
 pub mod balancer;
 mod cluster;
 mod pipelined;
+pub mod sentinel;
 mod series;
 mod stream;
 mod subscribe;
@@ -56,6 +57,8 @@ pub struct Ctx {
     body_len: Option<usize>,
     /// On a shared, pipelined connection (`cache_pipeline`).
     pub(super) shared: Option<pipelined::SharedReq>,
+    /// To a Sentinel set's master (`cache_sentinel`).
+    pub(super) sentinel: Option<sentinel::SentinelReq>,
 }
 
 // SAFETY: the module's context slot is written by Req::set_ctx::<Cache>
@@ -365,6 +368,7 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
         cluster,
         body_len: None,
         shared: shared.then(|| pipelined::SharedReq::new(crate::common::token::register(r))),
+        sentinel: None,
     };
     r.set_ctx::<Cache>(ctx).ok_or(StartError::Nginx)?;
     if matches!(command, Command::Publish | Command::StreamAdd) {

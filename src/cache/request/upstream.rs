@@ -326,6 +326,9 @@ fn error_reply(u: &mut Reply, ctx: &mut Ctx, pool: Pool, log: Log, e: &ReplyErro
         if let Some(t) = ctx.cluster.as_ref().and_then(|cr| cr.topology()) {
             t.borrow_mut().mark_stale();
         }
+        if let Some(sr) = ctx.sentinel.as_mut() {
+            sr.not_now = true;
+        }
         drop_unread(u);
         let ft = (NGX_HTTP_UPSTREAM_FT_INVALID_HEADER | NGX_HTTP_UPSTREAM_FT_NON_IDEMPOTENT) as ngx_uint_t;
         if !u.next_upstream_on(pool, ft) {

@@ -84,6 +84,8 @@ pub struct SharedReq {
     moves: u8,
     /// The request has ended (finalized, or nginx ended it).
     done: bool,
+    /// It waits for a Sentinel set's master to be confirmed.
+    parked: bool,
     /// Value bytes read in this try (`$upstream_response_length`).
     length: u64,
     /// The value's length, as its reply says.
@@ -118,6 +120,7 @@ impl SharedReq {
             peer_held: false,
             timer_connecting: false,
             moves: 0,
+            parked: false,
             done: false,
             length: 0,
             value_len: None,
@@ -209,8 +212,12 @@ fn guard_request(r: &mut Req, entry: &str, body: impl FnOnce(&mut Req)) {
 }
 
 /// Asks the balancer for a server and queues the request on one of its
-/// connections.
+/// connections. To a Sentinel set with no master confirmed now, the
+/// request waits for one first (under `cache_connect_timeout`).
 fn dispatch(r: &mut Req) {
+    if !sentinel_ready(r) {
+        return;
+    }
     if !r.begin_upstream_try() {
         return end(r, HTTP_INTERNAL_SERVER_ERROR);
     }
@@ -526,6 +533,11 @@ fn next(r: &mut Req, ft: u32, sent: bool, reused: bool, verdict: Verdict) {
         HTTP_BAD_GATEWAY
     };
     leave(r);
+    if verdict == Verdict::NotNow {
+        if let Some(sr) = ctx_of(r).and_then(|c| c.sentinel.as_mut()) {
+            sr.not_now = true;
+        }
+    }
     let peer_state = if verdict == Verdict::Failed {
         NGX_PEER_FAILED
     } else {
@@ -582,6 +594,9 @@ request_event_handler! {
         if s.done {
             return;
         }
+        if std::mem::take(&mut s.parked) {
+            return no_master(r);
+        }
         let (conn, started) = (s.conn, s.started);
         if let Some(id) = conn {
             // Redis may be stuck: no new requests go to that connection.
@@ -617,4 +632,56 @@ request_cleanup_handler! {
             finish_try(r, NGX_HTTP_CLIENT_CLOSED_REQUEST as ngx_int_t, 0);
         }
     }
+}
+
+/// A request to a Sentinel set: true when its master is confirmed (or it
+/// is not to a set); else the request waits for one (false).
+fn sentinel_ready(r: &mut Req) -> bool {
+    let lcf: &CacheLocConf = r.loc_conf::<Cache>();
+    let Some(ctx) = ctx_of(r) else { return true };
+    let (Some(sr), Some(s)) = (ctx.sentinel.as_ref(), ctx.shared.as_mut()) else {
+        return true;
+    };
+    if sr.master().is_some() {
+        return true;
+    }
+    let Some(who) = s.handle.who.get() else { return true };
+    s.parked = true;
+    if let Some(t) = s.timer {
+        if !t.timer_set() {
+            t.add_timer(lcf.upstream.connect_timeout);
+        }
+    }
+    sr.wait(who, resume_parked);
+    false
+}
+
+/// A master is confirmed: the waiting request goes on.
+fn resume_parked(r: &mut Req) {
+    guard_request(r, "cache sentinel resume", |r| {
+        let Some(s) = shared_of(r) else { return };
+        if s.done || !std::mem::take(&mut s.parked) {
+            return;
+        }
+        if let Some(t) = s.timer {
+            t.clear();
+        }
+        dispatch(r);
+    });
+}
+
+/// No master was confirmed within `cache_connect_timeout`: 503, to be
+/// asked again in a second.
+fn no_master(r: &mut Req) {
+    let lcf: &CacheLocConf = r.loc_conf::<Cache>();
+    log!(
+        NGX_LOG_ERR,
+        r.log(),
+        "cache: no master of the sentinel set was confirmed within {} ms (cache_connect_timeout)",
+        lcf.upstream.connect_timeout
+    );
+    if !r.add_header("Retry-After", "1") {
+        return end(r, HTTP_INTERNAL_SERVER_ERROR);
+    }
+    end(r, HTTP_SERVICE_UNAVAILABLE);
 }

@@ -1,0 +1,714 @@
+//! The worker's watch of a Redis Sentinel master set (`cache_sentinel`):
+//! which server is the master, as the Sentinels name it and as the server
+//! itself confirms with `ROLE`, and the replicas the Sentinels list.
+//!
+//! Three connections per set and worker, each made when needed:
+//! - the question (a Sentinel): `SENTINEL get-master-addr-by-name NAME`
+//!   and `SENTINEL replicas NAME`, then closed; the next Sentinel when one
+//!   cannot be reached or does not know the set;
+//! - the check (the server a Sentinel named): `AUTH` (the upstream's
+//!   `cache_auth`, sent to no server before a Sentinel named it), `ROLE`;
+//!   a master is confirmed, anything else (a replica, no connection) is
+//!   asked about again after `RETRY_MS`;
+//! - the watch (one Sentinel, the next when it goes): `SUBSCRIBE
+//!   +switch-master`; a switch of the set is checked at once.
+//!
+//! Requests learn the confirmed master here; while there is none they wait
+//! (`wait`) and are woken once one is confirmed. A request that finds the
+//! master refusing connections or writes (`suspect`) takes the
+//! confirmation back, and the Sentinels are asked again. Sentinels are the
+//! only source of addresses: nothing else a server says moves a request.
+
+use std::collections::VecDeque;
+use std::ffi::c_void;
+use std::net::SocketAddr;
+
+use gateway_core::metrics::Id;
+use gateway_core::resp::{self, Value};
+
+use super::conn::{Dial, Owner, RedisConn, Step};
+pub use super::sentinel_reply::Replica;
+use super::sentinel_reply::{is_bulk, parse_addr, parse_replicas};
+use crate::common::token::{self, ReqToken};
+use crate::ffi::conf::sockaddr_bytes;
+use crate::ffi::*;
+use crate::{log, metrics};
+
+/// How long after a question that confirmed no master the Sentinels are
+/// asked again (ms).
+pub const RETRY_MS: ngx_msec_t = 200;
+/// How often the replicas are asked for again while a master is confirmed (ms).
+pub const REFRESH_MS: ngx_msec_t = 5_000;
+/// The longest reply read from a Sentinel or a server's `ROLE`.
+const MAX_REPLY: usize = 1024 * 1024;
+/// The watch's channels: a switch, and a replica promoted (which comes
+/// first: the old master may still take writes until it is told).
+const SWITCH: &[u8] = b"+switch-master";
+const PROMOTED: &[u8] = b"+promoted-slave";
+
+/// A set, as the configuration gives it.
+#[derive(Clone)]
+pub struct SetConf {
+    /// The upstream block's address: the set's key in the worker.
+    pub key: usize,
+    pub upstream: String,
+    pub name: Vec<u8>,
+    pub sentinels: Vec<SocketAddr>,
+    pub auth: Option<Vec<u8>>,
+    pub data_auth: Option<Vec<u8>>,
+    pub connect_timeout: ngx_msec_t,
+}
+
+/// A reply a connection waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Due {
+    Auth,
+    MasterAddr,
+    Replicas,
+    Role,
+    Subscribe,
+}
+
+const QUERY: usize = 0;
+const CHECK: usize = 1;
+const WATCH: usize = 2;
+
+struct Link {
+    /// Its set, and its place there (for its events).
+    set: *mut SetState,
+    index: usize,
+    conn: RedisConn,
+    due: VecDeque<Due>,
+    /// The server it goes to.
+    peer: Option<SocketAddr>,
+}
+
+/// What a request that waits for a master does once one is confirmed.
+pub type Resume = fn(&mut Req);
+
+pub struct SetState {
+    conf: SetConf,
+    links: Vec<Link>,
+    /// The master confirmed (None: none now; requests wait).
+    master: Option<SocketAddr>,
+    /// The master last confirmed (a switch is a new one).
+    current: Option<SocketAddr>,
+    /// The master the question being asked named.
+    named: Option<SocketAddr>,
+    replicas: Vec<Replica>,
+    /// The Sentinel asked next, and those tried in this round.
+    ask: usize,
+    tried: usize,
+    /// The Sentinel of the watch.
+    watch_at: usize,
+    /// The watch was subscribed before (it is asked again once it is back).
+    watched: bool,
+    /// Sentinels logged as not reachable.
+    down: Vec<bool>,
+    waiting: Vec<(ReqToken, Resume)>,
+    /// Masters left: their shared connections close.
+    left: Vec<SocketAddr>,
+    retry: RetryTimer,
+    watch_retry: RetryTimer,
+    refresh: RetryTimer,
+    wake: RetryTimer,
+    /// A question or a check that takes longer than the connect timeout
+    /// (a server that takes connections and does not answer) fails.
+    query_deadline: RetryTimer,
+    check_deadline: RetryTimer,
+}
+
+thread_local! {
+    // Boxed: the links' events point at their set, which must not move
+    // when the list grows.
+    #[allow(clippy::vec_box)]
+    static SETS: std::cell::RefCell<Vec<Box<SetState>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on the worker's state of a set, made (and its watch started)
+/// on first use.
+fn with_set<T>(conf: impl FnOnce() -> SetConf, key: usize, f: impl FnOnce(&mut SetState) -> T) -> T {
+    SETS.with(|sets| {
+        let mut sets = sets.borrow_mut();
+        let at = match sets.iter().position(|s| s.conf.key == key) {
+            Some(at) => at,
+            None => {
+                sets.push(SetState::new(conf()));
+                let s = sets.last_mut().expect("just pushed");
+                s.start();
+                sets.len() - 1
+            }
+        };
+        f(&mut sets[at])
+    })
+}
+
+/// What a request finds: the confirmed master, and the replicas.
+pub struct View {
+    pub master: Option<SocketAddr>,
+    pub replicas: Vec<Replica>,
+}
+
+/// The set's master (None: none is confirmed now) and replicas.
+pub fn view(key: usize, conf: impl FnOnce() -> SetConf) -> View {
+    with_set(conf, key, |s| View {
+        master: s.master,
+        replicas: s.replicas.clone(),
+    })
+}
+
+/// A request waits for a confirmed master: `resume` runs with it once
+/// there is one (the request times out on its own).
+pub fn wait(key: usize, conf: impl FnOnce() -> SetConf, who: ReqToken, resume: Resume) {
+    with_set(conf, key, |s| {
+        s.waiting.retain(|(t, _)| token::is_live(*t));
+        s.waiting.push((who, resume));
+        if s.master.is_some() {
+            s.wake.post();
+        }
+    })
+}
+
+/// A request found `addr` refusing a connection or a write, or not a
+/// master: it is not the master until the Sentinels say so again.
+pub fn suspect(key: usize, conf: impl FnOnce() -> SetConf, addr: SocketAddr, why: &str) {
+    with_set(conf, key, |s| {
+        if s.master != Some(addr) {
+            return;
+        }
+        log!(
+            NGX_LOG_INFO,
+            Log::cycle(),
+            "cache: the master {addr} of sentinel set \"{}\" of upstream \"{}\": {why}; asking the Sentinels again",
+            s.name(),
+            s.conf.upstream
+        );
+        s.master = None;
+        if s.idle() {
+            s.query();
+        }
+    })
+}
+
+impl SetState {
+    fn new(conf: SetConf) -> Box<SetState> {
+        let n = conf.sentinels.len();
+        let mut s = Box::new(SetState {
+            conf,
+            links: Vec::new(),
+            master: None,
+            current: None,
+            named: None,
+            replicas: Vec::new(),
+            ask: 0,
+            tried: 0,
+            watch_at: 0,
+            watched: false,
+            down: vec![false; n],
+            waiting: Vec::new(),
+            left: Vec::new(),
+            retry: RetryTimer::new(std::ptr::null_mut(), Some(retry_event)),
+            watch_retry: RetryTimer::new(std::ptr::null_mut(), Some(watch_retry_event)),
+            refresh: RetryTimer::new(std::ptr::null_mut(), Some(retry_event)),
+            wake: RetryTimer::new(std::ptr::null_mut(), Some(wake_event)),
+            query_deadline: RetryTimer::new(std::ptr::null_mut(), Some(query_deadline_event)),
+            check_deadline: RetryTimer::new(std::ptr::null_mut(), Some(check_deadline_event)),
+        });
+        let p: *mut SetState = &mut *s;
+        for index in 0..3 {
+            s.links.push(Link {
+                set: p,
+                index,
+                conn: RedisConn::new(),
+                due: VecDeque::new(),
+                peer: None,
+            });
+        }
+        s.retry.set_data(p.cast());
+        s.watch_retry.set_data(p.cast());
+        s.refresh.set_data(p.cast());
+        s.wake.set_data(p.cast());
+        s.query_deadline.set_data(p.cast());
+        s.check_deadline.set_data(p.cast());
+        s
+    }
+
+    fn name(&self) -> String {
+        String::from_utf8_lossy(&self.conf.name).into_owned()
+    }
+
+    fn start(&mut self) {
+        self.query();
+        self.watch();
+    }
+
+    /// No question or check under way, none planned.
+    fn idle(&self) -> bool {
+        self.links[QUERY].conn.state() == super::conn::State::Down
+            && self.links[CHECK].conn.state() == super::conn::State::Down
+            && !self.retry.pending()
+    }
+
+    /// Opens link `i` to `addr` with `out` queued; false when it could not
+    /// start (its failure is handled).
+    fn open(&mut self, i: usize, addr: SocketAddr, out: Vec<u8>, due: VecDeque<Due>) {
+        let link = &mut self.links[i];
+        link.conn.close();
+        link.peer = Some(addr);
+        link.due = due;
+        link.conn.out = out;
+        let bytes = sockaddr_bytes(addr);
+        let dial = Dial {
+            addr: &bytes,
+            tls: None,
+            connect_timeout: self.conf.connect_timeout,
+            keepalive: i == WATCH,
+            log: None,
+        };
+        let data: *mut Link = link;
+        let deadline = match i {
+            QUERY => Some(&mut self.query_deadline),
+            CHECK => Some(&mut self.check_deadline),
+            _ => None,
+        };
+        if let Some(d) = deadline {
+            d.stop();
+            // (Twice the connect timeout: the connection, then the replies.)
+            d.start(self.conf.connect_timeout.saturating_mul(2));
+        }
+        let link = &mut self.links[i];
+        match link.conn.open::<SetState>(&dial, data.cast()) {
+            Err(_) => self.failed(i, "the connection could not start".to_owned()),
+            Ok(step) => self.step(i, step),
+        }
+    }
+
+    /// `AUTH` with the Sentinels' password, when there is one.
+    fn sentinel_auth(&self, out: &mut Vec<u8>, due: &mut VecDeque<Due>) {
+        if let Some(pw) = &self.conf.auth {
+            resp::command(out, &[b"AUTH", pw]);
+            due.push_back(Due::Auth);
+        }
+    }
+
+    /// Asks a Sentinel which server is the master, and the replicas.
+    fn query(&mut self) {
+        if exiting() {
+            return;
+        }
+        self.retry.stop();
+        let addr = self.conf.sentinels[self.ask % self.conf.sentinels.len()];
+        let (mut out, mut due) = (Vec::new(), VecDeque::new());
+        self.sentinel_auth(&mut out, &mut due);
+        resp::command(&mut out, &[b"SENTINEL", b"get-master-addr-by-name", &self.conf.name]);
+        resp::command(&mut out, &[b"SENTINEL", b"replicas", &self.conf.name]);
+        due.extend([Due::MasterAddr, Due::Replicas]);
+        self.named = None;
+        self.open(QUERY, addr, out, due);
+    }
+
+    /// Subscribes to the switches on a Sentinel.
+    fn watch(&mut self) {
+        if exiting() {
+            return;
+        }
+        let addr = self.conf.sentinels[self.watch_at % self.conf.sentinels.len()];
+        let (mut out, mut due) = (Vec::new(), VecDeque::new());
+        self.sentinel_auth(&mut out, &mut due);
+        resp::command(&mut out, &[b"SUBSCRIBE", SWITCH, PROMOTED]);
+        due.extend([Due::Subscribe, Due::Subscribe]);
+        self.open(WATCH, addr, out, due);
+    }
+
+    /// Checks with `ROLE` that a server the Sentinels named is a master.
+    fn check(&mut self, addr: SocketAddr) {
+        let (mut out, mut due) = (Vec::new(), VecDeque::new());
+        if let Some(pw) = &self.conf.data_auth {
+            resp::command(&mut out, &[b"AUTH", pw]);
+            due.push_back(Due::Auth);
+        }
+        resp::command(&mut out, &[b"ROLE"]);
+        due.push_back(Due::Role);
+        self.open(CHECK, addr, out, due);
+    }
+
+    /// A Sentinel answered (it is reachable).
+    fn reached(&mut self, at: usize) {
+        if let Some(d) = self.down.get_mut(at) {
+            if std::mem::take(d) {
+                log!(
+                    NGX_LOG_NOTICE,
+                    Log::cycle(),
+                    "cache: sentinel {} of upstream \"{}\" can be reached again",
+                    self.conf.sentinels[at],
+                    self.conf.upstream
+                );
+            }
+        }
+    }
+
+    /// A Sentinel could not be reached or answer: logged once until it
+    /// answers again.
+    fn unreachable(&mut self, at: usize, why: &str) {
+        if let Some(d) = self.down.get_mut(at) {
+            if !std::mem::replace(d, true) {
+                log!(
+                    NGX_LOG_NOTICE,
+                    Log::cycle(),
+                    "cache: sentinel {} of upstream \"{}\" cannot be reached: {why}",
+                    self.conf.sentinels[at],
+                    self.conf.upstream
+                );
+            }
+        }
+    }
+
+    /// Link `i` failed (or its server answered what it must not).
+    fn failed(&mut self, i: usize, why: String) {
+        let link = &mut self.links[i];
+        link.conn.close();
+        link.due.clear();
+        let peer = link.peer.take();
+        if exiting() {
+            return;
+        }
+        let n = self.conf.sentinels.len();
+        match i {
+            QUERY => {
+                self.unreachable(self.ask % n, &why);
+                self.ask = (self.ask + 1) % n;
+                self.tried += 1;
+                if self.tried < n {
+                    self.query();
+                } else {
+                    self.tried = 0;
+                    self.retry.start(RETRY_MS);
+                }
+            }
+            CHECK => {
+                if let Some(a) = peer {
+                    log!(
+                        NGX_LOG_INFO,
+                        Log::cycle(),
+                        "cache: {a}, named master of sentinel set \"{}\" of upstream \"{}\", is not confirmed: {why}",
+                        self.name(),
+                        self.conf.upstream
+                    );
+                }
+                if self.master.is_none() {
+                    // (Another Sentinel next: this one may not know yet.)
+                    self.ask = (self.ask + 1) % n;
+                    self.retry.start(RETRY_MS);
+                }
+            }
+            _ => {
+                self.unreachable(self.watch_at % n, &why);
+                self.watch_at = (self.watch_at + 1) % n;
+                self.watch_retry.start(RETRY_MS);
+            }
+        }
+    }
+
+    /// The question is answered: the master the Sentinel named is checked,
+    /// unless it is the one confirmed.
+    fn answered(&mut self) {
+        let n = self.conf.sentinels.len();
+        self.reached(self.ask % n);
+        self.tried = 0;
+        self.links[QUERY].conn.close();
+        self.links[QUERY].peer = None;
+        match self.named {
+            Some(a) if self.master == Some(a) => self.refresh.start(REFRESH_MS),
+            Some(a) => {
+                // (The Sentinels are the authority: the master confirmed
+                // before is not one until this one is checked.)
+                self.master = None;
+                self.check(a)
+            }
+            None => self.retry.start(RETRY_MS),
+        }
+    }
+
+    /// `addr` said it is a master.
+    fn confirm(&mut self, addr: SocketAddr) {
+        self.links[CHECK].conn.close();
+        self.links[CHECK].peer = None;
+        let upstream = self.conf.upstream.clone();
+        let name = self.name();
+        if self.current != Some(addr) {
+            let new = addr.to_string();
+            match self.current {
+                Some(old) => {
+                    log!(
+                        NGX_LOG_NOTICE,
+                        Log::cycle(),
+                        "cache: master of sentinel set \"{name}\" of upstream \"{upstream}\" switched from {old} to {addr}"
+                    );
+                    metrics::add(Id::CacheSentinelSwitches, &[&upstream, &name], 1);
+                    metrics::add(Id::CacheSentinelMaster, &[&upstream, &name, &old.to_string()], -1);
+                    self.left.push(old);
+                }
+                None => log!(
+                    NGX_LOG_NOTICE,
+                    Log::cycle(),
+                    "cache: master of sentinel set \"{name}\" of upstream \"{upstream}\" is {addr}"
+                ),
+            }
+            metrics::add(Id::CacheSentinelMaster, &[&upstream, &name, &new], 1);
+            self.current = Some(addr);
+        }
+        self.master = Some(addr);
+        self.left.retain(|a| *a != addr);
+        self.refresh.start(REFRESH_MS);
+        self.wake.post();
+    }
+
+    /// A whole reply on link `i`.
+    fn reply(&mut self, i: usize, v: Value) {
+        let due = self.links[i].due.pop_front();
+        match (due, v) {
+            (Some(Due::Auth), Value::Status(_)) => {}
+            (Some(Due::Auth), Value::Error(m)) => {
+                self.failed(i, format!("AUTH was refused: {}", String::from_utf8_lossy(&m)))
+            }
+            (Some(Due::MasterAddr), Value::Array(a)) => match parse_addr(a.first(), a.get(1)) {
+                Some(addr) => self.named = Some(addr),
+                None => self.failed(i, "an address that is not an IP address and port".to_owned()),
+            },
+            (Some(Due::MasterAddr), Value::Nil) => {
+                let why = format!("it watches no master set \"{}\"", self.name());
+                self.failed(i, why)
+            }
+            (Some(Due::Replicas), Value::Array(a)) => {
+                self.replicas = parse_replicas(&a);
+                self.answered();
+            }
+            (Some(Due::Role), Value::Array(a)) => match a.first() {
+                Some(Value::Bulk(r)) if r == b"master" => {
+                    if let Some(addr) = self.links[i].peer {
+                        self.confirm(addr);
+                    }
+                }
+                Some(Value::Bulk(r)) => {
+                    let why = format!("ROLE says \"{}\"", String::from_utf8_lossy(r));
+                    self.failed(i, why)
+                }
+                _ => self.failed(i, "an invalid reply to ROLE".to_owned()),
+            },
+            (Some(Due::Subscribe), Value::Array(a)) if is_bulk(a.first(), b"subscribe") => {
+                let n = self.conf.sentinels.len();
+                self.reached(self.watch_at % n);
+                if let Some(s) = self.links[WATCH].conn.socket() {
+                    // nginx closes it when it exits (not a request's).
+                    s.set_idle(true);
+                }
+                // A switch may have come while no watch was up.
+                if std::mem::replace(&mut self.watched, true) && self.idle() {
+                    self.query();
+                }
+            }
+            (None, Value::Array(a)) if i == WATCH && is_bulk(a.first(), b"message") => match (a.get(1), a.get(2)) {
+                (Some(Value::Bulk(ch)), Some(Value::Bulk(text))) if ch == PROMOTED => self.promoted(text),
+                (_, Some(Value::Bulk(text))) => self.switched(text),
+                _ => {}
+            },
+            (_, Value::Error(m)) => self.failed(i, String::from_utf8_lossy(&m).into_owned()),
+            _ => self.failed(i, "an unexpected reply".to_owned()),
+        }
+    }
+
+    /// `+switch-master NAME old-ip old-port new-ip new-port`.
+    fn switched(&mut self, text: &[u8]) {
+        let parts: Vec<&[u8]> = text.split(|b| *b == b' ').collect();
+        let [name, _, _, ip, port] = parts[..] else { return };
+        if name != self.conf.name.as_slice() {
+            return;
+        }
+        let addr = parse_addr(Some(&Value::Bulk(ip.to_vec())), Some(&Value::Bulk(port.to_vec())));
+        let Some(addr) = addr else { return };
+        if self.master == Some(addr) {
+            return;
+        }
+        self.master = None;
+        self.check(addr);
+    }
+
+    /// `+promoted-slave slave IP:PORT IP PORT @ NAME MASTER-IP MASTER-PORT`:
+    /// the replica is a master now; it is checked at once.
+    fn promoted(&mut self, text: &[u8]) {
+        let parts: Vec<&[u8]> = text.split(|b| *b == b' ').collect();
+        let [_, _, ip, port, _, name, ..] = parts[..] else {
+            return;
+        };
+        if name != self.conf.name.as_slice() {
+            return;
+        }
+        let addr = parse_addr(Some(&Value::Bulk(ip.to_vec())), Some(&Value::Bulk(port.to_vec())));
+        let Some(addr) = addr else { return };
+        if self.master != Some(addr) {
+            self.master = None;
+            self.check(addr);
+        }
+    }
+
+    /// Reads the whole replies that came on link `i`.
+    fn process(&mut self, i: usize) {
+        loop {
+            let link = &mut self.links[i];
+            if !link.conn.is_up() {
+                return;
+            }
+            let buf = &link.conn.input[link.conn.in_at..];
+            if buf.is_empty() {
+                return;
+            }
+            match resp::value(buf, MAX_REPLY) {
+                Ok(None) => return,
+                Ok(Some((v, n))) => {
+                    link.conn.in_at += n;
+                    self.reply(i, v);
+                }
+                Err(resp::NotResp) => return self.failed(i, "bytes that are not RESP".to_owned()),
+            }
+        }
+    }
+
+    fn run(&mut self, i: usize) {
+        if let Err(why) = self.links[i].conn.flush() {
+            return self.failed(i, why);
+        }
+        loop {
+            if !self.links[i].conn.is_up() {
+                return;
+            }
+            match self.links[i].conn.read() {
+                Ok(0) => return,
+                Ok(n) => {
+                    self.process(i);
+                    if !self.links[i].conn.read_was_full(n) {
+                        return;
+                    }
+                }
+                Err(why) => return self.failed(i, why),
+            }
+        }
+    }
+}
+
+impl Owner for SetState {
+    const EVENT: &'static str = "cache sentinel connection event";
+    const HANDSHAKE: &'static str = "cache sentinel connection handshake";
+
+    unsafe fn from_data<'a>(data: *mut c_void) -> (&'a mut SetState, usize) {
+        // SAFETY: data is a Link of a live set (sets live for the worker's
+        // life, their links as long as they do); only its two plain fields
+        // are read, no reference to the link is made while the set's is.
+        unsafe {
+            let link = data as *mut Link;
+            (&mut *(*link).set, (*link).index)
+        }
+    }
+
+    fn conn(&mut self, i: usize) -> &mut RedisConn {
+        &mut self.links[i].conn
+    }
+
+    fn step(&mut self, i: usize, step: Step) {
+        match step {
+            Step::Wait => {}
+            Step::Up | Step::Ready => self.run(i),
+            Step::Lost(why) => self.failed(i, why),
+            Step::Exit => {
+                for l in &mut self.links {
+                    l.conn.close();
+                }
+            }
+        }
+    }
+
+    fn panicked(&mut self, i: usize) {
+        self.failed(i, "an internal error (a panic) in the module".to_owned());
+    }
+}
+
+/// The set of a timer's event (its data).
+///
+/// # Safety
+/// `data` is a live set's own pointer (set by `SetState::new`).
+unsafe fn set_of<'a>(data: *mut c_void) -> &'a mut SetState {
+    // SAFETY: see above; sets live for the worker's life.
+    unsafe { &mut *(data as *mut SetState) }
+}
+
+event_handler! {
+    /// Time to ask the Sentinels again.
+    fn retry_event(ev) = "cache sentinel retry", {
+        ev.take_timedout();
+        // SAFETY: the timer is a set's (new).
+        let s = unsafe { set_of(ev.data()) };
+        if s.links[QUERY].conn.state() == super::conn::State::Down {
+            s.query();
+        }
+    }
+}
+
+event_handler! {
+    /// Time to make the watch again.
+    fn watch_retry_event(ev) = "cache sentinel watch retry", {
+        ev.take_timedout();
+        // SAFETY: the timer is a set's (new).
+        let s = unsafe { set_of(ev.data()) };
+        s.watch();
+    }
+}
+
+event_handler! {
+    /// Posted once a master is confirmed: the connections to the masters
+    /// left close, and the requests that waited go on.
+    fn wake_event(ev) = "cache sentinel wake", {
+        let (left, waiting) = {
+            // SAFETY: the event is a set's (new); the reference ends here,
+            // before any request runs.
+            let s = unsafe { set_of(ev.data()) };
+            let waiting = if s.master.is_some() {
+                std::mem::take(&mut s.waiting)
+            } else {
+                Vec::new()
+            };
+            (std::mem::take(&mut s.left), waiting)
+        };
+        for a in left {
+            super::pipes().close_to(a, "the master of its sentinel set switched");
+        }
+        for (t, resume) in waiting {
+            token::with_request(t, |r| {
+                let posted = r.posted();
+                resume(r);
+                posted.run();
+            });
+        }
+    }
+}
+
+/// A question or a check that did not end in time fails.
+fn deadline(data: *mut c_void, i: usize) {
+    // SAFETY: the timer is a set's (new).
+    let s = unsafe { set_of(data) };
+    if s.links[i].conn.state() != super::conn::State::Down {
+        s.failed(i, "no reply in time".to_owned());
+    }
+}
+
+event_handler! {
+    fn query_deadline_event(ev) = "cache sentinel question timeout", {
+        ev.take_timedout();
+        deadline(ev.data(), QUERY);
+    }
+}
+
+event_handler! {
+    fn check_deadline_event(ev) = "cache sentinel check timeout", {
+        ev.take_timedout();
+        deadline(ev.data(), CHECK);
+    }
+}
