@@ -29,6 +29,7 @@ use gateway_core::resp::{self, Value};
 use super::conn::{Dial, Owner, RedisConn, Step};
 pub use super::sentinel_reply::Replica;
 use super::sentinel_reply::{is_bulk, parse_addr, parse_replicas};
+use crate::common::hub;
 use crate::common::token::{self, ReqToken};
 use crate::ffi::conf::sockaddr_bytes;
 use crate::ffi::*;
@@ -126,21 +127,37 @@ thread_local! {
 }
 
 /// Runs `f` on the worker's state of a set, made (and its watch started)
-/// on first use.
+/// on first use; the set is lent for the call only (`hub::lend`), as to
+/// its own events.
 fn with_set<T>(conf: impl FnOnce() -> SetConf, key: usize, f: impl FnOnce(&mut SetState) -> T) -> T {
-    SETS.with(|sets| {
+    let (set, new) = SETS.with(|sets| {
         let mut sets = sets.borrow_mut();
-        let at = match sets.iter().position(|s| s.conf.key == key) {
-            Some(at) => at,
+        match sets.iter_mut().find(|s| s.conf.key == key) {
+            Some(s) => (&mut **s as *mut SetState, false),
             None => {
                 sets.push(SetState::new(conf()));
                 let s = sets.last_mut().expect("just pushed");
-                s.start();
-                sets.len() - 1
+                (&mut **s as *mut SetState, true)
             }
-        };
-        f(&mut sets[at])
-    })
+        }
+    });
+    // SAFETY: the sets are boxed and kept for the worker's life (never
+    // taken out of SETS), and reached only through `hub::lend`.
+    unsafe {
+        if new {
+            hub::lend(set, SetState::start);
+        }
+        hub::lend(set, f)
+    }
+}
+
+/// Runs `f` on the set of a timer's event (its data), lent for the call.
+///
+/// # Safety
+/// `data` is a live set's own pointer (set by `SetState::new`).
+unsafe fn lend_set<T>(data: *mut c_void, f: impl FnOnce(&mut SetState) -> T) -> T {
+    // SAFETY: as the caller's; sets live for the worker's life.
+    unsafe { hub::lend(data as *mut SetState, f) }
 }
 
 /// What a request finds: the confirmed master, and the replicas.
@@ -599,14 +616,19 @@ impl Owner for SetState {
     const EVENT: &'static str = "cache sentinel connection event";
     const HANDSHAKE: &'static str = "cache sentinel connection handshake";
 
-    unsafe fn from_data<'a>(data: *mut c_void) -> (&'a mut SetState, usize) {
+    type Out = ();
+
+    /// `data` is a Link of its set.
+    unsafe fn lend<T>(data: *mut c_void, f: impl FnOnce(&mut SetState, usize) -> T) -> Option<T> {
         // SAFETY: data is a Link of a live set (sets live for the worker's
-        // life, their links as long as they do); only its two plain fields
-        // are read, no reference to the link is made while the set's is.
-        unsafe {
-            let link = data as *mut Link;
-            (&mut *(*link).set, (*link).index)
-        }
+        // life, their links as long as they do, never added to after
+        // `new`); its two plain fields are read before the set is lent.
+        let (set, index) = unsafe {
+            let link = data as *const Link;
+            ((*link).set, (*link).index)
+        };
+        // SAFETY: see above.
+        Some(unsafe { hub::lend(set, |s| f(s, index)) })
     }
 
     fn conn(&mut self, i: usize) -> &mut RedisConn {
@@ -629,26 +651,23 @@ impl Owner for SetState {
     fn panicked(&mut self, i: usize) {
         self.failed(i, "an internal error (a panic) in the module".to_owned());
     }
-}
 
-/// The set of a timer's event (its data).
-///
-/// # Safety
-/// `data` is a live set's own pointer (set by `SetState::new`).
-unsafe fn set_of<'a>(data: *mut c_void) -> &'a mut SetState {
-    // SAFETY: see above; sets live for the worker's life.
-    unsafe { &mut *(data as *mut SetState) }
+    fn take_out(&mut self) {}
+
+    fn deliver(_: ()) {}
 }
 
 event_handler! {
     /// Time to ask the Sentinels again.
     fn retry_event(ev) = "cache sentinel retry", {
         ev.take_timedout();
+        let ask = |s: &mut SetState| {
+            if s.links[QUERY].conn.state() == super::conn::State::Down {
+                s.query();
+            }
+        };
         // SAFETY: the timer is a set's (new).
-        let s = unsafe { set_of(ev.data()) };
-        if s.links[QUERY].conn.state() == super::conn::State::Down {
-            s.query();
-        }
+        unsafe { lend_set(ev.data(), ask) };
     }
 }
 
@@ -657,8 +676,7 @@ event_handler! {
     fn watch_retry_event(ev) = "cache sentinel watch retry", {
         ev.take_timedout();
         // SAFETY: the timer is a set's (new).
-        let s = unsafe { set_of(ev.data()) };
-        s.watch();
+        unsafe { lend_set(ev.data(), SetState::watch) };
     }
 }
 
@@ -666,10 +684,7 @@ event_handler! {
     /// Posted once a master is confirmed: the connections to the masters
     /// left close, and the requests that waited go on.
     fn wake_event(ev) = "cache sentinel wake", {
-        let (left, waiting) = {
-            // SAFETY: the event is a set's (new); the reference ends here,
-            // before any request runs.
-            let s = unsafe { set_of(ev.data()) };
+        let take = |s: &mut SetState| {
             let waiting = if s.master.is_some() {
                 std::mem::take(&mut s.waiting)
             } else {
@@ -677,6 +692,9 @@ event_handler! {
             };
             (std::mem::take(&mut s.left), waiting)
         };
+        // SAFETY: the event is a set's (new); the loan ends here, before
+        // any request runs.
+        let (left, waiting) = unsafe { lend_set(ev.data(), take) };
         for a in left {
             super::pipes().close_to(a, "the master of its sentinel set switched");
         }
@@ -692,11 +710,13 @@ event_handler! {
 
 /// A question or a check that did not end in time fails.
 fn deadline(data: *mut c_void, i: usize) {
+    let fail = |s: &mut SetState| {
+        if s.links[i].conn.state() != super::conn::State::Down {
+            s.failed(i, "no reply in time".to_owned());
+        }
+    };
     // SAFETY: the timer is a set's (new).
-    let s = unsafe { set_of(data) };
-    if s.links[i].conn.state() != super::conn::State::Down {
-        s.failed(i, "no reply in time".to_owned());
-    }
+    unsafe { lend_set(data, fail) };
 }
 
 event_handler! {
