@@ -6,7 +6,7 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(http_request nginx_start start_redis redis_cli psql wait_until);
+use GatewayTest qw(http_request nginx_start start_redis redis_cli psql wait_until start_sentinel);
 use SseClient qw(open_sse pump subscribed);
 use SessionJwt qw(write_secret hs256_token);
 use File::Temp qw(tempdir);
@@ -44,6 +44,13 @@ cmp_ok(scalar(keys %doc_type), '>=', 10, 'docs/status.md lists the metrics');
 ok($doc_values{$_}, "docs/status.md lists the values of \"$_\"") for qw(command source state reason);
 
 my $redis = start_redis();
+# A Sentinel set: a master and its replica, one Sentinel (a failover below).
+my @fast = ('--repl-diskless-sync-delay', '0');
+my $ha_master = start_redis(args => [@fast]);
+my $ha_replica = start_redis(args => [@fast, '--replicaof', '127.0.0.1', $ha_master->{port}]);
+wait_until(sub { redis_cli($ha_replica, 'INFO', 'replication') =~ /master_link_status:up/ }, 20)
+    or BAIL_OUT('the replica did not sync');
+my $sentinel = start_sentinel($ha_master->{port}, quorum => 1);
 my $dir = tempdir('ngx-gateway-metrics-XXXXXX', TMPDIR => 1, CLEANUP => 1);
 chmod 0755, $dir;
 my $secret = 'a secret of more than thirty-two bytes, for the metrics page';
@@ -57,6 +64,7 @@ SQL
 my $port = nginx_start(<<"HTTP");
 upstream database { sqldb_server \$TEST_NGINX_PG_SERVER; }
 upstream redis { server 127.0.0.1:$redis->{port}; keepalive 4; }
+upstream ha { cache_sentinel m; server 127.0.0.1:$sentinel->{port}; }
 server {
     listen 127.0.0.1:\$PORT;
     location = /metrics { gateway_status; }
@@ -73,6 +81,7 @@ server {
     location = /sub { cache_pass redis; cache_subscribe news; }
     location = /add { cache_pass redis; cache_stream_add orders; }
     location = /orders { cache_pass redis; cache_stream orders; }
+    location /ha/ { set \$cache_key \$uri; cache_pass ha; }
 }
 HTTP
 
@@ -96,6 +105,16 @@ is((request('GET', '/kv/a'))[0], 200, 'GET of a key');
 is((request('GET', '/kv/none'))[0], 404, 'GET of no key');
 is((request('DELETE', '/kv/a'))[0], 204, 'DELETE');
 is((request('OPTIONS', '/kv/a'))[0], 405, 'OPTIONS');
+
+# A Sentinel set's master, and a switch to its replica.
+is((request('PUT', '/ha/a', 'value'))[0], 201, 'PUT to the master a Sentinel names');
+ok(wait_until(sub { redis_cli($sentinel, 'SENTINEL', 'replicas', 'm') =~ /$ha_replica->{port}/ }, 20),
+    'the Sentinel knows the replica');
+redis_cli($sentinel, 'SENTINEL', 'FAILOVER', 'm');
+ok(wait_until(sub {
+    request('GET', '/ha/a');
+    scrape() =~ /^ngx_gateway_cache_sentinel_switches_total\{upstream="ha",set="m"\} 1$/m;
+}, 30), 'a switch of master');
 
 # The three sources of events, each with a subscriber that gets an event
 # and one that leaves.

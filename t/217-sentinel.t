@@ -8,54 +8,14 @@ use strict;
 use warnings;
 use lib 't/lib';
 use GatewayTest qw($RedisServer nginx_start stop_nginx nginx_error_log nginx_conf_test conf_line_of wait_until
-    start_redis kill_redis redis_cli free_port stretch);
+    start_redis kill_redis redis_cli free_port stretch hold_port start_sentinel stop_sentinel);
 use HttpClient qw(http_request);
 use File::Temp qw(tempdir);
 use IO::Socket::INET;
 use Test::More;
 use Time::HiRes qw(time);
 
-# Ports of servers killed here stay bound (not listening) by this file, so
-# that no file running beside it is given one for a server of its own.
-my %held;
-sub hold_port {
-    my ($port) = @_;
-    $held{$port} = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => $port, ReuseAddr => 1, Proto => 'tcp')
-        or die "holding port $port: $!";
-}
-
 my @sentinels;
-sub start_sentinel {
-    my ($master_port) = @_;
-    my $dir = tempdir('ngx-gateway-sentinel-XXXXXX', TMPDIR => 1, CLEANUP => 1);
-    my $port = free_port();
-    open my $fh, '>', "$dir/sentinel.conf" or die $!;
-    print $fh "port $port\nbind 127.0.0.1\ndir $dir\nlogfile $dir/sentinel.log\n",
-        "sentinel monitor m 127.0.0.1 $master_port 2\n",
-        "sentinel down-after-milliseconds m 700\n",
-        "sentinel failover-timeout m 4000\n",
-        "sentinel parallel-syncs m 2\n";
-    close $fh;
-    my $pid = fork;
-    die "fork: $!" unless defined $pid;
-    if (!$pid) {
-        open STDOUT, '>', '/dev/null';
-        exec $RedisServer, "$dir/sentinel.conf", '--sentinel';
-        exit 127;
-    }
-    my %s = (port => $port, pid => $pid, dir => $dir);
-    push @sentinels, \%s;
-    wait_until(sub { IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port) }, 10)
-        or die "sentinel did not start on port $port\n";
-    return \%s;
-}
-sub stop_sentinel {
-    my ($s) = @_;
-    kill 'KILL', $s->{pid};
-    waitpid($s->{pid}, 0);
-    @sentinels = grep { $_ != $s } @sentinels;
-}
-END { kill 'KILL', $_->{pid} for @sentinels; kill 'CONT', $_->{pid} for @sentinels }
 
 sub master_port {
     my ($s) = @_;
@@ -71,7 +31,7 @@ my @replicas = map { start_redis(args => [@fast, '--replicaof', '127.0.0.1', $ma
 my %by_port = map { ($_->{port} => $_) } $master, @replicas;
 wait_until(sub { !grep { redis_cli($_, 'INFO', 'replication') !~ /master_link_status:up/ } @replicas }, 20)
     or BAIL_OUT('the replicas did not sync');
-start_sentinel($master->{port}) for 1 .. 3;
+push @sentinels, start_sentinel($master->{port}) for 1 .. 3;
 # Each Sentinel knows the replicas and the others before anything is forced.
 wait_until(sub {
     !grep { redis_cli($_, 'SENTINEL', 'master', 'm') !~ /num-other-sentinels\n2\n/ } @sentinels
@@ -200,7 +160,7 @@ cmp_ok($longest, '<', 10, 'no request hung');
 is(scalar(grep { /^(PUT|GET) (0|504)$/ } keys %$seen), 0, 'no request without an answer or timed out');
 
 # 4. A Sentinel down: the others are asked, and a switch is still followed.
-stop_sentinel($sentinels[0]);
+stop_sentinel(shift @sentinels);
 ($st) = http_request($port, 'PUT', '/kv/s', 'y');
 is($st, 201, 'writes go on with a Sentinel down');
 $old = $new;

@@ -50,7 +50,7 @@ our @EXPORT_OK = qw(http_request wait_until pg_server_line start_servers stop_se
     pg_restart start_extra_pg start_standby_pg nginx_signal nginx_exited start_redis kill_redis redis_cli garbage_port
     nginx_start stop_nginx nginx_error_log http_send http_send_request http_read http_get stretch under_valgrind listen_socket pg_sessions
     redis_info redis_connections redis_numsub key_slot tls_files nginx_workers proc_status_kb conf_line_of nginx_conf_test
-    periodic_bytes hold_port release_port $RedisServer $RedisCli);
+    periodic_bytes hold_port release_port start_sentinel stop_sentinel $RedisServer $RedisCli);
 
 our $RedisServer = $ENV{TEST_REDIS_SERVER} || 'redis-server';
 our $RedisCli    = $ENV{TEST_REDIS_CLI}    || 'redis-cli';
@@ -386,6 +386,7 @@ END {
     stop_nginx();
     stop_servers();
     stop_redis();
+    stop_sentinels();
     if ($Garbage) { kill 'KILL', $Garbage->{pid}; waitpid($Garbage->{pid}, 0) }
     $? = $rc;
 }
@@ -585,6 +586,49 @@ sub stop_redis {
         waitpid($r->{pid}, 0);
     }
     @Redis = ();
+}
+
+# A Sentinel ($RedisServer --sentinel, so that TEST_REDIS_SERVER=valkey-server
+# runs one of Valkey's) watching the master set "m" on 127.0.0.1:$master_port
+# with `quorum` (2 unless told), a master down after 700 ms. Killed at the
+# end, or by stop_sentinel (its port then held).
+my @Sentinels;
+sub start_sentinel {
+    my ($master_port, %opt) = @_;
+    my $dir = tempdir('ngx-gateway-sentinel-XXXXXX', TMPDIR => 1, CLEANUP => 1);
+    my $port = free_port();
+    release_port($port);
+    open my $fh, '>', "$dir/sentinel.conf" or die $!;
+    print $fh "port $port\nbind 127.0.0.1\ndir $dir\nlogfile $dir/sentinel.log\n",
+        "sentinel monitor m 127.0.0.1 $master_port ", $opt{quorum} // 2, "\n",
+        "sentinel down-after-milliseconds m 700\n",
+        "sentinel failover-timeout m 4000\n",
+        "sentinel parallel-syncs m 2\n";
+    close $fh;
+    my $pid = fork;
+    die "fork: $!" unless defined $pid;
+    if (!$pid) {
+        open STDOUT, '>', '/dev/null';
+        exec $RedisServer, "$dir/sentinel.conf", '--sentinel';
+        exit 127;
+    }
+    my %s = (port => $port, pid => $pid, dir => $dir);
+    push @Sentinels, \%s;
+    wait_until(sub { IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port) }, 10)
+        or die "sentinel did not start on port $port\n";
+    return \%s;
+}
+sub stop_sentinel {
+    my ($s) = @_;
+    kill 'KILL', $s->{pid};
+    waitpid($s->{pid}, 0);
+    @Sentinels = grep { $_ != $s } @Sentinels;
+    hold_port($s->{port});
+}
+sub stop_sentinels {
+    kill 'KILL', $_->{pid} for @Sentinels;
+    waitpid($_->{pid}, 0) for @Sentinels;
+    @Sentinels = ();
 }
 
 # A server that answers anything with bytes that are not RESP.
