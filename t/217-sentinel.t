@@ -17,6 +17,19 @@ use Time::HiRes qw(time);
 
 my @sentinels;
 
+# The master every Sentinel names once they agree on one other than $old
+# (the others learn of a failover from its leader within seconds).
+sub new_master {
+    my ($old) = @_;
+    my $new;
+    wait_until(sub {
+        my %named = map { (master_port($_) => 1) } @sentinels;
+        ($new) = keys %named;
+        keys %named == 1 && $new ne $old;
+    }, 15);
+    return $new;
+}
+
 sub master_port {
     my ($s) = @_;
     my @a = split /\n/, redis_cli($s, 'SENTINEL', 'get-master-addr-by-name', 'm');
@@ -95,11 +108,12 @@ sub missing {
 }
 
 
-# Writes acknowledged before a failover began, and after the gateway
-# followed the switch, are all on the new master. Those acknowledged in
-# between may be lost: the old master takes writes until the Sentinels have
-# promoted a replica and the gateway has checked it (the replication
-# window of a Sentinel failover; docs/scaling.md). Their number is shown.
+# Every write acknowledged before a failover and after the gateway followed
+# it is on the new master. So are those acknowledged during it: from the
+# moment a Sentinel selects the replica to promote, no request goes to the
+# old master (they wait for the promoted one); at most one may be missing,
+# a write the old master took in the last moment before the replica
+# stopped reading it.
 sub before_writes {
     my ($prefix) = @_;
     my @k = map { "$prefix$_" } 1 .. 50;
@@ -108,12 +122,13 @@ sub before_writes {
     return @k;
 }
 sub window_check {
-    my ($what, $on, $before, $acked) = @_;
+    my ($what, $on, $before, $acked, $during) = @_;
     is(scalar(missing($on, @$before)), 0, "$what: every write acknowledged before it is on the new master");
     my @after = @$acked[-30 .. -1];
     is(scalar(missing($on, @after)), 0, "$what: every write acknowledged after the switch is on it");
     my @lost = missing($on, @$acked);
     diag("$what: " . scalar(@lost) . " of " . scalar(@$acked) . " writes acknowledged during the switch are not on the new master");
+    cmp_ok(scalar(@lost), '<=', 1, "$what: the writes acknowledged during the switch are on the new master") if $during;
 }
 
 sub switches { () = nginx_error_log() =~ /switched from/g }
@@ -123,14 +138,16 @@ my $old = $master->{port};
 my @before = before_writes('bf');
 redis_cli($sentinels[1], 'SENTINEL', 'FAILOVER', 'm');
 my ($seen, $acked, $longest) = load_until(sub { switches() >= 2 }, 'f', 30);
-my $new = master_port($sentinels[0]);
+my $new = new_master($old);
 isnt($new, $old, 'the Sentinels promoted a replica');
 like(nginx_error_log(), qr/\[notice\].*master of sentinel set "m" of upstream "ha" switched from 127\.0\.0\.1:$old to 127\.0\.0\.1:$new/,
     'each worker says so at notice');
 my @bad = grep { !/^(PUT 201|GET 200|GET 404|retry)$/ } keys %$seen;
 diag("SENTINEL FAILOVER: " . join(', ', map { "$_: $seen->{$_}" } sort keys %$seen) . sprintf('; longest request %.2f s', $longest));
 ok(@$acked > 0 && !grep({ /^PUT 5/ } @bad) || 1, 'writes went on');
-window_check('SENTINEL FAILOVER', $by_port{$new}, \@before, $acked);
+window_check('SENTINEL FAILOVER', $by_port{$new}, \@before, $acked, 'during');
+like(nginx_error_log(), qr/\[notice\].*a failover of sentinel set "m" of upstream "ha" began: requests wait for the new master/,
+    'each worker says when a failover begins');
 cmp_ok($longest, '<', 10, 'no request hung');
 ($st) = http_request($port, 'PUT', '/kv/after', 'x');
 is($st, 201, 'a write after the switch');
@@ -147,7 +164,7 @@ kill_redis($by_port{$old});
 hold_port($old);
 my $t0 = time;
 ($seen, $acked, $longest) = load_until(sub { switches() >= 4 }, 'k', 40);
-$new = master_port($sentinels[0]);
+$new = new_master($old);
 isnt($new, $old, 'a replica took over from the killed master');
 diag("master killed: " . join(', ', map { "$_: $seen->{$_}" } sort keys %$seen)
     . sprintf('; longest request %.2f s, %.1f s in all', $longest, time - $t0));
@@ -165,11 +182,20 @@ stop_sentinel(shift @sentinels);
 is($st, 201, 'writes go on with a Sentinel down');
 $old = $new;
 @before = before_writes('bs');
-redis_cli($sentinels[0], 'SENTINEL', 'FAILOVER', 'm');
+# (Once a replica has every write of the master, ROLE says: a replica still
+# in its first sync after the kill above would be promoted without them.
+# The Sentinel refuses, NOGOODSLAVE, until it sees a replica it can use.)
+ok(wait_until(sub {
+    my ($role, $offset, @replicas) = split /\n/, redis_cli($by_port{$old}, 'ROLE');
+    my @offsets = @replicas[map { 3 * $_ + 2 } 0 .. int(@replicas / 3) - 1];
+    $role eq 'master' && grep({ $_ >= $offset } @offsets);
+}, 20), 'a replica of the master has its writes');
+ok(wait_until(sub { redis_cli($sentinels[0], 'SENTINEL', 'FAILOVER', 'm') eq 'OK' }, 20),
+    'a failover with one Sentinel down begins');
 ($seen, $acked, $longest) = load_until(sub { switches() >= 6 }, 's', 30);
-$new = master_port($sentinels[0]);
+$new = new_master($old);
 isnt($new, $old, 'failed over with one Sentinel down');
-window_check('FAILOVER, a Sentinel down', $by_port{$new}, \@before, $acked);
+window_check('FAILOVER, a Sentinel down', $by_port{$new}, \@before, $acked, 'during');
 cmp_ok($longest, '<', 10, 'no request hung');
 ok(wait_until(sub { nginx_error_log() =~ /\[notice\].*sentinel 127\.0\.0\.1:\d+ of upstream "ha" cannot be reached/ }, 5),
     'a notice for the Sentinel that cannot be reached');
@@ -179,7 +205,7 @@ ok(wait_until(sub { nginx_error_log() =~ /\[notice\].*sentinel 127\.0\.0\.1:\d+ 
 $old = $new;
 kill 'STOP', $by_port{$old}{pid};
 ($seen, $acked, $longest) = load_until(sub { switches() >= 8 }, 'p', 40);
-$new = master_port($sentinels[0]);
+$new = new_master($old);
 isnt($new, $old, 'a replica took over from the stopped master');
 diag("master stopped: " . join(', ', map { "$_: $seen->{$_}" } sort keys %$seen) . sprintf('; longest request %.2f s', $longest));
 kill 'CONT', $by_port{$old}{pid};

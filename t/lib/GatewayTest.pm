@@ -494,7 +494,8 @@ sub start_redis {
 sub redis_cli {
     my ($r, @cmd) = @_;
     my @auth = defined $r->{password} ? ('--no-auth-warning', '-a', $r->{password}) : ();
-    open my $fh, '-|', $RedisCli, '-p', $r->{port}, @auth, @cmd or die "$RedisCli: $!";
+    # (Bounded: a stopped server would hold the suite.)
+    open my $fh, '-|', 'timeout', '-s', 'KILL', '30', $RedisCli, '-p', $r->{port}, @auth, @cmd or die "$RedisCli: $!";
     local $/;
     my $out = <$fh> // '';
     close $fh;

@@ -2,7 +2,8 @@
 //! which server is the master, as the Sentinels name it and as the server
 //! itself confirms with `ROLE`, and the replicas the Sentinels list.
 //!
-//! Three connections per set and worker, each made when needed:
+//! Per set and worker, two connections made when needed and one kept per
+//! Sentinel:
 //! - the question (a Sentinel): `SENTINEL get-master-addr-by-name NAME`
 //!   and `SENTINEL replicas NAME`, then closed; the next Sentinel when one
 //!   cannot be reached or does not know the set;
@@ -10,8 +11,12 @@
 //!   `cache_auth`, sent to no server before a Sentinel named it), `ROLE`;
 //!   a master is confirmed, anything else (a replica, no connection) is
 //!   asked about again after `RETRY_MS`;
-//! - the watch (one Sentinel, the next when it goes): `SUBSCRIBE
-//!   +switch-master`; a switch of the set is checked at once.
+//! - the watches, one per Sentinel (a failover is told only by the
+//!   Sentinel that leads it, at first): `SUBSCRIBE +selected-slave
+//!   +promoted-slave +switch-master`. A replica selected for promotion
+//!   holds the set: no request goes to the old master from then on (its
+//!   writes would be lost once the replica is promoted), they wait until
+//!   the promoted replica is checked, or `HOLD_MS` has passed.
 //!
 //! Requests learn the confirmed master here; while there is none they wait
 //! (`wait`) and are woken once one is confirmed. A request that finds the
@@ -46,6 +51,12 @@ const MAX_REPLY: usize = 1024 * 1024;
 /// first: the old master may still take writes until it is told).
 const SWITCH: &[u8] = b"+switch-master";
 const PROMOTED: &[u8] = b"+promoted-slave";
+/// A replica chosen for promotion (the old master is left from then on).
+const SELECTED: &[u8] = b"+selected-slave";
+/// How long a failover that began holds the set at most (ms): its
+/// requests wait for the promoted replica until then; after it, the
+/// Sentinels are asked again.
+pub const HOLD_MS: ngx_msec_t = 5_000;
 
 /// A set, as the configuration gives it.
 #[derive(Clone)]
@@ -72,6 +83,7 @@ enum Due {
 
 const QUERY: usize = 0;
 const CHECK: usize = 1;
+/// The watch of Sentinel k is link WATCH + k.
 const WATCH: usize = 2;
 
 struct Link {
@@ -100,10 +112,12 @@ pub struct SetState {
     /// The Sentinel asked next, and those tried in this round.
     ask: usize,
     tried: usize,
-    /// The Sentinel of the watch.
-    watch_at: usize,
-    /// The watch was subscribed before (it is asked again once it is back).
-    watched: bool,
+    /// Each Sentinel's watch was subscribed before (a switch may have come
+    /// while it was away: the Sentinels are asked again once it is back).
+    watched: Vec<bool>,
+    /// A failover of this master began (a replica was selected): it is not
+    /// confirmed again until `hold` ends.
+    held: Option<SocketAddr>,
     /// Sentinels logged as not reachable.
     down: Vec<bool>,
     waiting: Vec<(ReqToken, Resume)>,
@@ -111,6 +125,7 @@ pub struct SetState {
     left: Vec<SocketAddr>,
     retry: RetryTimer,
     watch_retry: RetryTimer,
+    hold: RetryTimer,
     refresh: RetryTimer,
     wake: RetryTimer,
     /// A question or a check that takes longer than the connect timeout
@@ -219,20 +234,21 @@ impl SetState {
             replicas: Vec::new(),
             ask: 0,
             tried: 0,
-            watch_at: 0,
-            watched: false,
+            watched: vec![false; n],
+            held: None,
             down: vec![false; n],
             waiting: Vec::new(),
             left: Vec::new(),
             retry: RetryTimer::new(std::ptr::null_mut(), Some(retry_event)),
             watch_retry: RetryTimer::new(std::ptr::null_mut(), Some(watch_retry_event)),
+            hold: RetryTimer::new(std::ptr::null_mut(), Some(hold_event)),
             refresh: RetryTimer::new(std::ptr::null_mut(), Some(retry_event)),
             wake: RetryTimer::new(std::ptr::null_mut(), Some(wake_event)),
             query_deadline: RetryTimer::new(std::ptr::null_mut(), Some(query_deadline_event)),
             check_deadline: RetryTimer::new(std::ptr::null_mut(), Some(check_deadline_event)),
         });
         let p: *mut SetState = &mut *s;
-        for index in 0..3 {
+        for index in 0..WATCH + n {
             s.links.push(Link {
                 set: p,
                 index,
@@ -243,6 +259,7 @@ impl SetState {
         }
         s.retry.set_data(p.cast());
         s.watch_retry.set_data(p.cast());
+        s.hold.set_data(p.cast());
         s.refresh.set_data(p.cast());
         s.wake.set_data(p.cast());
         s.query_deadline.set_data(p.cast());
@@ -279,7 +296,7 @@ impl SetState {
             addr: &bytes,
             tls: None,
             connect_timeout: self.conf.connect_timeout,
-            keepalive: i == WATCH,
+            keepalive: i >= WATCH,
             log: None,
         };
         let data: *mut Link = link;
@@ -324,17 +341,21 @@ impl SetState {
         self.open(QUERY, addr, out, due);
     }
 
-    /// Subscribes to the switches on a Sentinel.
+    /// Subscribes to the failovers on every Sentinel not watched now.
     fn watch(&mut self) {
         if exiting() {
             return;
         }
-        let addr = self.conf.sentinels[self.watch_at % self.conf.sentinels.len()];
-        let (mut out, mut due) = (Vec::new(), VecDeque::new());
-        self.sentinel_auth(&mut out, &mut due);
-        resp::command(&mut out, &[b"SUBSCRIBE", SWITCH, PROMOTED]);
-        due.extend([Due::Subscribe, Due::Subscribe]);
-        self.open(WATCH, addr, out, due);
+        for k in 0..self.conf.sentinels.len() {
+            if self.links[WATCH + k].conn.state() != super::conn::State::Down {
+                continue;
+            }
+            let (mut out, mut due) = (Vec::new(), VecDeque::new());
+            self.sentinel_auth(&mut out, &mut due);
+            resp::command(&mut out, &[b"SUBSCRIBE", SELECTED, PROMOTED, SWITCH]);
+            due.extend([Due::Subscribe, Due::Subscribe, Due::Subscribe]);
+            self.open(WATCH + k, self.conf.sentinels[k], out, due);
+        }
     }
 
     /// Checks with `ROLE` that a server the Sentinels named is a master.
@@ -419,9 +440,10 @@ impl SetState {
                 }
             }
             _ => {
-                self.unreachable(self.watch_at % n, &why);
-                self.watch_at = (self.watch_at + 1) % n;
-                self.watch_retry.start(RETRY_MS);
+                self.unreachable(i - WATCH, &why);
+                if !self.watch_retry.pending() {
+                    self.watch_retry.start(RETRY_MS);
+                }
             }
         }
     }
@@ -436,6 +458,8 @@ impl SetState {
         self.links[QUERY].peer = None;
         match self.named {
             Some(a) if self.master == Some(a) => self.refresh.start(REFRESH_MS),
+            // (The master a failover leaves, named until the switch.)
+            Some(a) if self.held == Some(a) => self.retry.start(RETRY_MS),
             Some(a) => {
                 // (The Sentinels are the authority: the master confirmed
                 // before is not one until this one is checked.)
@@ -450,6 +474,13 @@ impl SetState {
     fn confirm(&mut self, addr: SocketAddr) {
         self.links[CHECK].conn.close();
         self.links[CHECK].peer = None;
+        if self.held == Some(addr) {
+            // (It says so until the Sentinels make it a replica.)
+            self.retry.start(RETRY_MS);
+            return;
+        }
+        self.held = None;
+        self.hold.stop();
         let upstream = self.conf.upstream.clone();
         let name = self.name();
         if self.current != Some(addr) {
@@ -513,20 +544,24 @@ impl SetState {
                 _ => self.failed(i, "an invalid reply to ROLE".to_owned()),
             },
             (Some(Due::Subscribe), Value::Array(a)) if is_bulk(a.first(), b"subscribe") => {
-                let n = self.conf.sentinels.len();
-                self.reached(self.watch_at % n);
-                if let Some(s) = self.links[WATCH].conn.socket() {
+                if !self.links[i].due.is_empty() {
+                    return;
+                }
+                let k = i - WATCH;
+                self.reached(k);
+                if let Some(s) = self.links[i].conn.socket() {
                     // nginx closes it when it exits (not a request's).
                     s.set_idle(true);
                 }
-                // A switch may have come while no watch was up.
-                if std::mem::replace(&mut self.watched, true) && self.idle() {
+                // A switch may have come while this watch was away.
+                if std::mem::replace(&mut self.watched[k], true) && self.idle() {
                     self.query();
                 }
             }
-            (None, Value::Array(a)) if i == WATCH && is_bulk(a.first(), b"message") => match (a.get(1), a.get(2)) {
+            (None, Value::Array(a)) if i >= WATCH && is_bulk(a.first(), b"message") => match (a.get(1), a.get(2)) {
                 (Some(Value::Bulk(ch)), Some(Value::Bulk(text))) if ch == PROMOTED => self.promoted(text),
-                (_, Some(Value::Bulk(text))) => self.switched(text),
+                (Some(Value::Bulk(ch)), Some(Value::Bulk(text))) if ch == SELECTED => self.selected(text),
+                (Some(Value::Bulk(ch)), Some(Value::Bulk(text))) if ch == SWITCH => self.switched(text),
                 _ => {}
             },
             (_, Value::Error(m)) => self.failed(i, String::from_utf8_lossy(&m).into_owned()),
@@ -543,11 +578,51 @@ impl SetState {
         }
         let addr = parse_addr(Some(&Value::Bulk(ip.to_vec())), Some(&Value::Bulk(port.to_vec())));
         let Some(addr) = addr else { return };
-        if self.master == Some(addr) {
+        self.held = None;
+        self.hold.stop();
+        self.check_new(addr);
+    }
+
+    /// `addr` is the master now, the Sentinels say: checked, unless it is
+    /// confirmed or being checked.
+    fn check_new(&mut self, addr: SocketAddr) {
+        let checking = self.links[CHECK].conn.state() != super::conn::State::Down;
+        if self.master == Some(addr) || checking && self.links[CHECK].peer == Some(addr) {
             return;
         }
         self.master = None;
         self.check(addr);
+    }
+
+    /// `+selected-slave slave IP:PORT IP PORT @ NAME MASTER-IP MASTER-PORT`:
+    /// a failover of the master began; it takes no more requests (what it
+    /// takes from now on the promoted replica would not have).
+    fn selected(&mut self, text: &[u8]) {
+        let parts: Vec<&[u8]> = text.split(|b| *b == b' ').collect();
+        let [_, _, _, _, _, name, ip, port] = parts[..] else {
+            return;
+        };
+        if name != self.conf.name.as_slice() {
+            return;
+        }
+        let old = parse_addr(Some(&Value::Bulk(ip.to_vec())), Some(&Value::Bulk(port.to_vec())));
+        let Some(old) = old else { return };
+        if self.held == Some(old) {
+            return;
+        }
+        log!(
+            NGX_LOG_NOTICE,
+            Log::cycle(),
+            "cache: a failover of sentinel set \"{}\" of upstream \"{}\" began: requests wait for the new master",
+            self.name(),
+            self.conf.upstream
+        );
+        self.held = Some(old);
+        self.hold.stop();
+        self.hold.start(HOLD_MS);
+        if self.master == Some(old) {
+            self.master = None;
+        }
     }
 
     /// `+promoted-slave slave IP:PORT IP PORT @ NAME MASTER-IP MASTER-PORT`:
@@ -562,10 +637,7 @@ impl SetState {
         }
         let addr = parse_addr(Some(&Value::Bulk(ip.to_vec())), Some(&Value::Bulk(port.to_vec())));
         let Some(addr) = addr else { return };
-        if self.master != Some(addr) {
-            self.master = None;
-            self.check(addr);
-        }
+        self.check_new(addr);
     }
 
     /// Reads the whole replies that came on link `i`.
@@ -672,7 +744,23 @@ event_handler! {
 }
 
 event_handler! {
-    /// Time to make the watch again.
+    /// A failover held the set long enough: the Sentinels are asked again,
+    /// whatever they name.
+    fn hold_event(ev) = "cache sentinel failover hold", {
+        ev.take_timedout();
+        let end = |s: &mut SetState| {
+            s.held = None;
+            if s.master.is_none() && s.idle() {
+                s.query();
+            }
+        };
+        // SAFETY: the timer is a set's (new).
+        unsafe { lend_set(ev.data(), end) };
+    }
+}
+
+event_handler! {
+    /// Time to make the watches again.
     fn watch_retry_event(ev) = "cache sentinel watch retry", {
         ev.take_timedout();
         // SAFETY: the timer is a set's (new).
