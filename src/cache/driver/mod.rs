@@ -11,7 +11,6 @@ pub mod hub;
 pub mod pipe;
 mod pipes;
 pub mod sentinel;
-mod sentinel_reply;
 pub mod streams;
 
 use std::cell::{Cell, RefCell};

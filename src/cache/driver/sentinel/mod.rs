@@ -25,20 +25,23 @@
 //! only source of addresses: nothing else a server says moves a request.
 
 use std::collections::VecDeque;
-use std::ffi::c_void;
 use std::net::SocketAddr;
 
 use gateway_core::metrics::Id;
 use gateway_core::resp::{self, Value};
 
-use super::conn::{Dial, Owner, RedisConn, Step};
-pub use super::sentinel_reply::Replica;
-use super::sentinel_reply::{is_bulk, parse_addr, parse_replicas};
+use super::conn::{Dial, Owner, RedisConn, State};
+mod events;
+mod reply;
+
 use crate::common::hub;
 use crate::common::token::{self, ReqToken};
 use crate::ffi::conf::sockaddr_bytes;
 use crate::ffi::*;
 use crate::{log, metrics};
+use events::{check_deadline_event, hold_event, query_deadline_event, retry_event, wake_event, watch_retry_event};
+pub use reply::Replica;
+use reply::{is_bulk, parse_addr, parse_replicas};
 
 /// How long after a question that confirmed no master the Sentinels are
 /// asked again (ms).
@@ -166,15 +169,6 @@ fn with_set<T>(conf: impl FnOnce() -> SetConf, key: usize, f: impl FnOnce(&mut S
     }
 }
 
-/// Runs `f` on the set of a timer's event (its data), lent for the call.
-///
-/// # Safety
-/// `data` is a live set's own pointer (set by `SetState::new`).
-unsafe fn lend_set<T>(data: *mut c_void, f: impl FnOnce(&mut SetState) -> T) -> T {
-    // SAFETY: as the caller's; sets live for the worker's life.
-    unsafe { hub::lend(data as *mut SetState, f) }
-}
-
 /// What a request finds: the confirmed master, and the replicas.
 pub struct View {
     pub master: Option<SocketAddr>,
@@ -278,8 +272,8 @@ impl SetState {
 
     /// No question or check under way, none planned.
     fn idle(&self) -> bool {
-        self.links[QUERY].conn.state() == super::conn::State::Down
-            && self.links[CHECK].conn.state() == super::conn::State::Down
+        self.links[QUERY].conn.state() == State::Down
+            && self.links[CHECK].conn.state() == State::Down
             && !self.retry.pending()
     }
 
@@ -347,7 +341,7 @@ impl SetState {
             return;
         }
         for k in 0..self.conf.sentinels.len() {
-            if self.links[WATCH + k].conn.state() != super::conn::State::Down {
+            if self.links[WATCH + k].conn.state() != State::Down {
                 continue;
             }
             let (mut out, mut due) = (Vec::new(), VecDeque::new());
@@ -586,7 +580,7 @@ impl SetState {
     /// `addr` is the master now, the Sentinels say: checked, unless it is
     /// confirmed or being checked.
     fn check_new(&mut self, addr: SocketAddr) {
-        let checking = self.links[CHECK].conn.state() != super::conn::State::Down;
+        let checking = self.links[CHECK].conn.state() != State::Down;
         if self.master == Some(addr) || checking && self.links[CHECK].peer == Some(addr) {
             return;
         }
@@ -681,142 +675,5 @@ impl SetState {
                 Err(why) => return self.failed(i, why),
             }
         }
-    }
-}
-
-impl Owner for SetState {
-    const EVENT: &'static str = "cache sentinel connection event";
-    const HANDSHAKE: &'static str = "cache sentinel connection handshake";
-
-    type Out = ();
-
-    /// `data` is a Link of its set.
-    unsafe fn lend<T>(data: *mut c_void, f: impl FnOnce(&mut SetState, usize) -> T) -> Option<T> {
-        // SAFETY: data is a Link of a live set (sets live for the worker's
-        // life, their links as long as they do, never added to after
-        // `new`); its two plain fields are read before the set is lent.
-        let (set, index) = unsafe {
-            let link = data as *const Link;
-            ((*link).set, (*link).index)
-        };
-        // SAFETY: see above.
-        Some(unsafe { hub::lend(set, |s| f(s, index)) })
-    }
-
-    fn conn(&mut self, i: usize) -> &mut RedisConn {
-        &mut self.links[i].conn
-    }
-
-    fn step(&mut self, i: usize, step: Step) {
-        match step {
-            Step::Wait => {}
-            Step::Up | Step::Ready => self.run(i),
-            Step::Lost(why) => self.failed(i, why),
-            Step::Exit => {
-                for l in &mut self.links {
-                    l.conn.close();
-                }
-            }
-        }
-    }
-
-    fn panicked(&mut self, i: usize) {
-        self.failed(i, "an internal error (a panic) in the module".to_owned());
-    }
-
-    fn take_out(&mut self) {}
-
-    fn deliver(_: ()) {}
-}
-
-event_handler! {
-    /// Time to ask the Sentinels again.
-    fn retry_event(ev) = "cache sentinel retry", {
-        ev.take_timedout();
-        let ask = |s: &mut SetState| {
-            if s.links[QUERY].conn.state() == super::conn::State::Down {
-                s.query();
-            }
-        };
-        // SAFETY: the timer is a set's (new).
-        unsafe { lend_set(ev.data(), ask) };
-    }
-}
-
-event_handler! {
-    /// A failover held the set long enough: the Sentinels are asked again,
-    /// whatever they name.
-    fn hold_event(ev) = "cache sentinel failover hold", {
-        ev.take_timedout();
-        let end = |s: &mut SetState| {
-            s.held = None;
-            if s.master.is_none() && s.idle() {
-                s.query();
-            }
-        };
-        // SAFETY: the timer is a set's (new).
-        unsafe { lend_set(ev.data(), end) };
-    }
-}
-
-event_handler! {
-    /// Time to make the watches again.
-    fn watch_retry_event(ev) = "cache sentinel watch retry", {
-        ev.take_timedout();
-        // SAFETY: the timer is a set's (new).
-        unsafe { lend_set(ev.data(), SetState::watch) };
-    }
-}
-
-event_handler! {
-    /// Posted once a master is confirmed: the connections to the masters
-    /// left close, and the requests that waited go on.
-    fn wake_event(ev) = "cache sentinel wake", {
-        let take = |s: &mut SetState| {
-            let waiting = if s.master.is_some() {
-                std::mem::take(&mut s.waiting)
-            } else {
-                Vec::new()
-            };
-            (std::mem::take(&mut s.left), waiting)
-        };
-        // SAFETY: the event is a set's (new); the loan ends here, before
-        // any request runs.
-        let (left, waiting) = unsafe { lend_set(ev.data(), take) };
-        for a in left {
-            super::pipes().close_to(a, "the master of its sentinel set switched");
-        }
-        for (t, resume) in waiting {
-            token::with_request(t, |r| {
-                let posted = r.posted();
-                resume(r);
-                posted.run();
-            });
-        }
-    }
-}
-
-/// A question or a check that did not end in time fails.
-fn deadline(data: *mut c_void, i: usize) {
-    let fail = |s: &mut SetState| {
-        if s.links[i].conn.state() != super::conn::State::Down {
-            s.failed(i, "no reply in time".to_owned());
-        }
-    };
-    // SAFETY: the timer is a set's (new).
-    unsafe { lend_set(data, fail) };
-}
-
-event_handler! {
-    fn query_deadline_event(ev) = "cache sentinel question timeout", {
-        ev.take_timedout();
-        deadline(ev.data(), QUERY);
-    }
-}
-
-event_handler! {
-    fn check_deadline_event(ev) = "cache sentinel check timeout", {
-        ev.take_timedout();
-        deadline(ev.data(), CHECK);
     }
 }
