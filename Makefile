@@ -17,7 +17,7 @@
 #   make bench    wrk through the gateway next to pgbench in the same run
 #   make bench-scale  the figures behind docs/scaling.md (pool sizes, PgBouncer, a cluster's slot map, a partition)
 #   make bench-fanout one event to 10,000 subscribers (sqldb_listen, cache_subscribe, cache_stream): worker RSS and delivery times
-#   make check    cargo fmt --check, clippy -D warnings, the panic guards and tools/code-metrics
+#   make check    cargo fmt --check, clippy -D warnings, the panic guards and tools/code-metrics (src/, core/src/)
 #   make miri     core's unit and random-sequence tests under Miri (nightly)
 #   make fuzztest the fuzz checks on stable Rust over the seeds and pseudo-random inputs (part of make test)
 #   make fuzz     every fuzz target under cargo-fuzz for FUZZ_RUNS inputs (nightly; installs cargo-fuzz)
@@ -384,6 +384,7 @@ bench-fanout: test-deps build
 check: $(DEB_BUILD)/objs/ngx_auto_config.h
 	$(CARGO) fmt --all -- --check
 	@out=$$(python3 tools/code-metrics) || { echo "$$out" | grep -v "^[a-z_/]*\.rs " ; exit 1; }; echo "$$out" | tail -4
+	@out=$$(python3 tools/code-metrics core/src) || { echo "$$out" | grep -v "^[a-z_/]*\.rs " ; exit 1; }; echo "core/src: $$(echo "$$out" | grep "^no file over")"
 	NGINX_BUILD_DIR=$(DEB_BUILD)/objs $(CARGO) clippy --release --target-dir $(MODULE_TARGET) --workspace -- -D warnings
 	$(CARGO) fmt --manifest-path fuzz/Cargo.toml -- --check
 	$(CARGO) clippy --manifest-path fuzz/Cargo.toml --target-dir $(FUZZ_TARGET) --all-targets -- -D warnings
