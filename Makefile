@@ -17,13 +17,14 @@
 #   make bench    wrk through the gateway next to pgbench in the same run
 #   make bench-scale  the figures behind docs/scaling.md (pool sizes, PgBouncer, a cluster's slot map, a partition)
 #   make bench-fanout one event to 10,000 subscribers (sqldb_listen, cache_subscribe, cache_stream): worker RSS and delivery times
-#   make check    cargo fmt --check, clippy -D warnings, the panic guards and tools/code-metrics
+#   make check    cargo fmt --check, clippy -D warnings, the panic guards and tools/code-metrics (src/, core/src/)
 #   make miri     core's unit and random-sequence tests under Miri (nightly)
 #   make fuzztest the fuzz checks on stable Rust over the seeds and pseudo-random inputs (part of make test)
 #   make fuzz     every fuzz target under cargo-fuzz for FUZZ_RUNS inputs (nightly; installs cargo-fuzz)
 #   make fuzz-short  every fuzz target for FUZZ_SECONDS with cargo-fuzz, else the stable fuzztest
 #   make test-valgrind  the .t suites (VALGRIND_TESTS, default t/) with Debian's nginx and the module
-#                 under valgrind memcheck; fails on a memory error, a definite leak or a cut-short report
+#                 under valgrind memcheck (VALGRIND_BUILD=vendored: the vendored nginx 1.28 and its
+#                 build of the module); fails on a memory error, a definite leak or a cut-short report
 #
 # Building (make, make deb, make install) installs nothing: a missing
 # package stops it with the apt-get line to run. No target starts, stops,
@@ -295,16 +296,32 @@ suites-valkey:
 print-test-packages:
 	@echo $(TEST_PACKAGES)
 
-# The suites with nginx (Debian's, and the Debian build of the module) under
-# valgrind's memcheck (t/lib/ValgrindCheck.pm, suppressions in
-# t/valgrind.supp): a block or nginx_start whose nginx processes show a
-# memory error, a definite leak or a cut-short report fails, and
-# tools/valgrind-summary prints the totals of target/valgrind/summary.tsv
-# (logs with findings in target/valgrind/logs/). Not part of make test.
-# VALGRIND_TESTS picks files; TEST_NGINX_VALGRIND_OPTS adds valgrind
-# options, TEST_NGINX_VALGRIND_SUPP another suppressions file.
+# The suites with nginx (Debian's, and the Debian build of the module; with
+# VALGRIND_BUILD=vendored the vendored nginx 1.28 and its build, which make
+# vendored makes, as suites-vendored runs them) under valgrind's memcheck
+# (t/lib/ValgrindCheck.pm, suppressions in t/valgrind.supp): a block or
+# nginx_start whose nginx processes show a memory error, a definite leak
+# or a cut-short report fails, and tools/valgrind-summary prints the
+# totals of target/valgrind/summary.tsv (target/valgrind-vendored/ for the
+# vendored build; logs with findings in its logs/). Each file's line ends
+# with its time. Not part of make test. VALGRIND_TESTS picks files;
+# TEST_NGINX_VALGRIND_OPTS adds valgrind options, TEST_NGINX_VALGRIND_SUPP
+# another suppressions file.
 VALGRIND_TESTS ?= t/
-VALGRIND_OUT   := $(CURDIR)/target/valgrind
+VALGRIND_BUILD ?= debian
+ifeq ($(VALGRIND_BUILD),vendored)
+VALGRIND_OUT    := $(CURDIR)/target/valgrind-vendored
+VALGRIND_MAKE   := vendored
+VALGRIND_NGINX  := $(VEN_NGINX)
+VALGRIND_ENV    := TEST_NGINX_LOAD_MODULES=$(VEN_MODULE)
+else ifeq ($(VALGRIND_BUILD),debian)
+VALGRIND_OUT    := $(CURDIR)/target/valgrind
+VALGRIND_MAKE   := build fault
+VALGRIND_NGINX  := /usr/sbin/nginx
+VALGRIND_ENV    := TEST_NGINX_LOAD_MODULES=$(DEB_MODULE) TEST_NGINX_FAULT_MODULE=$(FAULT_MODULE)
+else
+$(if $(filter test-valgrind,$(MAKECMDGOALS)),$(error VALGRIND_BUILD is debian or vendored, not "$(VALGRIND_BUILD)"))
+endif
 
 valgrind-deps:
 	@dpkg-query -W -f='$${Status}' valgrind 2>/dev/null | grep -q 'install ok installed' || { \
@@ -315,12 +332,12 @@ valgrind-deps:
 	}
 
 test-valgrind: test-deps valgrind-deps
-	$(MAKE) build fault
-	@echo "=== suites under valgrind on Debian's nginx: $$(/usr/sbin/nginx -v 2>&1), $$(valgrind --version)"
+	$(MAKE) $(VALGRIND_MAKE)
+	@echo "=== suites under valgrind on the $(VALGRIND_BUILD) build: $$($(VALGRIND_NGINX) -v 2>&1), $$(valgrind --version)"
 	rm -rf $(VALGRIND_OUT)
 	status=0; \
-	TEST_NGINX_USE_VALGRIND=1 TEST_NGINX_BINARY=/usr/sbin/nginx TEST_NGINX_LOAD_MODULES=$(DEB_MODULE) \
-	    TEST_NGINX_FAULT_MODULE=$(FAULT_MODULE) prove -I t/lib/harness $(PROVE_FLAGS) $(VALGRIND_TESTS) || status=$$?; \
+	TEST_NGINX_USE_VALGRIND=1 TEST_NGINX_VALGRIND_DIR=$(VALGRIND_OUT) TEST_NGINX_BINARY=$(VALGRIND_NGINX) $(VALGRIND_ENV) \
+	    prove -I t/lib/harness --timer $(PROVE_FLAGS) $(VALGRIND_TESTS) || status=$$?; \
 	perl tools/valgrind-summary $(VALGRIND_OUT)/summary.tsv || status=1; \
 	exit $$status
 
@@ -384,6 +401,7 @@ bench-fanout: test-deps build
 check: $(DEB_BUILD)/objs/ngx_auto_config.h
 	$(CARGO) fmt --all -- --check
 	@out=$$(python3 tools/code-metrics) || { echo "$$out" | grep -v "^[a-z_/]*\.rs " ; exit 1; }; echo "$$out" | tail -4
+	@out=$$(python3 tools/code-metrics core/src) || { echo "$$out" | grep -v "^[a-z_/]*\.rs " ; exit 1; }; echo "core/src: $$(echo "$$out" | grep "^no file over")"
 	NGINX_BUILD_DIR=$(DEB_BUILD)/objs $(CARGO) clippy --release --target-dir $(MODULE_TARGET) --workspace -- -D warnings
 	$(CARGO) fmt --manifest-path fuzz/Cargo.toml -- --check
 	$(CARGO) clippy --manifest-path fuzz/Cargo.toml --target-dir $(FUZZ_TARGET) --all-targets -- -D warnings

@@ -6,7 +6,7 @@
 use gateway_core::metrics::{Memo, SLOT_SIZE};
 use std::cell::RefCell;
 
-use crate::ffi::conf::ConfError;
+use crate::ffi::conf::{command, ConfError, LOC};
 use crate::ffi::shm;
 use crate::ffi::*;
 use crate::metrics::{table, SeriesKey};
@@ -40,6 +40,19 @@ directive_handler! {
         Ok(())
     }
 }
+
+/// The command table of `ngx_http_gateway_status_module`, then the null
+/// command that ends nginx's tables.
+pub const COMMANDS: &[ngx_command_t] = &[
+    command(
+        "gateway_status\0",
+        NGX_HTTP_LOC_CONF | NGX_CONF_NOARGS,
+        cmd_gateway_status,
+        LOC,
+        0,
+    ),
+    ngx_command_t::empty(),
+];
 
 conf_step_handler! {
     /// Declares the zone (each configuration read; nginx keeps the old one's

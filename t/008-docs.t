@@ -1,5 +1,5 @@
 # The reference in docs/ against the code: every directive the module
-# registers (the command tables of src/lib.rs) has its entry, with the
+# registers (the command tables, each beside its gateway's handlers) has its entry, with the
 # Syntax line naming it and the Context line that its flags give, on the
 # page of its module; every variable it adds (or reads from the
 # configuration) is in that page's "Embedded variables" table; and no page
@@ -22,16 +22,16 @@ sub slurp {
 
 # --- what the code registers ----------------------------------------------
 
-my $lib = slurp('src/lib.rs');
-my %page_of_table = (SQLDB_COMMANDS => 'docs/sqldb.md', CACHE_COMMANDS => 'docs/cache.md',
-    STATUS_COMMANDS => 'docs/status.md');
+my %page_of_table = ('src/sqldb/config/commands.rs' => 'docs/sqldb.md', 'src/cache/config/commands.rs' => 'docs/cache.md',
+    'src/status.rs' => 'docs/status.md');
 my %directive;    # name => { page, contexts }
 my %flag_context = (NGX_HTTP_MAIN_CONF => 'http', NGX_HTTP_SRV_CONF => 'server', NGX_HTTP_LOC_CONF => 'location',
     NGX_HTTP_LIF_CONF => 'if in location', NGX_HTTP_UPS_CONF => 'upstream');
 my @order = ('http', 'server', 'upstream', 'location', 'if in location');
-while ($lib =~ /static mut (\w+_COMMANDS): \[ngx_command_t; \d+\] = \[(.*?)\n\];/sg) {
-    my ($table, $body) = ($1, $2);
-    my $page = $page_of_table{$table} or die "a command table this test does not know: $table";
+for my $table (sort keys %page_of_table) {
+    my $page = $page_of_table{$table};
+    my ($body) = slurp($table) =~ /const \w+: &(?:'static )?\[ngx_command_t\] = &\[(.*?)\n *\];/s;
+    ok(defined $body, "the command table of $table was read") or next;
     while ($body =~ /command\(\s*"(\w+)\\0",\s*([^,]+),/g) {
         my ($name, $flags) = ($1, $2);
         $flags =~ s/\bLOC_ANY\b/NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF/;
@@ -39,7 +39,7 @@ while ($lib =~ /static mut (\w+_COMMANDS): \[ngx_command_t; \d+\] = \[(.*?)\n\];
         $directive{$name} = { page => $page, contexts => join(', ', grep { $ctx{$_} } @order) };
     }
 }
-cmp_ok(scalar(keys %directive), '>=', 50, 'the command tables of src/lib.rs were read')
+cmp_ok(scalar(keys %directive), '>=', 50, 'the command tables were read')
     or diag('found: ' . join(' ', sort keys %directive));
 
 # Variables: the $sqldb_* ones (Var::ALL), the $sqldb_jwt_claim_ prefix,

@@ -14,6 +14,7 @@
 
 pub mod config;
 pub mod driver;
+pub mod error;
 pub mod request;
 
 pub(crate) use request::content_handler;

@@ -764,6 +764,26 @@ fn more_than_zero(c: Conf, value: &mut usize) -> Result<(), ConfError> {
     Ok(())
 }
 
+/// The levels a directive may be written at, up to `location`.
+pub const LOC_ANY: u32 = NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF;
+/// Where a directive's handler finds its configuration: the location's.
+pub const LOC: usize = NGX_HTTP_LOC_CONF_OFFSET;
+/// The server's (an `upstream` block's, for the directives written there).
+pub const SRV: usize = NGX_HTTP_SRV_CONF_OFFSET;
+
+/// A command table as a module gives it to nginx (`ngx_module_t`'s
+/// `commands`). nginx walks it up to the null command that ends it, which
+/// must be there: a module's static is built at compile time, so a table
+/// without it does not compile. nginx reads the table and never writes it
+/// (the pointer is `*mut` by its C type only).
+pub const fn commands(table: &'static [ngx_command_t]) -> *mut ngx_command_t {
+    assert!(
+        matches!(table.last(), Some(last) if last.name.len == 0 && last.set.is_none()),
+        "a command table ends with ngx_command_t::empty()"
+    );
+    table.as_ptr().cast_mut()
+}
+
 /// A directive; `name` ends with NUL because nginx compares names with strcmp.
 pub const fn command(
     name: &'static str,

@@ -2,4 +2,5 @@
 
 pub mod config;
 pub mod driver;
+pub mod error;
 pub mod request;

@@ -1,6 +1,7 @@
 use super::*;
 use ring::rand::SystemRandom;
 use ring::signature::{EcdsaKeyPair, Ed25519KeyPair, RsaKeyPair};
+use ring::{hmac, signature};
 
 const RSA_PRIV: &str = include_str!("testdata/rsa.pem");
 const RSA_PUB: &str = include_str!("testdata/rsa.pub");

@@ -3,10 +3,12 @@
 //! variables it reads.
 
 pub mod cluster;
+mod commands;
 pub mod sentinel;
 mod tls;
 
-use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
+pub use commands::Commands;
+use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
 pub(crate) use tls::{
     cmd_cache_ssl_certificate, cmd_cache_ssl_certificate_key, cmd_cache_ssl_trusted_certificate, cmd_cache_ssl_verify,
 };
@@ -16,23 +18,9 @@ use crate::ffi::conf::{ComplexValue, ConfError, Position};
 use crate::ffi::*;
 use crate::log;
 
-extern "C" {
-    // The module's static, defined (#[no_mangle]) in lib.rs with its
-    // directives and callbacks; named here by its symbol.
-    static mut ngx_http_gateway_cache_module: ngx_module_t;
-}
-
-/// The cache gateway's nginx module.
+/// The cache gateway's nginx module (its `HttpModule` impl, which names
+/// the module's static, is in lib.rs, with that static).
 pub struct Cache;
-
-impl HttpModule for Cache {
-    fn module() -> &'static ngx_module_t {
-        // SAFETY: the module's static lives as long as the program; nginx
-        // writes its indexes before any configuration is read, and nothing
-        // writes it afterwards.
-        unsafe { &*std::ptr::addr_of!(ngx_http_gateway_cache_module) }
-    }
-}
 
 // SAFETY: the create functions below make exactly these types.
 unsafe impl HttpModuleMainConf for Cache {

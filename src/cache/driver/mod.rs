@@ -16,8 +16,8 @@ pub mod streams;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
+use crate::cache::error::Error;
 use gateway_core::cluster::Topology;
-use gateway_core::redis::ReplyError;
 
 use crate::common::hub::HubRef;
 use crate::common::token::ReqToken;
@@ -59,30 +59,6 @@ impl Handle {
     }
 }
 
-/// Why a request's exchange ended without its answer.
-#[derive(Debug)]
-pub enum ExchangeError {
-    /// Redis answered the command with an error (`WRONGTYPE` ...): the
-    /// connection goes on.
-    Answered(ReplyError),
-    /// The connection broke: closed, or replies that cannot be read.
-    Broken {
-        why: String,
-        /// The replies were wrong (not the connection lost).
-        invalid: bool,
-        /// Some of the request's bytes had gone out.
-        sent: bool,
-        /// The connection had served requests before this one.
-        reused: bool,
-        /// It never connected.
-        connecting: bool,
-        /// Redis refused the password (`cache_auth`).
-        auth: bool,
-        /// It timed out connecting (or in the TLS handshake).
-        timed_out: bool,
-    },
-}
-
 /// What a request hears once the connection's event handler is done with
 /// the connection (its steps may end the request, and a request that ends
 /// may touch the connections).
@@ -92,7 +68,7 @@ pub enum Outcome {
     Done(Rc<Handle>),
     /// The database exists (Ok) or Redis refused it (its message).
     Probed(Rc<Handle>, Result<(), Vec<u8>>),
-    Failed(Rc<Handle>, ExchangeError),
+    Failed(Rc<Handle>, Error),
 }
 
 /// The request side, as a pipelined connection calls it while it reads
@@ -142,15 +118,6 @@ pub struct Endpoint<'a> {
     /// The request's log: nginx's line for a connect that fails at once
     /// names the request.
     pub log: Log,
-}
-
-/// Why a request has no connection.
-#[derive(Debug)]
-pub enum OpenError {
-    /// The connect did not start: nginx has logged why, on the request's log.
-    Logged,
-    /// Why, for the request's line.
-    Failed(String),
 }
 
 /// A number for the next request's PING token: never the same twice in a

@@ -25,7 +25,8 @@ use gateway_core::redis::{self, Event as RedisEvent, Exchange, Plan, ReplyError,
 use gateway_core::resp::{self, Reply};
 
 use super::conn::{run_owner, Dial, Owner, RedisConn, Step};
-use super::{next_ping, DbStep, Endpoint, ExchangeError, Handle, OpenError, Outcome, PipeId, Sink};
+use super::{next_ping, DbStep, Endpoint, Handle, Outcome, PipeId, Sink};
+use crate::cache::error::{self, Broken, Error, How};
 use crate::ffi::net::TlsClient;
 use crate::ffi::*;
 use crate::log;
@@ -301,7 +302,7 @@ impl PipeConn {
             .is_some_and(|w| now.wrapping_sub(w.since) >= SLOW_MS)
     }
 
-    pub(super) fn open(id: PipeId, to: &Endpoint<'_>, sink: &'static dyn Sink) -> Result<PipeConn, OpenError> {
+    pub(super) fn open(id: PipeId, to: &Endpoint<'_>, sink: &'static dyn Sink) -> Result<PipeConn, Error> {
         let mut c = PipeConn {
             addr: to.addr.to_vec(),
             auth: to.auth.map(<[u8]>::to_vec),
@@ -344,10 +345,10 @@ impl PipeConn {
             log: Some(to.log),
         };
         match c.conn.open::<PipeConn>(&dial, data) {
-            Err(_) => return Err(OpenError::Logged),
+            Err(_) => return Err(error::Kind::ConnectLogged.into()),
             Ok(Step::Lost(why)) => {
                 c.conn.close();
-                return Err(OpenError::Failed(why));
+                return Err(Error::because(error::Kind::Connect, why));
             }
             Ok(step) => c.step(0, step),
         }
@@ -539,7 +540,7 @@ impl PipeConn {
             (_, e) => {
                 self.served += 1;
                 if let Some(h) = who {
-                    self.out_buf.push(Outcome::Failed(h, ExchangeError::Answered(e)));
+                    self.out_buf.push(Outcome::Failed(h, Error::answered(e)));
                 }
             }
         }
@@ -551,7 +552,15 @@ impl PipeConn {
             return;
         }
         let connecting = self.is_connecting();
-        let timed_out = self.conn.timed_out();
+        let how = if self.closed_auth {
+            How::PasswordRefused
+        } else if self.conn.timed_out() {
+            How::TimedOut
+        } else if invalid {
+            How::Invalid
+        } else {
+            How::Closed
+        };
         self.closed_why = why.to_owned();
         self.closed_invalid = invalid;
         let told = self.out_buf.iter().any(|d| matches!(d, Outcome::Probed(..)));
@@ -576,17 +585,15 @@ impl PipeConn {
             // (A probe runs nothing: its requests' commands were not sent.)
             let sent = w.kind == Kind::Request && self.sent > w.start;
             for h in w.everyone() {
+                let broken = Broken {
+                    how,
+                    sent,
+                    reused: w.reused,
+                    connecting,
+                };
                 self.out_buf.push(Outcome::Failed(
                     h.clone(),
-                    ExchangeError::Broken {
-                        why: why.to_owned(),
-                        invalid,
-                        sent,
-                        reused: w.reused,
-                        connecting,
-                        auth: self.closed_auth,
-                        timed_out,
-                    },
+                    Error::because(error::Kind::Broken(broken), why),
                 ));
             }
         }

@@ -6,7 +6,8 @@ use std::rc::Rc;
 
 use super::conn::Owner;
 use super::pipe::{PipeConn, DEPTH, MAX_CONNS};
-use super::{Endpoint, OpenError, PipeId, Sink};
+use super::{Endpoint, PipeId, Sink};
+use crate::cache::error::{Error, Kind};
 use crate::ffi::*;
 
 /// The worker's pipelined connections (driver::pipes). Each is shared
@@ -26,7 +27,7 @@ impl Pipes {
     /// that is neither deep nor slow (one in the request's database before
     /// the others), else a new one (up to `MAX_CONNS`), else the least
     /// loaded.
-    pub fn pick(&self, to: &Endpoint<'_>, sink: &'static dyn Sink) -> Result<PipeId, OpenError> {
+    pub fn pick(&self, to: &Endpoint<'_>, sink: &'static dyn Sink) -> Result<PipeId, Error> {
         let mut conns = self.conns.borrow_mut();
         // Closed connections go (their requests heard of it, and their
         // events are off; one still lent lives until its loan ends).
@@ -78,7 +79,7 @@ impl Pipes {
         let c = PipeConn::open(id, to, sink)?;
         if c.is_closed() {
             // (It failed at once: a TLS setup that could not start, say.)
-            return Err(OpenError::Failed(c.closed_why.clone()));
+            return Err(Error::because(Kind::Connect, c.closed_why.clone()));
         }
         conns.push((id, Rc::new(RefCell::new(c))));
         Ok(id)

@@ -5,8 +5,6 @@
 //! `cache_cluster`); the driver's shared, pipelined connections
 //! (pipelined.rs); or a `cache_subscribe` stream (subscribe.rs).
 
-use std::fmt;
-
 use gateway_core::cluster as kslot;
 use gateway_core::pubsub;
 use gateway_core::redis::{self, Command, Exchange};
@@ -14,6 +12,7 @@ use gateway_core::streams;
 
 use crate::cache::config::{Cache, CacheLocConf, CacheMainConf};
 use crate::cache::driver::authfail;
+use crate::cache::error::{Error, Kind};
 use crate::common::failure::{log_failure, Failure};
 use crate::common::sse::Refused;
 use crate::ffi::net::TlsClient;
@@ -81,115 +80,12 @@ fn gzip_flagged(r: &mut Req) -> bool {
     r.loc_conf::<Cache>().gzip_flag == 0 || r.set_content_encoding_gzip()
 }
 
-/// Why a cache request cannot start.
-#[derive(Debug)]
-enum StartError {
-    NotAllowed,
-    EmptyKey,
-    EmptyStreamKey,
-    /// A `cache_stream` key that is too long or not UTF-8.
-    BadStreamKey(String),
-    /// A `Last-Event-ID` (or `last_event_id`) that is not an entry ID, or
-    /// is the highest one (Redis reads nothing after it).
-    BadLastEventId(String),
-    BadChannel(String),
-    BadDb(String),
-    BadExptime(String),
-    ClusterDb(u32),
-    NoBackend(String),
-    /// An upstream another gateway owns (its value, and the owner's lines).
-    ForeignUpstream(String, &'static str),
-    /// See FILTER_REDIRECT.
-    AnswerUnderWay,
-    /// Redis refused the `cache_auth` password less than a second ago.
-    AuthRefused,
-    Nginx,
-}
-
-impl fmt::Display for StartError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            StartError::NotAllowed => f.write_str("method not allowed"),
-            StartError::Nginx => f.write_str("nginx could not set the request up"),
-            StartError::AuthRefused => f.write_str("redis refused the password less than a second ago"),
-            StartError::EmptyKey => f.write_str("the \"$cache_key\" variable is empty"),
-            StartError::EmptyStreamKey => f.write_str("the stream's key is empty"),
-            StartError::BadStreamKey(v) => write!(
-                f,
-                "stream key \"{}\" is not 1 to {} bytes of UTF-8",
-                v.escape_default(),
-                stream::KEY_MAX
-            ),
-            StartError::BadLastEventId(v) => write!(
-                f,
-                "the last event id \"{}\" (Last-Event-ID, or the argument last_event_id) is not a stream entry ID (ms-seq, below the highest one)",
-                v.escape_default()
-            ),
-            StartError::BadChannel(v) => write!(
-                f,
-                "channel \"{}\" is not 1 to {} visible ASCII characters",
-                v.escape_default(),
-                pubsub::CHANNEL_MAX
-            ),
-            StartError::BadDb(v) => write!(
-                f,
-                "\"$cache_db\" is not a database number (0 to {}): \"{v}\"",
-                redis::MAX_DB
-            ),
-            StartError::ClusterDb(n) => write!(f, "\"$cache_db\" is {n}, but a Redis Cluster has database 0 only"),
-            StartError::BadExptime(v) => write!(f, "\"$cache_exptime\" is not a number of seconds: \"{v}\""),
-            StartError::NoBackend(v) => write!(f, "\"cache_pass\" value \"{v}\" names no known backend"),
-            StartError::AnswerUnderWay => f.write_str(crate::ffi::FILTER_REDIRECT),
-            StartError::ForeignUpstream(v, lines) => {
-                write!(f, "\"cache_pass\" value \"{v}\" names an upstream of \"{lines}\" lines")
-            }
-        }
-    }
-}
-
-impl Failure for StartError {
-    fn status(&self) -> ngx_int_t {
-        match self {
-            StartError::NotAllowed => HTTP_NOT_ALLOWED,
-            StartError::EmptyKey
-            | StartError::EmptyStreamKey
-            | StartError::BadStreamKey(_)
-            | StartError::BadLastEventId(_)
-            | StartError::BadChannel(_)
-            | StartError::BadDb(_)
-            | StartError::BadExptime(_)
-            | StartError::ClusterDb(_) => HTTP_BAD_REQUEST,
-            StartError::AuthRefused => HTTP_BAD_GATEWAY,
-            _ => HTTP_INTERNAL_SERVER_ERROR,
-        }
-    }
-
-    fn level(&self) -> Option<u32> {
-        match self {
-            // (nginx answers 405 itself; nginx said why it failed; the
-            // refusal was logged, once a minute at most.)
-            StartError::NotAllowed | StartError::Nginx | StartError::AuthRefused => None,
-            StartError::EmptyKey
-            | StartError::EmptyStreamKey
-            | StartError::BadStreamKey(_)
-            | StartError::BadLastEventId(_)
-            | StartError::BadChannel(_)
-            | StartError::BadDb(_)
-            | StartError::ClusterDb(_)
-            | StartError::BadExptime(_) => Some(NGX_LOG_INFO),
-            StartError::NoBackend(_) | StartError::AnswerUnderWay | StartError::ForeignUpstream(..) => {
-                Some(NGX_LOG_ERR)
-            }
-        }
-    }
-}
-
 request_handler! {
     pub(crate) fn content_handler(r) -> ngx_int_t = ("cache content handler", HTTP_INTERNAL_SERVER_ERROR) {
         match start(r) {
             Ok(rc) => rc,
             Err(e) => {
-                if let StartError::AuthRefused = e {
+                if *e.kind() == Kind::AuthRefused {
                     crate::debug!(r.log(), "cache: {e}");
                 }
                 log_failure(r.log(), "cache", &e);
@@ -204,47 +100,53 @@ fn variable(r: &mut Req, index: ngx_int_t) -> Option<Vec<u8>> {
     r.variable(index).filter(|v| !v.is_empty()).map(<[u8]>::to_vec)
 }
 
-fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
+fn start(r: &mut Req) -> Result<ngx_int_t, Error> {
     let lcf: &CacheLocConf = r.loc_conf::<Cache>();
     let mcf: &CacheMainConf = r.main_conf::<Cache>();
     r.disable_not_modified();
     if r.answer_under_way() {
-        return Err(StartError::AnswerUnderWay);
+        return Err(Kind::AnswerUnderWay.into());
     }
     if lcf.subscribe.is_some() || lcf.stream.is_some() {
         if let Some(cv) = lcf.auth {
-            let pw = r.complex_value(cv).ok_or(StartError::Nginx)?;
+            let pw = r.complex_value(cv).ok_or(Kind::Nginx)?;
             if !authfail::may_try(authfail::key(&authfail::block_scope(lcf.upstream.upstream), pw)) {
-                return Err(StartError::AuthRefused);
+                return Err(Kind::AuthRefused.into());
             }
         }
         if lcf.stream.is_some() {
-            return stream::start(r, lcf).map_err(|e| match e {
-                stream::Refusal::BadLastId(v) => StartError::BadLastEventId(v),
-                stream::Refusal::Sse(Refused::BadChannel(v)) => StartError::BadStreamKey(v),
-                stream::Refusal::Sse(Refused::NotAllowed) => StartError::NotAllowed,
-                stream::Refusal::Sse(Refused::Nginx) => StartError::Nginx,
+            return stream::start(r, lcf).map_err(|e| {
+                Error::from(match e {
+                    stream::Refusal::BadLastId(v) => Kind::BadLastEventId(v),
+                    stream::Refusal::Sse(Refused::BadChannel(v)) => Kind::BadStreamKey(v, stream::KEY_MAX),
+                    stream::Refusal::Sse(Refused::NotAllowed) => Kind::NotAllowed,
+                    stream::Refusal::Sse(Refused::Nginx) => Kind::Nginx,
+                })
             });
         }
-        return subscribe::start(r, lcf).map_err(|e| match e {
-            Refused::BadChannel(v) => StartError::BadChannel(v),
-            Refused::NotAllowed => StartError::NotAllowed,
-            Refused::Nginx => StartError::Nginx,
+        return subscribe::start(r, lcf).map_err(|e| {
+            Error::from(match e {
+                Refused::BadChannel(v) => Kind::BadChannel(v),
+                Refused::NotAllowed => Kind::NotAllowed,
+                Refused::Nginx => Kind::Nginx,
+            })
         });
     }
     let method = r.method();
     let command = if let Some(cv) = lcf.publish {
         if method & NGX_HTTP_POST == 0 {
-            return Err(StartError::NotAllowed);
+            return Err(Kind::NotAllowed.into());
         }
-        let channel = r.complex_value(cv).ok_or(StartError::Nginx)?.to_vec();
+        let channel = r.complex_value(cv).ok_or(Kind::Nginx)?.to_vec();
         if !pubsub::valid_channel(&channel) {
-            return Err(StartError::BadChannel(String::from_utf8_lossy(&channel).into_owned()));
+            return Err(Error::from(Kind::BadChannel(
+                String::from_utf8_lossy(&channel).into_owned(),
+            )));
         }
         Command::Publish
     } else if lcf.stream_add.is_some() {
         if method & (NGX_HTTP_POST | NGX_HTTP_PUT) == 0 {
-            return Err(StartError::NotAllowed);
+            return Err(Kind::NotAllowed.into());
         }
         Command::StreamAdd
     } else if method & (NGX_HTTP_GET | NGX_HTTP_HEAD) != 0 {
@@ -254,16 +156,16 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
     } else if method & NGX_HTTP_DELETE != 0 {
         Command::Del
     } else {
-        return Err(StartError::NotAllowed);
+        return Err(Kind::NotAllowed.into());
     };
     // Values that come from the client are the client's mistakes.
     let key = match lcf.publish.or(lcf.stream_add) {
         // (A channel was checked above.)
-        Some(cv) => r.complex_value(cv).ok_or(StartError::Nginx)?.to_vec(),
+        Some(cv) => r.complex_value(cv).ok_or(Kind::Nginx)?.to_vec(),
         // Escaped here, so that every command and a cluster's slot have the
         // bytes that are sent.
         None => {
-            let key = variable(r, mcf.key).ok_or(StartError::EmptyKey)?;
+            let key = variable(r, mcf.key).ok_or(Kind::EmptyKey)?;
             if lcf.escape_key != 0 {
                 redis::escape_key(key)
             } else {
@@ -272,7 +174,7 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
         }
     };
     if key.is_empty() {
-        return Err(StartError::EmptyStreamKey);
+        return Err(Kind::EmptyStreamKey.into());
     }
     let event = match command {
         Command::StreamAdd => streams::query_arg(r.args(), b"event").filter(|e| !e.is_empty()),
@@ -282,24 +184,24 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
     // Channels are the server's, whatever its database.
     let db = match variable(r, mcf.db).filter(|_| command != Command::Publish) {
         None => None,
-        Some(v) => redis::parse_db(&v).map_err(|_| StartError::BadDb(text(&v)))?,
+        Some(v) => redis::parse_db(&v).map_err(|_| Kind::BadDb(text(&v)))?,
     };
     let exptime = match (command, variable(r, mcf.exptime)) {
-        (Command::Set, Some(v)) => redis::parse_exptime(&v).map_err(|_| StartError::BadExptime(text(&v)))?,
+        (Command::Set, Some(v)) => redis::parse_exptime(&v).map_err(|_| Kind::BadExptime(text(&v)))?,
         _ => None,
     };
     // A password whose variables are all empty is none: no AUTH.
     let auth = match lcf.auth {
         None => None,
-        Some(cv) => Some(r.complex_value(cv).ok_or(StartError::Nginx)?.to_vec()).filter(|p| !p.is_empty()),
+        Some(cv) => Some(r.complex_value(cv).ok_or(Kind::Nginx)?.to_vec()).filter(|p| !p.is_empty()),
     };
     let backend = match lcf.pass_var {
-        Some(cv) => Some(r.complex_value(cv).ok_or(StartError::Nginx)?.to_vec()),
+        Some(cv) => Some(r.complex_value(cv).ok_or(Kind::Nginx)?.to_vec()),
         None => None,
     };
     let umcf = r.main_conf::<ngx::http::NgxHttpUpstreamModule>();
     let pool = r.pool();
-    let u = r.create_upstream().ok_or(StartError::Nginx)?;
+    let u = r.create_upstream().ok_or(Kind::Nginx)?;
     let block = match &backend {
         Some(name) => resolve(u, pool, umcf, name, mcf.owner_of)?,
         None => lcf.upstream.upstream.cast_const(),
@@ -310,20 +212,20 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
         _ => authfail::key(&authfail::block_scope(block), pw),
     });
     if auth_key.is_some_and(|k| !authfail::may_try(k)) {
-        return Err(StartError::AuthRefused);
+        return Err(Kind::AuthRefused.into());
     }
     let mut conf: *const ngx_http_upstream_conf_t = &lcf.upstream;
     let mut cluster = None;
     if mcf.cluster_of(block).is_some() {
         if let Some(n) = db {
-            return Err(StartError::ClusterDb(n));
+            return Err(Error::from(Kind::ClusterDb(n)));
         }
         // A request-private copy of the settings: redirections go on
         // through nginx's next-upstream step, whatever cache_next_upstream
         // says (a SET or DEL that was redirected has not run).
         let mut copy = lcf.upstream;
         copy.next_upstream |= (NGX_HTTP_UPSTREAM_FT_INVALID_HEADER | NGX_HTTP_UPSTREAM_FT_NON_IDEMPOTENT) as ngx_uint_t;
-        conf = pool.alloc(copy).ok_or(StartError::Nginx)?.as_ptr();
+        conf = pool.alloc(copy).ok_or(Kind::Nginx)?.as_ptr();
         cluster = Some(ClusterReq {
             slot: kslot::key_slot(&key),
             retry_invalid: lcf.upstream.next_upstream & NGX_HTTP_UPSTREAM_FT_INVALID_HEADER as ngx_uint_t != 0,
@@ -370,7 +272,7 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
         shared: shared.then(|| pipelined::SharedReq::new(crate::common::token::register(r))),
         sentinel: None,
     };
-    r.set_ctx::<Cache>(ctx).ok_or(StartError::Nginx)?;
+    r.set_ctx::<Cache>(ctx).ok_or(Kind::Nginx)?;
     if matches!(command, Command::Publish | Command::StreamAdd) {
         r.set_content_type("application/json");
     }
@@ -378,10 +280,10 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
         // SAFETY: null, or an upstream block of the configuration, which
         // outlives its requests.
         let block = unsafe { block.as_ref() };
-        return pipelined::start(r, block).ok_or(StartError::Nginx);
+        return pipelined::start(r, block).ok_or_else(|| Kind::Nginx.into());
     }
     if !r.set_input_filter(filter_init, filter) {
-        return Err(StartError::Nginx);
+        return Err(Kind::Nginx.into());
     }
 
     if command.sends_body() {
@@ -397,7 +299,7 @@ fn start(r: &mut Req) -> Result<ngx_int_t, StartError> {
         return Ok(rc);
     }
     if !r.set_content_type_by_extension() {
-        return Err(StartError::Nginx);
+        return Err(Kind::Nginx.into());
     }
     r.count_up();
     r.upstream_init();
@@ -413,21 +315,24 @@ fn resolve(
     umcf: &ngx_http_upstream_main_conf_t,
     name: &[u8],
     owner_of: Option<crate::common::upstream::OwnerOf>,
-) -> Result<*const ngx_http_upstream_srv_conf_t, StartError> {
+) -> Result<*const ngx_http_upstream_srv_conf_t, Error> {
     let text = || String::from_utf8_lossy(name).into_owned();
     let block =
         crate::ffi::conf::upstream_blocks(umcf).find(|u| u.port == 0 && u.host.as_bytes().eq_ignore_ascii_case(name));
     let owner = block.and_then(|b| owner_of.and_then(|f| f(b)));
     match block {
-        Some(_) if owner.is_some() => Err(StartError::ForeignUpstream(text(), owner.map_or("", |o| o.server))),
+        Some(_) if owner.is_some() => Err(Error::from(Kind::ForeignUpstream(
+            text(),
+            owner.map_or("", |o| o.server),
+        ))),
         Some(b) => {
-            let host = pool.str(name).ok_or(StartError::Nginx)?;
+            let host = pool.str(name).ok_or(Kind::Nginx)?;
             u.set_resolved(pool, host, None, 0)
                 .then_some(b as *const ngx_http_upstream_srv_conf_t)
-                .ok_or(StartError::Nginx)
+                .ok_or_else(|| Kind::Nginx.into())
         }
         None if u.set_resolved_address(pool, name) => Ok(std::ptr::null()),
-        None => Err(StartError::NoBackend(text())),
+        None => Err(Error::from(Kind::NoBackend(text()))),
     }
 }
 

@@ -3,6 +3,7 @@
 //! access to it (ngx's traits).
 
 pub mod auth;
+mod commands;
 pub mod directives;
 pub mod replay;
 pub mod upstream;
@@ -14,7 +15,9 @@ use std::rc::Rc;
 use gateway_core::method::QuerySet;
 use gateway_core::rewrite::Rule as RewriteRule;
 use gateway_core::target::Target;
-use ngx::http::{HttpModule, HttpModuleLocationConf, HttpModuleMainConf, HttpModuleServerConf, NgxHttpCoreModule};
+use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, HttpModuleServerConf, NgxHttpCoreModule};
+
+pub use commands::Commands;
 
 use super::driver::{ConnPool, Listener, Settings, Statement};
 use crate::common::hub::{HubRef, HubSink};
@@ -27,24 +30,9 @@ pub const DEFAULT_RESULT_TIMEOUT: ngx_msec_t = 30_000;
 pub const DEFAULT_LISTEN_HEARTBEAT: ngx_msec_t = 15_000;
 pub const DEFAULT_JWT_LEEWAY: time_t = 30;
 
-extern "C" {
-    // The module's static, defined (#[no_mangle]) in lib.rs with its
-    // directives and callbacks; named here by its symbol, as nginx modules
-    // name each other.
-    static mut ngx_http_gateway_module: ngx_module_t;
-}
-
-/// The database gateway's nginx module.
+/// The database gateway's nginx module (its `HttpModule` impl, which
+/// names the module's static, is in lib.rs, with that static).
 pub struct Sqldb;
-
-impl HttpModule for Sqldb {
-    fn module() -> &'static ngx_module_t {
-        // SAFETY: the module's static lives as long as the program; nginx
-        // writes its indexes before any configuration is read, and nothing
-        // writes it afterwards.
-        unsafe { &*std::ptr::addr_of!(ngx_http_gateway_module) }
-    }
-}
 
 // SAFETY: the create functions below make exactly these types.
 unsafe impl HttpModuleMainConf for Sqldb {

@@ -31,7 +31,7 @@ use crate::ffi::{ngx_msec_t, Event};
 use conn::Conn;
 
 pub use listen::Listener;
-pub use pool::{ConnPool, OpenError, Pick, Settings, Submitted, RECHECK};
+pub use pool::{ConnPool, Pick, Settings, Submitted, RECHECK};
 pub use pq::{check_conninfo, PgResult, PqError, ResultKind};
 pub use session::{settings_calls, SessionTexts, Text};
 

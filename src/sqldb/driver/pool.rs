@@ -15,6 +15,7 @@ use super::pq::PgConn;
 use super::terminate::Terminator;
 use super::{ConnId, Delivery, Query, ReqToken, Sink};
 use crate::ffi::*;
+use crate::sqldb::error::{Error, Kind};
 use crate::{debug, log};
 
 /// `sqldb_keepalive` and `sqldb_pipeline`.
@@ -89,15 +90,6 @@ pub enum Pick {
     New,
     /// `overflow=reject` and nothing free.
     Reject,
-}
-
-/// Why a connection could not be opened.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum OpenError {
-    /// libpq could not start (the next server may do better).
-    Connect(String),
-    /// nginx has no connection or event to spare (it said why).
-    Nginx(String),
 }
 
 /// Whether a submitted query went out or waits for its connection.
@@ -527,7 +519,7 @@ impl ConnPool {
         name: String,
         creator: ReqToken,
         exclusive: bool,
-    ) -> Result<ConnId, OpenError> {
+    ) -> Result<ConnId, Error> {
         self.open_with(addr, conninfo, name, Pipeline::connecting(creator, exclusive))
     }
 
@@ -538,12 +530,12 @@ impl ConnPool {
         conninfo: &CStr,
         name: String,
         pipeline: Pipeline<ReqToken>,
-    ) -> Result<ConnId, OpenError> {
-        let pg =
-            PgConn::start(conninfo).map_err(|e| OpenError::Connect(format!("connecting to {name} failed: {e}")))?;
+    ) -> Result<ConnId, Error> {
+        let pg = PgConn::start(conninfo)
+            .map_err(|e| Error::because(Kind::Connect, format!("connecting to {name} failed: {e}")))?;
         // On failure nginx has logged why ("worker_connections are not enough").
         let socket = Socket::get(pg.socket(), Log::cycle())
-            .ok_or_else(|| OpenError::Nginx(format!("no free connection for {name}")))?;
+            .ok_or_else(|| Error::because(Kind::NoResources, format!("no free connection for {name}")))?;
         socket.set_handler(Some(super::events::conn_event));
         let id = ConnId(self.conns.next_key());
         let pool = NonNull::from(&mut *self);
@@ -566,7 +558,10 @@ impl ConnPool {
         // watched for the connection's whole life.
         if !c.socket.watch_read(true) || !c.want_write(true) {
             self.close(id);
-            return Err(OpenError::Nginx("cannot watch the database connection".into()));
+            return Err(Error::because(
+                Kind::NoResources,
+                "cannot watch the database connection",
+            ));
         }
         debug!(Log::cycle(), "sqldb: connection #{} opened", key.as_u64());
         Ok(id)

@@ -10,7 +10,7 @@
 
 use gateway_core::pipeline::Pipeline;
 
-use super::{ConnPool, OpenError};
+use super::ConnPool;
 use crate::ffi::*;
 use crate::{debug, log};
 
@@ -99,7 +99,7 @@ impl ConnPool {
                     );
                 }
             }
-            Err(OpenError::Connect(e) | OpenError::Nginx(e)) => {
+            Err(e) => {
                 log!(NGX_LOG_INFO, Log::cycle(), "sqldb: no spare connection: {e}");
             }
         }

@@ -7,7 +7,7 @@ use std::rc::Rc;
 
 use gateway_core::jwt::{bearer_token, Claims};
 
-use super::error::StartError;
+use super::error::{Error, Kind};
 use crate::ffi::*;
 use crate::sqldb::config::LocConf;
 use crate::sqldb::driver::Preamble;
@@ -18,11 +18,8 @@ pub struct Authorized {
     pub preamble: Option<Preamble>,
 }
 
-fn unauthorized(why: impl Into<String>, invalid: bool) -> StartError {
-    StartError::Unauthorized {
-        why: why.into(),
-        invalid,
-    }
+fn unauthorized(why: impl Into<String>, invalid: bool) -> Error {
+    Error::because(Kind::Unauthorized { invalid }, why)
 }
 
 /// Seconds since the epoch, by nginx's clock.
@@ -33,7 +30,7 @@ fn now() -> time_t {
 }
 
 /// The role and claims of the request, and the preamble for its query.
-pub fn authorize(r: &mut Req, lcf: &LocConf) -> Result<Authorized, StartError> {
+pub fn authorize(r: &mut Req, lcf: &LocConf) -> Result<Authorized, Error> {
     let Some(pre) = lcf.preamble.clone() else {
         return Ok(Authorized {
             claims: None,
@@ -77,15 +74,15 @@ pub fn authorize(r: &mut Req, lcf: &LocConf) -> Result<Authorized, StartError> {
         };
         // set_config('role', 'none') is RESET ROLE: the login role's rights.
         if role.as_bytes() == b"none" {
-            return Err(StartError::RoleNone);
+            return Err(Kind::RoleNone.into());
         }
         params.push(role);
         params.push(json);
     }
     for s in &lcf.settings {
         params.push(s.name.clone());
-        let v = r.complex_value(s.value).ok_or(StartError::Nginx)?;
-        params.push(CString::new(v).map_err(|_| StartError::SettingNul(s.name.to_string_lossy().into_owned()))?);
+        let v = r.complex_value(s.value).ok_or(Kind::Nginx)?;
+        params.push(CString::new(v).map_err(|_| Kind::SettingNul(s.name.to_string_lossy().into_owned()))?);
     }
     let read_only = pre.with_role && (r.method() & (NGX_HTTP_GET | NGX_HTTP_HEAD)) != 0;
     let text = if read_only { &pre.ro } else { &pre.rw };

@@ -6,7 +6,7 @@ use std::rc::Rc;
 
 use gateway_core::sql::has_several_statements;
 
-use super::error::{log_failure, Failure, StartError};
+use super::error::{log_failure, Error, Failure, Kind};
 use super::{peer, vars, Ctx};
 use crate::common::token as registry;
 use crate::ffi::upstream::{self, Callbacks};
@@ -27,7 +27,7 @@ fn start(r: &mut Req) -> ngx_int_t {
     let lcf = r.loc_conf::<Sqldb>();
     r.disable_not_modified();
     if r.answer_under_way() {
-        let err = StartError::AnswerUnderWay;
+        let err = Error::from(Kind::AnswerUnderWay);
         log_failure(r.log(), &err);
         return err.status();
     }
@@ -39,9 +39,11 @@ fn start(r: &mut Req) -> ngx_int_t {
         return start_listening(r, lcf);
     }
     let err = if lcf.queries.is_empty() {
-        StartError::NoQuery
+        Error::from(Kind::NoQuery)
     } else if lcf.queries.select(r.method()).is_none() {
-        StartError::MethodNotAllowed(String::from_utf8_lossy(r.method_name()).into_owned())
+        Error::from(Kind::MethodNotAllowed(
+            String::from_utf8_lossy(r.method_name()).into_owned(),
+        ))
     } else {
         // The body first, so that $request_body is there for the template.
         // (Reading it counts the request as in use until it is finalized.)
@@ -90,15 +92,15 @@ fn start_listening(r: &mut Req, lcf: &'static LocConf) -> ngx_int_t {
 
 /// The upstream block of the request: named in the configuration, or by a
 /// variable now.
-fn upstream_of(r: &mut Req, lcf: &LocConf) -> Result<*mut ngx_http_upstream_srv_conf_t, StartError> {
+fn upstream_of(r: &mut Req, lcf: &LocConf) -> Result<*mut ngx_http_upstream_srv_conf_t, Error> {
     let Some(cv) = lcf.pass_var else {
         return Ok(lcf.upstream.upstream);
     };
-    let name = r.complex_value(cv).ok_or(StartError::Nginx)?.to_vec();
+    let name = r.complex_value(cv).ok_or(Kind::Nginx)?.to_vec();
     let umcf = r.main_conf::<ngx::http::NgxHttpUpstreamModule>();
     // SAFETY: the upstream module's array of upstream configurations.
     let upstreams = unsafe { umcf.upstreams.as_slice::<*mut ngx_http_upstream_srv_conf_t>() };
-    find_upstream(upstreams, &name).ok_or_else(|| StartError::NoUpstream(String::from_utf8_lossy(&name).into_owned()))
+    find_upstream(upstreams, &name).ok_or_else(|| Kind::NoUpstream(String::from_utf8_lossy(&name).into_owned()).into())
 }
 
 request_handler! {
@@ -122,10 +124,10 @@ fn body_done(r: &mut Req) -> ngx_int_t {
     match run(r) {
         Ok(()) => DONE,
         Err(e) => {
-            if !matches!(e, StartError::Nginx) {
+            if *e.kind() != Kind::Nginx {
                 log_failure(r.log(), &e);
             }
-            if let StartError::Unauthorized { invalid, .. } = e {
+            if let Kind::Unauthorized { invalid } = *e.kind() {
                 let value = if invalid {
                     "Bearer error=\"invalid_token\""
                 } else {
@@ -142,11 +144,11 @@ fn body_done(r: &mut Req) -> ngx_int_t {
 
 /// Builds the query and starts nginx's upstream (whose balancer picks the
 /// server, and the driver a connection to it).
-fn run(r: &mut Req) -> Result<(), StartError> {
+fn run(r: &mut Req) -> Result<(), Error> {
     let lcf: &'static LocConf = r.loc_conf::<Sqldb>();
-    let tmpl = lcf.queries.select(r.method()).cloned().ok_or(StartError::NoQuery)?;
+    let tmpl = lcf.queries.select(r.method()).cloned().ok_or(Kind::NoQuery)?;
     if !r.body_into_memory() {
-        return Err(StartError::BodyFile);
+        return Err(Kind::BodyFile.into());
     }
     // The token first: a request without a usable one runs nothing.
     let auth = super::auth::authorize(r, lcf)?;
@@ -157,10 +159,10 @@ fn run(r: &mut Req) -> Result<(), StartError> {
         has_several_statements(sql.to_bytes())
     };
     if several && !params.is_empty() {
-        return Err(StartError::ParamsInSeveral);
+        return Err(Kind::ParamsInSeveral.into());
     }
     if several && auth.preamble.is_some() {
-        return Err(StartError::SeveralWithRole);
+        return Err(Kind::SeveralWithRole.into());
     }
     vars::store(r, Var::Query, sql.to_bytes());
     let output = lcf.output();
@@ -171,11 +173,7 @@ fn run(r: &mut Req) -> Result<(), StartError> {
     let uscf = upstream_of(r, lcf)?;
     let by_variable = match lcf.pass_var {
         // SAFETY: the upstream configuration lives as long as the configuration.
-        Some(_) => Some(
-            r.pool()
-                .str(unsafe { (*uscf).host.as_bytes() })
-                .ok_or(StartError::Nginx)?,
-        ),
+        Some(_) => Some(r.pool().str(unsafe { (*uscf).host.as_bytes() }).ok_or(Kind::Nginx)?),
         None => None,
     };
     // SAFETY: the upstream configuration lives as long as the configuration.
@@ -183,18 +181,18 @@ fn run(r: &mut Req) -> Result<(), StartError> {
         if srv.pool.full() {
             // SAFETY: as above.
             let name = String::from_utf8_lossy(unsafe { (*uscf).host.as_bytes() }).into_owned();
-            return Err(StartError::Busy {
+            return Err(Error::from(Kind::Busy {
                 upstream: name,
                 max: srv.pool.settings.max,
-            });
+            }));
         }
     }
 
     let pool = r.pool();
-    let u = r.create_upstream().ok_or(StartError::Nginx)?;
+    let u = r.create_upstream().ok_or(Kind::Nginx)?;
     if let Some(host) = by_variable {
         if !u.set_resolved(pool, host, None, 0) {
-            return Err(StartError::Nginx);
+            return Err(Kind::Nginx.into());
         }
     }
     u.install(
@@ -245,7 +243,7 @@ fn run(r: &mut Req) -> Result<(), StartError> {
     };
     if r.set_ctx::<Sqldb>(ctx).is_none() {
         registry::unregister(token);
-        return Err(StartError::Nginx);
+        return Err(Kind::Nginx.into());
     }
     r.upstream_init();
     // A connection was picked, unless the upstream already failed.
@@ -269,7 +267,7 @@ const SQL_ROOM: usize = 256;
 /// The SQL text and the values of its typed parameters for this request.
 /// A constant template's text is its own, shared; only the values of its
 /// parameters are the request's.
-fn build_query(r: &mut Req, tmpl: &Template) -> Result<(SqlText, Vec<CString>), StartError> {
+fn build_query(r: &mut Req, tmpl: &Template) -> Result<(SqlText, Vec<CString>), Error> {
     let shared = tmpl.sql.clone();
     // Room for a usual statement and the NUL CString::new adds: one
     // allocation, not a growth per piece and another for the NUL.
@@ -281,24 +279,21 @@ fn build_query(r: &mut Req, tmpl: &Template) -> Result<(SqlText, Vec<CString>), 
             TemplatePiece::Text(cv) => (*cv, None),
             TemplatePiece::Param(cv, ph) => (*cv, Some(ph)),
         };
-        let v = r.complex_value(cv).ok_or(StartError::Nginx)?;
+        let v = r.complex_value(cv).ok_or(Kind::Nginx)?;
         match placeholder {
             None => sql.extend_from_slice(v),
             Some(ph) => {
                 if shared.is_none() {
                     sql.extend_from_slice(ph);
                 }
-                params.push(CString::new(v).map_err(|_| StartError::ParamNul(params.len() + 1))?);
+                params.push(CString::new(v).map_err(|_| Kind::ParamNul(params.len() + 1))?);
             }
         }
     }
     match shared {
         Some(s) if !s.is_empty() => Ok((SqlText::Shared(s), params)),
-        Some(_) => Err(StartError::EmptyQuery),
-        None if sql.is_empty() => Err(StartError::EmptyQuery),
-        None => Ok((
-            SqlText::Built(CString::new(sql).map_err(|_| StartError::QueryNul)?),
-            params,
-        )),
+        Some(_) => Err(Kind::EmptyQuery.into()),
+        None if sql.is_empty() => Err(Kind::EmptyQuery.into()),
+        None => Ok((SqlText::Built(CString::new(sql).map_err(|_| Kind::QueryNul)?), params)),
     }
 }

@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use gateway_core::formats::{self, StreamFormat};
 use gateway_core::rds::{self, Body, Header, ResultSet};
 
-use super::error::ResultError;
+use super::error::{Error, Kind};
 use crate::ffi::*;
 use crate::sqldb::config::Output;
 use crate::sqldb::driver::{PgResult, ResultKind};
@@ -23,7 +23,7 @@ pub fn stream_format(output: Output) -> Option<StreamFormat> {
 
 /// Answers with the result in the location's format; what to finalize
 /// the request with.
-pub fn send(r: &mut Req, res: &PgResult, output: Output, status: ngx_uint_t) -> Result<ngx_int_t, ResultError> {
+pub fn send(r: &mut Req, res: &PgResult, output: Output, status: ngx_uint_t) -> Result<ngx_int_t, Error> {
     let rows = res.kind() == ResultKind::Tuples;
     let mut body = Vec::new();
     match output {
@@ -36,7 +36,7 @@ pub fn send(r: &mut Req, res: &PgResult, output: Output, status: ngx_uint_t) -> 
                 if out.capacity() > RDS_OUT_KEEP {
                     *out = Vec::new();
                 }
-                Ok::<_, ResultError>(copy)
+                Ok::<_, Error>(copy)
             })?;
             let Some(body) = copy else { return Ok(ERROR) };
             set_content_type(r, output.content_type());
@@ -50,15 +50,15 @@ pub fn send(r: &mut Req, res: &PgResult, output: Output, status: ngx_uint_t) -> 
         Output::Value | Output::BinaryValue => {
             let (nrows, ncols) = if rows { (res.rows(), res.columns()) } else { (0, 0) };
             if nrows != 1 || ncols != 1 {
-                return Err(ResultError::ValueShape {
+                return Err(Error::from(Kind::ValueShape {
                     rows: nrows,
                     columns: ncols,
-                });
+                }));
             }
             match res.value(0, 0) {
-                Some([]) => return Err(ResultError::ValueEmpty),
+                Some([]) => return Err(Kind::ValueEmpty.into()),
                 Some(v) => body.extend_from_slice(v),
-                None => return Err(ResultError::ValueNull),
+                None => return Err(Kind::ValueNull.into()),
             }
         }
         Output::None => {
@@ -81,7 +81,7 @@ thread_local! {
 const RDS_OUT_KEEP: usize = 64 * 1024;
 
 /// The result in RDS, in `out` (emptied first).
-fn rds_bytes(res: &PgResult, out: &mut Vec<u8>) -> Result<(), ResultError> {
+fn rds_bytes(res: &PgResult, out: &mut Vec<u8>) -> Result<(), Error> {
     out.clear();
     let header = Header {
         driver_errcode: res.status_code(),
@@ -94,7 +94,7 @@ fn rds_bytes(res: &PgResult, out: &mut Vec<u8>) -> Result<(), ResultError> {
     } else {
         Body::NoRows
     };
-    rds::encode(&header, &body, out).map_err(|e| ResultError::Encode(e.to_string()))?;
+    rds::encode(&header, &body, out).map_err(|e| Error::because(Kind::Encode, e.to_string()))?;
     Ok(())
 }
 

@@ -8,13 +8,13 @@
 use std::mem;
 use std::ptr::NonNull;
 
-use super::error::{log_failure, ConnError, Failure};
+use super::error::{log_failure, Error, Failure, Kind};
 use super::{ctx_of, deliver_later, with_pool, Ctx, SINK};
 use crate::ffi::balancer::{self, Inner, Wrapper};
 use crate::ffi::*;
 use crate::sqldb::config::upstream::sqldb_srv_conf;
 use crate::sqldb::config::{LocConf, Sqldb, SrvConf};
-use crate::sqldb::driver::{ConnId, OpenError, Pick, Sink, Submitted, RECHECK};
+use crate::sqldb::driver::{ConnId, Pick, Sink, Submitted, RECHECK};
 use crate::{debug, log};
 use gateway_core::target::{Target, Verdict};
 
@@ -234,12 +234,12 @@ fn get(pc: &mut ngx_peer_connection_t, pd: &mut PeerData, log: Log) -> ngx_int_t
                 exclusive,
             ) {
                 Ok(id) => use_conn(pc, pd, ctx, id, true),
-                Err(OpenError::Connect(msg)) => {
-                    log!(NGX_LOG_ERR, log, "sqldb: {msg}");
+                Err(e) if *e.kind() == Kind::Connect => {
+                    log!(NGX_LOG_ERR, log, "sqldb: {e}");
                     DECLINED
                 }
                 // nginx has logged why ("worker_connections are not enough").
-                Err(OpenError::Nginx(_)) => ERROR,
+                Err(_) => ERROR,
             }
         }
     }
@@ -388,7 +388,7 @@ fn attach_with(r: &mut Req, fresh_timer: bool) {
         return;
     }
     if let Some(name) = ctx.rejected.take() {
-        let e = ConnError::NoConnection(name);
+        let e = Error::from(Kind::NoConnection(name));
         log_failure(log, &e);
         return fail(r, e.status(), false);
     }
@@ -474,11 +474,11 @@ request_event_handler! {
         detach(ctx);
         let lcf: &LocConf = r.loc_conf::<Sqldb>();
         if connecting {
-            let e = ConnError::ConnectTimeout(lcf.connect_timeout);
+            let e = Error::from(Kind::ConnectTimeout(lcf.connect_timeout));
             log_failure(r.log(), &e);
             next(r, e.status(), NGX_HTTP_UPSTREAM_FT_TIMEOUT);
         } else {
-            let e = ConnError::ResultTimeout(lcf.result_timeout);
+            let e = Error::from(Kind::ResultTimeout(lcf.result_timeout));
             log_failure(r.log(), &e);
             fail(r, e.status(), true);
         }
@@ -575,17 +575,17 @@ pub fn move_unsent(r: &mut Req) {
     let (id, fresh) = match srv.pool.pick(Some(addr), &ctx.query) {
         Pick::Idle(id) | Pick::Share(id) | Pick::Behind(id) => (id, false),
         Pick::Reject => {
-            let e = ConnError::NoConnection(name);
+            let e = Error::from(Kind::NoConnection(name));
             log_failure(log, &e);
             return fail(r, e.status(), false);
         }
         Pick::New => match srv.pool.open(addr, &srv.addrs[addr].conninfo, name, ctx.token, alone) {
             Ok(id) => (id, true),
-            Err(OpenError::Connect(msg)) => {
-                log!(NGX_LOG_ERR, log, "sqldb: {msg}");
+            Err(e) if *e.kind() == Kind::Connect => {
+                log!(NGX_LOG_ERR, log, "sqldb: {e}");
                 return next(r, HTTP_BAD_GATEWAY, NGX_HTTP_UPSTREAM_FT_ERROR);
             }
-            Err(OpenError::Nginx(_)) => return fail(r, HTTP_INTERNAL_SERVER_ERROR, false),
+            Err(_) => return fail(r, HTTP_INTERNAL_SERVER_ERROR, false),
         },
     };
     debug!(
@@ -690,7 +690,7 @@ fn reconnect(r: &mut Req, status: ngx_int_t) {
     match rc {
         AGAIN if ctx_of(r).is_some_and(|c| c.conn.is_some() || c.unmet.is_some() || c.rejected.is_some()) => attach(r),
         BUSY => {
-            log_failure(r.log(), &ConnError::NoLiveUpstreams);
+            log_failure(r.log(), &Error::from(Kind::NoLiveUpstreams));
             fail(r, status, false);
         }
         DECLINED => next(r, HTTP_BAD_GATEWAY, NGX_HTTP_UPSTREAM_FT_ERROR),

@@ -34,7 +34,7 @@ use crate::log;
 use crate::sqldb::config::replay::{Replay, ReplayParam};
 use crate::sqldb::config::upstream::sqldb_srv_conf;
 use crate::sqldb::config::{LocConf, SrvConf};
-use crate::sqldb::driver::{ConnId, Delivery, OpenError, PgResult, Pick, Query, ResultKind, SqlText, Submitted};
+use crate::sqldb::driver::{ConnId, Delivery, PgResult, Pick, Query, ResultKind, SqlText, Submitted};
 
 /// A round waits while one of its subscribers has more than this waiting
 /// (bytes): the next one's rows go out once they have taken the last.
@@ -338,7 +338,7 @@ impl Job {
                 .open(0, &addr.conninfo, addr.name_text(), self.token, query.alone())
             {
                 Ok(id) => id,
-                Err(OpenError::Connect(why) | OpenError::Nginx(why)) => return self.fail(HTTP_BAD_GATEWAY, &why),
+                Err(e) => return self.fail(HTTP_BAD_GATEWAY, &e.to_string()),
             },
             Pick::Reject => {
                 // Tried again in a moment, for as long as a query may take.

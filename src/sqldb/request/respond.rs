@@ -3,7 +3,7 @@
 
 use gateway_core::pipeline::Lost;
 
-use super::error::{log_failure, ConnError, Failure, ResultError, BAD_PARAMETER, ROLE_DENIED};
+use super::error::{log_failure, Error, Failure, Kind, BAD_PARAMETER, ROLE_DENIED};
 use super::peer::{fail, finish_upstream, guard_request, move_unsent, next, next_unfit, started};
 use super::{ctx_of, output, vars};
 use crate::common::token as registry;
@@ -57,7 +57,7 @@ fn apply(r: &mut Req, d: Delivery) {
         }
         Delivery::Refused(_, why) => {
             ctx.conn = None;
-            let e = ResultError::Refused(why);
+            let e = Error::because(Kind::Refused, why);
             log_failure(log, &e);
             fail(r, e.status(), false);
         }
@@ -73,7 +73,7 @@ fn apply(r: &mut Req, d: Delivery) {
         }
         Delivery::Failed(_, lost, why) => {
             ctx.conn = None;
-            let e = ConnError::Lost(lost, why);
+            let e = Error::because(Kind::Lost(lost), why);
             match ctx.streaming.as_ref().filter(|s| s.started()) {
                 Some(s) => super::stream::log_cut_short(log, NGX_LOG_ERR, s.sent, &e),
                 // Not sent: it moves on (the connection said why, once).
@@ -90,7 +90,7 @@ fn apply(r: &mut Req, d: Delivery) {
 }
 
 /// Ends the request with the error's status, after its log line.
-fn fail_with(r: &mut Req, e: ResultError) {
+fn fail_with(r: &mut Req, e: Error) {
     log_failure(r.log(), &e);
     fail(r, e.status(), false);
 }
@@ -124,29 +124,26 @@ fn complete(r: &mut Req) {
         // The role cannot be set: it does not exist (22023), or the login
         // role may not switch to it (42501).
         let e = if ctx.preamble_failed && ROLE_DENIED.contains(&err.sqlstate().as_str()) && role.is_some() {
-            ResultError::RoleDenied {
-                role: role.unwrap_or_default(),
-                why: summary,
-            }
+            Error::role_denied(role.unwrap_or_default(), &summary)
         } else if role.is_some() && err.sqlstate() == "42501" {
             // The request's role may not do this (a grant it lacks, a
             // row-level security check): the role's, not the server's.
-            ResultError::Forbidden(summary)
+            Error::because(Kind::Forbidden, summary)
         } else if (ctx.has_params || ctx.preamble_failed) && BAD_PARAMETER.contains(&err.sqlstate().as_str()) {
             // (The preamble's values are the request's too: a setting of
             // bytes that are not text, say.)
-            ResultError::BadParameter(summary + &empty_parameters(r))
+            Error::because(Kind::BadParameter, summary + &empty_parameters(r))
         } else {
-            ResultError::Query(summary)
+            Error::because(Kind::Query, summary)
         };
         vars::store(r, Var::Error, stored.as_bytes());
         return fail_with(r, e);
     }
     let Some(res) = ctx.last.take() else {
-        return fail_with(r, ResultError::NoResult);
+        return fail_with(r, Kind::NoResult.into());
     };
     if res.kind() == ResultKind::Empty {
-        return fail_with(r, ResultError::NoStatement);
+        return fail_with(r, Kind::NoStatement.into());
     }
     answer(r, &res);
 }

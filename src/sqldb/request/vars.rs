@@ -6,7 +6,7 @@ use gateway_core::rds::ResultSet;
 use gateway_core::rewrite;
 use gateway_core::sql::quote_literal;
 
-use super::error::ResultError;
+use super::error::{Error, Kind};
 use crate::ffi::*;
 use crate::log;
 use crate::sqldb::config::{Column, LocConf, Sqldb, Var};
@@ -36,7 +36,7 @@ pub fn store_counts(r: &mut Req, res: &PgResult) {
 
 /// Stores the cells `sqldb_set` asks for; a required one missing, NULL or
 /// empty is an error.
-pub fn apply_sets(r: &mut Req, lcf: &LocConf, res: &PgResult) -> Result<(), ResultError> {
+pub fn apply_sets(r: &mut Req, lcf: &LocConf, res: &PgResult) -> Result<(), Error> {
     let rows = res.kind() == ResultKind::Tuples;
     for rule in &lcf.sets {
         let col = match &rule.column {
@@ -52,11 +52,11 @@ pub fn apply_sets(r: &mut Req, lcf: &LocConf, res: &PgResult) -> Result<(), Resu
                 r.set_variable(rule.index, v);
             }
             _ if rule.required => {
-                return Err(ResultError::RequiredSet {
+                return Err(Error::from(Kind::RequiredSet {
                     name: rule.name.clone(),
                     row: rule.row,
                     what: if cell.is_none() { "no value" } else { "an empty value" },
-                })
+                }))
             }
             _ => {}
         }

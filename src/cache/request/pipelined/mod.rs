@@ -12,9 +12,8 @@ use gateway_core::redis;
 
 use super::{ctx_of, tls_of_location};
 use crate::cache::config::{Cache, CacheLocConf};
-use crate::cache::driver::{
-    self, authfail, next_ping, DbStep, Endpoint, ExchangeError, Handle, OpenError, Outcome, PipeId, Sink,
-};
+use crate::cache::driver::{self, authfail, next_ping, DbStep, Endpoint, Handle, Outcome, PipeId, Sink};
+use crate::cache::error::{Broken, Error, How, Kind};
 use crate::common::token::{self, ReqToken};
 use crate::ffi::buf::Reuse;
 use crate::ffi::net::TlsClient;
@@ -314,32 +313,14 @@ fn place(r: &mut Req, id: PipeId) {
         Placed::Gone => {
             return failed(
                 r,
-                ExchangeError::Broken {
-                    why: "the connections to redis keep closing".to_owned(),
-                    invalid: false,
-                    sent: false,
-                    reused: false,
-                    connecting: false,
-                    auth: false,
-                    timed_out: false,
-                },
+                Error::because(
+                    Kind::Broken(Broken::before(How::Closed)),
+                    "the connections to redis keep closing",
+                ),
             )
         }
         // (After its probe: the connection broke on the replies after it.)
-        Placed::Broken(why) => {
-            return failed(
-                r,
-                ExchangeError::Broken {
-                    why,
-                    invalid: true,
-                    sent: false,
-                    reused: false,
-                    connecting: false,
-                    auth: false,
-                    timed_out: false,
-                },
-            )
-        }
+        Placed::Broken(why) => return failed(r, Error::because(Kind::Broken(Broken::before(How::Invalid)), why)),
         Placed::On { connecting } => connecting,
     };
     s.conn = Some(id);
@@ -390,8 +371,8 @@ fn again(r: &mut Req) {
         Err(e) => {
             // (nginx's line for a connect that did not start names the
             // request already.)
-            if let OpenError::Failed(why) = e {
-                log!(NGX_LOG_ERR, r.log(), "cache: {why} while connecting to upstream");
+            if *e.kind() == Kind::Connect {
+                log!(NGX_LOG_ERR, r.log(), "cache: {e} while connecting to upstream");
             }
             next(r, NGX_HTTP_UPSTREAM_FT_ERROR, false, false, Verdict::Failed)
         }

@@ -354,87 +354,81 @@ fn done(r: &mut Req) {
 }
 
 /// The request's exchange failed.
-pub(super) fn failed(r: &mut Req, f: ExchangeError) {
+pub(super) fn failed(r: &mut Req, f: Error) {
     let Some(s) = shared_of(r) else { return };
     if s.done {
         return;
     }
     s.conn = None;
     let started = s.started;
-    match f {
+    let broken = match *f.kind() {
+        Kind::Broken(b) => b,
         // An error reply is Redis's answer, never the server's failure;
         // one that says the server cannot take the command now (a
         // replica's READONLY) sends it on to the next server (next).
-        ExchangeError::Answered(e) if e.not_now() && !started => {
+        _ if f.reply().is_some_and(|e| e.not_now()) && !started => {
             let name = server_name(r);
             log!(
                 NGX_LOG_WARN,
                 r.log(),
-                "cache: {e}, from redis {name}: the next server takes the request, if there is one"
+                "cache: {f}, from redis {name}: the next server takes the request, if there is one"
             );
-            next(r, NGX_HTTP_UPSTREAM_FT_INVALID_HEADER, true, false, Verdict::NotNow)
+            return next(r, NGX_HTTP_UPSTREAM_FT_INVALID_HEADER, true, false, Verdict::NotNow);
         }
-        ExchangeError::Answered(e) => {
-            log!(NGX_LOG_ERR, r.log(), "cache: {e}");
+        _ => {
+            log!(NGX_LOG_ERR, r.log(), "cache: {f}");
             if started {
                 return end(r, ERROR);
             }
-            next(r, NGX_HTTP_UPSTREAM_FT_INVALID_HEADER, true, false, Verdict::Answered)
+            return next(r, NGX_HTTP_UPSTREAM_FT_INVALID_HEADER, true, false, Verdict::Answered);
         }
-        ExchangeError::Broken { why, auth: true, .. } => {
-            // A refused password: logged once a minute at most, and no
-            // other server is tried (one more connection for Redis).
-            let name = server_name(r);
-            if let Some(k) = ctx_of(r).and_then(|c| c.auth_key) {
-                authfail::refused(k, r.log(), format_args!("{why}, by redis {name}"));
-            }
-            end(r, HTTP_BAD_GATEWAY)
+    };
+    let Broken {
+        how,
+        sent,
+        reused,
+        connecting,
+    } = broken;
+    let name = server_name(r);
+    if how == How::PasswordRefused {
+        // A refused password: logged once a minute at most, and no
+        // other server is tried (one more connection for Redis).
+        if let Some(k) = ctx_of(r).and_then(|c| c.auth_key) {
+            authfail::refused(k, r.log(), format_args!("{f}, by redis {name}"));
         }
-        ExchangeError::Broken {
-            why,
-            invalid,
-            sent,
-            reused,
-            connecting,
-            auth: false,
-            timed_out,
-        } => {
-            let name = server_name(r);
-            let doing = if connecting {
-                "connecting to"
-            } else {
-                "reading the reply from"
-            };
-            // A kept connection that the server closed is not worth an
-            // error line when the request goes on to another.
-            let level = if reused && !invalid && !started {
-                NGX_LOG_WARN
-            } else {
-                NGX_LOG_ERR
-            };
-            if started {
-                log!(
-                    NGX_LOG_ERR,
-                    r.log(),
-                    "cache: {why} while {doing} redis {name}; the response is cut short"
-                );
-                return end(r, ERROR);
-            }
-            log!(level, r.log(), "cache: {why} while {doing} redis {name}");
-            if !sent {
-                // (Queued, never written: not bytes sent to that server.)
-                if let Some(s) = shared_of(r) {
-                    s.handle.sent.set(0);
-                }
-            }
-            let ft = if timed_out {
-                NGX_HTTP_UPSTREAM_FT_TIMEOUT
-            } else if invalid {
-                NGX_HTTP_UPSTREAM_FT_INVALID_HEADER
-            } else {
-                NGX_HTTP_UPSTREAM_FT_ERROR
-            };
-            next(r, ft, sent, reused, Verdict::Failed)
+        return end(r, HTTP_BAD_GATEWAY);
+    }
+    let doing = if connecting {
+        "connecting to"
+    } else {
+        "reading the reply from"
+    };
+    // A kept connection that the server closed is not worth an
+    // error line when the request goes on to another.
+    let level = if reused && how != How::Invalid && !started {
+        NGX_LOG_WARN
+    } else {
+        NGX_LOG_ERR
+    };
+    if started {
+        log!(
+            NGX_LOG_ERR,
+            r.log(),
+            "cache: {f} while {doing} redis {name}; the response is cut short"
+        );
+        return end(r, ERROR);
+    }
+    log!(level, r.log(), "cache: {f} while {doing} redis {name}");
+    if !sent {
+        // (Queued, never written: not bytes sent to that server.)
+        if let Some(s) = shared_of(r) {
+            s.handle.sent.set(0);
         }
     }
+    let ft = match how {
+        How::TimedOut => NGX_HTTP_UPSTREAM_FT_TIMEOUT,
+        How::Invalid => NGX_HTTP_UPSTREAM_FT_INVALID_HEADER,
+        How::Closed | How::PasswordRefused => NGX_HTTP_UPSTREAM_FT_ERROR,
+    };
+    next(r, ft, sent, reused, Verdict::Failed)
 }
