@@ -796,6 +796,15 @@ pub fn upstream_blocks(
     blocks.iter().filter_map(|&u| unsafe { u.as_ref() })
 }
 
+/// The upstream block a location's upstream settings name (`*_pass` to a
+/// block), None for an address given by a variable.
+pub fn block_of(u: &ngx_http_upstream_conf_t) -> Option<&'static ngx_http_upstream_srv_conf_t> {
+    // SAFETY: null, or a block of the configuration nginx made (upstream
+    // settings are configuration memory, written while it is read), which
+    // lives as long as the configuration and its requests.
+    unsafe { u.upstream.as_ref() }
+}
+
 /// Where an upstream block was written (`file:line`), for messages.
 pub fn block_position(u: &ngx_http_upstream_srv_conf_t) -> String {
     if u.file_name.is_null() {

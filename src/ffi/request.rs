@@ -55,10 +55,54 @@ fn keep_across_filters(m: &'static ngx_module_t) {
 impl Req {
     /// # Safety
     /// `r` must be a live request that outlives `'a`, and no other reference
-    /// to it may be used while this one is.
+    /// to it may be used while this one is. Nothing may finalize it during
+    /// `'a` unless an outer `hold` keeps it (`hold` is the way to lend a
+    /// request to code that may end it).
     pub unsafe fn from_raw<'a>(r: *mut ngx_http_request_t) -> &'a mut Req {
         // SAFETY: see above; Req is a transparent wrapper.
         unsafe { &mut *(r as *mut Req) }
+    }
+
+    /// Lends the request to `f`, held: one more reference to its main
+    /// request while `f` runs, so that a `finalize` inside cannot free it
+    /// under the borrow. When the hold ends nginx does what the last
+    /// reference's going does (ngx_http_finalize_request with NGX_DONE:
+    /// keepalive, lingering close or the close), or only counts it down
+    /// when others remain.
+    ///
+    /// # Safety
+    /// `r` is a live request, and no other reference to it is used while
+    /// `f` runs; the caller does not use `r` after the call (it may be
+    /// freed by then).
+    pub unsafe fn hold<T>(r: *mut ngx_http_request_t, f: impl FnOnce(&mut Req) -> T) -> T {
+        /// Lets the reference go however `f` ends (a panic included).
+        struct Held(*mut ngx_http_request_t);
+        impl Drop for Held {
+            fn drop(&mut self) {
+                // SAFETY: the request is live while held; its main request
+                // too. The last reference goes the way nginx's own code
+                // lets one go.
+                unsafe {
+                    let main = &mut *(*self.0).main;
+                    if main.count() > 1 {
+                        main.set_count(main.count() - 1);
+                    } else {
+                        ngx_http_finalize_request(self.0, DONE);
+                    }
+                }
+            }
+        }
+        // SAFETY: as the caller promises.
+        let req = unsafe { Req::from_raw(r) };
+        // SAFETY: a live request's main request is live.
+        if unsafe { (*(*r).main).count() } == 0 {
+            // (Its last reference is gone: nginx is freeing it, and runs
+            // its cleanups now. Nothing to hold.)
+            return f(req);
+        }
+        req.count_up();
+        let _held = Held(r);
+        f(req)
     }
 
     pub fn as_ptr(&self) -> *mut ngx_http_request_t {
@@ -245,7 +289,7 @@ impl Req {
         &mut self,
         status: ngx_uint_t,
         len: usize,
-        chain: impl FnOnce(Pool, bool) -> Option<*mut ngx_chain_t>,
+        chain: impl FnOnce(&Pool, bool) -> Option<*mut ngx_chain_t>,
     ) -> ngx_int_t {
         self.set_status(status);
         self.set_content_length(len as off_t);
@@ -259,7 +303,7 @@ impl Req {
             return self.send_last();
         }
         let last = self.is_main();
-        match chain(self.pool(), last) {
+        match chain(&self.pool(), last) {
             // SAFETY: the chain was built in the request's pool.
             Some(chain) => unsafe { self.output_filter(chain) },
             None => ERROR,
@@ -415,12 +459,13 @@ impl Req {
         if size > 0 && unsafe { ngx_read_file(&mut tf.file, data.as_mut_ptr(), size, 0) } != size as isize {
             return false;
         }
-        let Some(b) = buf::memory(self.pool(), data) else {
+        let pool = self.pool();
+        let Some(b) = buf::memory(&pool, data) else {
             return false;
         };
         // SAFETY: b is a fresh buffer of the request's pool.
         unsafe { (*b.as_ptr()).set_last_buf(1) };
-        let mut chain = Chain::new(self.pool());
+        let mut chain = Chain::new(&pool);
         if chain.push(b).is_none() {
             return false;
         }
@@ -577,8 +622,14 @@ impl Req {
         self.through_filters(|r| unsafe { ngx_http_send_special(r.as_ptr(), NGX_HTTP_LAST as ngx_uint_t) })
     }
 
+    /// Ends the request (nginx's ngx_http_finalize_request). It is not
+    /// freed meanwhile: every `&mut Req` is lent by `Req::hold`, whose
+    /// reference keeps it (nginx frees it, if this was the end, when the
+    /// hold is over), so using it after this call is not undefined, only
+    /// pointless.
     pub fn finalize(&mut self, rc: ngx_int_t) {
-        // SAFETY: a live request; nginx may free it: the caller does not use it after.
+        // SAFETY: a live request, held (see above): nginx cannot free it
+        // during the call.
         unsafe { ngx_http_finalize_request(self.as_ptr(), rc) }
     }
 
@@ -610,7 +661,7 @@ impl Req {
     }
 
     /// The client connection's write event.
-    pub fn client_write(&self) -> Event {
+    pub fn client_write(&self) -> Event<'_> {
         // SAFETY: the client connection's events live as long as it.
         unsafe { Event::from_raw(self.connection().write) }.expect("a connection has events")
     }
@@ -744,8 +795,8 @@ impl Req {
     /// response time is the stream's, set when the request ends.
     pub fn set_stream_upstream(
         &mut self,
-        block: *mut ngx_http_upstream_srv_conf_t,
-        tag: *const ngx_module_t,
+        block: Option<&'static ngx_http_upstream_srv_conf_t>,
+        tag: &'static ngx_module_t,
         servers: &[String],
     ) -> bool {
         let pool = self.pool();
@@ -754,8 +805,8 @@ impl Req {
         };
         let u = u.raw_mut();
         // (The block, or null, lives as long as the configuration.)
-        u.upstream = block;
-        u.output.tag = tag as ngx_buf_tag_t;
+        u.upstream = block.map_or(std::ptr::null_mut(), |b| std::ptr::from_ref(b).cast_mut());
+        u.output.tag = std::ptr::from_ref(tag) as ngx_buf_tag_t;
         u.start_time = current_msec();
         if self.0.upstream_states.is_null() {
             // SAFETY: a live request; the array goes in its pool.
@@ -783,20 +834,16 @@ impl Req {
             st.connect_time = 0;
             st.header_time = 0;
         }
-        self.add_request_cleanup(stream_upstream_end)
+        self.add_request_cleanup(super::upstream::stream_upstream_end)
     }
 
-    /// A timer in the request's pool (it goes with the request: its owner
-    /// clears it in the request's cleanup), whose handler finds the request
-    /// as the event's data.
+    /// A timer of the request's (it stops when the request's pool goes, or
+    /// when the handle is dropped), whose handler finds the request as the
+    /// event's data.
     pub fn new_timer(&mut self, handler: ngx_event_handler_pt) -> Option<Timer> {
-        let ev = self.pool().calloc::<ngx_event_t>()?;
-        // SAFETY: fresh zeroed memory of the request's pool, a valid event.
-        let ev = unsafe { Event::from_raw(ev.as_ptr()) }?;
-        ev.set_data(self.as_ptr().cast());
-        ev.set_handler(handler);
-        ev.set_log(self.log());
-        Some(ev)
+        let (timer, in_pool) = Timer::new(self.as_ptr().cast(), handler, self.log());
+        self.pool().alloc(in_pool)?;
+        Some(timer)
     }
 
     /// Runs `handler(data)` when the request ends, however it ends (nginx's
@@ -906,27 +953,4 @@ pub fn fill_variable(v: &mut ngx_variable_value_t, s: ngx_str_t) {
         v.set_not_found(0);
         v.set_escape(0);
     }
-}
-
-/// The end of a stream that `set_stream_upstream` set up: its servers'
-/// response time is the stream's.
-unsafe extern "C" fn stream_upstream_end(data: *mut std::ffi::c_void) {
-    guard(Log::cycle(), "stream upstream end", (), || {
-        // SAFETY: the request the cleanup was added to, still live while
-        // its cleanups run; its upstream and states are in its pool.
-        unsafe {
-            let r = &mut *(data as *mut ngx_http_request_t);
-            let (Some(u), Some(a)) = (r.upstream.as_ref(), r.upstream_states.as_ref()) else {
-                return;
-            };
-            if a.elts.is_null() {
-                return;
-            }
-            let took = current_msec().wrapping_sub(u.start_time);
-            let states = std::slice::from_raw_parts_mut(a.elts as *mut ngx_http_upstream_state_t, a.nelts);
-            for st in states.iter_mut().filter(|st| st.response_time == ngx_msec_t::MAX) {
-                st.response_time = took;
-            }
-        }
-    })
 }

@@ -18,7 +18,7 @@ event_handler! {
     /// Events of a cancel request's connection.
     fn cancel_event(ev) = "sqldb cancel event", {
         // SAFETY: the cancel connection's data is the Conn that owns it.
-        let (pool, id) = unsafe { owner(ev) };
+        let (pool, id) = unsafe { owner(&ev) };
         let timed_out = ev.take_timedout();
         let mut out = Vec::new();
         pool.on_cancel_event(id, timed_out, &mut out);

@@ -26,6 +26,13 @@ pub(super) struct ConnectStep {
     delay_ms: u64,
 }
 
+// SAFETY: the step crosses to one of nginx's threads and back
+// (thread::post): there `run` uses only the session's handle, which nothing
+// else uses while the connection's `polling` is set (ConnPool::close leaves
+// the session to connect_stepped when it closes the connection meanwhile);
+// the pool is reached only back in the event loop (connect_stepped).
+unsafe impl Send for ConnectStep {}
+
 impl ConnectStep {
     fn run(&mut self) {
         if self.delay_ms > 0 {
@@ -88,10 +95,7 @@ impl ConnPool {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0),
         };
-        // SAFETY: the step touches only the session, which nothing else
-        // uses while `polling` is set (ConnPool::close leaves it to
-        // connect_stepped when it closes the connection meanwhile).
-        match unsafe { thread::post(step, ConnectStep::run, connect_stepped) } {
+        match thread::post(step, ConnectStep::run, connect_stepped) {
             Ok(()) => {
                 c.polling = true;
                 debug!(

@@ -24,7 +24,7 @@ event_handler! {
     /// Read/write readiness or the timer of a database connection.
     pub(super) fn conn_event(ev) = "database connection event lookup", {
         // SAFETY: nginx calls this handler with an event of a connection's socket.
-        let (pool, id) = unsafe { owner(ev) };
+        let (pool, id) = unsafe { owner(&ev) };
         let (timed_out, readable) = (ev.take_timedout(), !ev.is_write());
         let mut out = super::out_list();
         let handled = guard(Log::cycle(), "database connection event", false, || {

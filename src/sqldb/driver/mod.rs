@@ -206,7 +206,7 @@ pub trait Sink {
 /// `ev` must be an event nginx passes to a handler of a database
 /// connection's socket (or of its cancel request's): its connection's data
 /// is the live `Conn`, boxed in its pool.
-unsafe fn owner(ev: Event) -> (&'static mut ConnPool, ConnId) {
+unsafe fn owner(ev: &Event) -> (&'static mut ConnPool, ConnId) {
     // SAFETY: see above: the connection's data is the Conn (set when it was
     // opened, and the socket is released before the Conn is freed). The
     // Conn's pool lives in the upstream's configuration, and nothing else

@@ -193,7 +193,7 @@ fn run(r: &mut Req) -> Result<(), StartError> {
     let pool = r.pool();
     let u = r.create_upstream().ok_or(StartError::Nginx)?;
     if let Some(host) = by_variable {
-        if !u.set_resolved(pool, host, None, 0) {
+        if !u.set_resolved(&pool, host, None, 0) {
             return Err(StartError::Nginx);
         }
     }

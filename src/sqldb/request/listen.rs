@@ -100,7 +100,7 @@ pub fn subscribe(
     let channel = r.complex_value(*cv).ok_or(Refused::Nginx)?.to_vec();
     let buffers_max = r.main_conf::<Sqldb>().listen_buffers_max;
     let source = sse::Source {
-        block: std::ptr::from_ref(block).cast_mut(),
+        block: Some(block),
         every: lcf.listen_heartbeat,
         buffers_max,
         retry: lcf.listen_retry,

@@ -44,7 +44,7 @@ impl StandIn {
         self.write.set_write(1);
     }
 
-    fn timer(&mut self) -> Event {
+    fn timer(&mut self) -> Event<'_> {
         // SAFETY: the read event is part of the stand-in, in the request's pool.
         unsafe { Event::from_raw(&mut self.read) }.expect("an event")
     }
@@ -398,14 +398,14 @@ fn attach_with(r: &mut Req, fresh_timer: bool) {
     let Some(mut pd) = ctx.peer else { return };
     // SAFETY: the peer data lives in the request's pool; nothing else uses it now.
     let pd = unsafe { pd.as_mut() };
-    let timer = pd.standin.timer();
-    let keep = !fresh_timer && timer.timer_set();
+    let keep = !fresh_timer && pd.standin.timer().timer_set();
     if !keep {
         pd.standin.clear(); // nginx's connect timer
     }
+    pd.standin.c.data = rp.cast();
+    let timer = pd.standin.timer();
     timer.set_handler(Some(request_timer));
     timer.set_log(log);
-    pd.standin.c.data = rp.cast();
     let Some(submitted) = with_pool(ctx, |pool| pool.submit(conn, ctx.token, ctx.query.clone())) else {
         return;
     };
@@ -699,7 +699,7 @@ fn reconnect(r: &mut Req, status: ngx_int_t) {
 }
 
 /// The request's own timer (connect or result timeout), once its peer is set up.
-pub fn timer_of(ctx: &Ctx) -> Option<Event> {
+pub fn timer_of(ctx: &Ctx) -> Option<Event<'_>> {
     let mut pd = ctx.peer?;
     // SAFETY: the peer data lives in the request's pool; nothing else uses it now.
     Some(unsafe { pd.as_mut() }.standin.timer())
