@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
 
 use super::conf::ComplexValue;
+pub use super::hold::Posted;
 use super::*;
 
 /// A request (`ngx_http_request_t`), as a handler receives it.
@@ -61,48 +62,6 @@ impl Req {
     pub unsafe fn from_raw<'a>(r: *mut ngx_http_request_t) -> &'a mut Req {
         // SAFETY: see above; Req is a transparent wrapper.
         unsafe { &mut *(r as *mut Req) }
-    }
-
-    /// Lends the request to `f`, held: one more reference to its main
-    /// request while `f` runs, so that a `finalize` inside cannot free it
-    /// under the borrow. When the hold ends nginx does what the last
-    /// reference's going does (ngx_http_finalize_request with NGX_DONE:
-    /// keepalive, lingering close or the close), or only counts it down
-    /// when others remain.
-    ///
-    /// # Safety
-    /// `r` is a live request, and no other reference to it is used while
-    /// `f` runs; the caller does not use `r` after the call (it may be
-    /// freed by then).
-    pub unsafe fn hold<T>(r: *mut ngx_http_request_t, f: impl FnOnce(&mut Req) -> T) -> T {
-        /// Lets the reference go however `f` ends (a panic included).
-        struct Held(*mut ngx_http_request_t);
-        impl Drop for Held {
-            fn drop(&mut self) {
-                // SAFETY: the request is live while held; its main request
-                // too. The last reference goes the way nginx's own code
-                // lets one go.
-                unsafe {
-                    let main = &mut *(*self.0).main;
-                    if main.count() > 1 {
-                        main.set_count(main.count() - 1);
-                    } else {
-                        ngx_http_finalize_request(self.0, DONE);
-                    }
-                }
-            }
-        }
-        // SAFETY: as the caller promises.
-        let req = unsafe { Req::from_raw(r) };
-        // SAFETY: a live request's main request is live.
-        if unsafe { (*(*r).main).count() } == 0 {
-            // (Its last reference is gone: nginx is freeing it, and runs
-            // its cleanups now. Nothing to hold.)
-            return f(req);
-        }
-        req.count_up();
-        let _held = Held(r);
-        f(req)
     }
 
     pub fn as_ptr(&self) -> *mut ngx_http_request_t {
@@ -637,7 +596,7 @@ impl Req {
     /// finalize (and free) the request, to run the subrequests posted
     /// meanwhile once it returns, as nginx's own handlers do.
     pub fn posted(&self) -> Posted {
-        Posted(self.0.connection)
+        Posted::of(self.0.connection)
     }
 
     /// One more reference to the main request (kept until finalized).
@@ -914,20 +873,6 @@ impl Req {
             *st = mem::zeroed();
             Some(st)
         }
-    }
-}
-
-/// A client connection whose posted subrequests run after a handler
-/// (`Req::posted`). The request may be gone by then; the connection is not:
-/// nginx's connections live in the worker's array, and a request freed or a
-/// connection closed marks it `destroyed`, which nginx checks first.
-pub struct Posted(*mut ngx_connection_t);
-
-impl Posted {
-    pub fn run(self) {
-        // SAFETY: a connection of the worker's array (see above);
-        // ngx_http_run_posted_requests returns at once when it is destroyed.
-        unsafe { ngx_http_run_posted_requests(self.0) }
     }
 }
 
