@@ -114,6 +114,15 @@ impl Pool {
     }
 }
 
+/// The pool of the cycle the worker runs (its configuration's): what is
+/// moved into it goes when the worker ends (or, without a master process,
+/// when a reload's configuration replaces it).
+pub fn cycle_pool() -> Option<Pool> {
+    // SAFETY: the current cycle, set before any module runs and live while
+    // it is current; its pool lives as long as it.
+    unsafe { ngx_cycle.as_ref().and_then(|c| Pool::from_raw(c.pool)) }
+}
+
 /// nginx's C structs for which all-zero bytes are a valid, empty value.
 ///
 /// # Safety
@@ -130,6 +139,8 @@ unsafe impl Zeroable for ngx_http_complex_value_t {}
 unsafe impl Zeroable for ngx_http_upstream_conf_t {}
 // SAFETY: as above (an event's initial state is all zero: no timer, not posted).
 unsafe impl Zeroable for ngx_event_t {}
+// SAFETY: as above (ngx_get_connection zeroes a connection it hands out).
+unsafe impl Zeroable for ngx_connection_t {}
 
 /// An all-zero value of a C struct: nginx's "unset" for configuration data.
 pub fn zeroed<T: Zeroable>() -> T {

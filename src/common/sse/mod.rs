@@ -235,8 +235,8 @@ pub fn start_resuming(
         hub,
         fan,
         every: source.every,
-        // SAFETY: all-zero is the initial state of an event.
-        heartbeat: unsafe { std::mem::zeroed() },
+        // (All-zero: an event's initial state.)
+        heartbeat: crate::ffi::pool::zeroed(),
         header_out,
         ids,
     };

@@ -56,15 +56,15 @@ pub(super) fn orphan(pg: PgConn) {
 
 /// Back in the event loop, from the thread.
 fn connect_stepped(step: ConnectStep) {
-    // SAFETY: a pool lives in its upstream's configuration for the
-    // worker's life, and nothing else uses it while an event's handler
-    // runs.
-    let pool = unsafe { &mut *step.pool.as_ptr() };
-    let mut out = Vec::new();
-    let id = step.id;
-    pool.connect_step_done(step, &mut out);
-    pool.show(id);
-    let sink = pool.sink;
+    let (pool, id) = (step.pool, step.id);
+    let done = |pool: &mut ConnPool| {
+        let mut out = Vec::new();
+        pool.connect_step_done(step, &mut out);
+        pool.show(id);
+        (pool.sink, out)
+    };
+    // SAFETY: a pool is the worker's (worker) until the worker ends.
+    let (sink, out) = unsafe { super::worker::lend(pool, done) };
     deliver(sink, out);
 }
 
