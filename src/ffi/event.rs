@@ -29,13 +29,13 @@ impl<'a> Event<'a> {
         NonNull::new(ev).map(|ev| Event(ev, PhantomData))
     }
 
-    // A handle to memory that nginx owns, like a raw pointer: a shared
-    // handle gives the mutable view, one use at a time.
-    #[allow(clippy::mut_from_ref)]
-    fn get(&self) -> &mut ngx_event_t {
+    /// The event for `f`, borrowed for the call only (a handle to memory
+    /// nginx owns, like a raw pointer). Every `f` here reads or writes its
+    /// fields and calls nothing back.
+    fn with<T>(&self, f: impl FnOnce(&mut ngx_event_t) -> T) -> T {
         // SAFETY: a live event (from_raw); nginx runs one handler at a time
-        // on this thread, so no other reference to it is in use meanwhile.
-        unsafe { &mut *self.0.as_ptr() }
+        // on this thread, and `f` makes no other reference to it.
+        f(unsafe { &mut *self.0.as_ptr() })
     }
 
     pub fn as_ptr(&self) -> *mut ngx_event_t {
@@ -44,19 +44,20 @@ impl<'a> Event<'a> {
 
     /// Whether its timer fired; the flag is cleared.
     pub fn take_timedout(&self) -> bool {
-        let ev = self.get();
-        let t = ev.timedout() != 0;
-        ev.set_timedout(0);
-        t
+        self.with(|ev| {
+            let t = ev.timedout() != 0;
+            ev.set_timedout(0);
+            t
+        })
     }
 
     pub fn is_write(&self) -> bool {
-        self.get().write() != 0
+        self.with(|e| e.write() != 0)
     }
 
     /// What the event's owner stored in it (a connection, usually).
     pub fn data(&self) -> *mut c_void {
-        self.get().data
+        self.with(|e| e.data)
     }
 
     /// The data of the connection the event belongs to.
@@ -69,25 +70,25 @@ impl<'a> Event<'a> {
     }
 
     pub fn set_data(&self, data: *mut c_void) {
-        self.get().data = data;
+        self.with(|e| e.data = data);
     }
 
     pub fn set_handler(&self, handler: ngx_event_handler_pt) {
-        self.get().handler = handler;
+        self.with(|e| e.handler = handler);
     }
 
     pub fn set_log(&self, log: Log) {
-        self.get().log = log.as_ptr();
+        self.with(|e| e.log = log.as_ptr());
     }
 
     pub fn timer_set(&self) -> bool {
-        self.get().timer_set() != 0
+        self.with(|e| e.timer_set() != 0)
     }
 
     /// A client's write event that `limit_rate` holds back: its timer is
     /// the rate's, not a timeout.
     pub fn delayed(&self) -> bool {
-        self.get().delayed() != 0
+        self.with(|e| e.delayed() != 0)
     }
 
     /// Arms the timer (re-arms it if set).
@@ -106,14 +107,14 @@ impl<'a> Event<'a> {
     /// No timer and not posted: nothing of nginx's points at it any more.
     pub fn clear(&self) {
         self.del_timer();
-        if self.get().posted() != 0 {
+        if self.with(|e| e.posted() != 0) {
             // SAFETY: a live event in nginx's posted queue.
             unsafe { ngx_delete_posted_event(self.as_ptr()) }
         }
     }
 
     fn watch(&self, event: ngx_uint_t, on: bool) -> bool {
-        let active = self.get().active() != 0;
+        let active = self.with(|e| e.active() != 0);
         if on == active {
             return true;
         }
@@ -246,7 +247,7 @@ impl Socket {
         // is made; the connection is live (as the caller promises).
         unsafe {
             match ngx_event_actions.del_conn {
-                Some(del_conn) if s.read().get().active() != 0 => {
+                Some(del_conn) if s.read().with(|e| e.active() != 0) => {
                     del_conn(c.as_ptr(), 0);
                 }
                 _ => {
@@ -258,12 +259,13 @@ impl Socket {
         s
     }
 
-    // A handle to nginx's connection, like a raw pointer (see Event::get).
-    #[allow(clippy::mut_from_ref)]
-    fn get_mut(&self) -> &mut ngx_connection_t {
+    /// nginx's connection for `f`, borrowed for the call only (see
+    /// Event::with).
+    fn with<T>(&self, f: impl FnOnce(&mut ngx_connection_t) -> T) -> T {
         // SAFETY: the connection is live until released or closed (which
-        // consume the Socket); handlers run one at a time on this thread.
-        unsafe { &mut *self.0.as_ptr() }
+        // consume the Socket); handlers run one at a time on this thread,
+        // and `f` makes no other reference to it.
+        f(unsafe { &mut *self.0.as_ptr() })
     }
 
     pub fn as_ptr(&self) -> *mut ngx_connection_t {
@@ -280,22 +282,22 @@ impl Socket {
     }
 
     pub fn fd(&self) -> c_int {
-        self.get_mut().fd
+        self.with(|c| c.fd)
     }
 
     pub fn read(&self) -> Event<'_> {
         // SAFETY: a live connection's read event lives as long as it.
-        unsafe { Event::from_raw(self.get_mut().read) }.expect("nginx connections have events")
+        unsafe { Event::from_raw(self.with(|c| c.read)) }.expect("nginx connections have events")
     }
 
     pub fn write(&self) -> Event<'_> {
         // SAFETY: as for read.
-        unsafe { Event::from_raw(self.get_mut().write) }.expect("nginx connections have events")
+        unsafe { Event::from_raw(self.with(|c| c.write)) }.expect("nginx connections have events")
     }
 
     /// What the handlers find in the connection's data.
     pub fn set_data(&self, data: *mut c_void) {
-        self.get_mut().data = data;
+        self.with(|c| c.data = data);
     }
 
     pub fn set_handler(&self, handler: ngx_event_handler_pt) {
@@ -304,19 +306,19 @@ impl Socket {
     }
 
     pub fn set_log(&self, log: Log) {
-        self.get_mut().log = log.as_ptr();
+        self.with(|c| c.log = log.as_ptr());
         self.read().set_log(log);
         self.write().set_log(log);
     }
 
     /// Idle: nginx may close it when it shuts down (it then sets `close`).
     pub fn set_idle(&self, idle: bool) {
-        self.get_mut().set_idle(idle as u32);
+        self.with(|c| c.set_idle(idle as u32));
     }
 
     /// nginx asks for it to be closed (shutdown).
     pub fn close_requested(&self) -> bool {
-        self.get_mut().close() != 0
+        self.with(|c| c.close()) != 0
     }
 
     /// Watches readability (level-triggered, so no readiness is lost).
@@ -363,7 +365,7 @@ impl Socket {
         // SAFETY: the event module's actions are set; the events are live.
         unsafe {
             for (ev, what) in [(read, READ_EVENT), (write, WRITE_EVENT)] {
-                if ev.get().active() != 0 {
+                if ev.with(|e| e.active() != 0) {
                     if let Some(del) = ngx_event_actions.del {
                         del(ev.as_ptr(), what as ngx_int_t, flags);
                     }
@@ -371,7 +373,7 @@ impl Socket {
             }
             ngx_free_connection(self.as_ptr());
         }
-        self.get_mut().fd = -1;
+        self.with(|c| c.fd = -1);
     }
 
     /// The owner's library closed this socket and made another (`fd`): the
@@ -379,11 +381,8 @@ impl Socket {
     /// nothing watched yet. (The closed one left epoll with its close.)
     /// False when nginx has no free connection (the old one stays).
     pub fn follow(&mut self, fd: c_int) -> bool {
-        let (data, handler, log) = {
-            let c = self.get_mut();
-            // SAFETY: a live connection's read event and log.
-            unsafe { (c.data, (*c.read).handler, Log::from_raw(c.log)) }
-        };
+        // SAFETY: a live connection's read event and log.
+        let (data, handler, log) = self.with(|c| unsafe { (c.data, (*c.read).handler, Log::from_raw(c.log)) });
         // (The new one first: with nginx's free list empty the old one
         // stays, for its owner to give back as usual. With an fd map, nginx
         // keeps a slot for the new one and frees the old one's only if it

@@ -76,18 +76,19 @@ impl Req {
         &mut self.0
     }
 
-    // The connection is nginx's, not part of the request struct: a handle
-    // (see Event::get).
-    #[allow(clippy::mut_from_ref)]
-    fn connection(&self) -> &mut ngx_connection_t {
+    /// The client connection for `f`, borrowed for the call only (it is
+    /// nginx's, not part of the request struct: see Event::with). Every `f`
+    /// here reads or writes its fields and calls nothing back.
+    fn connection<T>(&self, f: impl FnOnce(&mut ngx_connection_t) -> T) -> T {
         // SAFETY: a live request has a live client connection, used by one
-        // handler at a time on this thread.
-        unsafe { &mut *self.0.connection }
+        // handler at a time on this thread; `f` makes no other reference
+        // to it.
+        f(unsafe { &mut *self.0.connection })
     }
 
     /// Bytes written to the client connection so far.
     pub fn bytes_sent(&self) -> i64 {
-        self.connection().sent
+        self.connection(|c| c.sent)
     }
 
     /// The client connection, as a pointer (for calls that outlive the request).
@@ -98,7 +99,7 @@ impl Req {
     /// The client connection's log (with the request's context in lines).
     pub fn log(&self) -> Log {
         // SAFETY: the connection's log lives as long as the connection.
-        unsafe { Log::from_raw(self.connection().log) }
+        unsafe { Log::from_raw(self.connection(|c| c.log)) }
     }
 
     /// Lines logged from now on name this request (as ngx_http_set_log_request does).
@@ -106,7 +107,7 @@ impl Req {
         // SAFETY: an http connection's log is live, and its data is its
         // ngx_http_log_ctx_t.
         unsafe {
-            if let Some(log) = self.connection().log.as_ref() {
+            if let Some(log) = self.connection(|c| c.log).as_ref() {
                 if let Some(ctx) = (log.data as *mut ngx_http_log_ctx_t).as_mut() {
                     ctx.current_request = self.as_ptr();
                 }
@@ -117,14 +118,14 @@ impl Req {
     /// What the error log says the request was doing ("... while reading result").
     pub fn set_log_action(&self, action: &'static CStr) {
         // SAFETY: the connection's log is live; the text is static.
-        if let Some(log) = unsafe { self.connection().log.as_mut() } {
+        if let Some(log) = unsafe { self.connection(|c| c.log).as_mut() } {
             log.action = action.as_ptr() as *mut _;
         }
     }
 
     /// The client connection broke (nginx will not send more to it).
     pub fn client_error(&self) -> bool {
-        self.connection().error() != 0
+        self.connection(|c| c.error() != 0)
     }
 
     pub fn method(&self) -> u32 {
@@ -220,7 +221,7 @@ impl Req {
     /// (after output that did not all go out).
     pub fn watch_writable(&mut self) -> bool {
         // SAFETY: a live request's client connection and its write event.
-        unsafe { ngx_handle_write_event(self.connection().write, 0) == OK }
+        unsafe { ngx_handle_write_event(self.connection(|c| c.write), 0) == OK }
     }
 
     /// The query string (after `?`).
@@ -622,7 +623,7 @@ impl Req {
     /// The client connection's write event.
     pub fn client_write(&self) -> Event<'_> {
         // SAFETY: the client connection's events live as long as it.
-        unsafe { Event::from_raw(self.connection().write) }.expect("a connection has events")
+        unsafe { Event::from_raw(self.connection(|c| c.write)) }.expect("a connection has events")
     }
 
     /// Waits until the client can take more: the write event armed, with
@@ -650,7 +651,7 @@ impl Req {
 
     /// The client did not read within send_timeout: mark the connection.
     pub fn set_client_timed_out(&mut self) {
-        self.connection().set_timedout(1);
+        self.connection(|c| c.set_timedout(1));
     }
 
     /// nginx's upstream of the request, once created.
