@@ -83,6 +83,6 @@ pub fn reserve() -> ReqToken {
 pub fn with_request<T>(t: ReqToken, f: impl FnOnce(&mut Req) -> T) -> Option<T> {
     let p = REQUESTS.with(|l| l.lookup(t)).filter(|p| *p != NonNull::dangling())?;
     // SAFETY: a registered request is live (it leaves the registry before
-    // its pool goes); the reference does not outlive the call.
-    Some(f(unsafe { Req::from_raw(p.as_ptr()) }))
+    // its pool goes); it is lent to `f` only, held (`f` may end it).
+    Some(unsafe { Req::hold(p.as_ptr(), f) })
 }

@@ -174,7 +174,7 @@ struct Forgiven {
 /// counted against `max_fails`). That free, or a `get` before it, puts the
 /// peer's own callbacks and data back first. False when the pool has no
 /// memory for it (the peer is left as it was).
-pub fn not_failed(pool: Pool, pc: &mut ngx_peer_connection_t) -> bool {
+pub fn not_failed(pool: &Pool, pc: &mut ngx_peer_connection_t) -> bool {
     let own = Forgiven {
         get: pc.get,
         free: pc.free,

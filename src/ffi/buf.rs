@@ -7,14 +7,14 @@ use super::*;
 
 /// A chain of buffers being built, first to last.
 #[derive(Debug)]
-pub struct Chain {
+pub struct Chain<'p> {
     head: *mut ngx_chain_t,
     tail: *mut ngx_chain_t,
-    pool: Pool,
+    pool: &'p Pool,
 }
 
-impl Chain {
-    pub fn new(pool: Pool) -> Chain {
+impl<'p> Chain<'p> {
+    pub fn new(pool: &'p Pool) -> Chain<'p> {
         Chain {
             head: ptr::null_mut(),
             tail: ptr::null_mut(),
@@ -82,12 +82,12 @@ impl Chain {
 const COPY_MAX: usize = 2048;
 
 /// A memory buffer over a copy of `data` in the pool.
-pub fn copied(pool: Pool, data: &[u8]) -> Option<NonNull<ngx_buf_t>> {
+pub fn copied(pool: &Pool, data: &[u8]) -> Option<NonNull<ngx_buf_t>> {
     pooled(pool, pool.str(data)?)
 }
 
 /// A memory buffer over bytes already in the pool (`Pool::str`'s).
-pub fn pooled(pool: Pool, s: ngx_str_t) -> Option<NonNull<ngx_buf_t>> {
+pub fn pooled(pool: &Pool, s: ngx_str_t) -> Option<NonNull<ngx_buf_t>> {
     let b = pool.calloc::<ngx_buf_t>()?;
     // SAFETY: b is a fresh zeroed buffer of the pool; s.data..s.data+len
     // are bytes of the same pool.
@@ -104,7 +104,7 @@ pub fn pooled(pool: Pool, s: ngx_str_t) -> Option<NonNull<ngx_buf_t>> {
 
 /// A memory buffer over `data`, which the pool then owns (a short one is
 /// copied, see `COPY_MAX`).
-pub fn memory(pool: Pool, data: Vec<u8>) -> Option<NonNull<ngx_buf_t>> {
+pub fn memory(pool: &Pool, data: Vec<u8>) -> Option<NonNull<ngx_buf_t>> {
     if data.len() <= COPY_MAX {
         return copied(pool, &data);
     }
@@ -128,7 +128,7 @@ pub fn memory(pool: Pool, data: Vec<u8>) -> Option<NonNull<ngx_buf_t>> {
 }
 
 /// One link over bytes already in the pool, marked last when asked.
-pub fn pooled_chain(pool: Pool, data: ngx_str_t, last: Option<bool>) -> Option<*mut ngx_chain_t> {
+pub fn pooled_chain(pool: &Pool, data: ngx_str_t, last: Option<bool>) -> Option<*mut ngx_chain_t> {
     let mut chain = Chain::new(pool);
     chain.push(pooled(pool, data)?)?;
     if let Some(main) = last {
@@ -138,13 +138,24 @@ pub fn pooled_chain(pool: Pool, data: ngx_str_t, last: Option<bool>) -> Option<*
 }
 
 /// One link with `data` as its buffer, marked last when asked.
-pub fn memory_chain(pool: Pool, data: Vec<u8>, last: Option<bool>) -> Option<*mut ngx_chain_t> {
+pub fn memory_chain(pool: &Pool, data: Vec<u8>, last: Option<bool>) -> Option<*mut ngx_chain_t> {
     let mut chain = Chain::new(pool);
     chain.push_bytes(data)?;
     if let Some(main) = last {
         chain.mark_last(main);
     }
     Some(chain.into_raw())
+}
+
+/// A link that `Reuse::fill` gave: for the output filter (`as_ptr`), then
+/// back to its `Reuse` (`update`).
+#[derive(Debug)]
+pub struct ReuseLink(NonNull<ngx_chain_t>);
+
+impl ReuseLink {
+    pub fn as_ptr(&self) -> *mut ngx_chain_t {
+        self.0.as_ptr()
+    }
 }
 
 /// Buffers reused for a streamed response: nginx's free/busy chains
@@ -157,17 +168,18 @@ pub struct Reuse {
 }
 
 impl Reuse {
-    pub fn new(tag: *const ngx_module_t) -> Reuse {
+    /// `tag`: the module whose buffers they are.
+    pub fn new(tag: &'static ngx_module_t) -> Reuse {
         Reuse {
             free: ptr::null_mut(),
             busy: ptr::null_mut(),
-            tag: tag as ngx_buf_tag_t,
+            tag: ptr::from_ref(tag) as ngx_buf_tag_t,
         }
     }
 
     /// A buffer holding a copy of `data` (a free one reused when it is
     /// large enough), in a link of its own; marked last when asked.
-    pub fn fill(&mut self, pool: Pool, data: &[u8], last: Option<bool>, min_size: usize) -> Option<*mut ngx_chain_t> {
+    pub fn fill(&mut self, pool: &Pool, data: &[u8], last: Option<bool>, min_size: usize) -> Option<ReuseLink> {
         // SAFETY: the free chain is made of this response's links, of the
         // request's pool.
         let cl = unsafe { ngx_chain_get_free_buf(pool.as_ptr(), &mut self.free) };
@@ -213,12 +225,16 @@ impl Reuse {
             b.set_last_in_chain(1);
         }
         link.next = ptr::null_mut();
-        Some(cl)
+        NonNull::new(cl).map(ReuseLink)
     }
 
-    /// After the output filter: sent buffers become free, the rest busy.
-    pub fn update(&mut self, pool: Pool, mut out: *mut ngx_chain_t) {
-        // SAFETY: the chains are this response's, of the request's pool.
+    /// After the output filter: sent buffers (`out`: what `fill` gave,
+    /// passed to the output filter; None: only what was pending) become
+    /// free, the rest busy.
+    pub fn update(&mut self, pool: &Pool, out: Option<ReuseLink>) {
+        let mut out = out.map_or(ptr::null_mut(), |l| l.0.as_ptr());
+        // SAFETY: the chains are this response's, of the request's pool:
+        // free and busy are made of links `fill` gave, and so is out.
         unsafe { ngx_chain_update_chains(pool.as_ptr(), &mut self.free, &mut self.busy, &mut out, self.tag) };
     }
 
@@ -276,12 +292,13 @@ pub struct NoMemory;
 const OUTBOX_KEEP: usize = 64 * 1024;
 
 impl Outbox {
-    pub fn new(tag: *const ngx_module_t) -> Outbox {
+    /// `tag`: the module whose buffers they are.
+    pub fn new(tag: &'static ngx_module_t) -> Outbox {
         Outbox {
             queue: Vec::new(),
             flight: Vec::new(),
             buf: ptr::null_mut(),
-            tag: tag as ngx_buf_tag_t,
+            tag: ptr::from_ref(tag) as ngx_buf_tag_t,
         }
     }
 
@@ -308,7 +325,7 @@ impl Outbox {
     /// A chain of what is queued, for the output filters, once what was
     /// handed before is all sent (None: nothing to hand now; Err: no
     /// memory).
-    pub fn next(&mut self, pool: Pool) -> Result<Option<*mut ngx_chain_t>, NoMemory> {
+    pub fn next(&mut self, pool: &Pool) -> Result<Option<*mut ngx_chain_t>, NoMemory> {
         if self.queue.is_empty() || self.in_flight() > 0 {
             return Ok(None);
         }
@@ -347,7 +364,7 @@ impl Outbox {
     /// What is queued, in a buffer of its own that the pool then owns
     /// (for the end of the response, whatever is in flight); None when
     /// nothing is queued or no memory.
-    pub fn rest(&mut self, pool: Pool) -> Option<*mut ngx_chain_t> {
+    pub fn rest(&mut self, pool: &Pool) -> Option<*mut ngx_chain_t> {
         if self.queue.is_empty() {
             return None;
         }

@@ -14,7 +14,7 @@ use super::*;
 /// The configuration nginx is reading (during a directive, a merge or a
 /// post-configuration step).
 #[derive(Debug, Clone, Copy)]
-pub struct Conf(NonNull<ngx_conf_t>);
+pub struct Conf<'a>(NonNull<ngx_conf_t>, std::marker::PhantomData<&'a ngx_conf_t>);
 
 /// A value with variables, compiled into configuration memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,12 +57,16 @@ impl ComplexValue {
     }
 }
 
-impl Conf {
+impl<'a> Conf<'a> {
     /// # Safety
-    /// `cf` must be the live configuration being read; the copy must not be
-    /// used once nginx has finished reading it.
-    pub unsafe fn from_raw(cf: *mut ngx_conf_t) -> Conf {
-        Conf(NonNull::new(cf).expect("nginx passes a configuration"))
+    /// `cf` must be the live configuration being read, for `'a` (the
+    /// handle, a copy, borrows it: it cannot be kept past the call nginx
+    /// made).
+    pub unsafe fn from_raw(cf: *mut ngx_conf_t) -> Conf<'a> {
+        Conf(
+            NonNull::new(cf).expect("nginx passes a configuration"),
+            std::marker::PhantomData,
+        )
     }
 
     pub fn raw_ptr(&self) -> *mut ngx_conf_t {
@@ -548,7 +552,7 @@ pub struct ServerParams {
     pub down: bool,
 }
 
-impl Conf {
+impl Conf<'_> {
     /// Parses (and resolves) an address: `host[:port]` or `unix:/path`.
     pub fn parse_url(&self, value: &[u8], default_port: u16) -> Result<Url, String> {
         let pool = self.pool();
@@ -816,6 +820,15 @@ pub fn upstream_blocks(
     blocks.iter().filter_map(|&u| unsafe { u.as_ref() })
 }
 
+/// The upstream block a location's upstream settings name (`*_pass` to a
+/// block), None for an address given by a variable.
+pub fn block_of(u: &ngx_http_upstream_conf_t) -> Option<&'static ngx_http_upstream_srv_conf_t> {
+    // SAFETY: null, or a block of the configuration nginx made (upstream
+    // settings are configuration memory, written while it is read), which
+    // lives as long as the configuration and its requests.
+    unsafe { u.upstream.as_ref() }
+}
+
 /// Where an upstream block was written (`file:line`), for messages.
 pub fn block_position(u: &ngx_http_upstream_srv_conf_t) -> String {
     if u.file_name.is_null() {
@@ -834,7 +847,7 @@ pub fn server_count(u: &ngx_http_upstream_srv_conf_t) -> usize {
     unsafe { u.servers.as_ref() }.map_or(0, |s| s.nelts)
 }
 
-impl Conf {
+impl Conf<'_> {
     /// nginx's round robin for an upstream block (its init_upstream).
     pub fn init_round_robin(&self, us: &mut ngx_http_upstream_srv_conf_t) -> Result<(), ConfError> {
         // SAFETY: the configuration being initialized and one of its blocks.

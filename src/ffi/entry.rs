@@ -66,14 +66,21 @@ macro_rules! request_handler {
         }
     };
     (@run $r:ident, $entry:expr, $on_panic:expr, $body:block) => {
-        let ok = $crate::ffi::guard($r.log(), $entry, false, || {
-            // (A closure: a `return` in the body ends the body.)
-            $crate::ffi::entry::run(|| $body);
-            true
-        });
-        if !ok {
-            ($on_panic)($r);
-        }
+        // (Outside the unsafe block below: the body's own unsafe
+        // operations need their own blocks.)
+        let held = |$r: &mut $crate::ffi::Req| {
+            let ok = $crate::ffi::guard($r.log(), $entry, false, || {
+                // (A closure: a `return` in the body ends the body.)
+                $crate::ffi::entry::run(|| $body);
+                true
+            });
+            if !ok {
+                ($on_panic)($r);
+            }
+        };
+        // SAFETY: a live request (see the callers); `$r` is not used after
+        // the hold (the request may be gone by then).
+        unsafe { $crate::ffi::Req::hold($r.as_ptr(), held) }
     };
 }
 
@@ -250,7 +257,11 @@ macro_rules! request_event_handler {
             let Some($ev) = (unsafe { $crate::ffi::Event::from_raw(ev) }) else {
                 return;
             };
-            let data = $crate::request_event_handler!(@data $ev $(, $via)?);
+            let data: *mut ::std::ffi::c_void = $crate::request_event_handler!(@data $ev $(, $via)?);
+            if data.is_null() {
+                // (A request's timer whose request is gone: Timer.)
+                return;
+            }
             // SAFETY: the event is the request's own (see above): its data
             // is the live request.
             let $r = unsafe { $crate::ffi::Req::from_raw(data.cast()) };
@@ -327,9 +338,12 @@ macro_rules! input_filter_init_handler {
     ($(#[$m:meta])* $vis:vis fn $name:ident($r:ident) = $entry:expr, $body:block) => {
         $(#[$m])*
         $vis extern "C" fn $name(data: *mut ::std::ffi::c_void) -> $crate::ffi::ngx_int_t {
-            // SAFETY: the data is the live request (Req::set_input_filter).
-            let $r = unsafe { $crate::ffi::Req::from_raw(data.cast()) };
-            $crate::ffi::guard($r.log(), $entry, $crate::ffi::ERROR, || $body)
+            // (Outside the unsafe block below: the body's own unsafe
+            // operations need their own blocks.)
+            let held = |$r: &mut $crate::ffi::Req| $crate::ffi::guard($r.log(), $entry, $crate::ffi::ERROR, || $body);
+            // SAFETY: the data is the live request (Req::set_input_filter),
+            // lent to the body only.
+            unsafe { $crate::ffi::Req::hold(data.cast(), held) }
         }
     };
 }
@@ -341,9 +355,12 @@ macro_rules! input_filter_handler {
     ($(#[$m:meta])* $vis:vis fn $name:ident($r:ident, $bytes:ident) = $entry:expr, $body:block) => {
         $(#[$m])*
         $vis extern "C" fn $name(data: *mut ::std::ffi::c_void, $bytes: isize) -> $crate::ffi::ngx_int_t {
-            // SAFETY: the data is the live request (Req::set_input_filter).
-            let $r = unsafe { $crate::ffi::Req::from_raw(data.cast()) };
-            $crate::ffi::guard($r.log(), $entry, $crate::ffi::ERROR, || $body)
+            // (Outside the unsafe block below: the body's own unsafe
+            // operations need their own blocks.)
+            let held = |$r: &mut $crate::ffi::Req| $crate::ffi::guard($r.log(), $entry, $crate::ffi::ERROR, || $body);
+            // SAFETY: the data is the live request (Req::set_input_filter),
+            // lent to the body only.
+            unsafe { $crate::ffi::Req::hold(data.cast(), held) }
         }
     };
 }

@@ -1,8 +1,11 @@
 //! nginx events, their timers, and the nginx connections the module keeps
 //! for sockets of its own (database connections, cancel requests).
 
+use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void};
+use std::marker::PhantomData;
 use std::ptr::NonNull;
+use std::rc::Rc;
 
 use super::*;
 
@@ -14,84 +17,87 @@ const WRITE_EVENT: ngx_uint_t = libc::EPOLLOUT as ngx_uint_t;
 const LEVEL_EVENT: ngx_uint_t = 0;
 
 /// An nginx event: one a handler was called for, or one of the module's.
-#[derive(Debug, Clone, Copy)]
-pub struct Event(NonNull<ngx_event_t>);
+/// A handle, not a copy: it borrows what the event belongs to (`'a`: the
+/// socket or request it came from), so it cannot outlive it.
+#[derive(Debug)]
+pub struct Event<'a>(NonNull<ngx_event_t>, PhantomData<&'a mut ngx_event_t>);
 
-impl Event {
+impl<'a> Event<'a> {
     /// # Safety
-    /// `ev` must be a live event that outlives every use of the copy.
-    pub unsafe fn from_raw(ev: *mut ngx_event_t) -> Option<Event> {
-        NonNull::new(ev).map(Event)
+    /// `ev` must be a live event that outlives `'a`.
+    pub unsafe fn from_raw(ev: *mut ngx_event_t) -> Option<Event<'a>> {
+        NonNull::new(ev).map(|ev| Event(ev, PhantomData))
     }
 
-    // A handle to memory that nginx owns, like a raw pointer: a shared
-    // handle gives the mutable view, one use at a time.
-    #[allow(clippy::mut_from_ref)]
-    fn get(&self) -> &mut ngx_event_t {
+    /// The event for `f`, borrowed for the call only (a handle to memory
+    /// nginx owns, like a raw pointer). Every `f` here reads or writes its
+    /// fields and calls nothing back.
+    fn with<T>(&self, f: impl FnOnce(&mut ngx_event_t) -> T) -> T {
         // SAFETY: a live event (from_raw); nginx runs one handler at a time
-        // on this thread, so no other reference to it is in use meanwhile.
-        unsafe { &mut *self.0.as_ptr() }
+        // on this thread, and `f` makes no other reference to it.
+        f(unsafe { &mut *self.0.as_ptr() })
     }
 
-    pub fn as_ptr(self) -> *mut ngx_event_t {
+    pub fn as_ptr(&self) -> *mut ngx_event_t {
         self.0.as_ptr()
     }
 
     /// Whether its timer fired; the flag is cleared.
-    pub fn take_timedout(self) -> bool {
-        let ev = self.get();
-        let t = ev.timedout() != 0;
-        ev.set_timedout(0);
-        t
+    pub fn take_timedout(&self) -> bool {
+        self.with(|ev| {
+            let t = ev.timedout() != 0;
+            ev.set_timedout(0);
+            t
+        })
     }
 
-    pub fn is_write(self) -> bool {
-        self.get().write() != 0
+    pub fn is_write(&self) -> bool {
+        self.with(|e| e.write() != 0)
     }
 
     /// What the event's owner stored in it (a connection, usually).
-    pub fn data(self) -> *mut c_void {
-        self.get().data
+    pub fn data(&self) -> *mut c_void {
+        self.with(|e| e.data)
     }
 
     /// The data of the connection the event belongs to.
     ///
     /// # Safety
     /// The event is a live connection's read or write event.
-    pub unsafe fn connection_data(self) -> *mut c_void {
+    pub unsafe fn connection_data(&self) -> *mut c_void {
         // SAFETY: as the caller promises: its data is its connection.
         unsafe { (*(self.data() as *mut ngx_connection_t)).data }
     }
 
-    pub fn set_data(self, data: *mut c_void) {
-        self.get().data = data;
+    pub fn set_data(&self, data: *mut c_void) {
+        self.with(|e| e.data = data);
     }
 
-    pub fn set_handler(self, handler: ngx_event_handler_pt) {
-        self.get().handler = handler;
+    pub fn set_handler(&self, handler: ngx_event_handler_pt) {
+        self.with(|e| e.handler = handler);
     }
 
-    pub fn set_log(self, log: Log) {
-        self.get().log = log.as_ptr();
+    pub fn set_log(&self, log: Log) {
+        self.with(|e| e.log = log.as_ptr());
     }
 
-    pub fn timer_set(self) -> bool {
-        self.get().timer_set() != 0
+    pub fn timer_set(&self) -> bool {
+        self.with(|e| e.timer_set() != 0)
     }
 
     /// A client's write event that `limit_rate` holds back: its timer is
     /// the rate's, not a timeout.
-    pub fn delayed(self) -> bool {
-        self.get().delayed() != 0
+    pub fn delayed(&self) -> bool {
+        self.with(|e| e.delayed() != 0)
     }
 
     /// Arms the timer (re-arms it if set).
-    pub fn add_timer(self, ms: ngx_msec_t) {
+    pub fn add_timer(&self, ms: ngx_msec_t) {
         // SAFETY: a live event; nginx's timer tree is of this thread.
         unsafe { ngx_add_timer(self.as_ptr(), ms) }
     }
 
-    pub fn del_timer(self) {
+    pub fn del_timer(&self) {
         if self.timer_set() {
             // SAFETY: a live event whose timer is in the tree.
             unsafe { ngx_del_timer(self.as_ptr()) }
@@ -99,16 +105,16 @@ impl Event {
     }
 
     /// No timer and not posted: nothing of nginx's points at it any more.
-    pub fn clear(self) {
+    pub fn clear(&self) {
         self.del_timer();
-        if self.get().posted() != 0 {
+        if self.with(|e| e.posted() != 0) {
             // SAFETY: a live event in nginx's posted queue.
             unsafe { ngx_delete_posted_event(self.as_ptr()) }
         }
     }
 
-    fn watch(self, event: ngx_uint_t, on: bool) -> bool {
-        let active = self.get().active() != 0;
+    fn watch(&self, event: ngx_uint_t, on: bool) -> bool {
+        let active = self.with(|e| e.active() != 0);
         if on == active {
             return true;
         }
@@ -128,8 +134,84 @@ impl Event {
     }
 }
 
-/// A timer of the module's own, for a request (its data: what the handler needs).
-pub type Timer = Event;
+/// A timer of a request's (`Req::new_timer`), whose handler finds the
+/// request as the event's data. The event is shared by the handle and the
+/// request's pool: whichever goes first takes it out of nginx's timers,
+/// and once the pool is gone its data is null (the handler then does
+/// nothing), so a handle that outlives its request is harmless.
+#[derive(Debug)]
+pub struct Timer(Rc<TimerEvent>);
+
+/// The event of a Timer (boxed by the Rc: it does not move).
+#[derive(Debug)]
+pub struct TimerEvent(UnsafeCell<ngx_event_t>);
+
+impl TimerEvent {
+    fn event(&self) -> Event<'_> {
+        // SAFETY: the event lives as long as the TimerEvent (its Rc), which
+        // does not move; it is used one handler at a time on this thread.
+        unsafe { Event::from_raw(self.0.get()) }.expect("a timer's event")
+    }
+}
+
+/// The request pool's share of a Timer: when the pool is destroyed, the
+/// timer stops and forgets the request.
+pub(super) struct TimerInPool(pub(super) Rc<TimerEvent>);
+
+impl Drop for TimerInPool {
+    fn drop(&mut self) {
+        let ev = self.0.event();
+        ev.clear();
+        ev.set_data(std::ptr::null_mut());
+    }
+}
+
+impl Timer {
+    /// A timer (not armed) whose handler runs with `data` as the event's
+    /// data, logging to `log`; the pool's share, to move into the pool.
+    pub(super) fn new(data: *mut c_void, handler: ngx_event_handler_pt, log: Log) -> (Timer, TimerInPool) {
+        // SAFETY: all-zero is the initial state of an event.
+        let te = Rc::new(TimerEvent(UnsafeCell::new(unsafe { std::mem::zeroed() })));
+        let ev = te.event();
+        ev.set_data(data);
+        ev.set_handler(handler);
+        ev.set_log(log);
+        let pool_share = TimerInPool(Rc::clone(&te));
+        (Timer(te), pool_share)
+    }
+
+    /// Arms the timer (re-arms it if set), unless its request is gone.
+    pub fn add_timer(&self, ms: ngx_msec_t) {
+        let ev = self.0.event();
+        if !ev.data().is_null() {
+            ev.add_timer(ms);
+        }
+    }
+
+    pub fn del_timer(&self) {
+        self.0.event().del_timer();
+    }
+
+    /// No timer and not posted.
+    pub fn clear(&self) {
+        self.0.event().clear();
+    }
+
+    pub fn timer_set(&self) -> bool {
+        self.0.event().timer_set()
+    }
+
+    /// Whether its timer fired; the flag is cleared.
+    pub fn take_timedout(&self) -> bool {
+        self.0.event().take_timedout()
+    }
+}
+
+impl Drop for Timer {
+    fn drop(&mut self) {
+        self.0.event().clear();
+    }
+}
 
 /// An nginx connection that watches a socket of the module's.
 #[derive(Debug)]
@@ -165,7 +247,7 @@ impl Socket {
         // is made; the connection is live (as the caller promises).
         unsafe {
             match ngx_event_actions.del_conn {
-                Some(del_conn) if s.read().get().active() != 0 => {
+                Some(del_conn) if s.read().with(|e| e.active() != 0) => {
                     del_conn(c.as_ptr(), 0);
                 }
                 _ => {
@@ -177,12 +259,13 @@ impl Socket {
         s
     }
 
-    // A handle to nginx's connection, like a raw pointer (see Event::get).
-    #[allow(clippy::mut_from_ref)]
-    fn get_mut(&self) -> &mut ngx_connection_t {
+    /// nginx's connection for `f`, borrowed for the call only (see
+    /// Event::with).
+    fn with<T>(&self, f: impl FnOnce(&mut ngx_connection_t) -> T) -> T {
         // SAFETY: the connection is live until released or closed (which
-        // consume the Socket); handlers run one at a time on this thread.
-        unsafe { &mut *self.0.as_ptr() }
+        // consume the Socket); handlers run one at a time on this thread,
+        // and `f` makes no other reference to it.
+        f(unsafe { &mut *self.0.as_ptr() })
     }
 
     pub fn as_ptr(&self) -> *mut ngx_connection_t {
@@ -199,22 +282,22 @@ impl Socket {
     }
 
     pub fn fd(&self) -> c_int {
-        self.get_mut().fd
+        self.with(|c| c.fd)
     }
 
-    pub fn read(&self) -> Event {
+    pub fn read(&self) -> Event<'_> {
         // SAFETY: a live connection's read event lives as long as it.
-        unsafe { Event::from_raw(self.get_mut().read) }.expect("nginx connections have events")
+        unsafe { Event::from_raw(self.with(|c| c.read)) }.expect("nginx connections have events")
     }
 
-    pub fn write(&self) -> Event {
+    pub fn write(&self) -> Event<'_> {
         // SAFETY: as for read.
-        unsafe { Event::from_raw(self.get_mut().write) }.expect("nginx connections have events")
+        unsafe { Event::from_raw(self.with(|c| c.write)) }.expect("nginx connections have events")
     }
 
     /// What the handlers find in the connection's data.
     pub fn set_data(&self, data: *mut c_void) {
-        self.get_mut().data = data;
+        self.with(|c| c.data = data);
     }
 
     pub fn set_handler(&self, handler: ngx_event_handler_pt) {
@@ -223,19 +306,19 @@ impl Socket {
     }
 
     pub fn set_log(&self, log: Log) {
-        self.get_mut().log = log.as_ptr();
+        self.with(|c| c.log = log.as_ptr());
         self.read().set_log(log);
         self.write().set_log(log);
     }
 
     /// Idle: nginx may close it when it shuts down (it then sets `close`).
     pub fn set_idle(&self, idle: bool) {
-        self.get_mut().set_idle(idle as u32);
+        self.with(|c| c.set_idle(idle as u32));
     }
 
     /// nginx asks for it to be closed (shutdown).
     pub fn close_requested(&self) -> bool {
-        self.get_mut().close() != 0
+        self.with(|c| c.close()) != 0
     }
 
     /// Watches readability (level-triggered, so no readiness is lost).
@@ -282,7 +365,7 @@ impl Socket {
         // SAFETY: the event module's actions are set; the events are live.
         unsafe {
             for (ev, what) in [(read, READ_EVENT), (write, WRITE_EVENT)] {
-                if ev.get().active() != 0 {
+                if ev.with(|e| e.active() != 0) {
                     if let Some(del) = ngx_event_actions.del {
                         del(ev.as_ptr(), what as ngx_int_t, flags);
                     }
@@ -290,7 +373,7 @@ impl Socket {
             }
             ngx_free_connection(self.as_ptr());
         }
-        self.get_mut().fd = -1;
+        self.with(|c| c.fd = -1);
     }
 
     /// The owner's library closed this socket and made another (`fd`): the
@@ -298,11 +381,8 @@ impl Socket {
     /// nothing watched yet. (The closed one left epoll with its close.)
     /// False when nginx has no free connection (the old one stays).
     pub fn follow(&mut self, fd: c_int) -> bool {
-        let (data, handler, log) = {
-            let c = self.get_mut();
-            // SAFETY: a live connection's read event and log.
-            unsafe { (c.data, (*c.read).handler, Log::from_raw(c.log)) }
-        };
+        // SAFETY: a live connection's read event and log.
+        let (data, handler, log) = self.with(|c| unsafe { (c.data, (*c.read).handler, Log::from_raw(c.log)) });
         // (The new one first: with nginx's free list empty the old one
         // stays, for its owner to give back as usual. With an fd map, nginx
         // keeps a slot for the new one and frees the old one's only if it

@@ -11,6 +11,7 @@ pub mod balancer;
 pub mod buf;
 pub mod conf;
 pub mod event;
+pub mod hold;
 pub mod log;
 pub mod net;
 pub mod pool;

@@ -8,8 +8,10 @@ use std::ptr::{self, NonNull};
 
 use super::*;
 
-/// A pool of nginx's (a request's, a connection's or the configuration's).
-#[derive(Debug, Clone, Copy)]
+/// A pool of nginx's (a request's, a connection's or the configuration's):
+/// a handle, not a copy (each comes from what owns the pool: `Req::pool`,
+/// `Conf::pool`).
+#[derive(Debug)]
 pub struct Pool(NonNull<ngx_pool_t>);
 
 unsafe extern "C" fn drop_value<T>(data: *mut c_void) {
@@ -22,18 +24,18 @@ unsafe extern "C" fn drop_value<T>(data: *mut c_void) {
 
 impl Pool {
     /// # Safety
-    /// `pool` must be a live pool that outlives every use of the copy.
+    /// `pool` must be a live pool that outlives every use of the handle.
     pub unsafe fn from_raw(pool: *mut ngx_pool_t) -> Option<Pool> {
         NonNull::new(pool).map(Pool)
     }
 
-    pub fn as_ptr(self) -> *mut ngx_pool_t {
+    pub fn as_ptr(&self) -> *mut ngx_pool_t {
         self.0.as_ptr()
     }
 
     /// Moves `value` into the pool; it is dropped when the pool is
     /// destroyed. The pointer is valid as long as the pool.
-    pub fn alloc<T>(self, value: T) -> Option<NonNull<T>> {
+    pub fn alloc<T>(&self, value: T) -> Option<NonNull<T>> {
         const { assert!(mem::align_of::<T>() <= NGX_ALIGNMENT) };
         // SAFETY: the pool is live; ngx_palloc returns memory aligned to
         // NGX_ALIGNMENT (checked above) or null.
@@ -59,7 +61,7 @@ impl Pool {
     /// its text (`127.0.0.1:7000`, `[::1]:7000`), all in the pool. The same
     /// address always gives the same bytes (nginx's keepalive cache
     /// compares them).
-    pub fn peer_addr(self, addr: std::net::SocketAddr) -> Option<(*mut sockaddr, socklen_t, *mut ngx_str_t)> {
+    pub fn peer_addr(&self, addr: std::net::SocketAddr) -> Option<(*mut sockaddr, socklen_t, *mut ngx_str_t)> {
         use std::net::SocketAddr;
         let (sa, len) = match addr {
             SocketAddr::V4(a) => {
@@ -87,7 +89,7 @@ impl Pool {
     }
 
     /// Copies bytes into the pool, as an ngx_str_t that lives as long as it.
-    pub fn str(self, b: &[u8]) -> Option<ngx_str_t> {
+    pub fn str(&self, b: &[u8]) -> Option<ngx_str_t> {
         // SAFETY: the pool is live; a non-null result has room for b.len() bytes.
         let data = unsafe { ngx_pnalloc(self.as_ptr(), b.len().max(1)) } as *mut u8;
         if data.is_null() {
@@ -100,16 +102,25 @@ impl Pool {
 
     /// Zeroed memory for one C struct of nginx's (a buffer, a resolved
     /// address ...), valid as long as the pool.
-    pub fn calloc<T: Zeroable>(self) -> Option<NonNull<T>> {
+    pub fn calloc<T: Zeroable>(&self) -> Option<NonNull<T>> {
         // SAFETY: the pool is live; zeroed memory is a valid T (Zeroable).
         NonNull::new(unsafe { ngx_pcalloc(self.as_ptr(), mem::size_of::<T>()) } as *mut T)
     }
 
     /// A chain link of the pool.
-    pub fn chain_link(self) -> Option<NonNull<ngx_chain_t>> {
+    pub fn chain_link(&self) -> Option<NonNull<ngx_chain_t>> {
         // SAFETY: the pool is live.
         NonNull::new(unsafe { ngx_alloc_chain_link(self.as_ptr()) })
     }
+}
+
+/// The pool of the cycle the worker runs (its configuration's): what is
+/// moved into it goes when the worker ends (or, without a master process,
+/// when a reload's configuration replaces it).
+pub fn cycle_pool() -> Option<Pool> {
+    // SAFETY: the current cycle, set before any module runs and live while
+    // it is current; its pool lives as long as it.
+    unsafe { ngx_cycle.as_ref().and_then(|c| Pool::from_raw(c.pool)) }
 }
 
 /// nginx's C structs for which all-zero bytes are a valid, empty value.
@@ -128,6 +139,8 @@ unsafe impl Zeroable for ngx_http_complex_value_t {}
 unsafe impl Zeroable for ngx_http_upstream_conf_t {}
 // SAFETY: as above (an event's initial state is all zero: no timer, not posted).
 unsafe impl Zeroable for ngx_event_t {}
+// SAFETY: as above (ngx_get_connection zeroes a connection it hands out).
+unsafe impl Zeroable for ngx_connection_t {}
 
 /// An all-zero value of a C struct: nginx's "unset" for configuration data.
 pub fn zeroed<T: Zeroable>() -> T {

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
 
 use super::conf::ComplexValue;
+pub use super::hold::Posted;
 use super::*;
 
 /// A request (`ngx_http_request_t`), as a handler receives it.
@@ -55,7 +56,9 @@ fn keep_across_filters(m: &'static ngx_module_t) {
 impl Req {
     /// # Safety
     /// `r` must be a live request that outlives `'a`, and no other reference
-    /// to it may be used while this one is.
+    /// to it may be used while this one is. Nothing may finalize it during
+    /// `'a` unless an outer `hold` keeps it (`hold` is the way to lend a
+    /// request to code that may end it).
     pub unsafe fn from_raw<'a>(r: *mut ngx_http_request_t) -> &'a mut Req {
         // SAFETY: see above; Req is a transparent wrapper.
         unsafe { &mut *(r as *mut Req) }
@@ -73,18 +76,19 @@ impl Req {
         &mut self.0
     }
 
-    // The connection is nginx's, not part of the request struct: a handle
-    // (see Event::get).
-    #[allow(clippy::mut_from_ref)]
-    fn connection(&self) -> &mut ngx_connection_t {
+    /// The client connection for `f`, borrowed for the call only (it is
+    /// nginx's, not part of the request struct: see Event::with). Every `f`
+    /// here reads or writes its fields and calls nothing back.
+    fn connection<T>(&self, f: impl FnOnce(&mut ngx_connection_t) -> T) -> T {
         // SAFETY: a live request has a live client connection, used by one
-        // handler at a time on this thread.
-        unsafe { &mut *self.0.connection }
+        // handler at a time on this thread; `f` makes no other reference
+        // to it.
+        f(unsafe { &mut *self.0.connection })
     }
 
     /// Bytes written to the client connection so far.
     pub fn bytes_sent(&self) -> i64 {
-        self.connection().sent
+        self.connection(|c| c.sent)
     }
 
     /// The client connection, as a pointer (for calls that outlive the request).
@@ -95,7 +99,7 @@ impl Req {
     /// The client connection's log (with the request's context in lines).
     pub fn log(&self) -> Log {
         // SAFETY: the connection's log lives as long as the connection.
-        unsafe { Log::from_raw(self.connection().log) }
+        unsafe { Log::from_raw(self.connection(|c| c.log)) }
     }
 
     /// Lines logged from now on name this request (as ngx_http_set_log_request does).
@@ -103,7 +107,7 @@ impl Req {
         // SAFETY: an http connection's log is live, and its data is its
         // ngx_http_log_ctx_t.
         unsafe {
-            if let Some(log) = self.connection().log.as_ref() {
+            if let Some(log) = self.connection(|c| c.log).as_ref() {
                 if let Some(ctx) = (log.data as *mut ngx_http_log_ctx_t).as_mut() {
                     ctx.current_request = self.as_ptr();
                 }
@@ -114,14 +118,14 @@ impl Req {
     /// What the error log says the request was doing ("... while reading result").
     pub fn set_log_action(&self, action: &'static CStr) {
         // SAFETY: the connection's log is live; the text is static.
-        if let Some(log) = unsafe { self.connection().log.as_mut() } {
+        if let Some(log) = unsafe { self.connection(|c| c.log).as_mut() } {
             log.action = action.as_ptr() as *mut _;
         }
     }
 
     /// The client connection broke (nginx will not send more to it).
     pub fn client_error(&self) -> bool {
-        self.connection().error() != 0
+        self.connection(|c| c.error() != 0)
     }
 
     pub fn method(&self) -> u32 {
@@ -217,7 +221,7 @@ impl Req {
     /// (after output that did not all go out).
     pub fn watch_writable(&mut self) -> bool {
         // SAFETY: a live request's client connection and its write event.
-        unsafe { ngx_handle_write_event(self.connection().write, 0) == OK }
+        unsafe { ngx_handle_write_event(self.connection(|c| c.write), 0) == OK }
     }
 
     /// The query string (after `?`).
@@ -245,7 +249,7 @@ impl Req {
         &mut self,
         status: ngx_uint_t,
         len: usize,
-        chain: impl FnOnce(Pool, bool) -> Option<*mut ngx_chain_t>,
+        chain: impl FnOnce(&Pool, bool) -> Option<*mut ngx_chain_t>,
     ) -> ngx_int_t {
         self.set_status(status);
         self.set_content_length(len as off_t);
@@ -259,7 +263,7 @@ impl Req {
             return self.send_last();
         }
         let last = self.is_main();
-        match chain(self.pool(), last) {
+        match chain(&self.pool(), last) {
             // SAFETY: the chain was built in the request's pool.
             Some(chain) => unsafe { self.output_filter(chain) },
             None => ERROR,
@@ -415,12 +419,13 @@ impl Req {
         if size > 0 && unsafe { ngx_read_file(&mut tf.file, data.as_mut_ptr(), size, 0) } != size as isize {
             return false;
         }
-        let Some(b) = buf::memory(self.pool(), data) else {
+        let pool = self.pool();
+        let Some(b) = buf::memory(&pool, data) else {
             return false;
         };
         // SAFETY: b is a fresh buffer of the request's pool.
         unsafe { (*b.as_ptr()).set_last_buf(1) };
-        let mut chain = Chain::new(self.pool());
+        let mut chain = Chain::new(&pool);
         if chain.push(b).is_none() {
             return false;
         }
@@ -577,8 +582,14 @@ impl Req {
         self.through_filters(|r| unsafe { ngx_http_send_special(r.as_ptr(), NGX_HTTP_LAST as ngx_uint_t) })
     }
 
+    /// Ends the request (nginx's ngx_http_finalize_request). It is not
+    /// freed meanwhile: every `&mut Req` is lent by `Req::hold`, whose
+    /// reference keeps it (nginx frees it, if this was the end, when the
+    /// hold is over), so using it after this call is not undefined, only
+    /// pointless.
     pub fn finalize(&mut self, rc: ngx_int_t) {
-        // SAFETY: a live request; nginx may free it: the caller does not use it after.
+        // SAFETY: a live request, held (see above): nginx cannot free it
+        // during the call.
         unsafe { ngx_http_finalize_request(self.as_ptr(), rc) }
     }
 
@@ -586,7 +597,7 @@ impl Req {
     /// finalize (and free) the request, to run the subrequests posted
     /// meanwhile once it returns, as nginx's own handlers do.
     pub fn posted(&self) -> Posted {
-        Posted(self.0.connection)
+        Posted::of(self.0.connection)
     }
 
     /// One more reference to the main request (kept until finalized).
@@ -610,9 +621,9 @@ impl Req {
     }
 
     /// The client connection's write event.
-    pub fn client_write(&self) -> Event {
+    pub fn client_write(&self) -> Event<'_> {
         // SAFETY: the client connection's events live as long as it.
-        unsafe { Event::from_raw(self.connection().write) }.expect("a connection has events")
+        unsafe { Event::from_raw(self.connection(|c| c.write)) }.expect("a connection has events")
     }
 
     /// Waits until the client can take more: the write event armed, with
@@ -640,7 +651,7 @@ impl Req {
 
     /// The client did not read within send_timeout: mark the connection.
     pub fn set_client_timed_out(&mut self) {
-        self.connection().set_timedout(1);
+        self.connection(|c| c.set_timedout(1));
     }
 
     /// nginx's upstream of the request, once created.
@@ -744,8 +755,8 @@ impl Req {
     /// response time is the stream's, set when the request ends.
     pub fn set_stream_upstream(
         &mut self,
-        block: *mut ngx_http_upstream_srv_conf_t,
-        tag: *const ngx_module_t,
+        block: Option<&'static ngx_http_upstream_srv_conf_t>,
+        tag: &'static ngx_module_t,
         servers: &[String],
     ) -> bool {
         let pool = self.pool();
@@ -754,8 +765,8 @@ impl Req {
         };
         let u = u.raw_mut();
         // (The block, or null, lives as long as the configuration.)
-        u.upstream = block;
-        u.output.tag = tag as ngx_buf_tag_t;
+        u.upstream = block.map_or(std::ptr::null_mut(), |b| std::ptr::from_ref(b).cast_mut());
+        u.output.tag = std::ptr::from_ref(tag) as ngx_buf_tag_t;
         u.start_time = current_msec();
         if self.0.upstream_states.is_null() {
             // SAFETY: a live request; the array goes in its pool.
@@ -783,20 +794,16 @@ impl Req {
             st.connect_time = 0;
             st.header_time = 0;
         }
-        self.add_request_cleanup(stream_upstream_end)
+        self.add_request_cleanup(super::upstream::stream_upstream_end)
     }
 
-    /// A timer in the request's pool (it goes with the request: its owner
-    /// clears it in the request's cleanup), whose handler finds the request
-    /// as the event's data.
+    /// A timer of the request's (it stops when the request's pool goes, or
+    /// when the handle is dropped), whose handler finds the request as the
+    /// event's data.
     pub fn new_timer(&mut self, handler: ngx_event_handler_pt) -> Option<Timer> {
-        let ev = self.pool().calloc::<ngx_event_t>()?;
-        // SAFETY: fresh zeroed memory of the request's pool, a valid event.
-        let ev = unsafe { Event::from_raw(ev.as_ptr()) }?;
-        ev.set_data(self.as_ptr().cast());
-        ev.set_handler(handler);
-        ev.set_log(self.log());
-        Some(ev)
+        let (timer, in_pool) = Timer::new(self.as_ptr().cast(), handler, self.log());
+        self.pool().alloc(in_pool)?;
+        Some(timer)
     }
 
     /// Runs `handler(data)` when the request ends, however it ends (nginx's
@@ -870,20 +877,6 @@ impl Req {
     }
 }
 
-/// A client connection whose posted subrequests run after a handler
-/// (`Req::posted`). The request may be gone by then; the connection is not:
-/// nginx's connections live in the worker's array, and a request freed or a
-/// connection closed marks it `destroyed`, which nginx checks first.
-pub struct Posted(*mut ngx_connection_t);
-
-impl Posted {
-    pub fn run(self) {
-        // SAFETY: a connection of the worker's array (see above);
-        // ngx_http_run_posted_requests returns at once when it is destroyed.
-        unsafe { ngx_http_run_posted_requests(self.0) }
-    }
-}
-
 /// Makes a variable's value slot hold `s` (bytes that live as long as the
 /// request), found and cacheable.
 pub fn fill_variable(v: &mut ngx_variable_value_t, s: ngx_str_t) {
@@ -906,27 +899,4 @@ pub fn fill_variable(v: &mut ngx_variable_value_t, s: ngx_str_t) {
         v.set_not_found(0);
         v.set_escape(0);
     }
-}
-
-/// The end of a stream that `set_stream_upstream` set up: its servers'
-/// response time is the stream's.
-unsafe extern "C" fn stream_upstream_end(data: *mut std::ffi::c_void) {
-    guard(Log::cycle(), "stream upstream end", (), || {
-        // SAFETY: the request the cleanup was added to, still live while
-        // its cleanups run; its upstream and states are in its pool.
-        unsafe {
-            let r = &mut *(data as *mut ngx_http_request_t);
-            let (Some(u), Some(a)) = (r.upstream.as_ref(), r.upstream_states.as_ref()) else {
-                return;
-            };
-            if a.elts.is_null() {
-                return;
-            }
-            let took = current_msec().wrapping_sub(u.start_time);
-            let states = std::slice::from_raw_parts_mut(a.elts as *mut ngx_http_upstream_state_t, a.nelts);
-            for st in states.iter_mut().filter(|st| st.response_time == ngx_msec_t::MAX) {
-                st.response_time = took;
-            }
-        }
-    })
 }

@@ -26,7 +26,7 @@ pub struct SslFiles {
     pub session_reuse: bool,
 }
 
-impl Conf {
+impl Conf<'_> {
     /// A TLS client context in configuration memory, freed with it. On
     /// failure nginx has logged why (a file that does not load, say).
     pub fn ssl_context(&self, files: &SslFiles) -> Result<NonNull<ngx_ssl_t>, ConfError> {

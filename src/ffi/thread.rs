@@ -53,12 +53,11 @@ struct Task<W> {
 }
 
 /// Runs `run` on a thread of the pool, then `done` in the event loop (with
-/// the work back). Err(work): no thread to be had; run it in place.
-///
-/// # Safety
-/// `run` must touch nothing but `work`, and nothing else may use what
-/// `work` refers to until `done` is called.
-pub unsafe fn post<W: 'static>(work: W, run: fn(&mut W), done: fn(W)) -> Result<(), W> {
+/// the work back). Err(work): no thread to be had; run it in place. The
+/// work crosses to the thread and back (`Send`); `run`, a plain function,
+/// reaches nothing else of the worker's (its thread-locals are the
+/// thread's own, its statics `Sync`).
+pub fn post<W: Send + 'static>(work: W, run: fn(&mut W), done: fn(W)) -> Result<(), W> {
     let Some(tp) = pool() else { return Err(work) };
     let task = Box::new(Task {
         // SAFETY: all-zero is the initial state of a task and its event.

@@ -131,7 +131,7 @@ impl Upstream {
 
     /// The server is named at run time (`*_pass $variable`): an upstream
     /// block by name, or an address.
-    pub fn set_resolved(&mut self, pool: Pool, host: ngx_str_t, addr: Option<&ngx_addr_t>, port: u16) -> bool {
+    pub fn set_resolved(&mut self, pool: &Pool, host: ngx_str_t, addr: Option<&ngx_addr_t>, port: u16) -> bool {
         let Some(res) = pool.calloc::<ngx_http_upstream_resolved_t>() else {
             return false;
         };
@@ -154,7 +154,7 @@ impl Upstream {
 
     /// The server is a numeric `host:port` or `unix:/path` named at run
     /// time (no name is resolved). False when the value is not one.
-    pub fn set_resolved_address(&mut self, pool: Pool, value: &[u8]) -> bool {
+    pub fn set_resolved_address(&mut self, pool: &Pool, value: &[u8]) -> bool {
         if value.is_empty() {
             return false;
         }
@@ -247,8 +247,9 @@ impl Upstream {
         unsafe { ngx_event_connect_peer(&mut self.0.peer) }
     }
 
-    pub fn set_request_bufs(&mut self, chain: *mut ngx_chain_t) {
-        self.0.request_bufs = chain;
+    /// What is sent to the server: a chain built in the request's pool.
+    pub fn set_request_bufs(&mut self, chain: Chain<'_>) {
+        self.0.request_bufs = chain.into_raw();
     }
 
     pub fn set_header_sent(&mut self) {
@@ -303,7 +304,7 @@ impl std::ops::DerefMut for Upstream {
 impl Reply {
     /// Appends a buffer of `data` (memory that lives as long as the
     /// request) to the output chain.
-    fn append_out(&mut self, pool: Pool, data: &[u8]) -> bool {
+    fn append_out(&mut self, pool: &Pool, data: &[u8]) -> bool {
         // SAFETY: the upstream's free buffers are of the request's pool.
         let cl = unsafe { ngx_chain_get_free_buf(pool.as_ptr(), &mut self.0.free_bufs) };
         // SAFETY: a fresh link with a buffer, from nginx.
@@ -358,7 +359,7 @@ impl Reply {
     /// The try that ends now (process_header's NGX_HTTP_UPSTREAM_INVALID_HEADER)
     /// is not the server's failure: its balancer is not told it failed
     /// (balancer::not_failed). False when the pool has no memory for it.
-    pub fn not_failed(&mut self, pool: Pool) -> bool {
+    pub fn not_failed(&mut self, pool: &Pool) -> bool {
         super::balancer::not_failed(pool, &mut self.0.peer)
     }
 
@@ -366,7 +367,7 @@ impl Reply {
     /// bits) from now on, whatever the location's `*_next_upstream` says:
     /// the request's settings become a copy of them (in the pool) with
     /// those bits. False when the pool has no memory for it.
-    pub fn next_upstream_on(&mut self, pool: Pool, ft: ngx_uint_t) -> bool {
+    pub fn next_upstream_on(&mut self, pool: &Pool, ft: ngx_uint_t) -> bool {
         // SAFETY: the settings installed (configuration memory, or a copy
         // in the request's pool).
         let Some(conf) = (unsafe { self.0.conf.as_ref() }) else {
@@ -432,7 +433,7 @@ impl Reply {
 
     /// Passes bytes of the upstream's buffer on to the client (the
     /// non-buffered input filter's way). Bytes from anywhere else are refused.
-    pub fn emit(&mut self, pool: Pool, data: &[u8]) -> bool {
+    pub fn emit(&mut self, pool: &Pool, data: &[u8]) -> bool {
         let b = &self.0.buffer;
         let (start, end) = (data.as_ptr() as usize, data.as_ptr() as usize + data.len());
         if start < b.start as usize || end > b.end as usize {
@@ -443,7 +444,7 @@ impl Reply {
 
     /// Passes bytes of the module's own on to the client, copied into the
     /// request's pool.
-    pub fn emit_copy(&mut self, pool: Pool, data: &[u8]) -> bool {
+    pub fn emit_copy(&mut self, pool: &Pool, data: &[u8]) -> bool {
         match pool.str(data) {
             // SAFETY: a copy in the request's pool, which outlives the output.
             Some(s) => self.append_out(pool, unsafe { std::slice::from_raw_parts(s.data, s.len) }),
@@ -469,4 +470,27 @@ impl Reply {
     pub fn set_length(&mut self, n: off_t) {
         self.0.length = n;
     }
+}
+
+/// The end of a stream that `set_stream_upstream` set up: its servers'
+/// response time is the stream's.
+pub(super) unsafe extern "C" fn stream_upstream_end(data: *mut std::ffi::c_void) {
+    guard(Log::cycle(), "stream upstream end", (), || {
+        // SAFETY: the request the cleanup was added to, still live while
+        // its cleanups run; its upstream and states are in its pool.
+        unsafe {
+            let r = &mut *(data as *mut ngx_http_request_t);
+            let (Some(u), Some(a)) = (r.upstream.as_ref(), r.upstream_states.as_ref()) else {
+                return;
+            };
+            if a.elts.is_null() {
+                return;
+            }
+            let took = current_msec().wrapping_sub(u.start_time);
+            let states = std::slice::from_raw_parts_mut(a.elts as *mut ngx_http_upstream_state_t, a.nelts);
+            for st in states.iter_mut().filter(|st| st.response_time == ngx_msec_t::MAX) {
+                st.response_time = took;
+            }
+        }
+    })
 }

@@ -203,7 +203,7 @@ fn start(r: &mut Req) -> Result<ngx_int_t, Error> {
     let pool = r.pool();
     let u = r.create_upstream().ok_or(Kind::Nginx)?;
     let block = match &backend {
-        Some(name) => resolve(u, pool, umcf, name, mcf.owner_of)?,
+        Some(name) => resolve(u, &pool, umcf, name, mcf.owner_of)?,
         None => lcf.upstream.upstream.cast_const(),
     };
     // A password Redis refused less than a second ago: 502 at once.
@@ -311,7 +311,7 @@ fn start(r: &mut Req) -> Result<ngx_int_t, Error> {
 /// known backend. The upstream block, when it is one.
 fn resolve(
     u: &mut Upstream,
-    pool: Pool,
+    pool: &Pool,
     umcf: &ngx_http_upstream_main_conf_t,
     name: &[u8],
     owner_of: Option<crate::common::upstream::OwnerOf>,

@@ -74,7 +74,7 @@ pub fn start(r: &mut Req, lcf: &CacheLocConf) -> Result<ngx_int_t, Refusal> {
         &key,
         valid_key,
         sse::Source {
-            block: lcf.upstream.upstream,
+            block: crate::ffi::conf::block_of(&lcf.upstream),
             every: lcf.subscribe_heartbeat,
             buffers_max,
             retry: lcf.subscribe_retry,

@@ -34,7 +34,7 @@ pub fn start(r: &mut Req, lcf: &CacheLocConf) -> Result<ngx_int_t, Refused> {
         &channel,
         pubsub::valid_channel,
         sse::Source {
-            block: lcf.upstream.upstream,
+            block: crate::ffi::conf::block_of(&lcf.upstream),
             every: lcf.subscribe_heartbeat,
             buffers_max,
             retry: lcf.subscribe_retry,

@@ -63,7 +63,7 @@ pub(super) fn build_request(r: &mut Req) -> bool {
             len,
         );
         ctx.exchange = plan.exchange;
-        let mut chain = Chain::new(pool);
+        let mut chain = Chain::new(&pool);
         let built = chain.push_bytes(plan.head).is_some()
             && body.into_iter().all(|b| chain.push(b).is_some())
             && (plan.tail.is_empty() || chain.push_bytes(plan.tail).is_some());
@@ -72,7 +72,7 @@ pub(super) fn build_request(r: &mut Req) -> bool {
         }
         chain.mark_flush();
         let Some(u) = r.upstream() else { return false };
-        u.set_request_bufs(chain.into_raw());
+        u.set_request_bufs(chain);
         true
     }
 }
@@ -265,7 +265,7 @@ request_handler! {
                 // An error reply: Redis's answer, never the server's
                 // failure (see error_reply).
                 Event::Failed(e) if e.not_now() || matches!(e, ReplyError::Failed { .. }) => {
-                    return error_reply(u, ctx, pool, log, &e);
+                    return error_reply(u, ctx, &pool, log, &e);
                 }
                 Event::Failed(e) => {
                     log!(NGX_LOG_ERR, log, "cache: {e}");
@@ -315,7 +315,7 @@ fn node_name(u: &Reply) -> String {
 /// (as a cluster's redirections do), so that a promoted replica serves as
 /// soon as it can. Another error reply (WRONGTYPE, ERR ...) is Redis's
 /// answer to the command: 502, or the next server with invalid_response.
-fn error_reply(u: &mut Reply, ctx: &mut Ctx, pool: Pool, log: Log, e: &ReplyError) -> ngx_int_t {
+fn error_reply(u: &mut Reply, ctx: &mut Ctx, pool: &Pool, log: Log, e: &ReplyError) -> ngx_int_t {
     if e.not_now() {
         let node = node_name(u);
         log!(
@@ -363,7 +363,7 @@ input_filter_init_handler! {
         u.set_length(ctx.exchange.expects_more() as off_t);
         if let (Some(b), true) = (ctx.exchange.answer_body(), ctx.answered) {
             // (Before any bytes after the header: they are replies, not body.)
-            if !u.emit_copy(pool, &b) {
+            if !u.emit_copy(&pool, &b) {
                 return ERROR;
             }
         }
@@ -394,7 +394,7 @@ input_filter_handler! {
             match event {
                 // (Value bytes are never carried: only partial reply lines are.)
                 Event::Value(v) if !carried => {
-                    if !u.emit(pool, v) {
+                    if !u.emit(&pool, v) {
                         return ERROR;
                     }
                 }

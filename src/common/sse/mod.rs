@@ -146,7 +146,7 @@ pub enum Refused {
 /// Where a subscription comes from, as its location configures it.
 pub struct Source {
     /// The upstream block (for the metrics and `$upstream_*`).
-    pub block: *mut ngx_http_upstream_srv_conf_t,
+    pub block: Option<&'static ngx_http_upstream_srv_conf_t>,
     /// The heartbeat's period.
     pub every: ngx_msec_t,
     /// The worker's bound (`*_buffers_max`; unset: the default).
@@ -235,8 +235,8 @@ pub fn start_resuming(
         hub,
         fan,
         every: source.every,
-        // SAFETY: all-zero is the initial state of an event.
-        heartbeat: unsafe { std::mem::zeroed() },
+        // (All-zero: an event's initial state.)
+        heartbeat: crate::ffi::pool::zeroed(),
         header_out,
         ids,
     };
@@ -325,7 +325,7 @@ fn send(sub: &mut Sub, r: &mut Req) -> bool {
         // (It goes with the header: Fanout::open.)
         return true;
     }
-    let cl = match sub.out.next(r.pool()) {
+    let cl = match sub.out.next(&r.pool()) {
         Ok(Some(cl)) => cl,
         Ok(None) => return true,
         Err(_) => return false,
@@ -406,26 +406,32 @@ fn end(sub: &mut Sub, rc: ngx_int_t) {
     // What waits for it goes with its request's pool (now, or once nginx
     // has closed the connection): the source's total no longer counts it.
     sub.fan.count(std::mem::take(&mut sub.counted), 0);
-    // SAFETY: the Sub's request is live while its pool (and so the Sub) is.
-    let r = unsafe { Req::from_raw(sub.r) };
-    let c = r.connection_ptr();
-    let rc = if rc == OK && !sub.header_out && !open_header(sub, r) {
-        ERROR
-    } else {
-        rc
+    let rp = sub.r;
+    let posted = {
+        // SAFETY: the Sub's request is live while its pool (and so the Sub) is.
+        let r = unsafe { Req::from_raw(rp) };
+        r.posted()
     };
-    if rc == OK {
-        // What is queued goes before the end.
-        if let Some(cl) = sub.out.rest(r.pool()) {
-            // SAFETY: a chain of the request's pool.
-            unsafe { r.output_filter(cl) };
+    let last = |r: &mut Req| {
+        let rc = if rc == OK && !sub.header_out && !open_header(sub, r) {
+            ERROR
+        } else {
+            rc
+        };
+        if rc == OK {
+            // What is queued goes before the end.
+            if let Some(cl) = sub.out.rest(&r.pool()) {
+                // SAFETY: a chain of the request's pool.
+                unsafe { r.output_filter(cl) };
+            }
         }
-    }
-    let rc = if rc == OK { r.send_last() } else { rc };
-    r.finalize(rc);
-    // SAFETY: the client connection outlives the finalizing of its
-    // request; nothing of the request is used after this.
-    unsafe { ngx_http_run_posted_requests(c) };
+        let rc = if rc == OK { r.send_last() } else { rc };
+        r.finalize(rc);
+    };
+    // SAFETY: as above; it is lent to `last` only (the Sub, in its pool,
+    // may be gone after it).
+    unsafe { Req::hold(rp, last) };
+    posted.run();
 }
 
 /// Sends the response header of a subscription that waited for it (what
@@ -468,7 +474,7 @@ pub struct Fanout {
     /// The gateway, as the log names it.
     gateway: &'static str,
     /// The module whose buffers the events are (its tag).
-    module: fn() -> *const ngx_module_t,
+    module: fn() -> &'static ngx_module_t,
 }
 
 impl Fanout {
@@ -481,7 +487,7 @@ impl Fanout {
         slot: usize,
         bound_directive: &'static str,
         gateway: &'static str,
-        module: fn() -> *const ngx_module_t,
+        module: fn() -> &'static ngx_module_t,
     ) -> Fanout {
         Fanout {
             source,
@@ -492,7 +498,7 @@ impl Fanout {
         }
     }
 
-    fn tag(&self) -> *const ngx_module_t {
+    fn tag(&self) -> &'static ngx_module_t {
         (self.module)()
     }
 

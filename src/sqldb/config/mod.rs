@@ -9,7 +9,6 @@ pub mod replay;
 pub mod upstream;
 
 use std::ffi::{CStr, CString};
-use std::ptr::NonNull;
 use std::rc::Rc;
 
 use gateway_core::method::QuerySet;
@@ -19,8 +18,7 @@ use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, HttpModuleServerConf
 
 pub use commands::Commands;
 
-use super::driver::{ConnPool, Listener, Settings, Statement};
-use crate::common::hub::{HubRef, HubSink};
+use super::driver::{Settings, Statement};
 use crate::ffi::conf::{ComplexValue, ConfError, Position};
 use crate::ffi::*;
 
@@ -118,29 +116,17 @@ pub struct SrvConf {
     pub servers: usize,
     /// The balancer's per-request init, wrapped by the request side's.
     pub balancer_init: ngx_http_upstream_init_peer_pt,
-    /// `sqldb_keepalive` / `sqldb_pipeline` and, in each worker, its connections.
-    pub pool: ConnPool,
-    /// `sqldb_listen`'s connection in this worker (made on first use).
-    pub listener: Option<Box<Listener>>,
+    /// `sqldb_keepalive`, `sqldb_pipeline`, `sqldb_keep_role`: what each
+    /// worker's pool of the upstream follows (driver::worker holds the pool).
+    pub settings: Settings,
+    /// The upstream's name.
+    pub name: String,
     keepalive_set: bool,
     pipeline_set: bool,
     keep_role_set: bool,
 }
 
 impl SrvConf {
-    /// The listening connection of this worker (to the upstream's first
-    /// server: notifications are a server's own), made on first use.
-    pub fn listener(&mut self, sink: &'static dyn HubSink) -> Option<HubRef> {
-        if self.listener.is_none() {
-            let first = self.addrs.first()?;
-            self.listener = Some(Listener::new(first.conninfo.clone(), first.name_text(), sink));
-        }
-        let l: &mut dyn crate::common::hub::Hub = self.listener.as_deref_mut()?;
-        // SAFETY: the listener is boxed in the upstream's configuration,
-        // which outlives the worker's requests; it is never replaced.
-        Some(unsafe { HubRef::new(NonNull::from(l)) })
-    }
-
     /// The server line of a peer the balancer picked: by nginx's pointer
     /// to the address (two lines may have the same address and different
     /// parameters), else by the address itself (a balancer that copies it).
@@ -323,8 +309,8 @@ create_conf_handler! {
         addrs: Vec::new(),
         servers: 0,
         balancer_init: None,
-        pool: ConnPool::new(Settings::default()),
-        listener: None,
+        settings: Settings::default(),
+        name: String::new(),
         keepalive_set: false,
         pipeline_set: false,
         keep_role_set: false,

@@ -42,7 +42,7 @@ fn server(cf: Conf, srv: &mut SrvConf) -> Result<(), ConfError> {
     let mut keywords = Keywords::default();
     let block = cf.upstream_block();
     let flags = block.flags;
-    srv.pool.name = std::rc::Rc::from(String::from_utf8_lossy(block.host.as_bytes()).as_ref());
+    srv.name = String::from_utf8_lossy(block.host.as_bytes()).into_owned();
     for &a in &args[2..] {
         let text = String::from_utf8_lossy(a);
         let (needed, ok) = if let Some(v) = a.strip_prefix(b"weight=") {
@@ -109,7 +109,6 @@ fn server(cf: Conf, srv: &mut SrvConf) -> Result<(), ConfError> {
     }
     cf.add_upstream_server(&url, &params)?;
     srv.servers += 1;
-    srv.pool.servers = srv.addrs.len();
     Ok(())
 }
 
@@ -122,7 +121,7 @@ directive_handler! {
         }
         srv.keepalive_set = true;
         let args = cf.args();
-        let s = &mut srv.pool.settings;
+        let s = &mut srv.settings;
         if args.len() == 2 && args[1].eq_ignore_ascii_case(b"off") {
             s.max = 0;
             return Ok(());
@@ -180,7 +179,7 @@ directive_handler! {
         }
         srv.pipeline_set = true;
         let args = cf.args();
-        let s = &mut srv.pool.settings;
+        let s = &mut srv.settings;
         s.pipelining = on_off("sqldb_pipeline", args[1])?;
         let mut seen: Vec<&[u8]> = Vec::new();
         for &a in &args[2..] {
@@ -227,15 +226,16 @@ directive_handler! {
             return Err(crate::ffi::conf::duplicate("sqldb_keep_role"));
         }
         srv.keep_role_set = true;
-        srv.pool.settings.keep_role = on_off("sqldb_keep_role", cf.args()[1])?;
+        srv.settings.keep_role = on_off("sqldb_keep_role", cf.args()[1])?;
         Ok(())
     }
 }
 
-/// Our SrvConf of an upstream block, if the block has `sqldb_server` lines.
-pub fn sqldb_srv_conf(uscf: &ngx_http_upstream_srv_conf_t) -> Option<&'static mut SrvConf> {
+/// Our SrvConf of an upstream block, if the block has `sqldb_server` lines
+/// (read only: what changes at run time is the worker's, driver::worker).
+pub fn sqldb_srv_conf(uscf: &ngx_http_upstream_srv_conf_t) -> Option<&'static SrvConf> {
     use ngx::http::HttpModuleServerConf;
-    Sqldb::server_conf_mut(uscf).filter(|s| s.servers > 0)
+    Sqldb::server_conf(uscf).filter(|s| s.servers > 0)
 }
 
 /// The database gateway as the owner of a block of `sqldb_server` lines
@@ -304,7 +304,10 @@ fn postconfigure<E: Entries>(cf: Conf) -> Result<(), ConfError> {
     for &uscf in upstreams {
         // SAFETY: the upstream module's configurations live as long as the configuration.
         let Some(u) = (unsafe { uscf.as_mut() }) else { continue };
-        let Some(srv) = sqldb_srv_conf(u) else { continue };
+        // (While the configuration is read: its last changes.)
+        let Some(srv) = <Sqldb as ngx::http::HttpModuleServerConf>::server_conf_mut(u).filter(|s| s.servers > 0) else {
+            continue;
+        };
         // Connections are made with their password's proof computed on a
         // thread (driver::events): nginx's default pool, when it has one.
         if std::mem::take(&mut wants_threads) && !crate::ffi::thread::want_pool(cf) {

@@ -46,19 +46,20 @@ event_handler! {
         for (list, uncork) in [(&CORKED, true), (&SHOWN, false)] {
             let mut due = list.with(|c| std::mem::take(&mut *c.borrow_mut()));
             for &(pool, id) in &due {
-                // SAFETY: a pool lives in its upstream's configuration for the
-                // worker's life, and nothing else uses it while a posted event's
-                // handler runs. A connection closed since is not found (its id is
-                // stale).
-                let pool = unsafe { &mut *pool.as_ptr() };
-                if let Some(c) = pool.conn(id) {
-                    if uncork {
-                        c.uncork();
-                    } else {
-                        c.show_due = false;
-                        c.show(true);
+                let step = |pool: &mut ConnPool| {
+                    if let Some(c) = pool.conn(id) {
+                        if uncork {
+                            c.uncork();
+                        } else {
+                            c.show_due = false;
+                            c.show(true);
+                        }
                     }
-                }
+                };
+                // SAFETY: a pool is the worker's (worker) until the worker
+                // ends. A connection closed since is not found (its id is
+                // stale).
+                unsafe { super::worker::lend(pool, step) };
             }
             // (Its room serves the next pass.)
             due.clear();

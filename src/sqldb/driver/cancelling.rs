@@ -7,7 +7,7 @@ use gateway_core::metrics::Id;
 use super::cancel::{Canceller, Progress};
 use super::conn::Conn;
 use super::pq::CancelKey;
-use super::{deliver, owner, ConnId, ConnPool, Delivery};
+use super::{deliver, with_owner, worker, ConnId, ConnPool, Delivery};
 use crate::ffi::*;
 use crate::{log, metrics};
 
@@ -17,13 +17,15 @@ const CANCEL_TIMEOUT: ngx_msec_t = 5_000;
 event_handler! {
     /// Events of a cancel request's connection.
     fn cancel_event(ev) = "sqldb cancel event", {
-        // SAFETY: the cancel connection's data is the Conn that owns it.
-        let (pool, id) = unsafe { owner(ev) };
         let timed_out = ev.take_timedout();
-        let mut out = Vec::new();
-        pool.on_cancel_event(id, timed_out, &mut out);
-        pool.show(id);
-        let sink = pool.sink;
+        let step = |pool: &mut ConnPool, id| {
+            let mut out = Vec::new();
+            pool.on_cancel_event(id, timed_out, &mut out);
+            pool.show(id);
+            (pool.sink, out)
+        };
+        // SAFETY: the cancel connection's data is the Conn that owns it.
+        let (sink, out) = unsafe { with_owner(&ev, step) };
         deliver(sink, out);
     }
 }
@@ -33,20 +35,23 @@ event_handler! {
     /// still runs.
     pub(super) fn cancel_again_event(ev) = "sqldb cancel timer", {
         // SAFETY: the timer's data is its live, boxed Conn (the timer is
-        // dropped with it); the Conn's pool lives in the upstream's
-        // configuration, and nothing else uses it while a handler runs.
+        // dropped with it).
         let (pool, id) = unsafe {
             let conn = &*(ev.data() as *const Conn);
-            (&mut *conn.pool.as_ptr(), conn.id)
+            (conn.pool, conn.id)
         };
         ev.take_timedout();
-        let mut out = Vec::new();
-        if let Some(c) = pool.conn(id) {
-            let steps = c.pipeline.cancel_again();
-            pool.apply(id, steps, &mut out);
-        }
-        pool.show(id);
-        let sink = pool.sink;
+        let step = |pool: &mut ConnPool| {
+            let mut out = Vec::new();
+            if let Some(c) = pool.conn(id) {
+                let steps = c.pipeline.cancel_again();
+                pool.apply(id, steps, &mut out);
+            }
+            pool.show(id);
+            (pool.sink, out)
+        };
+        // SAFETY: a Conn's pool is the worker's pool that owns it (worker).
+        let (sink, out) = unsafe { worker::lend(pool, step) };
         deliver(sink, out);
     }
 }

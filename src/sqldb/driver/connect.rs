@@ -26,6 +26,13 @@ pub(super) struct ConnectStep {
     delay_ms: u64,
 }
 
+// SAFETY: the step crosses to one of nginx's threads and back
+// (thread::post): there `run` uses only the session's handle, which nothing
+// else uses while the connection's `polling` is set (ConnPool::close leaves
+// the session to connect_stepped when it closes the connection meanwhile);
+// the pool is reached only back in the event loop (connect_stepped).
+unsafe impl Send for ConnectStep {}
+
 impl ConnectStep {
     fn run(&mut self) {
         if self.delay_ms > 0 {
@@ -49,15 +56,15 @@ pub(super) fn orphan(pg: PgConn) {
 
 /// Back in the event loop, from the thread.
 fn connect_stepped(step: ConnectStep) {
-    // SAFETY: a pool lives in its upstream's configuration for the
-    // worker's life, and nothing else uses it while an event's handler
-    // runs.
-    let pool = unsafe { &mut *step.pool.as_ptr() };
-    let mut out = Vec::new();
-    let id = step.id;
-    pool.connect_step_done(step, &mut out);
-    pool.show(id);
-    let sink = pool.sink;
+    let (pool, id) = (step.pool, step.id);
+    let done = |pool: &mut ConnPool| {
+        let mut out = Vec::new();
+        pool.connect_step_done(step, &mut out);
+        pool.show(id);
+        (pool.sink, out)
+    };
+    // SAFETY: a pool is the worker's (worker) until the worker ends.
+    let (sink, out) = unsafe { super::worker::lend(pool, done) };
     deliver(sink, out);
 }
 
@@ -88,10 +95,7 @@ impl ConnPool {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0),
         };
-        // SAFETY: the step touches only the session, which nothing else
-        // uses while `polling` is set (ConnPool::close leaves it to
-        // connect_stepped when it closes the connection meanwhile).
-        match unsafe { thread::post(step, ConnectStep::run, connect_stepped) } {
+        match thread::post(step, ConnectStep::run, connect_stepped) {
             Ok(()) => {
                 c.polling = true;
                 debug!(

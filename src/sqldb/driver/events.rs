@@ -12,7 +12,7 @@ use gateway_core::rds::ResultSet as _;
 use super::cancelling::cancel_again_event;
 use super::pq::{Poll, ResultKind};
 use super::terminate::{Ending, Terminator};
-use super::{deliver, owner, ConnId, ConnPool, Delivery, RowVerdict};
+use super::{deliver, with_owner, worker, ConnId, ConnPool, Delivery, RowVerdict};
 use crate::ffi::*;
 use crate::{debug, log, metrics};
 
@@ -23,20 +23,22 @@ const DRAIN_TIMEOUT: ngx_msec_t = 5_000;
 event_handler! {
     /// Read/write readiness or the timer of a database connection.
     pub(super) fn conn_event(ev) = "database connection event lookup", {
-        // SAFETY: nginx calls this handler with an event of a connection's socket.
-        let (pool, id) = unsafe { owner(ev) };
         let (timed_out, readable) = (ev.take_timedout(), !ev.is_write());
-        let mut out = super::out_list();
-        let handled = guard(Log::cycle(), "database connection event", false, || {
-            pool.on_event(id, readable, timed_out, &mut out);
-            true
-        });
-        if !handled {
-            // The connection's state is unknown after a panic: give up on it.
-            pool.broken(id, "internal error", &mut out);
-        }
-        pool.show(id);
-        let sink = pool.sink;
+        let step = |pool: &mut ConnPool, id| {
+            let mut out = super::out_list();
+            let handled = guard(Log::cycle(), "database connection event", false, || {
+                pool.on_event(id, readable, timed_out, &mut out);
+                true
+            });
+            if !handled {
+                // The connection's state is unknown after a panic: give up on it.
+                pool.broken(id, "internal error", &mut out);
+            }
+            pool.show(id);
+            (pool.sink, out)
+        };
+        // SAFETY: nginx calls this handler with an event of a connection's socket.
+        let (sink, out) = unsafe { with_owner(&ev, step) };
         deliver(sink, out);
     }
 }
@@ -46,15 +48,14 @@ event_handler! {
     pub(super) fn terminate_event(ev) = "sqldb terminate event", {
         // SAFETY: nginx calls this handler with an event of the connection of
         // a Terminator, whose data is that Terminator, boxed in its pool (the
-        // connection is released before the box is freed). The pool lives in
-        // the upstream's configuration, and nothing else uses it while a
-        // handler runs.
+        // connection is released before the box is freed).
         let (pool, key) = unsafe {
             let t = &*(ev.connection_data() as *const Terminator);
-            (&mut *t.pool.as_ptr(), t.key)
+            (t.pool, t.key)
         };
         let timed_out = ev.take_timedout();
-        pool.on_terminate_event(key, timed_out);
+        // SAFETY: a Terminator's pool is the worker's pool that owns it.
+        unsafe { worker::lend(pool, |p| p.on_terminate_event(key, timed_out)) };
     }
 }
 

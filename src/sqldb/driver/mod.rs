@@ -16,6 +16,7 @@ pub mod pq;
 mod session;
 mod spare;
 mod terminate;
+pub mod worker;
 
 use std::cell::Cell;
 use std::ffi::{CStr, CString};
@@ -200,21 +201,22 @@ pub trait Sink {
     fn deliver(&self, out: &mut Vec<Delivery>);
 }
 
-/// The connection and pool behind an event of one of the pool's sockets.
+/// Runs `f` with the pool behind an event of one of its sockets, lent for
+/// the call (worker::lend), and the connection's id.
 ///
 /// # Safety
 /// `ev` must be an event nginx passes to a handler of a database
 /// connection's socket (or of its cancel request's): its connection's data
 /// is the live `Conn`, boxed in its pool.
-unsafe fn owner(ev: Event) -> (&'static mut ConnPool, ConnId) {
+unsafe fn with_owner<T>(ev: &Event, f: impl FnOnce(&mut ConnPool, ConnId) -> T) -> T {
     // SAFETY: see above: the connection's data is the Conn (set when it was
-    // opened, and the socket is released before the Conn is freed). The
-    // Conn's pool lives in the upstream's configuration, and nothing else
-    // uses it while a handler runs.
-    unsafe {
+    // opened, and the socket is released before the Conn is freed).
+    let (pool, id) = unsafe {
         let conn = &*(ev.connection_data() as *const Conn);
-        (&mut *conn.pool.as_ptr(), conn.id)
-    }
+        (conn.pool, conn.id)
+    };
+    // SAFETY: a Conn's pool is the worker's pool that owns it (worker).
+    unsafe { worker::lend(pool, |p| f(p, id)) }
 }
 
 thread_local! {

@@ -22,13 +22,11 @@ event_handler! {
     /// `slow` after a query went out: a spare connection, if every one is
     /// held by a long query.
     pub(super) fn spare_event(ev) = "sqldb spare timer", {
-        // SAFETY: the timer's data is its pool, which owns it (the timer is
-        // dropped with the pool) and lives in the upstream's configuration,
-        // where it stays once requests come; nothing else uses the pool
-        // while a handler runs.
-        let pool = unsafe { &mut *(ev.data() as *mut ConnPool) };
         ev.take_timedout();
-        pool.keep_spare();
+        let Some(pool) = std::ptr::NonNull::new(ev.data().cast::<ConnPool>()) else { return };
+        // SAFETY: the timer's data is its pool, the worker's (worker), which
+        // owns it (the timer is dropped with the pool).
+        unsafe { super::worker::lend(pool, ConnPool::keep_spare) };
     }
 }
 

@@ -12,7 +12,7 @@ use crate::common::token as registry;
 use crate::ffi::upstream::{self, Callbacks};
 use crate::ffi::*;
 use crate::log;
-use crate::sqldb::config::upstream::{find_upstream, sqldb_srv_conf};
+use crate::sqldb::config::upstream::sqldb_srv_conf;
 use crate::sqldb::config::{LocConf, Output, Sqldb, Template, TemplatePiece, Var};
 use crate::sqldb::driver::{Query, SqlText};
 
@@ -61,14 +61,10 @@ fn start(r: &mut Req) -> ngx_int_t {
 /// `sqldb_listen`: the request subscribes (server-sent events).
 fn start_listening(r: &mut Req, lcf: &'static LocConf) -> ngx_int_t {
     let (block, srv) = match upstream_of(r, lcf) {
-        Ok(uscf) => {
-            // SAFETY: the upstream configuration lives as long as the configuration.
-            let block: Option<&'static ngx_http_upstream_srv_conf_t> = unsafe { uscf.as_ref() };
-            match block.and_then(|b| Some((b, sqldb_srv_conf(b)?))) {
-                Some(found) => found,
-                None => return HTTP_INTERNAL_SERVER_ERROR,
-            }
-        }
+        Ok(block) => match block.and_then(|b| Some((b, sqldb_srv_conf(b)?))) {
+            Some(found) => found,
+            None => return HTTP_INTERNAL_SERVER_ERROR,
+        },
         Err(e) => {
             log_failure(r.log(), &e);
             return e.status();
@@ -92,15 +88,16 @@ fn start_listening(r: &mut Req, lcf: &'static LocConf) -> ngx_int_t {
 
 /// The upstream block of the request: named in the configuration, or by a
 /// variable now.
-fn upstream_of(r: &mut Req, lcf: &LocConf) -> Result<*mut ngx_http_upstream_srv_conf_t, Error> {
+fn upstream_of(r: &mut Req, lcf: &LocConf) -> Result<Option<&'static ngx_http_upstream_srv_conf_t>, Error> {
     let Some(cv) = lcf.pass_var else {
-        return Ok(lcf.upstream.upstream);
+        return Ok(crate::ffi::conf::block_of(&lcf.upstream));
     };
     let name = r.complex_value(cv).ok_or(Kind::Nginx)?.to_vec();
     let umcf = r.main_conf::<ngx::http::NgxHttpUpstreamModule>();
-    // SAFETY: the upstream module's array of upstream configurations.
-    let upstreams = unsafe { umcf.upstreams.as_slice::<*mut ngx_http_upstream_srv_conf_t>() };
-    find_upstream(upstreams, &name).ok_or_else(|| Kind::NoUpstream(String::from_utf8_lossy(&name).into_owned()).into())
+    crate::ffi::conf::upstream_blocks(umcf)
+        .find(|u| u.host.as_bytes().eq_ignore_ascii_case(&name) && sqldb_srv_conf(u).is_some())
+        .map(Some)
+        .ok_or_else(|| Error::from(Kind::NoUpstream(String::from_utf8_lossy(&name).into_owned())))
 }
 
 request_handler! {
@@ -170,20 +167,17 @@ fn run(r: &mut Req) -> Result<(), Error> {
     let stream_format = streamable.then(|| super::output::stream_format(output)).flatten();
 
     // The upstream: named in the configuration, or by a variable now.
-    let uscf = upstream_of(r, lcf)?;
-    let by_variable = match lcf.pass_var {
-        // SAFETY: the upstream configuration lives as long as the configuration.
-        Some(_) => Some(r.pool().str(unsafe { (*uscf).host.as_bytes() }).ok_or(Kind::Nginx)?),
-        None => None,
+    let block = upstream_of(r, lcf)?;
+    let by_variable = match (lcf.pass_var, block) {
+        (Some(_), Some(b)) => Some(r.pool().str(b.host.as_bytes()).ok_or(Kind::Nginx)?),
+        _ => None,
     };
-    // SAFETY: the upstream configuration lives as long as the configuration.
-    if let Some(srv) = unsafe { uscf.as_ref() }.and_then(sqldb_srv_conf) {
-        if srv.pool.full() {
-            // SAFETY: as above.
-            let name = String::from_utf8_lossy(unsafe { (*uscf).host.as_bytes() }).into_owned();
+    if let Some((b, srv)) = block.and_then(|b| Some((b, sqldb_srv_conf(b)?))) {
+        if super::pool_of(srv, |p| p.full()) {
+            let name = String::from_utf8_lossy(b.host.as_bytes()).into_owned();
             return Err(Error::from(Kind::Busy {
                 upstream: name,
-                max: srv.pool.settings.max,
+                max: srv.settings.max,
             }));
         }
     }
@@ -191,7 +185,7 @@ fn run(r: &mut Req) -> Result<(), Error> {
     let pool = r.pool();
     let u = r.create_upstream().ok_or(Kind::Nginx)?;
     if let Some(host) = by_variable {
-        if !u.set_resolved(pool, host, None, 0) {
+        if !u.set_resolved(&pool, host, None, 0) {
             return Err(Kind::Nginx.into());
         }
     }

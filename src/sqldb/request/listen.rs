@@ -7,7 +7,7 @@
 use gateway_core::sse as format;
 
 use super::replay;
-use crate::common::hub::HubSink;
+use crate::common::hub::{HubRef, HubSink};
 use crate::common::sse::{self, Fanout, Refused, Resume};
 use crate::common::token::ReqToken;
 use crate::ffi::*;
@@ -87,12 +87,24 @@ impl HubSink for Heard {
     }
 }
 
+/// This worker's listening connection of the upstream (to its first
+/// server: notifications are a server's own), made on first use.
+fn listener(srv: &'static SrvConf) -> Option<HubRef> {
+    let first = srv.addrs.first()?;
+    crate::sqldb::driver::worker::listener(
+        super::key_of(srv),
+        || super::new_pool(srv),
+        || (first.conninfo.clone(), first.name_text()),
+        &HEARD,
+    )
+}
+
 /// Starts a subscription; what the content handler returns.
 pub fn subscribe(
     r: &mut Req,
     lcf: &'static LocConf,
     block: &'static ngx_http_upstream_srv_conf_t,
-    srv: &mut SrvConf,
+    srv: &'static SrvConf,
 ) -> Result<ngx_int_t, Refused> {
     let Some((cv, _)) = &lcf.listen else {
         return Err(Refused::Nginx);
@@ -100,15 +112,13 @@ pub fn subscribe(
     let channel = r.complex_value(*cv).ok_or(Refused::Nginx)?.to_vec();
     let buffers_max = r.main_conf::<Sqldb>().listen_buffers_max;
     let source = sse::Source {
-        block: std::ptr::from_ref(block).cast_mut(),
+        block: Some(block),
         every: lcf.listen_heartbeat,
         buffers_max,
         retry: lcf.listen_retry,
     };
     let Some(replay) = &lcf.listen_replay else {
-        return sse::start(r, &channel, format::valid_channel, source, &FANOUT, |_| {
-            srv.listener(&HEARD)
-        });
+        return sse::start(r, &channel, format::valid_channel, source, &FANOUT, |_| listener(srv));
     };
     // The client's last id: the header EventSource sends, else the query
     // argument (for clients that cannot set headers).
@@ -129,7 +139,7 @@ pub fn subscribe(
         format::valid_channel,
         source,
         &FANOUT,
-        |_| srv.listener(&HEARD),
+        |_| listener(srv),
         Some(resume),
     )?;
     if let (Some(token), Some(from)) = (token, from) {

@@ -22,7 +22,7 @@ use std::rc::Rc;
 use gateway_core::formats::StreamFormat;
 
 use super::config::{Sqldb, SrvConf};
-use super::driver::{ConnId, Delivery, PgResult, Query, ReqToken, RowVerdict, Sink};
+use super::driver::{worker, ConnId, ConnPool, Delivery, PgResult, Query, ReqToken, RowVerdict, Sink};
 use crate::common::token as registry;
 use crate::ffi::request::RequestCtx;
 use crate::ffi::*;
@@ -40,8 +40,8 @@ pub struct Ctx {
     query: Rc<Query>,
     /// The template has typed parameters (a rejected value is a 400).
     has_params: bool,
-    /// The upstream's configuration (and its pool), once the balancer ran.
-    srv: Option<NonNull<SrvConf>>,
+    /// The upstream's configuration, once the balancer ran.
+    srv: Option<&'static SrvConf>,
     /// The database connection the request's query is on (or waits on).
     conn: Option<ConnId>,
     /// The connection was opened for this request (not pooled nor shared).
@@ -135,10 +135,28 @@ fn ctx_of(r: &mut Req) -> Option<&mut Ctx> {
 }
 
 /// Runs `f` with the connection pool of a request's upstream.
-fn with_pool<T>(ctx: &Ctx, f: impl FnOnce(&mut super::driver::ConnPool) -> T) -> Option<T> {
-    let srv = ctx.srv?;
-    // SAFETY: the upstream's configuration outlives its requests. The
-    // reference lasts for the call only, and the pool calls no request
-    // back within it (what it has for them it returns, for SINK).
-    Some(f(unsafe { &mut (*srv.as_ptr()).pool }))
+fn with_pool<T>(ctx: &Ctx, f: impl FnOnce(&mut ConnPool) -> T) -> Option<T> {
+    Some(pool_of(ctx.srv?, f))
+}
+
+/// Runs `f` with this worker's connection pool of the upstream `srv`,
+/// lent for the call only (driver::worker), made on first use. The pool
+/// calls no request back within it (what it has for them it returns, for
+/// SINK).
+fn pool_of<T>(srv: &'static SrvConf, f: impl FnOnce(&mut ConnPool) -> T) -> T {
+    worker::with_pool(key_of(srv), || new_pool(srv), f)
+}
+
+/// How the worker's state knows the upstream: its configuration's address.
+fn key_of(srv: &'static SrvConf) -> usize {
+    std::ptr::from_ref(srv) as usize
+}
+
+/// A worker's pool of the upstream `srv`, as its configuration says.
+fn new_pool(srv: &SrvConf) -> ConnPool {
+    let mut pool = ConnPool::new(srv.settings.clone());
+    pool.name = Rc::from(srv.name.as_str());
+    pool.servers = srv.addrs.len();
+    pool.set_sink(&SINK);
+    pool
 }

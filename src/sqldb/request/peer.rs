@@ -5,11 +5,10 @@
 //! request's timers live on the stand-in. When a connection fails the
 //! request tries the next server, as nginx's upstreams do.
 
-use std::mem;
 use std::ptr::NonNull;
 
 use super::error::{log_failure, Error, Failure, Kind};
-use super::{ctx_of, deliver_later, with_pool, Ctx, SINK};
+use super::{ctx_of, deliver_later, pool_of, with_pool, Ctx, SINK};
 use crate::ffi::balancer::{self, Inner, Wrapper};
 use crate::ffi::*;
 use crate::sqldb::config::upstream::sqldb_srv_conf;
@@ -44,7 +43,7 @@ impl StandIn {
         self.write.set_write(1);
     }
 
-    fn timer(&mut self) -> Event {
+    fn timer(&mut self) -> Event<'_> {
         // SAFETY: the read event is part of the stand-in, in the request's pool.
         unsafe { Event::from_raw(&mut self.read) }.expect("an event")
     }
@@ -60,7 +59,7 @@ impl StandIn {
 
 /// Per-request peer data: the balancer's own and the stand-in connection.
 pub struct PeerData {
-    srv: NonNull<SrvConf>,
+    srv: &'static SrvConf,
     /// The block's balancer. It picked the current peer or not (an idle
     /// connection taken in single mode): it is told when it is freed.
     balancer: Inner,
@@ -103,17 +102,20 @@ fn init(r: &mut Req, us: &mut ngx_http_upstream_srv_conf_t) -> ngx_int_t {
     let Some(balancer) = Inner::init(r, us, srv.balancer_init) else {
         return ERROR;
     };
-    srv.pool.set_sink(&SINK);
     let pool = r.pool();
     let Some(ctx) = ctx_of(r).map(NonNull::from) else {
         return ERROR;
     };
     let pd = PeerData {
-        srv: NonNull::from(&mut *srv),
+        srv,
         balancer,
         ctx,
-        // SAFETY: all-zero is the initial state of nginx's connection and events.
-        standin: unsafe { mem::zeroed() },
+        // (All-zero: the initial state of nginx's connection and events.)
+        standin: StandIn {
+            c: crate::ffi::pool::zeroed(),
+            read: crate::ffi::pool::zeroed(),
+            write: crate::ffi::pool::zeroed(),
+        },
         host: us.host,
         unfit: Vec::new(),
         rechecked: Vec::new(),
@@ -152,17 +154,22 @@ impl Wrapper for PeerData {
 }
 
 fn get(pc: &mut ngx_peer_connection_t, pd: &mut PeerData, log: Log) -> ngx_int_t {
-    // SAFETY: the upstream's configuration outlives its requests, the Ctx
-    // its request's peer; no other reference to them is used meanwhile.
-    let (srv, ctx) = unsafe { (&mut *pd.srv.as_ptr(), &mut *pd.ctx.as_ptr()) };
+    let srv = pd.srv;
+    // SAFETY: the Ctx outlives its request's peer; no other reference to
+    // it is used meanwhile.
+    let ctx = unsafe { &mut *pd.ctx.as_ptr() };
     let target = ctx.query.target.get();
     pd.balancer.set_unused();
     if !target.is_any() {
-        srv.pool.track_roles();
+        pool_of(srv, |p| p.track_roles());
     }
-    if srv.pool.settings.single {
-        if let Pick::Idle(id) = srv.pool.pick(None, &ctx.query) {
-            set_peer(pc, srv, srv.pool.addr_of(id).unwrap_or(0));
+    if srv.settings.single {
+        let idle = pool_of(srv, |p| match p.pick(None, &ctx.query) {
+            Pick::Idle(id) => Some((id, p.addr_of(id).unwrap_or(0))),
+            _ => None,
+        });
+        if let Some((id, addr)) = idle {
+            set_peer(pc, srv, addr);
             return use_conn(pc, pd, ctx, id, false);
         }
     }
@@ -208,10 +215,10 @@ fn get(pc: &mut ngx_peer_connection_t, pd: &mut PeerData, log: Log) -> ngx_int_t
     let pick = if recheck {
         // Its role may have changed since it was learned: a new session
         // says what it is now.
-        srv.pool.make_room(addr);
+        pool_of(srv, |p| p.make_room(addr));
         Pick::New
     } else {
-        srv.pool.pick(Some(addr), &ctx.query)
+        pool_of(srv, |p| p.pick(Some(addr), &ctx.query))
     };
     match pick {
         Pick::Idle(id) | Pick::Share(id) | Pick::Behind(id) => use_conn(pc, pd, ctx, id, false),
@@ -226,13 +233,10 @@ fn get(pc: &mut ngx_peer_connection_t, pd: &mut PeerData, log: Log) -> ngx_int_t
         }
         Pick::New => {
             let exclusive = ctx.query.alone();
-            match srv.pool.open(
-                addr,
-                &srv.addrs[addr].conninfo,
-                balancer::chosen_name(pc),
-                ctx.token,
-                exclusive,
-            ) {
+            let name = balancer::chosen_name(pc);
+            match pool_of(srv, |p| {
+                p.open(addr, &srv.addrs[addr].conninfo, name, ctx.token, exclusive)
+            }) {
                 Ok(id) => use_conn(pc, pd, ctx, id, true),
                 Err(e) if *e.kind() == Kind::Connect => {
                     log!(NGX_LOG_ERR, log, "sqldb: {e}");
@@ -293,7 +297,7 @@ enum Chosen {
 fn choose(
     pc: &mut ngx_peer_connection_t,
     pd: &mut PeerData,
-    srv: &mut SrvConf,
+    srv: &'static SrvConf,
     target: Target,
     log: Log,
 ) -> Result<Option<Chosen>, ngx_int_t> {
@@ -311,7 +315,7 @@ fn choose(
             release(pc, pd);
             break;
         }
-        match srv.pool.verdict(addr, target) {
+        match pool_of(srv, |p| p.verdict(addr, target)) {
             (Verdict::Meets | Verdict::Unknown, _) => return Ok(Some(Chosen::Server(addr))),
             (Verdict::Fails { fallback: usable }, learned) => {
                 pd.unfit.push(addr);
@@ -398,14 +402,14 @@ fn attach_with(r: &mut Req, fresh_timer: bool) {
     let Some(mut pd) = ctx.peer else { return };
     // SAFETY: the peer data lives in the request's pool; nothing else uses it now.
     let pd = unsafe { pd.as_mut() };
-    let timer = pd.standin.timer();
-    let keep = !fresh_timer && timer.timer_set();
+    let keep = !fresh_timer && pd.standin.timer().timer_set();
     if !keep {
         pd.standin.clear(); // nginx's connect timer
     }
+    pd.standin.c.data = rp.cast();
+    let timer = pd.standin.timer();
     timer.set_handler(Some(request_timer));
     timer.set_log(log);
-    pd.standin.c.data = rp.cast();
     let Some(submitted) = with_pool(ctx, |pool| pool.submit(conn, ctx.token, ctx.query.clone())) else {
         return;
     };
@@ -563,23 +567,20 @@ pub fn move_unsent(r: &mut Req) {
     if ctx.unsent_moves > UNSENT_MOVES {
         return next_after_stale(r);
     }
-    // SAFETY: the upstream's configuration outlives its requests; nothing
-    // else uses it now.
-    let srv = unsafe { &mut *srv.as_ptr() };
     let log = r.log();
     let Some((addr, name)) = r.upstream().and_then(|u| peer_server(u.peer(), srv)) else {
         return next_after_stale(r);
     };
     let Some(ctx) = ctx_of(r) else { return };
     let alone = ctx.query.alone();
-    let (id, fresh) = match srv.pool.pick(Some(addr), &ctx.query) {
+    let (id, fresh) = match pool_of(srv, |p| p.pick(Some(addr), &ctx.query)) {
         Pick::Idle(id) | Pick::Share(id) | Pick::Behind(id) => (id, false),
         Pick::Reject => {
             let e = Error::from(Kind::NoConnection(name));
             log_failure(log, &e);
             return fail(r, e.status(), false);
         }
-        Pick::New => match srv.pool.open(addr, &srv.addrs[addr].conninfo, name, ctx.token, alone) {
+        Pick::New => match pool_of(srv, |p| p.open(addr, &srv.addrs[addr].conninfo, name, ctx.token, alone)) {
             Ok(id) => (id, true),
             Err(e) if *e.kind() == Kind::Connect => {
                 log!(NGX_LOG_ERR, log, "sqldb: {e}");
@@ -663,9 +664,9 @@ pub fn next_unfit(r: &mut Req) {
     if prefer {
         // Skipped while another server's role is still to be learned (it
         // may be the standby): this one serves when none is.
-        // SAFETY: the peer data lives in the request's pool, the upstream's
-        // configuration outlives its requests; nothing else uses them now.
-        let (pd, srv) = unsafe { (pd.as_mut(), srv.as_ref()) };
+        // SAFETY: the peer data lives in the request's pool; nothing else
+        // uses it now.
+        let pd = unsafe { pd.as_mut() };
         if let Some((addr, _)) = peer_server(u.peer(), srv) {
             pd.fallback.get_or_insert(addr);
         }
@@ -699,7 +700,7 @@ fn reconnect(r: &mut Req, status: ngx_int_t) {
 }
 
 /// The request's own timer (connect or result timeout), once its peer is set up.
-pub fn timer_of(ctx: &Ctx) -> Option<Event> {
+pub fn timer_of(ctx: &Ctx) -> Option<Event<'_>> {
     let mut pd = ctx.peer?;
     // SAFETY: the peer data lives in the request's pool; nothing else uses it now.
     Some(unsafe { pd.as_mut() }.standin.timer())

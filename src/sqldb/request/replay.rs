@@ -26,7 +26,7 @@ use gateway_core::sse::{is_after, valid_id};
 use gateway_core::target::Target;
 
 use super::error::BAD_PARAMETER;
-use super::{deliver_later, SINK};
+use super::{deliver_later, pool_of};
 use crate::common::sse::Fanout;
 use crate::common::token::{self as registry, ReqToken};
 use crate::ffi::*;
@@ -238,13 +238,14 @@ event_handler! {
 }
 
 impl Job {
-    fn srv(&self) -> Option<&'static mut SrvConf> {
+    fn srv(&self) -> Option<&'static SrvConf> {
         sqldb_srv_conf(self.block)
     }
 
     /// The channel is listened to on the connection now up: since when.
     fn in_effect(&self) -> Option<u64> {
-        self.srv()?.listener.as_deref()?.in_effect(&self.channel)
+        let key = super::key_of(self.srv()?);
+        crate::sqldb::driver::worker::with_listener(key, |l| l.in_effect(&self.channel))?
     }
 
     /// The next round, when it can start.
@@ -327,16 +328,14 @@ impl Job {
         let Some(srv) = self.srv() else {
             return self.fail(HTTP_INTERNAL_SERVER_ERROR, "no upstream");
         };
-        srv.pool.set_sink(&SINK);
         let Some(addr) = srv.addrs.first() else {
             return self.fail(HTTP_INTERNAL_SERVER_ERROR, "no server");
         };
-        let conn = match srv.pool.pick(Some(0), &query) {
+        let conn = match pool_of(srv, |p| p.pick(Some(0), &query)) {
             Pick::Idle(id) | Pick::Share(id) | Pick::Behind(id) => id,
-            Pick::New => match srv
-                .pool
-                .open(0, &addr.conninfo, addr.name_text(), self.token, query.alone())
-            {
+            Pick::New => match pool_of(srv, |p| {
+                p.open(0, &addr.conninfo, addr.name_text(), self.token, query.alone())
+            }) {
                 Ok(id) => id,
                 Err(e) => return self.fail(HTTP_BAD_GATEWAY, &e.to_string()),
             },
@@ -357,7 +356,7 @@ impl Job {
         self.timer.stop();
         self.step = Step::Querying(conn);
         self.stamp = Some(stamp);
-        match srv.pool.submit(conn, self.token, query) {
+        match pool_of(srv, |p| p.submit(conn, self.token, query)) {
             Ok(Submitted::Waiting { connecting: true }) => self.timer.start(self.lcf.connect_timeout),
             Ok(_) => self.timer.start(self.lcf.result_timeout),
             // (What the driver says of it comes back here after this event.)
@@ -371,7 +370,7 @@ impl Job {
             Step::Idle => self.advance(),
             Step::Querying(conn) => {
                 if let Some(srv) = self.srv() {
-                    deliver_later(srv.pool.abandon(conn, self.token));
+                    deliver_later(pool_of(srv, |p| p.abandon(conn, self.token)));
                 }
                 self.step = Step::Idle;
                 let why = format!("timed out ({} ms)", self.lcf.result_timeout);
@@ -532,7 +531,7 @@ impl Job {
     /// The job is over: its query (if one runs) is let go, its token ends.
     fn finish(mut self) {
         if let (Step::Querying(conn), Some(srv)) = (self.step, self.srv()) {
-            deliver_later(srv.pool.abandon(conn, self.token));
+            deliver_later(pool_of(srv, |p| p.abandon(conn, self.token)));
         }
         self.step = Step::Idle;
         let id = BY_TOKEN.with(|b| b.borrow_mut().remove(&self.token.0));

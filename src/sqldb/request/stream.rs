@@ -117,15 +117,15 @@ impl Streaming {
             }
         }
         let pool = r.pool();
-        let mut out = std::ptr::null_mut();
+        let mut out = None;
         if !self.out.is_empty() || last {
             let main = last.then(|| r.is_main());
-            out = self.bufs.fill(pool, &self.out, main, BATCH).ok_or(CutShort)?;
+            out = Some(self.bufs.fill(&pool, &self.out, main, BATCH).ok_or(CutShort)?);
             self.out.clear();
         }
         // SAFETY: null, or the chain fill built in the request's pool.
-        let rc = unsafe { r.output_filter(out) };
-        self.bufs.update(pool, out);
+        let rc = unsafe { r.output_filter(out.as_ref().map_or(std::ptr::null_mut(), |o| o.as_ptr())) };
+        self.bufs.update(&pool, out);
         if rc == ERROR {
             return Err(CutShort);
         }

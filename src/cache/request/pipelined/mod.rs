@@ -91,7 +91,7 @@ pub struct SharedReq {
     value_len: Option<u64>,
     /// The value's last bytes, held to go out with the end of the response
     /// in one pass through the output filters (a short value: all of it).
-    tail: Option<*mut ngx_chain_t>,
+    tail: Option<crate::ffi::buf::ReuseLink>,
 }
 
 impl SharedReq {
@@ -324,7 +324,7 @@ fn place(r: &mut Req, id: PipeId) {
         Placed::On { connecting } => connecting,
     };
     s.conn = Some(id);
-    if let Some(t) = s.timer {
+    if let Some(t) = &s.timer {
         if !t.timer_set() {
             s.timer_connecting = connecting;
             t.add_timer(if connecting {
@@ -394,7 +394,7 @@ fn leave(r: &mut Req) {
         let h = s.handle.clone();
         driver::pipes().with(id, |c| c.leave(&h));
     }
-    if let Some(t) = s.timer {
+    if let Some(t) = &s.timer {
         t.clear();
     }
 }
@@ -628,7 +628,7 @@ fn sentinel_ready(r: &mut Req) -> bool {
     }
     let Some(who) = s.handle.who.get() else { return true };
     s.parked = true;
-    if let Some(t) = s.timer {
+    if let Some(t) = &s.timer {
         if !t.timer_set() {
             t.add_timer(lcf.upstream.connect_timeout);
         }
@@ -644,7 +644,7 @@ fn resume_parked(r: &mut Req) {
         if s.done || !std::mem::take(&mut s.parked) {
             return;
         }
-        if let Some(t) = s.timer {
+        if let Some(t) = &s.timer {
             t.clear();
         }
         dispatch(r);

@@ -21,7 +21,7 @@ request_handler! {
         // SAFETY: null: only what is pending goes on.
         let rc = unsafe { r.output_filter(std::ptr::null_mut()) };
         let Some(s) = shared_of(r) else { return };
-        s.bufs.update(pool, std::ptr::null_mut());
+        s.bufs.update(&pool, None);
         if rc == ERROR {
             return end(r, ERROR);
         }
@@ -32,12 +32,12 @@ request_handler! {
         release_held(s);
         s.behind = false;
         let saved = s.saved_write_handler;
-        let (paused, timer, conn) = (std::mem::take(&mut s.paused), s.timer, s.conn);
+        let (paused, conn) = (std::mem::take(&mut s.paused), s.conn);
         r.client_caught_up();
         r.set_write_handler(saved);
         if paused {
             let lcf: &CacheLocConf = r.loc_conf::<Cache>();
-            if let Some(t) = timer {
+            if let Some(t) = shared_of(r).and_then(|s| s.timer.as_ref()) {
                 t.add_timer(lcf.upstream.read_timeout);
             }
             if let Some(id) = conn {
@@ -104,7 +104,7 @@ impl Sink for RequestSide {
             if s.done || s.paused {
                 return;
             }
-            if let Some(t) = s.timer {
+            if let Some(t) = &s.timer {
                 t.add_timer(lcf.upstream.read_timeout);
             }
         });
@@ -189,7 +189,7 @@ fn value(r: &mut Req, bytes: &[u8], others: bool) -> bool {
     }
     // The value's last bytes go out with the end (done), marked last now.
     let complete = s.value_len == Some(s.length) && s.tail.is_none();
-    let Some(out) = s.bufs.fill(pool, bytes, complete.then_some(main), BATCH) else {
+    let Some(out) = s.bufs.fill(&pool, bytes, complete.then_some(main), BATCH) else {
         s.discard = true;
         return false;
     };
@@ -198,9 +198,9 @@ fn value(r: &mut Req, bytes: &[u8], others: bool) -> bool {
         return false;
     }
     // SAFETY: a chain of the request's pool (fill).
-    let rc = unsafe { r.output_filter(out) };
+    let rc = unsafe { r.output_filter(out.as_ptr()) };
     let Some(s) = shared_of(r) else { return false };
-    s.bufs.update(pool, out);
+    s.bufs.update(&pool, Some(out));
     if rc == ERROR {
         s.discard = true;
         return false;
@@ -227,7 +227,7 @@ fn value(r: &mut Req, bytes: &[u8], others: bool) -> bool {
         return false;
     }
     s.paused = true;
-    if let Some(t) = s.timer {
+    if let Some(t) = &s.timer {
         t.del_timer();
     }
     true
@@ -276,7 +276,7 @@ fn connected(r: &mut Req) {
     // The connect timeout gives way to the read timeout, once per try (a
     // request that moves to another connection keeps its deadline).
     if std::mem::take(&mut s.timer_connecting) {
-        if let Some(t) = s.timer {
+        if let Some(t) = &s.timer {
             t.del_timer();
             t.add_timer(lcf.upstream.read_timeout);
         }
@@ -301,7 +301,7 @@ fn done(r: &mut Req) {
     if s.retry_404 {
         return next(r, NGX_HTTP_UPSTREAM_FT_HTTP_404, true, false, Verdict::Answered);
     }
-    if let Some(t) = s.timer {
+    if let Some(t) = &s.timer {
         t.clear();
     }
     if let Some(status) = s.intercept {
@@ -332,18 +332,18 @@ fn done(r: &mut Req) {
     }
     let rc = match s.made.take() {
         Some(body) => {
-            match s.bufs.fill(pool, &body, Some(main), BATCH) {
+            match s.bufs.fill(&pool, &body, Some(main), BATCH) {
                 // SAFETY: a chain of the request's pool (fill).
-                Some(out) => unsafe { r.output_filter(out) },
+                Some(out) => unsafe { r.output_filter(out.as_ptr()) },
                 None => ERROR,
             }
         }
         None => match s.tail.take() {
             Some(out) => {
                 // SAFETY: a chain of the request's pool (fill).
-                let rc = unsafe { r.output_filter(out) };
+                let rc = unsafe { r.output_filter(out.as_ptr()) };
                 if let Some(s) = shared_of(r) {
-                    s.bufs.update(pool, out);
+                    s.bufs.update(&pool, Some(out));
                 }
                 rc
             }
