@@ -295,7 +295,7 @@ cycle_handler! {
 
 use cache::config as cc;
 
-static mut CACHE_COMMANDS: [ngx_command_t; 31] = [
+static mut CACHE_COMMANDS: [ngx_command_t; 33] = [
     command(
         "cache_pass\0",
         NGX_HTTP_LOC_CONF | NGX_HTTP_LIF_CONF | NGX_CONF_TAKE1,
@@ -408,6 +408,20 @@ static mut CACHE_COMMANDS: [ngx_command_t; 31] = [
         cc::sentinel::cmd_cache_sentinel_auth,
         NGX_HTTP_MAIN_CONF_OFFSET,
         0,
+    ),
+    command(
+        "cache_target\0",
+        LOC_ANY | NGX_CONF_TAKE1,
+        cc::target::cmd_cache_target,
+        LOC,
+        0,
+    ),
+    command(
+        "cache_replica_max_lag\0",
+        LOC_ANY | NGX_CONF_TAKE1,
+        ffi::conf::set_timeout_slot,
+        LOC,
+        offset_of!(cc::CacheLocConf, replica_max_lag),
     ),
     command(
         "cache_pipeline\0",

@@ -32,14 +32,21 @@ use gateway_core::resp::{self, Value};
 
 use super::conn::{Dial, Owner, RedisConn, State};
 mod events;
+mod follow;
+mod probe;
 mod reply;
 
 use crate::common::hub;
 use crate::common::token::{self, ReqToken};
 use crate::ffi::conf::sockaddr_bytes;
+use crate::ffi::net::TlsClient;
 use crate::ffi::*;
 use crate::{log, metrics};
-use events::{check_deadline_event, hold_event, query_deadline_event, retry_event, wake_event, watch_retry_event};
+use events::{
+    check_deadline_event, hold_event, probe_event, query_deadline_event, retry_event, wake_event, watch_retry_event,
+};
+pub use follow::Follow;
+use probe::{Offsets, Probe};
 pub use reply::Replica;
 use reply::{is_bulk, parse_addr, parse_replicas};
 
@@ -56,6 +63,8 @@ const SWITCH: &[u8] = b"+switch-master";
 const PROMOTED: &[u8] = b"+promoted-slave";
 /// A replica chosen for promotion (the old master is left from then on).
 const SELECTED: &[u8] = b"+selected-slave";
+/// A replica found, or found down or up again: the replicas are asked for.
+const REPLICA_EVENTS: [&[u8]; 3] = [b"+slave", b"+sdown", b"-sdown"];
 /// How long a failover that began holds the set at most (ms): its
 /// requests wait for the promoted replica until then; after it, the
 /// Sentinels are asked again.
@@ -72,6 +81,10 @@ pub struct SetConf {
     pub auth: Option<Vec<u8>>,
     pub data_auth: Option<Vec<u8>>,
     pub connect_timeout: ngx_msec_t,
+    /// TLS to the Sentinels and the servers (`cache_ssl`).
+    pub tls: Option<TlsClient>,
+    /// Reads may go to replicas (`cache_target`): they are probed.
+    pub replicas: bool,
 }
 
 /// A reply a connection waits for.
@@ -82,12 +95,19 @@ enum Due {
     Replicas,
     Role,
     Subscribe,
+    Probe,
 }
 
 const QUERY: usize = 0;
 const CHECK: usize = 1;
+/// The probes (`ROLE` every round, probe.rs): the master's, and replica
+/// k's at PREPLICA + k.
+const PMASTER: usize = 2;
+const PREPLICA: usize = 3;
+/// The replicas probed, at most.
+pub const MAX_REPLICAS: usize = 8;
 /// The watch of Sentinel k is link WATCH + k.
-const WATCH: usize = 2;
+const WATCH: usize = PREPLICA + MAX_REPLICAS;
 
 struct Link {
     /// Its set, and its place there (for its events).
@@ -135,6 +155,12 @@ pub struct SetState {
     /// (a server that takes connections and does not answer) fails.
     query_deadline: RetryTimer,
     check_deadline: RetryTimer,
+    /// What each replica's last `ROLE` said (probe.rs), the master's
+    /// offsets, the probes' round, the replica the last read went to.
+    probes: Vec<Probe>,
+    offsets: Offsets,
+    probe_timer: RetryTimer,
+    turn: usize,
 }
 
 thread_local! {
@@ -159,14 +185,13 @@ fn with_set<T>(conf: impl FnOnce() -> SetConf, key: usize, f: impl FnOnce(&mut S
             }
         }
     });
-    // SAFETY: the sets are boxed and kept for the worker's life (never
-    // taken out of SETS), and reached only through `hub::lend`.
-    unsafe {
-        if new {
-            hub::lend(set, SetState::start);
-        }
-        hub::lend(set, f)
+    if new {
+        // SAFETY: the sets are boxed and kept for the worker's life (never
+        // taken out of SETS), and reached only through `hub::lend`.
+        unsafe { hub::lend(set, SetState::start) };
     }
+    // SAFETY: as above.
+    unsafe { hub::lend(set, f) }
 }
 
 /// What a request finds: the confirmed master, and the replicas.
@@ -193,6 +218,19 @@ pub fn wait(key: usize, conf: impl FnOnce() -> SetConf, who: ReqToken, resume: R
             s.wake.post();
         }
     })
+}
+
+/// A replica a read may go to now, with a lag of at most `max_lag`
+/// (probe.rs); None when none is. `take`: the read goes there (the next
+/// one goes to the next replica).
+pub fn replica(key: usize, conf: impl FnOnce() -> SetConf, max_lag: ngx_msec_t, take: bool) -> Option<SocketAddr> {
+    with_set(conf, key, |s| s.pick_replica(max_lag, take))
+}
+
+/// A request found replica `addr` refusing a connection or not answering:
+/// it is not used until it answers `ROLE` again.
+pub fn replica_failed(key: usize, conf: impl FnOnce() -> SetConf, addr: SocketAddr) {
+    with_set(conf, key, |s| s.replica_failed(addr))
 }
 
 /// A request found `addr` refusing a connection or a write, or not a
@@ -240,6 +278,10 @@ impl SetState {
             wake: RetryTimer::new(std::ptr::null_mut(), Some(wake_event)),
             query_deadline: RetryTimer::new(std::ptr::null_mut(), Some(query_deadline_event)),
             check_deadline: RetryTimer::new(std::ptr::null_mut(), Some(check_deadline_event)),
+            probes: vec![Probe::default(); MAX_REPLICAS],
+            offsets: Offsets::default(),
+            probe_timer: RetryTimer::new(std::ptr::null_mut(), Some(probe_event)),
+            turn: 0,
         });
         let p: *mut SetState = &mut *s;
         for index in 0..WATCH + n {
@@ -258,6 +300,7 @@ impl SetState {
         s.wake.set_data(p.cast());
         s.query_deadline.set_data(p.cast());
         s.check_deadline.set_data(p.cast());
+        s.probe_timer.set_data(p.cast());
         s
     }
 
@@ -268,6 +311,9 @@ impl SetState {
     fn start(&mut self) {
         self.query();
         self.watch();
+        if self.conf.replicas {
+            self.probe();
+        }
     }
 
     /// No question or check under way, none planned.
@@ -288,7 +334,7 @@ impl SetState {
         let bytes = sockaddr_bytes(addr);
         let dial = Dial {
             addr: &bytes,
-            tls: None,
+            tls: self.conf.tls.as_ref(),
             connect_timeout: self.conf.connect_timeout,
             keepalive: i >= WATCH,
             log: None,
@@ -346,8 +392,12 @@ impl SetState {
             }
             let (mut out, mut due) = (Vec::new(), VecDeque::new());
             self.sentinel_auth(&mut out, &mut due);
-            resp::command(&mut out, &[b"SUBSCRIBE", SELECTED, PROMOTED, SWITCH]);
-            due.extend([Due::Subscribe, Due::Subscribe, Due::Subscribe]);
+            let mut channels = vec![b"SUBSCRIBE".as_slice(), SELECTED, PROMOTED, SWITCH];
+            if self.conf.replicas {
+                channels.extend(REPLICA_EVENTS);
+            }
+            resp::command(&mut out, &channels);
+            due.extend(channels[1..].iter().map(|_| Due::Subscribe));
             self.open(WATCH + k, self.conf.sentinels[k], out, due);
         }
     }
@@ -433,6 +483,7 @@ impl SetState {
                     self.retry.start(RETRY_MS);
                 }
             }
+            _ if i < WATCH => self.probe_failed(i),
             _ => {
                 self.unreachable(i - WATCH, &why);
                 if !self.watch_retry.pending() {
@@ -498,6 +549,11 @@ impl SetState {
             }
             metrics::add(Id::CacheSentinelMaster, &[&upstream, &name, &new], 1);
             self.current = Some(addr);
+            // (The replicas are read from again once they say they follow it.)
+            self.offsets.clear();
+            for p in &mut self.probes {
+                p.ok = false;
+            }
         }
         self.master = Some(addr);
         self.left.retain(|a| *a != addr);
@@ -510,6 +566,8 @@ impl SetState {
         let due = self.links[i].due.pop_front();
         match (due, v) {
             (Some(Due::Auth), Value::Status(_)) => {}
+            (Some(Due::Probe), Value::Error(m)) => self.failed(i, String::from_utf8_lossy(&m).into_owned()),
+            (Some(Due::Probe), v) => self.probed(i, v),
             (Some(Due::Auth), Value::Error(m)) => {
                 self.failed(i, format!("AUTH was refused: {}", String::from_utf8_lossy(&m)))
             }
@@ -556,6 +614,9 @@ impl SetState {
                 (Some(Value::Bulk(ch)), Some(Value::Bulk(text))) if ch == PROMOTED => self.promoted(text),
                 (Some(Value::Bulk(ch)), Some(Value::Bulk(text))) if ch == SELECTED => self.selected(text),
                 (Some(Value::Bulk(ch)), Some(Value::Bulk(text))) if ch == SWITCH => self.switched(text),
+                (Some(Value::Bulk(ch)), Some(Value::Bulk(text))) if REPLICA_EVENTS.contains(&ch.as_slice()) => {
+                    self.replica_event(text)
+                }
                 _ => {}
             },
             (_, Value::Error(m)) => self.failed(i, String::from_utf8_lossy(&m).into_owned()),
@@ -586,6 +647,18 @@ impl SetState {
         }
         self.master = None;
         self.check(addr);
+    }
+
+    /// `+slave`, `+sdown`, `-sdown` `slave IP:PORT IP PORT @ NAME ...`: a
+    /// replica of the set came, went down or came back: the replicas are
+    /// asked for again.
+    fn replica_event(&mut self, text: &[u8]) {
+        let parts: Vec<&[u8]> = text.split(|b| *b == b' ').collect();
+        if let [b"slave", _, _, _, b"@", name, ..] = parts[..] {
+            if name == self.conf.name.as_slice() && self.idle() {
+                self.query();
+            }
+        }
     }
 
     /// `+selected-slave slave IP:PORT IP PORT @ NAME MASTER-IP MASTER-PORT`:
