@@ -73,11 +73,12 @@ is(get_n('/p/', 20), '200:20', 'prefer-replica: 20 reads');
 is(gets($replicas[0]) + gets($replicas[1]), 20, 'on the replicas');
 
 # 3. A lag bound no replica meets (1 ms: a replica is known to hold the
-# master's writes only as of the last probe round): prefer-replica reads
-# from the master.
+# master's writes only as of the last probe round, up to 500 ms ago):
+# prefer-replica reads from the master. (A read in the very millisecond of
+# a round may still find one within the bound.)
 reset_stats($master, @replicas);
 is(get_n('/tight/', 10), '200:10', 'prefer-replica with cache_replica_max_lag 1ms: 10 reads');
-is(gets($master), 10, 'on the master: no replica is within the bound');
+cmp_ok(gets($master), '>=', 9, 'on the master: no replica is within the bound');
 
 # 4. A replica that stops answering (SIGSTOP) is left out once a probe
 # round finds it silent; the reads go to the other one.
