@@ -13,7 +13,7 @@ use GatewayTest qw(nginx_start stop_nginx nginx_error_log nginx_conf_test conf_l
     redis_cli stretch hold_port start_sentinel_set);
 use HttpClient qw(http_request);
 use Test::More;
-use Time::HiRes qw(sleep);
+use Time::HiRes qw(sleep time);
 
 my ($master, $replicas, $set) = eval { start_sentinel_set() } or BAIL_OUT($@);
 my @replicas = @$replicas;
@@ -116,10 +116,42 @@ is(gets($master), 10, 'from the master');
 ($st) = http_request($port, 'PUT', '/r/', 'w');
 is($st, 201, 'writes go on');
 kill 'CONT', $replicas[1]{pid};
+
+# 7. SENTINEL FAILOVER with reads and writes going on: the Sentinels tell
+# +slave and -sdown of the replicas meanwhile, and the replicas are asked
+# for again, not the master (a Sentinel that has not heard of the switch
+# still names the old one, which says master until it is made a replica):
+# the switch is followed once, no acknowledged write is lost, and the old
+# master, a replica now, takes reads.
+ok(wait_until(sub { redis_cli($replicas[1], 'INFO', 'replication') =~ /master_link_status:up/ }, 10), 'the replica is back in sync');
+ok(wait_until(sub { redis_cli($sentinels[0], 'SENTINEL', 'FAILOVER', 'm') eq 'OK' }, 20), 'SENTINEL FAILOVER');
+my (@acked, %seen);
+my ($n, $after, $deadline) = (0, 0, time + stretch(30));
+while (time < $deadline && $after < 40) {
+    $n++;
+    my ($w) = http_request($port, 'PUT', "/r/", "f$n");
+    push @acked, $n if $w == 201;
+    $seen{"PUT $w"}++;
+    $seen{ 'GET ' . (http_request($port, 'GET', '/p/'))[0] }++;
+    # (40 rounds more once the switch is followed, while the Sentinels
+    # tell of the replicas.)
+    $after++ if $after || nginx_error_log() =~ /switched from/;
+}
+diag('during the failover: ' . join(', ', map { "$_: $seen{$_}" } sort keys %seen));
+ok(wait_until(sub { redis_cli($replicas[1], 'ROLE') =~ /^master/ }, 10), 'the replica was promoted');
+my $switches = () = nginx_error_log() =~ /switched from/g;
+is($switches, 1, 'the switch is followed once (never back to the old master)');
+is(redis_cli($replicas[1], 'GET', '/k'), "f$acked[-1]", 'the last acknowledged write is on the new master');
+is(scalar(grep { !/^(PUT 201|GET 200)$/ } keys %seen), 0, 'every read and write succeeded');
+ok(wait_until(sub {
+    reset_stats($master);
+    get_n('/r/', 6);
+    gets($master) > 0;
+}, 15), 'the old master, a replica now, takes reads');
 unlike(nginx_error_log(), qr/\[(alert|emerg|crit)\]|exited on signal/, 'no alert, no crash');
 stop_nginx();
 
-# 7. nginx -t.
+# 8. nginx -t.
 my $s1 = $sentinels[0]{port};
 for my $c (
     ["upstream plain { server 127.0.0.1:$master->{port}; }\nserver { listen 127.0.0.1:\$PORT; set \$cache_key a;\n"

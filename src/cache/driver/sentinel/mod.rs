@@ -46,6 +46,7 @@ use events::{
     check_deadline_event, hold_event, probe_event, query_deadline_event, retry_event, wake_event, watch_retry_event,
 };
 pub use follow::Follow;
+pub use probe::{replica, replica_failed};
 use probe::{Offsets, Probe};
 pub use reply::Replica;
 use reply::{is_bulk, parse_addr, parse_replicas};
@@ -93,6 +94,8 @@ enum Due {
     Auth,
     MasterAddr,
     Replicas,
+    /// `SENTINEL replicas` alone (probe.rs): the master is not asked.
+    ReplicasOnly,
     Role,
     Subscribe,
     Probe,
@@ -161,6 +164,11 @@ pub struct SetState {
     offsets: Offsets,
     probe_timer: RetryTimer,
     turn: usize,
+    /// The replicas are to be asked for (a Sentinel told of one, or the
+    /// master switched): the next probe round asks, the master aside.
+    replicas_stale: bool,
+    /// The question under way asks for the replicas only.
+    replicas_only: bool,
 }
 
 thread_local! {
@@ -220,19 +228,6 @@ pub fn wait(key: usize, conf: impl FnOnce() -> SetConf, who: ReqToken, resume: R
     })
 }
 
-/// A replica a read may go to now, with a lag of at most `max_lag`
-/// (probe.rs); None when none is. `take`: the read goes there (the next
-/// one goes to the next replica).
-pub fn replica(key: usize, conf: impl FnOnce() -> SetConf, max_lag: ngx_msec_t, take: bool) -> Option<SocketAddr> {
-    with_set(conf, key, |s| s.pick_replica(max_lag, take))
-}
-
-/// A request found replica `addr` refusing a connection or not answering:
-/// it is not used until it answers `ROLE` again.
-pub fn replica_failed(key: usize, conf: impl FnOnce() -> SetConf, addr: SocketAddr) {
-    with_set(conf, key, |s| s.replica_failed(addr))
-}
-
 /// A request found `addr` refusing a connection or a write, or not a
 /// master: it is not the master until the Sentinels say so again.
 pub fn suspect(key: usize, conf: impl FnOnce() -> SetConf, addr: SocketAddr, why: &str) {
@@ -282,6 +277,8 @@ impl SetState {
             offsets: Offsets::default(),
             probe_timer: RetryTimer::new(std::ptr::null_mut(), Some(probe_event)),
             turn: 0,
+            replicas_stale: false,
+            replicas_only: false,
         });
         let p: *mut SetState = &mut *s;
         for index in 0..WATCH + n {
@@ -371,6 +368,7 @@ impl SetState {
             return;
         }
         self.retry.stop();
+        self.replicas_only = false;
         let addr = self.conf.sentinels[self.ask % self.conf.sentinels.len()];
         let (mut out, mut due) = (Vec::new(), VecDeque::new());
         self.sentinel_auth(&mut out, &mut due);
@@ -460,7 +458,11 @@ impl SetState {
                 self.unreachable(self.ask % n, &why);
                 self.ask = (self.ask + 1) % n;
                 self.tried += 1;
-                if self.tried < n {
+                if std::mem::take(&mut self.replicas_only) {
+                    // (The next round asks the next Sentinel.)
+                    self.replicas_stale = true;
+                    self.tried = 0;
+                } else if self.tried < n {
                     self.query();
                 } else {
                     self.tried = 0;
@@ -549,11 +551,13 @@ impl SetState {
             }
             metrics::add(Id::CacheSentinelMaster, &[&upstream, &name, &new], 1);
             self.current = Some(addr);
-            // (The replicas are read from again once they say they follow it.)
+            // (The replicas are read from again once they say they follow
+            // it, and asked for soon: the Sentinels list them anew.)
             self.offsets.clear();
             for p in &mut self.probes {
                 p.ok = false;
             }
+            self.replicas_stale = true;
         }
         self.master = Some(addr);
         self.left.retain(|a| *a != addr);
@@ -578,6 +582,10 @@ impl SetState {
             (Some(Due::MasterAddr), Value::Nil) => {
                 let why = format!("it watches no master set \"{}\"", self.name());
                 self.failed(i, why)
+            }
+            (Some(Due::ReplicasOnly), Value::Array(a)) => {
+                self.replicas = parse_replicas(&a);
+                self.replicas_answered();
             }
             (Some(Due::Replicas), Value::Array(a)) => {
                 self.replicas = parse_replicas(&a);
@@ -647,18 +655,6 @@ impl SetState {
         }
         self.master = None;
         self.check(addr);
-    }
-
-    /// `+slave`, `+sdown`, `-sdown` `slave IP:PORT IP PORT @ NAME ...`: a
-    /// replica of the set came, went down or came back: the replicas are
-    /// asked for again.
-    fn replica_event(&mut self, text: &[u8]) {
-        let parts: Vec<&[u8]> = text.split(|b| *b == b' ').collect();
-        if let [b"slave", _, _, _, b"@", name, ..] = parts[..] {
-            if name == self.conf.name.as_slice() && self.idle() {
-                self.query();
-            }
-        }
     }
 
     /// `+selected-slave slave IP:PORT IP PORT @ NAME MASTER-IP MASTER-PORT`:

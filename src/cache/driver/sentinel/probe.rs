@@ -20,7 +20,7 @@ use std::net::SocketAddr;
 use gateway_core::resp::{self, Value};
 
 use super::reply::{is_bulk, parse_addr};
-use super::{Due, SetState, MAX_REPLICAS, PMASTER, PREPLICA};
+use super::{with_set, Due, SetConf, SetState, MAX_REPLICAS, PMASTER, PREPLICA, QUERY};
 use crate::cache::driver::conn::State;
 use crate::ffi::*;
 
@@ -66,13 +66,43 @@ impl Offsets {
     }
 }
 
+/// A replica a read may go to now, with a lag of at most `max_lag`
+/// None when none is. `take`: the read goes there (the next
+/// one goes to the next replica).
+pub fn replica(key: usize, conf: impl FnOnce() -> SetConf, max_lag: ngx_msec_t, take: bool) -> Option<SocketAddr> {
+    with_set(conf, key, |s| s.pick_replica(max_lag, take))
+}
+
+/// A request found replica `addr` refusing a connection or not answering:
+/// it is not used until it answers `ROLE` again.
+pub fn replica_failed(key: usize, conf: impl FnOnce() -> SetConf, addr: SocketAddr) {
+    with_set(conf, key, |s| s.replica_failed(addr))
+}
+
 impl SetState {
+    /// `+slave`, `+sdown`, `-sdown` `slave IP:PORT IP PORT @ NAME ...`: a
+    /// replica of the set came, went down or came back: the replicas are
+    /// asked for again (not the master: a Sentinel that has not heard of a
+    /// switch yet still names the old one, which says it is a master until
+    /// it is made a replica).
+    pub(super) fn replica_event(&mut self, text: &[u8]) {
+        let parts: Vec<&[u8]> = text.split(|b| *b == b' ').collect();
+        if let [b"slave", _, _, _, b"@", name, ..] = parts[..] {
+            if name == self.conf.name.as_slice() {
+                self.replicas_stale = true;
+            }
+        }
+    }
+
     /// A round: `ROLE` to the master and to each replica (the timer's).
     pub(super) fn probe(&mut self) {
         if exiting() {
             return;
         }
         self.probe_timer.start(PROBE_MS);
+        if self.replicas_stale && self.idle() {
+            self.query_replicas();
+        }
         let Some(master) = self.master else {
             return;
         };
@@ -103,6 +133,27 @@ impl SetState {
             };
             self.probe_one(PREPLICA + at, a);
         }
+    }
+
+    /// Asks a Sentinel for the replicas only.
+    fn query_replicas(&mut self) {
+        self.replicas_stale = false;
+        self.replicas_only = true;
+        let addr = self.conf.sentinels[self.ask % self.conf.sentinels.len()];
+        let (mut out, mut due) = (Vec::new(), VecDeque::new());
+        self.sentinel_auth(&mut out, &mut due);
+        resp::command(&mut out, &[b"SENTINEL", b"replicas", &self.conf.name]);
+        due.push_back(Due::ReplicasOnly);
+        self.open(QUERY, addr, out, due);
+    }
+
+    /// The replicas are answered.
+    pub(super) fn replicas_answered(&mut self) {
+        self.replicas_only = false;
+        let n = self.conf.sentinels.len();
+        self.reached(self.ask % n);
+        self.links[QUERY].conn.close();
+        self.links[QUERY].peer = None;
     }
 
     /// `ROLE` on link `i` to `addr`: a connection made when it goes
