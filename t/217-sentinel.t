@@ -8,7 +8,7 @@ use strict;
 use warnings;
 use lib 't/lib';
 use GatewayTest qw($RedisServer nginx_start stop_nginx nginx_error_log nginx_conf_test conf_line_of wait_until
-    start_redis kill_redis redis_cli free_port stretch hold_port start_sentinel stop_sentinel);
+    start_redis kill_redis redis_cli free_port stretch hold_port start_sentinel_set stop_sentinel);
 use HttpClient qw(http_request);
 use File::Temp qw(tempdir);
 use IO::Socket::INET;
@@ -36,19 +36,11 @@ sub master_port {
     return $a[1] // 0;
 }
 
-# (No delay before a full sync: a replica that has not synced would be
-# promoted empty.)
-my @fast = ('--repl-diskless-sync-delay', '0');
-my $master = start_redis(args => [@fast]);
-my @replicas = map { start_redis(args => [@fast, '--replicaof', '127.0.0.1', $master->{port}]) } 1 .. 2;
-my %by_port = map { ($_->{port} => $_) } $master, @replicas;
-wait_until(sub { !grep { redis_cli($_, 'INFO', 'replication') !~ /master_link_status:up/ } @replicas }, 20)
-    or BAIL_OUT('the replicas did not sync');
-push @sentinels, start_sentinel($master->{port}) for 1 .. 3;
 # Each Sentinel knows the replicas and the others before anything is forced.
-wait_until(sub {
-    !grep { redis_cli($_, 'SENTINEL', 'master', 'm') !~ /num-other-sentinels\n2\n/ } @sentinels
-}, 20) or BAIL_OUT('the Sentinels did not find each other');
+my ($master, $replicas, $set) = eval { start_sentinel_set() } or BAIL_OUT($@);
+my @replicas = @$replicas;
+push @sentinels, @$set;
+my %by_port = map { ($_->{port} => $_) } $master, @replicas;
 
 my $upstream = join '', map { "    server 127.0.0.1:$_->{port};\n" } @sentinels;
 my $port = nginx_start(<<"HTTP", workers => 2);

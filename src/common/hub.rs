@@ -130,6 +130,9 @@ pub trait Hub {
     /// Its subscribers have been told that a server is unavailable, and it
     /// is not back yet: a new subscriber is told at once.
     fn unavailable(&self) -> bool;
+    /// The server it hears moved (a Sentinel set's master switched): its
+    /// connections go to the new one.
+    fn follow(&mut self) {}
 }
 
 /// A hub, as a subscription keeps it: the hubs live for the worker's life

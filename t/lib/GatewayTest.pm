@@ -50,7 +50,7 @@ our @EXPORT_OK = qw(http_request wait_until pg_server_line start_servers stop_se
     pg_restart start_extra_pg start_standby_pg nginx_signal nginx_exited start_redis kill_redis redis_cli garbage_port
     nginx_start stop_nginx nginx_error_log http_send http_send_request http_read http_get stretch under_valgrind listen_socket pg_sessions
     redis_info redis_connections redis_numsub key_slot tls_files nginx_workers proc_status_kb conf_line_of nginx_conf_test
-    periodic_bytes hold_port release_port start_sentinel stop_sentinel $RedisServer $RedisCli);
+    periodic_bytes hold_port release_port start_sentinel start_sentinel_set stop_sentinel $RedisServer $RedisCli);
 
 our $RedisServer = $ENV{TEST_REDIS_SERVER} || 'redis-server';
 our $RedisCli    = $ENV{TEST_REDIS_CLI}    || 'redis-cli';
@@ -592,15 +592,25 @@ sub stop_redis {
 # A Sentinel ($RedisServer --sentinel, so that TEST_REDIS_SERVER=valkey-server
 # runs one of Valkey's) watching the master set "m" on 127.0.0.1:$master_port
 # with `quorum` (2 unless told), a master down after 700 ms. Killed at the
-# end, or by stop_sentinel (its port then held).
+# end, or by stop_sentinel (its port then held). With tls => the folder of
+# tls_files: TLS on a second port (tls_port; the plain one stays, for
+# redis_cli), and TLS to the servers (tls-replication: $master_port is then
+# the master's TLS port).
 my @Sentinels;
 sub start_sentinel {
     my ($master_port, %opt) = @_;
     my $dir = tempdir('ngx-gateway-sentinel-XXXXXX', TMPDIR => 1, CLEANUP => 1);
     my $port = free_port();
     release_port($port);
+    my ($tls, $tls_port) = ('');
+    if (my $d = $opt{tls}) {
+        $tls_port = free_port();
+        release_port($tls_port);
+        $tls = "tls-port $tls_port\ntls-cert-file $d/server.crt\ntls-key-file $d/server.key\n"
+            . "tls-ca-cert-file $d/ca.crt\ntls-auth-clients no\ntls-replication yes\n";
+    }
     open my $fh, '>', "$dir/sentinel.conf" or die $!;
-    print $fh "port $port\nbind 127.0.0.1\ndir $dir\nlogfile $dir/sentinel.log\n",
+    print $fh "port $port\nbind 127.0.0.1\ndir $dir\nlogfile $dir/sentinel.log\n$tls",
         "sentinel monitor m 127.0.0.1 $master_port ", $opt{quorum} // 2, "\n",
         "sentinel down-after-milliseconds m 700\n",
         "sentinel failover-timeout m 4000\n",
@@ -613,12 +623,32 @@ sub start_sentinel {
         exec $RedisServer, "$dir/sentinel.conf", '--sentinel';
         exit 127;
     }
-    my %s = (port => $port, pid => $pid, dir => $dir);
+    my %s = (port => $port, pid => $pid, dir => $dir, tls_port => $tls_port);
     push @Sentinels, \%s;
     wait_until(sub { IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port) }, 10)
         or die "sentinel did not start on port $port\n";
     return \%s;
 }
+# A master set "m" for the Sentinel suites: a master, two replicas in sync
+# with it, and three Sentinels that know it, the replicas and each other.
+# (No delay before a full sync: a replica that has not synced would be
+# promoted empty.) Returns the master, the replicas and the Sentinels.
+sub start_sentinel_set {
+    my @fast = ('--repl-diskless-sync-delay', '0');
+    my $master = start_redis(args => [@fast]);
+    my @replicas = map { start_redis(args => [@fast, '--replicaof', '127.0.0.1', $master->{port}]) } 1 .. 2;
+    wait_until(sub { !grep { redis_cli($_, 'INFO', 'replication') !~ /master_link_status:up/ } @replicas }, 20)
+        or die "the replicas did not sync\n";
+    my @sentinels = map { start_sentinel($master->{port}) } 1 .. 3;
+    wait_until(sub {
+        !grep {
+            my $m = redis_cli($_, 'SENTINEL', 'master', 'm');
+            $m !~ /num-other-sentinels\n2\n/ || $m !~ /num-slaves\n2\n/
+        } @sentinels
+    }, 20) or die "the Sentinels did not find each other and the replicas\n";
+    return ($master, \@replicas, \@sentinels);
+}
+
 sub stop_sentinel {
     my ($s) = @_;
     kill 'KILL', $s->{pid};

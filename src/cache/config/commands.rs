@@ -129,6 +129,20 @@ impl<E: Entries> Commands<E> {
             0,
         ),
         command(
+            "cache_target\0",
+            LOC_ANY | NGX_CONF_TAKE1,
+            target::cmd_cache_target,
+            LOC,
+            0,
+        ),
+        command(
+            "cache_replica_max_lag\0",
+            LOC_ANY | NGX_CONF_TAKE1,
+            set_timeout_slot,
+            LOC,
+            offset_of!(CacheLocConf, replica_max_lag),
+        ),
+        command(
             "cache_pipeline\0",
             LOC_ANY | NGX_CONF_FLAG,
             ngx_conf_set_flag_slot,

@@ -5,6 +5,7 @@
 pub mod cluster;
 mod commands;
 pub mod sentinel;
+pub mod target;
 mod tls;
 
 pub use commands::Commands;
@@ -87,6 +88,14 @@ pub struct CacheLocConf {
     tls: String,
     /// Where `cache_ssl_verify` was written (for `nginx -t`'s messages).
     ssl_verify_at: Option<Position>,
+    /// `cache_ssl_name` as written, and whether it is a literal (no
+    /// variables): a Sentinel set's own connections verify it.
+    pub ssl_name_text: Option<(Vec<u8>, bool)>,
+    /// `cache_target`: where reads of a `cache_sentinel` set go (None:
+    /// not written; the master).
+    pub target: Option<target::Target>,
+    /// `cache_replica_max_lag`.
+    pub replica_max_lag: ngx_msec_t,
     /// Where `cache_subscribe` or `cache_publish` was written.
     channel_at: Option<Position>,
 }
@@ -175,6 +184,9 @@ create_conf_handler! {
             ssl_certificate_key: None,
             tls: String::new(),
             ssl_verify_at: None,
+            ssl_name_text: None,
+            target: None,
+            replica_max_lag: CONF_UNSET_MSEC,
             channel_at: None,
         }
     }
@@ -247,6 +259,13 @@ impl CacheLocConf {
             };
         }
         self.auth = self.auth.or(prev.auth);
+        self.target = self.target.or(prev.target);
+        merge_or(
+            &mut self.replica_max_lag,
+            prev.replica_max_lag,
+            CONF_UNSET_MSEC,
+            target::MAX_LAG,
+        );
         merge_or(
             &mut self.subscribe_heartbeat,
             prev.subscribe_heartbeat,
@@ -522,6 +541,7 @@ fn postconfigure(cf: Conf) -> Result<(), ConfError> {
     tls::same_tls_per_upstream(&cf, &mcf.pending)?;
     let pending = std::mem::take(&mut mcf.pending);
     sentinel::check(mcf, &pending)?;
+    target::check(mcf, &pending)?;
     mcf.pending = pending;
     let index = |name: &str| {
         if !cf.variable_declared(name.as_bytes()) {

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 
 use super::{Cache, CacheLocConf, CacheMainConf, PendingPass};
 use crate::ffi::conf::{upstream_server_addrs, ConfError, Position};
+use crate::ffi::net::TlsClient;
 use crate::ffi::*;
 
 /// An upstream block with `cache_sentinel`.
@@ -22,6 +23,11 @@ pub struct Sentinel {
     /// The connect timeout the watcher uses (the locations' smallest
     /// `cache_connect_timeout`).
     pub connect_timeout: ngx_msec_t,
+    /// TLS to the Sentinels and the servers (the locations' `cache_ssl`,
+    /// the same in each).
+    pub tls: Option<TlsClient>,
+    /// A location's reads may go to its replicas (`cache_target`).
+    pub replicas: bool,
     /// Its peer init is in place (a balancing method read after it would
     /// have replaced it).
     initialized: bool,
@@ -70,6 +76,8 @@ impl CacheMainConf {
                     auth: None,
                     data_auth: None,
                     connect_timeout: 0,
+                    tls: None,
+                    replicas: false,
                     initialized: false,
                     sentinels: Vec::new(),
                     at,
@@ -160,9 +168,9 @@ init_upstream_handler! {
 }
 
 /// Every `cache_sentinel` kept its balancer and names Sentinels; its
-/// locations agree on one literal password and use no TLS; no
-/// `cache_sentinel_auth` is alone. The data servers' password and connect
-/// timeout are taken from the locations.
+/// locations agree on one literal password (and on TLS: tls.rs); no
+/// `cache_sentinel_auth` is alone. The data servers' password, the connect
+/// timeout and TLS are taken from the locations.
 pub(super) fn check(mcf: &mut CacheMainConf, pending: &[PendingPass]) -> Result<(), ConfError> {
     let owner_of = mcf.owner_of;
     for s in mcf.sentinels.iter_mut() {
@@ -202,22 +210,23 @@ pub(super) fn check(mcf: &mut CacheMainConf, pending: &[PendingPass]) -> Result<
             // configuration; merging is over.
             let lcf: &CacheLocConf = unsafe { &*p.lcf };
             let at = || format!("{}:{}", p.claim.file(), p.claim.line());
-            if !lcf.upstream.ssl.is_null() {
-                return Err(format!(
-                    "\"cache_ssl\" with \"cache_pass\" to \"{}\", an upstream of \"cache_sentinel\", is not supported, in {}",
-                    s.upstream(),
-                    at()
-                )
-                .into());
-            }
-            if lcf.subscribe.is_some() || lcf.stream.is_some() {
-                return Err(format!(
-                    "\"cache_subscribe\" and \"cache_stream\" cannot pass to \"{}\", an upstream of \"cache_sentinel\", in {}",
-                    s.upstream(),
-                    at()
-                )
-                .into());
-            }
+            let tls = match (&lcf.ssl_name_text, lcf.upstream.ssl.is_null()) {
+                (_, true) => None,
+                (Some((_, false)), _) => {
+                    return Err(format!(
+                        "\"cache_ssl_name\" with variables and \"cache_pass\" to \"{}\", an upstream of \"cache_sentinel\" (the Sentinels and the servers are reached for no request), in {}",
+                        s.upstream(),
+                        at()
+                    )
+                    .into())
+                }
+                (name, false) => Some(TlsClient {
+                    ssl: lcf.upstream.ssl,
+                    verify: lcf.upstream.ssl_verify == 1,
+                    server_name: lcf.upstream.ssl_server_name == 1,
+                    name: name.as_ref().map_or_else(|| s.upstream().into_bytes(), |(n, _)| n.clone()),
+                }),
+            };
             let auth = lcf.auth_literal().ok_or_else(|| {
                 format!(
                     "\"cache_auth\" with variables and \"cache_pass\" to \"{}\", an upstream of \"cache_sentinel\" (the master is checked for no request), in {}",
@@ -229,6 +238,7 @@ pub(super) fn check(mcf: &mut CacheMainConf, pending: &[PendingPass]) -> Result<
                 None => {
                     s.data_auth = auth;
                     s.connect_timeout = lcf.upstream.connect_timeout;
+                    s.tls = tls;
                     first = Some(p);
                 }
                 Some(f) if s.data_auth != auth => {

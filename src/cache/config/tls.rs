@@ -65,8 +65,9 @@ impl CacheLocConf {
             });
         }
         // SAFETY: a complex value compiled into configuration memory.
-        let name = unsafe { self.upstream.ssl_name.as_ref() }
-            .map(|cv| String::from_utf8_lossy(cv.value.as_bytes()).into_owned());
+        let text = unsafe { self.upstream.ssl_name.as_ref() }.map(|cv| (cv.value.as_bytes(), cv.lengths.is_null()));
+        let name = text.map(|(n, _)| String::from_utf8_lossy(n).into_owned());
+        self.ssl_name_text = text.map(|(n, literal)| (n.to_vec(), literal));
         self.tls = format!(
             "{files:?} verify={} server_name={} name={name:?}",
             self.upstream.ssl_verify, self.upstream.ssl_server_name

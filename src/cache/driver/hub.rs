@@ -19,6 +19,11 @@
 //! reached, the log says so once for that connection and the subscribers
 //! hear it once (hub::Outage). The subscribers' side is
 //! crate::common::sse's, shared with `sqldb_listen`.
+//!
+//! The hub of a `cache_sentinel` upstream has one connection, to the master
+//! its set confirmed (sentinel::Follow): made again there after a switch,
+//! as for any connection lost (the subscribers get `event: reconnect`);
+//! while no master is confirmed, its attempts fail as for a server down.
 
 use std::collections::BTreeSet;
 use std::ffi::c_void;
@@ -28,9 +33,11 @@ use gateway_core::resp::Scan;
 
 use super::authfail;
 use super::conn::{run_owner, Dial, Owner, RedisConn, State, Step};
+use super::sentinel::Follow;
 use crate::common::hub::{self, Added, Channels, Hub, HubSink};
 use crate::common::reconnect::{self, Supervised, Supervisor};
 use crate::common::token::ReqToken;
+use crate::ffi::conf::sockaddr_bytes;
 use crate::ffi::net::TlsClient;
 use crate::ffi::*;
 use crate::log;
@@ -92,6 +99,8 @@ pub struct RedisHub {
     tell: bool,
     /// They heard it (or are to), and no connection is up since.
     told: bool,
+    /// The Sentinel set whose master its one connection goes to.
+    follow: Option<Follow>,
 }
 
 /// What a hub is made of.
@@ -105,6 +114,9 @@ pub struct HubSettings {
     pub auth_key: Option<u64>,
     pub tls: Option<TlsClient>,
     pub connect_timeout: ngx_msec_t,
+    /// A Sentinel set's master (one group, whose address is set at each
+    /// connection).
+    pub follow: Option<Follow>,
 }
 
 impl RedisHub {
@@ -116,6 +128,7 @@ impl RedisHub {
             auth_key,
             tls,
             connect_timeout,
+            follow,
         } = settings;
         let mut h = Box::new(RedisHub {
             upstream,
@@ -129,6 +142,7 @@ impl RedisHub {
             settle_later: RetryTimer::new(std::ptr::null_mut(), Some(settle_event)),
             tell: false,
             told: false,
+            follow,
         });
         let hub: *mut RedisHub = &mut *h;
         h.settle_later.set_data(hub.cast());
@@ -234,6 +248,17 @@ impl RedisHub {
     }
 
     fn connect(&mut self, i: usize) {
+        if let Some(f) = self.follow.as_mut() {
+            match f.target() {
+                Ok(a) => {
+                    self.links[i].addrs = vec![Addr {
+                        sockaddr: sockaddr_bytes(a),
+                        name: a.to_string(),
+                    }]
+                }
+                Err(why) => return self.lost(i, &why),
+            }
+        }
         let l = &self.links[i];
         let Some(addr) = l
             .addrs
@@ -454,6 +479,28 @@ impl Hub for RedisHub {
 
     fn unavailable(&self) -> bool {
         self.told && !self.tell
+    }
+
+    /// Its set confirmed a master: a connection that is down is made now,
+    /// one to another server is made again there.
+    fn follow(&mut self) {
+        let Some(f) = &self.follow else { return };
+        let (Some(master), moved) = (f.confirmed(), f.moved()) else {
+            return;
+        };
+        if self.channels.is_empty() {
+            return;
+        }
+        for i in 0..self.links.len() {
+            match self.links[i].conn.state() {
+                State::Down => self.connect(i),
+                _ if moved.is_some() => {
+                    self.lost(i, &format!("the master of its sentinel set switched to {master}"));
+                    self.connect(i);
+                }
+                _ => {}
+            }
+        }
     }
 }
 

@@ -14,12 +14,13 @@ pub mod sentinel;
 pub mod streams;
 
 use std::cell::{Cell, RefCell};
+use std::ptr::NonNull;
 use std::rc::Rc;
 
 use crate::cache::error::Error;
 use gateway_core::cluster::Topology;
 
-use crate::common::hub::HubRef;
+use crate::common::hub::{Hub, HubRef};
 use crate::common::token::ReqToken;
 use crate::ffi::net::TlsClient;
 use crate::ffi::{ngx_msec_t, Log};
@@ -238,6 +239,25 @@ pub fn stream_hub(
         // runs (WORKER): each lives, unmoved, for the worker's life.
         Some(unsafe { HubRef::new(std::ptr::NonNull::from(h)) })
     })
+}
+
+/// A Sentinel set (`key`: its upstream block) confirmed its master: the
+/// hubs of the block (`cache_subscribe`, `cache_stream`) go to it, if
+/// their connections are elsewhere or down.
+pub fn follow_master(key: usize) {
+    let hubs: Vec<HubRef> = WORKER.with(|w| {
+        let mut subs = w.hubs.borrow_mut();
+        let mut reads = w.streams.borrow_mut();
+        let subs = subs.iter_mut().filter(|e| e.0 == key);
+        let subs = subs.map(|e| NonNull::from(&mut *e.2 as &mut (dyn Hub + 'static)));
+        let reads = reads.iter_mut().filter(|e| e.0 == key);
+        let reads = reads.map(|e| NonNull::from(&mut *e.2 as &mut (dyn Hub + 'static)));
+        // SAFETY: as in `hub`: the worker's hubs live, unmoved, for its life.
+        subs.chain(reads).map(|h| unsafe { HubRef::new(h) }).collect()
+    });
+    for h in hubs {
+        h.with(|h| h.follow());
+    }
 }
 
 /// The worker's map of a cluster (`key`: its upstream block), made from its

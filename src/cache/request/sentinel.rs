@@ -10,12 +10,20 @@
 //! next-upstream step) goes to the master they name once it is confirmed.
 //! Requests on shared connections wait for it (pipelined::dispatch);
 //! those with `cache_pipeline off` get 502 while there is none.
+//!
+//! A read (GET, HEAD) of a location with `cache_target replica` or
+//! `prefer-replica` goes to a replica the set's probes find usable (its
+//! lag within `cache_replica_max_lag`), in turn; with none, `replica`
+//! answers 503 (502 with `cache_pipeline off`) and `prefer-replica` goes to
+//! the master. A replica that fails a try is left out until its next
+//! probe, and the try goes on through nginx's next-upstream step.
 
 use std::net::SocketAddr;
 
 use super::ctx_of;
 use crate::cache::config::sentinel::Sentinel;
-use crate::cache::config::{Cache, CacheMainConf};
+use crate::cache::config::target::Target;
+use crate::cache::config::{Cache, CacheLocConf, CacheMainConf};
 use crate::cache::driver::sentinel::{self as watch, SetConf};
 use crate::ffi::balancer::{self, Inner, Wrapper};
 use crate::ffi::conf::socket_addr;
@@ -32,14 +40,43 @@ pub struct SentinelReq {
     /// The current try's server said it cannot take the command
     /// (`READONLY`): it is not the master.
     pub not_now: bool,
+    /// A read that may go to a replica: the location's target, and its
+    /// `cache_replica_max_lag`.
+    reads: Option<(Target, ngx_msec_t)>,
+    /// The current try goes to a replica.
+    on_replica: bool,
+}
+
+/// Where a request goes now.
+pub enum Route {
+    Replica(SocketAddr),
+    /// `cache_target replica`, and no replica is usable now.
+    NoReplica,
+    Master,
 }
 
 impl SentinelReq {
-    pub fn new(set: &Sentinel) -> SentinelReq {
+    pub fn new(set: &Sentinel, reads: Option<(Target, ngx_msec_t)>) -> SentinelReq {
         SentinelReq {
             set,
             current: None,
             not_now: false,
+            reads,
+            on_replica: false,
+        }
+    }
+
+    /// A replica, when the request is a read that may go to one (`take`:
+    /// the try goes there).
+    pub fn route(&self, take: bool) -> Route {
+        let Some((target, max_lag)) = self.reads else {
+            return Route::Master;
+        };
+        let s = self.set();
+        match (watch::replica(s.key(), || conf_of(s), max_lag, take), target) {
+            (Some(a), _) => Route::Replica(a),
+            (None, Target::Replica) => Route::NoReplica,
+            (None, _) => Route::Master,
         }
     }
 
@@ -63,7 +100,7 @@ impl SentinelReq {
 }
 
 /// The worker's settings of a set, from the configuration.
-fn conf_of(s: &Sentinel) -> SetConf {
+pub(super) fn conf_of(s: &Sentinel) -> SetConf {
     SetConf {
         key: s.key(),
         upstream: s.upstream(),
@@ -72,6 +109,8 @@ fn conf_of(s: &Sentinel) -> SetConf {
         auth: s.auth.clone(),
         data_auth: s.data_auth.clone(),
         connect_timeout: s.connect_timeout,
+        tls: s.tls.clone(),
+        replicas: s.replicas,
     }
 }
 
@@ -88,13 +127,20 @@ peer_init_handler! {
         let Some(rr) = Inner::init(r, us, None) else { return ERROR };
         let mcf: &CacheMainConf = r.main_conf::<Cache>();
         let Some(set) = mcf.sentinel_of(us) else { return ERROR };
+        let lcf: &CacheLocConf = r.loc_conf::<Cache>();
         let Some(ctx) = ctx_of(r) else {
             // A request of another module (proxy_pass to this block): it
             // would go to a Sentinel.
             return ERROR;
         };
         if ctx.sentinel.is_none() {
-            ctx.sentinel = Some(SentinelReq::new(set));
+            // (Reads only: a write goes to the master whatever the target.)
+            let read = ctx.command == gateway_core::redis::Command::Get;
+            let reads = lcf
+                .target
+                .filter(|t| read && lcf.reads_replicas() && *t != Target::Master)
+                .map(|t| (t, lcf.replica_max_lag));
+            ctx.sentinel = Some(SentinelReq::new(set, reads));
         }
         let (pool, rp) = (r.pool(), r.as_ptr());
         let Some(u) = r.upstream() else { return ERROR };
@@ -122,7 +168,21 @@ impl Wrapper for PeerData {
             return ERROR;
         };
         self.rr.set_unused();
-        let Some(addr) = sr.master() else {
+        let replica = match sr.route(true) {
+            Route::Replica(a) => Some(a),
+            Route::NoReplica => {
+                crate::log!(
+                    NGX_LOG_ERR,
+                    log,
+                    "cache: no replica of sentinel set \"{}\" is usable now",
+                    String::from_utf8_lossy(&sr.set().name)
+                );
+                return BUSY;
+            }
+            Route::Master => None,
+        };
+        sr.on_replica = replica.is_some();
+        let Some(addr) = replica.or_else(|| sr.master()) else {
             crate::log!(
                 NGX_LOG_ERR,
                 log,
@@ -154,6 +214,13 @@ impl Wrapper for PeerData {
             return;
         };
         let failed = state & NGX_PEER_FAILED as ngx_uint_t != 0;
+        if std::mem::take(&mut sr.on_replica) {
+            if let Some(addr) = sr.current.take().filter(|_| failed) {
+                let s = sr.set();
+                watch::replica_failed(s.key(), || conf_of(s), addr);
+            }
+            return;
+        }
         let why = if sr.not_now {
             "it cannot take writes (READONLY)"
         } else if failed {

@@ -8,7 +8,7 @@ use gateway_core::streams;
 
 use super::tls_of_location;
 use crate::cache::config::{Cache, CacheLocConf};
-use crate::cache::driver::{self, authfail, hub::Addr, streams::StreamSettings};
+use crate::cache::driver::{self, authfail, hub::Addr, sentinel::Follow, streams::StreamSettings};
 use crate::common::hub::HubRef;
 use crate::common::sse::{self, Fanout, Refused, Resume};
 use crate::ffi::conf::upstream_servers;
@@ -122,10 +122,20 @@ fn hub(r: &mut Req, lcf: &CacheLocConf, auth: Option<Vec<u8>>) -> Option<HubRef>
             .map(|pw| authfail::key(&authfail::block_scope(block), pw));
         // A cluster's keys are read on the masters of their slots, as the
         // worker's map says (the addresses are its seeds).
-        let cluster = r
-            .main_conf::<Cache>()
+        let mcf = r.main_conf::<Cache>();
+        let cluster = mcf
             .cluster_of(block)
             .map(|c| driver::cluster_map(block as usize, || c.seeds.clone()));
+        // A Sentinel set's master (its servers are the Sentinels).
+        let follow = mcf.sentinel_of(block).map(|s| Follow::new(super::sentinel::conf_of(s)));
+        let addrs = if follow.is_some() {
+            vec![Addr {
+                sockaddr: Vec::new(),
+                name: name.clone(),
+            }]
+        } else {
+            addrs
+        };
         Some(StreamSettings {
             cluster,
             upstream: name,
@@ -134,6 +144,7 @@ fn hub(r: &mut Req, lcf: &CacheLocConf, auth: Option<Vec<u8>>) -> Option<HubRef>
             auth_key,
             tls,
             connect_timeout: lcf.upstream.connect_timeout,
+            follow,
         })
     };
     driver::stream_hub(block as usize, auth.clone(), &FANOUT, make)

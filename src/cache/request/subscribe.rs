@@ -6,7 +6,7 @@ use gateway_core::pubsub;
 
 use super::tls_of_location;
 use crate::cache::config::{Cache, CacheLocConf};
-use crate::cache::driver::{self, authfail, hub::Addr, hub::HubSettings};
+use crate::cache::driver::{self, authfail, hub::Addr, hub::HubSettings, sentinel::Follow};
 use crate::common::hub::HubRef;
 use crate::common::sse::{self, Fanout, Refused};
 use crate::ffi::conf::upstream_servers;
@@ -74,8 +74,17 @@ fn hub(r: &mut Req, lcf: &CacheLocConf, auth: Option<Vec<u8>>) -> Option<HubRef>
             .as_deref()
             .map(|pw| authfail::key(&authfail::block_scope(block), pw));
         // A cluster delivers every PUBLISH on each node: one connection, to
-        // its nodes in turn. Otherwise one connection to each address.
-        let groups = if r.main_conf::<Cache>().cluster_of(block).is_some() {
+        // its nodes in turn; a Sentinel set's master: one connection, there
+        // (its servers are the Sentinels). Otherwise one connection to each
+        // address.
+        let mcf = r.main_conf::<Cache>();
+        let follow = mcf.sentinel_of(block).map(|s| Follow::new(super::sentinel::conf_of(s)));
+        let groups = if follow.is_some() {
+            vec![vec![Addr {
+                sockaddr: Vec::new(),
+                name: name.clone(),
+            }]]
+        } else if mcf.cluster_of(block).is_some() {
             vec![addrs]
         } else {
             addrs.into_iter().map(|a| vec![a]).collect()
@@ -87,6 +96,7 @@ fn hub(r: &mut Req, lcf: &CacheLocConf, auth: Option<Vec<u8>>) -> Option<HubRef>
             auth_key,
             tls,
             connect_timeout: lcf.upstream.connect_timeout,
+            follow,
         })
     };
     driver::hub(block as usize, auth.clone(), &FANOUT, make)

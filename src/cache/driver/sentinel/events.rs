@@ -78,6 +78,15 @@ event_handler! {
 }
 
 event_handler! {
+    /// The next round of `ROLE` to the master and the replicas.
+    pub(super) fn probe_event(ev) = "cache sentinel replica probe", {
+        ev.take_timedout();
+        // SAFETY: the timer is a set's (new).
+        unsafe { lend_set(ev.data(), SetState::probe) };
+    }
+}
+
+event_handler! {
     /// A failover held the set long enough: the Sentinels are asked again,
     /// whatever they name.
     pub(super) fn hold_event(ev) = "cache sentinel failover hold", {
@@ -112,13 +121,18 @@ event_handler! {
             } else {
                 Vec::new()
             };
-            (std::mem::take(&mut s.left), waiting)
+            let follow = s.master.is_some().then_some(s.conf.key);
+            (std::mem::take(&mut s.left), waiting, follow)
         };
         // SAFETY: the event is a set's (new); the loan ends here, before
         // any request runs.
-        let (left, waiting) = unsafe { lend_set(ev.data(), take) };
+        let (left, waiting, follow) = unsafe { lend_set(ev.data(), take) };
         for a in left {
             super::super::pipes().close_to(a, "the master of its sentinel set switched");
+        }
+        // (The hubs of the block: their connections go to the master.)
+        if let Some(key) = follow {
+            super::super::follow_master(key);
         }
         for (t, resume) in waiting {
             token::with_request(t, |r| {

@@ -32,14 +32,22 @@ use gateway_core::resp::{self, Value};
 
 use super::conn::{Dial, Owner, RedisConn, State};
 mod events;
+mod follow;
+mod probe;
 mod reply;
 
 use crate::common::hub;
 use crate::common::token::{self, ReqToken};
 use crate::ffi::conf::sockaddr_bytes;
+use crate::ffi::net::TlsClient;
 use crate::ffi::*;
 use crate::{log, metrics};
-use events::{check_deadline_event, hold_event, query_deadline_event, retry_event, wake_event, watch_retry_event};
+use events::{
+    check_deadline_event, hold_event, probe_event, query_deadline_event, retry_event, wake_event, watch_retry_event,
+};
+pub use follow::Follow;
+pub use probe::{replica, replica_failed};
+use probe::{Offsets, Probe};
 pub use reply::Replica;
 use reply::{is_bulk, parse_addr, parse_replicas};
 
@@ -56,6 +64,8 @@ const SWITCH: &[u8] = b"+switch-master";
 const PROMOTED: &[u8] = b"+promoted-slave";
 /// A replica chosen for promotion (the old master is left from then on).
 const SELECTED: &[u8] = b"+selected-slave";
+/// A replica found, or found down or up again: the replicas are asked for.
+const REPLICA_EVENTS: [&[u8]; 3] = [b"+slave", b"+sdown", b"-sdown"];
 /// How long a failover that began holds the set at most (ms): its
 /// requests wait for the promoted replica until then; after it, the
 /// Sentinels are asked again.
@@ -72,6 +82,10 @@ pub struct SetConf {
     pub auth: Option<Vec<u8>>,
     pub data_auth: Option<Vec<u8>>,
     pub connect_timeout: ngx_msec_t,
+    /// TLS to the Sentinels and the servers (`cache_ssl`).
+    pub tls: Option<TlsClient>,
+    /// Reads may go to replicas (`cache_target`): they are probed.
+    pub replicas: bool,
 }
 
 /// A reply a connection waits for.
@@ -80,14 +94,23 @@ enum Due {
     Auth,
     MasterAddr,
     Replicas,
+    /// `SENTINEL replicas` alone (probe.rs): the master is not asked.
+    ReplicasOnly,
     Role,
     Subscribe,
+    Probe,
 }
 
 const QUERY: usize = 0;
 const CHECK: usize = 1;
+/// The probes (`ROLE` every round, probe.rs): the master's, and replica
+/// k's at PREPLICA + k.
+const PMASTER: usize = 2;
+const PREPLICA: usize = 3;
+/// The replicas probed, at most.
+pub const MAX_REPLICAS: usize = 8;
 /// The watch of Sentinel k is link WATCH + k.
-const WATCH: usize = 2;
+const WATCH: usize = PREPLICA + MAX_REPLICAS;
 
 struct Link {
     /// Its set, and its place there (for its events).
@@ -135,6 +158,17 @@ pub struct SetState {
     /// (a server that takes connections and does not answer) fails.
     query_deadline: RetryTimer,
     check_deadline: RetryTimer,
+    /// What each replica's last `ROLE` said (probe.rs), the master's
+    /// offsets, the probes' round, the replica the last read went to.
+    probes: Vec<Probe>,
+    offsets: Offsets,
+    probe_timer: RetryTimer,
+    turn: usize,
+    /// The replicas are to be asked for (a Sentinel told of one, or the
+    /// master switched): the next probe round asks, the master aside.
+    replicas_stale: bool,
+    /// The question under way asks for the replicas only.
+    replicas_only: bool,
 }
 
 thread_local! {
@@ -159,14 +193,13 @@ fn with_set<T>(conf: impl FnOnce() -> SetConf, key: usize, f: impl FnOnce(&mut S
             }
         }
     });
-    // SAFETY: the sets are boxed and kept for the worker's life (never
-    // taken out of SETS), and reached only through `hub::lend`.
-    unsafe {
-        if new {
-            hub::lend(set, SetState::start);
-        }
-        hub::lend(set, f)
+    if new {
+        // SAFETY: the sets are boxed and kept for the worker's life (never
+        // taken out of SETS), and reached only through `hub::lend`.
+        unsafe { hub::lend(set, SetState::start) };
     }
+    // SAFETY: as above.
+    unsafe { hub::lend(set, f) }
 }
 
 /// What a request finds: the confirmed master, and the replicas.
@@ -240,6 +273,12 @@ impl SetState {
             wake: RetryTimer::new(std::ptr::null_mut(), Some(wake_event)),
             query_deadline: RetryTimer::new(std::ptr::null_mut(), Some(query_deadline_event)),
             check_deadline: RetryTimer::new(std::ptr::null_mut(), Some(check_deadline_event)),
+            probes: vec![Probe::default(); MAX_REPLICAS],
+            offsets: Offsets::default(),
+            probe_timer: RetryTimer::new(std::ptr::null_mut(), Some(probe_event)),
+            turn: 0,
+            replicas_stale: false,
+            replicas_only: false,
         });
         let p: *mut SetState = &mut *s;
         for index in 0..WATCH + n {
@@ -258,6 +297,7 @@ impl SetState {
         s.wake.set_data(p.cast());
         s.query_deadline.set_data(p.cast());
         s.check_deadline.set_data(p.cast());
+        s.probe_timer.set_data(p.cast());
         s
     }
 
@@ -268,6 +308,9 @@ impl SetState {
     fn start(&mut self) {
         self.query();
         self.watch();
+        if self.conf.replicas {
+            self.probe();
+        }
     }
 
     /// No question or check under way, none planned.
@@ -288,7 +331,7 @@ impl SetState {
         let bytes = sockaddr_bytes(addr);
         let dial = Dial {
             addr: &bytes,
-            tls: None,
+            tls: self.conf.tls.as_ref(),
             connect_timeout: self.conf.connect_timeout,
             keepalive: i >= WATCH,
             log: None,
@@ -325,6 +368,7 @@ impl SetState {
             return;
         }
         self.retry.stop();
+        self.replicas_only = false;
         let addr = self.conf.sentinels[self.ask % self.conf.sentinels.len()];
         let (mut out, mut due) = (Vec::new(), VecDeque::new());
         self.sentinel_auth(&mut out, &mut due);
@@ -346,8 +390,12 @@ impl SetState {
             }
             let (mut out, mut due) = (Vec::new(), VecDeque::new());
             self.sentinel_auth(&mut out, &mut due);
-            resp::command(&mut out, &[b"SUBSCRIBE", SELECTED, PROMOTED, SWITCH]);
-            due.extend([Due::Subscribe, Due::Subscribe, Due::Subscribe]);
+            let mut channels = vec![b"SUBSCRIBE".as_slice(), SELECTED, PROMOTED, SWITCH];
+            if self.conf.replicas {
+                channels.extend(REPLICA_EVENTS);
+            }
+            resp::command(&mut out, &channels);
+            due.extend(channels[1..].iter().map(|_| Due::Subscribe));
             self.open(WATCH + k, self.conf.sentinels[k], out, due);
         }
     }
@@ -410,7 +458,11 @@ impl SetState {
                 self.unreachable(self.ask % n, &why);
                 self.ask = (self.ask + 1) % n;
                 self.tried += 1;
-                if self.tried < n {
+                if std::mem::take(&mut self.replicas_only) {
+                    // (The next round asks the next Sentinel.)
+                    self.replicas_stale = true;
+                    self.tried = 0;
+                } else if self.tried < n {
                     self.query();
                 } else {
                     self.tried = 0;
@@ -433,6 +485,7 @@ impl SetState {
                     self.retry.start(RETRY_MS);
                 }
             }
+            _ if i < WATCH => self.probe_failed(i),
             _ => {
                 self.unreachable(i - WATCH, &why);
                 if !self.watch_retry.pending() {
@@ -498,6 +551,13 @@ impl SetState {
             }
             metrics::add(Id::CacheSentinelMaster, &[&upstream, &name, &new], 1);
             self.current = Some(addr);
+            // (The replicas are read from again once they say they follow
+            // it, and asked for soon: the Sentinels list them anew.)
+            self.offsets.clear();
+            for p in &mut self.probes {
+                p.ok = false;
+            }
+            self.replicas_stale = true;
         }
         self.master = Some(addr);
         self.left.retain(|a| *a != addr);
@@ -510,6 +570,8 @@ impl SetState {
         let due = self.links[i].due.pop_front();
         match (due, v) {
             (Some(Due::Auth), Value::Status(_)) => {}
+            (Some(Due::Probe), Value::Error(m)) => self.failed(i, String::from_utf8_lossy(&m).into_owned()),
+            (Some(Due::Probe), v) => self.probed(i, v),
             (Some(Due::Auth), Value::Error(m)) => {
                 self.failed(i, format!("AUTH was refused: {}", String::from_utf8_lossy(&m)))
             }
@@ -520,6 +582,10 @@ impl SetState {
             (Some(Due::MasterAddr), Value::Nil) => {
                 let why = format!("it watches no master set \"{}\"", self.name());
                 self.failed(i, why)
+            }
+            (Some(Due::ReplicasOnly), Value::Array(a)) => {
+                self.replicas = parse_replicas(&a);
+                self.replicas_answered();
             }
             (Some(Due::Replicas), Value::Array(a)) => {
                 self.replicas = parse_replicas(&a);
@@ -556,6 +622,9 @@ impl SetState {
                 (Some(Value::Bulk(ch)), Some(Value::Bulk(text))) if ch == PROMOTED => self.promoted(text),
                 (Some(Value::Bulk(ch)), Some(Value::Bulk(text))) if ch == SELECTED => self.selected(text),
                 (Some(Value::Bulk(ch)), Some(Value::Bulk(text))) if ch == SWITCH => self.switched(text),
+                (Some(Value::Bulk(ch)), Some(Value::Bulk(text))) if REPLICA_EVENTS.contains(&ch.as_slice()) => {
+                    self.replica_event(text)
+                }
                 _ => {}
             },
             (_, Value::Error(m)) => self.failed(i, String::from_utf8_lossy(&m).into_owned()),

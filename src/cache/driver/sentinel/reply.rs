@@ -10,6 +10,8 @@ pub struct Replica {
     pub addr: SocketAddr,
     /// Its link to the master is up and no Sentinel finds it down.
     pub ok: bool,
+    /// A Sentinel finds it down or cannot reach it.
+    pub down: bool,
 }
 
 pub fn is_bulk(v: Option<&Value>, want: &[u8]) -> bool {
@@ -61,6 +63,7 @@ pub fn parse_replicas(list: &[Value]) -> Vec<Replica> {
         out.push(Replica {
             addr,
             ok: !down && link_ok,
+            down,
         });
     }
     out

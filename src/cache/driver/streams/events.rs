@@ -10,6 +10,31 @@ use crate::common::hub;
 use crate::common::reconnect::{self, Supervised, Supervisor};
 use crate::ffi::*;
 
+impl StreamHub {
+    /// Its Sentinel set confirmed a master: a connection that is down is
+    /// made now, one to another server is made again there (reading on
+    /// from each key's position).
+    pub(super) fn follow_master(&mut self) {
+        let Some(f) = &self.follow else { return };
+        let (Some(master), moved) = (f.confirmed(), f.moved()) else {
+            return;
+        };
+        for i in 0..self.links.len() {
+            if !self.has_work(i) {
+                continue;
+            }
+            match self.links[i].conn.state() {
+                State::Down => self.connect(i),
+                _ if moved.is_some() => {
+                    self.lost(i, &format!("the master of its sentinel set switched to {master}"));
+                    self.connect(i);
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
 impl Supervised for StreamHub {
     fn supervisor(&mut self, i: usize) -> &mut Supervisor {
         &mut self.links[i].sup

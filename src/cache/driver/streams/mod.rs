@@ -56,6 +56,10 @@
 //! `-MOVED`, or a lost master, makes the seed connection (the configured
 //! servers in turn) ask `CLUSTER SLOTS`; the keys go where the new map
 //! says and read on from their positions.
+//!
+//! To a `cache_sentinel` upstream the one connection goes to the master its
+//! set confirmed (sentinel::Follow), and after a switch to the new one,
+//! reading on from each key's position.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
@@ -71,6 +75,7 @@ use gateway_core::streams::{self, EntryId};
 use super::authfail;
 use super::conn::{Dial, RedisConn, State, Step};
 use super::hub::Addr;
+use super::sentinel::Follow;
 use crate::common::hub::Hub;
 use crate::common::reconnect::{self, Supervised, Supervisor};
 use crate::common::sse::StreamSink;
@@ -215,6 +220,8 @@ pub struct StreamHub {
     tell_later: RetryTimer,
     /// Lets the keys of slots being migrated be asked again.
     ask_later: RetryTimer,
+    /// The Sentinel set whose master its connection goes to.
+    follow: Option<Follow>,
 }
 
 /// What a stream hub is made of.
@@ -228,6 +235,8 @@ pub struct StreamSettings {
     pub connect_timeout: ngx_msec_t,
     /// A cluster's map (`cache_cluster`): the addresses are its seeds.
     pub cluster: Option<Rc<RefCell<Topology>>>,
+    /// A Sentinel set's master (the address is set at each connection).
+    pub follow: Option<Follow>,
 }
 
 impl StreamHub {
@@ -250,6 +259,7 @@ impl StreamHub {
             told: false,
             tell_later: RetryTimer::new(std::ptr::null_mut(), Some(tell_event)),
             ask_later: RetryTimer::new(std::ptr::null_mut(), Some(ask_event)),
+            follow: s.follow,
         });
         let data: *mut StreamHub = &mut *h;
         h.tell_later.set_data(data.cast());
@@ -373,6 +383,17 @@ impl StreamHub {
     }
 
     fn connect(&mut self, i: usize) {
+        if let Some(f) = self.follow.as_mut() {
+            match f.target() {
+                Ok(a) => {
+                    self.links[i].addrs = vec![Addr {
+                        sockaddr: crate::ffi::conf::sockaddr_bytes(a),
+                        name: a.to_string(),
+                    }]
+                }
+                Err(why) => return self.lost(i, &why),
+            }
+        }
         let l = &self.links[i];
         let Some(addr) = l
             .addrs
@@ -719,5 +740,9 @@ impl Hub for StreamHub {
 
     fn unavailable(&self) -> bool {
         self.told && !self.tell_later.posted()
+    }
+
+    fn follow(&mut self) {
+        self.follow_master();
     }
 }

@@ -10,6 +10,7 @@ use std::rc::Rc;
 
 use gateway_core::redis;
 
+use super::sentinel::Route;
 use super::{ctx_of, tls_of_location};
 use crate::cache::config::{Cache, CacheLocConf};
 use crate::cache::driver::{self, authfail, next_ping, DbStep, Endpoint, Handle, Outcome, PipeId, Sink};
@@ -623,6 +624,14 @@ fn sentinel_ready(r: &mut Req) -> bool {
     let (Some(sr), Some(s)) = (ctx.sentinel.as_ref(), ctx.shared.as_mut()) else {
         return true;
     };
+    match sr.route(false) {
+        Route::Replica(_) => return true,
+        Route::NoReplica => {
+            no_server(r, "no replica of the sentinel set is usable now (cache_target replica)");
+            return false;
+        }
+        Route::Master => {}
+    }
     if sr.master().is_some() {
         return true;
     }
@@ -655,12 +664,17 @@ fn resume_parked(r: &mut Req) {
 /// asked again in a second.
 fn no_master(r: &mut Req) {
     let lcf: &CacheLocConf = r.loc_conf::<Cache>();
-    log!(
-        NGX_LOG_ERR,
-        r.log(),
-        "cache: no master of the sentinel set was confirmed within {} ms (cache_connect_timeout)",
+    let why = format!(
+        "no master of the sentinel set was confirmed within {} ms (cache_connect_timeout)",
         lcf.upstream.connect_timeout
     );
+    no_server(r, &why);
+}
+
+/// No server of the set can take the request now: 503, to be asked again
+/// in a second.
+fn no_server(r: &mut Req, why: &str) {
+    log!(NGX_LOG_ERR, r.log(), "cache: {why}");
     if !r.add_header("Retry-After", "1") {
         return end(r, HTTP_INTERNAL_SERVER_ERROR);
     }
