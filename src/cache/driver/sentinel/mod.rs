@@ -32,6 +32,7 @@ use gateway_core::resp::{self, Value};
 
 use super::conn::{Dial, Owner, RedisConn, State};
 mod events;
+mod failover;
 mod follow;
 mod probe;
 mod reply;
@@ -149,6 +150,8 @@ pub struct SetState {
     waiting: Vec<(ReqToken, Resume)>,
     /// Masters left: their shared connections close.
     left: Vec<SocketAddr>,
+    /// The master the last switch left, and when (failover.rs).
+    gone: Option<(SocketAddr, ngx_msec_t)>,
     retry: RetryTimer,
     watch_retry: RetryTimer,
     hold: RetryTimer,
@@ -266,6 +269,7 @@ impl SetState {
             down: vec![false; n],
             waiting: Vec::new(),
             left: Vec::new(),
+            gone: None,
             retry: RetryTimer::new(std::ptr::null_mut(), Some(retry_event)),
             watch_retry: RetryTimer::new(std::ptr::null_mut(), Some(watch_retry_event)),
             hold: RetryTimer::new(std::ptr::null_mut(), Some(hold_event)),
@@ -507,6 +511,7 @@ impl SetState {
             Some(a) if self.master == Some(a) => self.refresh.start(REFRESH_MS),
             // (The master a failover leaves, named until the switch.)
             Some(a) if self.held == Some(a) => self.retry.start(RETRY_MS),
+            Some(a) if self.just_left(a) => self.not_told(),
             Some(a) => {
                 // (The Sentinels are the authority: the master confirmed
                 // before is not one until this one is checked.)
@@ -542,6 +547,7 @@ impl SetState {
                     metrics::add(Id::CacheSentinelSwitches, &[&upstream, &name], 1);
                     metrics::add(Id::CacheSentinelMaster, &[&upstream, &name, &old.to_string()], -1);
                     self.left.push(old);
+                    self.gone = Some((old, current_msec()));
                 }
                 None => log!(
                     NGX_LOG_NOTICE,
@@ -630,77 +636,6 @@ impl SetState {
             (_, Value::Error(m)) => self.failed(i, String::from_utf8_lossy(&m).into_owned()),
             _ => self.failed(i, "an unexpected reply".to_owned()),
         }
-    }
-
-    /// `+switch-master NAME old-ip old-port new-ip new-port`.
-    fn switched(&mut self, text: &[u8]) {
-        let parts: Vec<&[u8]> = text.split(|b| *b == b' ').collect();
-        let [name, _, _, ip, port] = parts[..] else { return };
-        if name != self.conf.name.as_slice() {
-            return;
-        }
-        let addr = parse_addr(Some(&Value::Bulk(ip.to_vec())), Some(&Value::Bulk(port.to_vec())));
-        let Some(addr) = addr else { return };
-        self.held = None;
-        self.hold.stop();
-        self.check_new(addr);
-    }
-
-    /// `addr` is the master now, the Sentinels say: checked, unless it is
-    /// confirmed or being checked.
-    fn check_new(&mut self, addr: SocketAddr) {
-        let checking = self.links[CHECK].conn.state() != State::Down;
-        if self.master == Some(addr) || checking && self.links[CHECK].peer == Some(addr) {
-            return;
-        }
-        self.master = None;
-        self.check(addr);
-    }
-
-    /// `+selected-slave slave IP:PORT IP PORT @ NAME MASTER-IP MASTER-PORT`:
-    /// a failover of the master began; it takes no more requests (what it
-    /// takes from now on the promoted replica would not have).
-    fn selected(&mut self, text: &[u8]) {
-        let parts: Vec<&[u8]> = text.split(|b| *b == b' ').collect();
-        let [_, _, _, _, _, name, ip, port] = parts[..] else {
-            return;
-        };
-        if name != self.conf.name.as_slice() {
-            return;
-        }
-        let old = parse_addr(Some(&Value::Bulk(ip.to_vec())), Some(&Value::Bulk(port.to_vec())));
-        let Some(old) = old else { return };
-        if self.held == Some(old) {
-            return;
-        }
-        log!(
-            NGX_LOG_NOTICE,
-            Log::cycle(),
-            "cache: a failover of sentinel set \"{}\" of upstream \"{}\" began: requests wait for the new master",
-            self.name(),
-            self.conf.upstream
-        );
-        self.held = Some(old);
-        self.hold.stop();
-        self.hold.start(HOLD_MS);
-        if self.master == Some(old) {
-            self.master = None;
-        }
-    }
-
-    /// `+promoted-slave slave IP:PORT IP PORT @ NAME MASTER-IP MASTER-PORT`:
-    /// the replica is a master now; it is checked at once.
-    fn promoted(&mut self, text: &[u8]) {
-        let parts: Vec<&[u8]> = text.split(|b| *b == b' ').collect();
-        let [_, _, ip, port, _, name, ..] = parts[..] else {
-            return;
-        };
-        if name != self.conf.name.as_slice() {
-            return;
-        }
-        let addr = parse_addr(Some(&Value::Bulk(ip.to_vec())), Some(&Value::Bulk(port.to_vec())));
-        let Some(addr) = addr else { return };
-        self.check_new(addr);
     }
 
     /// Reads the whole replies that came on link `i`.
