@@ -406,14 +406,21 @@ impl SetState {
 
     /// Checks with `ROLE` that a server the Sentinels named is a master.
     fn check(&mut self, addr: SocketAddr) {
+        let (out, due) = self.ask_role(Due::Role);
+        self.open(CHECK, addr, out, due);
+    }
+
+    /// What a data server is sent to learn its role: `AUTH` first with the
+    /// upstream's `cache_auth`, then `ROLE`, its reply due as `role`.
+    fn ask_role(&self, role: Due) -> (Vec<u8>, VecDeque<Due>) {
         let (mut out, mut due) = (Vec::new(), VecDeque::new());
         if let Some(pw) = &self.conf.data_auth {
             resp::command(&mut out, &[b"AUTH", pw]);
             due.push_back(Due::Auth);
         }
         resp::command(&mut out, &[b"ROLE"]);
-        due.push_back(Due::Role);
-        self.open(CHECK, addr, out, due);
+        due.push_back(role);
+        (out, due)
     }
 
     /// A Sentinel answered (it is reachable).

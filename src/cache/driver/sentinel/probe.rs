@@ -169,13 +169,7 @@ impl SetState {
             } else {
                 self.offsets.clear();
             }
-            let (mut out, mut due) = (Vec::new(), VecDeque::new());
-            if let Some(pw) = &self.conf.data_auth {
-                resp::command(&mut out, &[b"AUTH", pw]);
-                due.push_back(Due::Auth);
-            }
-            resp::command(&mut out, &[b"ROLE"]);
-            due.push_back(Due::Probe);
+            let (out, due) = self.ask_role(Due::Probe);
             self.open(i, addr, out, due);
             if let Some(s) = self.links[i].conn.socket() {
                 // nginx closes it when it exits (not a request's).
