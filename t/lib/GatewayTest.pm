@@ -717,7 +717,7 @@ sub nginx_start {
     $body =~ s/\$PORT\b/$port/g;
     open my $fh, '>', "$NginxRoot/nginx.conf" or die $!;
     print $fh "daemon off;\nmaster_process on;\nworker_processes $workers;\npid $NginxRoot/logs/nginx.pid;\n",
-        "error_log $NginxRoot/logs/error.log info;\n$modules",
+        "error_log $NginxRoot/logs/error.log " . ($ENV{TEST_NGINX_LOG_LEVEL} || 'info') . ";\n$modules",
         "events { worker_connections 1024; }\n",
         "http {\n access_log $NginxRoot/logs/access.log;\n client_body_temp_path $NginxRoot/body;\n",
         " proxy_temp_path $NginxRoot/proxy;\n fastcgi_temp_path $NginxRoot/fcgi;\n uwsgi_temp_path $NginxRoot/uwsgi;\n",
