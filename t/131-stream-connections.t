@@ -153,7 +153,8 @@ read_some($holder, 1024, 0.05);
 ok(wait_until(sub { streaming() == 1 }, 10), 'overflow=reject: one stream holds a connection');
 ($st) = http_get($port, '/reject/stream?n=10');
 is($st, 503, 'overflow=reject: the next stream gets 503');
-is_deeply([map { "$_->[0] $_->[1]" } plain_in_a_row('/reject/plain', 3)], [('200 plain') x 3], 'plain requests on that upstream: 200');
+is_deeply([map { "$_->[0] $_->[1]" } plain_in_a_row('/reject/plain', 3)], [('200 plain') x 3], 'plain requests on that upstream: 200')
+    or diag(join "\n", grep { /sqldb|503/ } split /\n/, nginx_error_log());
 close $holder;
 ok(wait_until(sub { streaming() == 0 }, 15), 'the holder left');
 ($st, $body) = http_get($port, '/reject/stream?n=10', 30);

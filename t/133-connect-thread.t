@@ -7,6 +7,10 @@
 # With the build with fault injection (make fault),
 # NGX_GATEWAY_SLOW_CONNECT_STEP=<ms> makes each step that long on its
 # thread, so that a step is on a thread whenever the test looks.
+#
+# With overflow=reject, a spare connection that is still being made (long
+# queries hold every other) takes the next request rather than it getting
+# 503: also the first request of a location, which runs alone.
 use strict;
 use warnings;
 use lib 't/lib';
@@ -25,6 +29,7 @@ use Time::HiRes qw(sleep time);
 
 my $server = GatewayTest::pg_server_line('threadstep');
 my $gone_server = GatewayTest::pg_server_line('threadgone');
+my $rej_server = GatewayTest::pg_server_line('threadrej');
 my $step_ms = 250;
 
 my $port = nginx_start(<<"HTTP", main => "env NGX_GATEWAY_SLOW_CONNECT_STEP=$step_ms;\n");
@@ -35,12 +40,18 @@ upstream unshared {
     sqldb_server $gone_server;
     sqldb_pipeline off;
 }
+upstream rejecting {
+    sqldb_server $rej_server;
+    sqldb_keepalive max=2 overflow=reject;
+}
 server {
     listen 127.0.0.1:\$PORT;
     sqldb_connect_timeout 30s;
     location /echo { sqldb_pass database; sqldb_output value; sqldb_query "select 'echo'"; }
     location /ret { return 200 "ok"; }
     location /unshared { sqldb_pass unshared; sqldb_output value; sqldb_query "select 'unshared'"; }
+    location /rslow { sqldb_pass rejecting; sqldb_output value; sqldb_query "select pg_sleep(3)::text || 'slow'"; }
+    location /rfast { sqldb_pass rejecting; sqldb_output value; sqldb_query "select 'fast'"; }
 }
 HTTP
 
@@ -81,6 +92,26 @@ ok(wait_until(sub { backends('threadgone') == 0 }, stretch(10)),
 my ($nst, $nbody) = http_get($port, '/unshared');
 is("$nst $nbody", '200 unshared', 'the next request on that upstream is served');
 is(backends('threadstep'), 1, 'the other upstream keeps its one pooled connection');
+
+# 3. overflow=reject, max=2: a query of three seconds holds the first
+# connection; slow= (5 ms) after it went out a spare is opened, whose
+# steps take $step_ms each on the thread. A request that comes while the
+# spare is being made (the first of its location: it runs alone, as its
+# time is not known yet) takes the spare and is answered once it is up,
+# not turned away with 503 because both connections are "in use".
+my $held = http_send($port, '/rslow');
+ok(wait_until(sub { psql("select count(*) from pg_stat_activity where application_name = 'threadrej' "
+    . "and state = 'active' and query like '%pg_sleep%'") == 1 }, stretch(15)), 'the slow query runs');
+sleep 0.05;
+$t1 = time;
+my ($fst, $fbody) = http_get($port, '/rfast', stretch(15));
+is("$fst $fbody", '200 fast',
+    sprintf('a request that comes while the spare is being made is served on it, not 503 (in %.2f s)', time - $t1));
+my ($sst, $sbody) = http_read($held, stretch(15));
+is("$sst $sbody", '200 slow', 'the slow query is answered');
+is(backends('threadrej'), 2, 'the pool holds its two connections, no more');
+unlike(nginx_error_log(), qr/no connection to spare/, 'no request of that upstream was turned away');
+
 unlike(nginx_error_log(), qr/\[(alert|crit|emerg)\]|exited on signal/, 'no alert, no crash');
 
 done_testing();

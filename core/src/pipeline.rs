@@ -404,7 +404,8 @@ impl<T: Copy + Eq> Pipeline<T> {
                         .iter()
                         .all(|e| e.mode != Mode::Simple && !e.streaming && !e.alone)
             }
-            Phase::Connecting => !self.exclusive,
+            // (Not behind a request that needs the connection alone.)
+            Phase::Connecting => !self.exclusive && self.alone.is_empty(),
             Phase::Closed => false,
         }
     }

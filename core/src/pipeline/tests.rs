@@ -1342,3 +1342,14 @@ fn a_spare_connection_settles_once_up_or_serves_who_joined() {
     let mut p: Pipeline<u32> = Pipeline::spare();
     assert!(p.lost().is_empty());
 }
+
+#[test]
+fn a_spare_taken_by_a_request_that_runs_alone() {
+    let mut p: Pipeline<u32> = Pipeline::spare();
+    assert!(p.shareable(), "a spare that no request has joined takes one");
+    assert_eq!(p.join(1, true), Join::Wait);
+    assert!(!p.shareable(), "nothing queues behind a request that runs alone");
+    assert_eq!(p.connected(), vec![Step::Send(vec![1])]);
+    p.sent(1, P, false);
+    assert!(!p.shareable(), "nor once it is sent");
+}

@@ -400,6 +400,17 @@ impl ConnPool {
             );
             return Pick::Idle(id);
         }
+        // A spare still connecting that no request has joined yet is an
+        // idle connection to come: the request takes it rather than open
+        // another or be turned away (one that needs a connection alone is
+        // then the first on it, and goes alone).
+        let spare = self.conns.iter().map(|(key, c)| (ConnId(key), c)).find(|(id, c)| {
+            c.pipeline.is_connecting() && c.pipeline.depth() == 0 && c.pipeline.shareable() && fits(self, id)
+        });
+        if let Some((id, _)) = spare {
+            self.trace_pick("takes the spare", id);
+            return Pick::Share(id);
+        }
         let s = &self.settings;
         if s.max == 0 || self.conns.len() < s.max {
             return Pick::New;
