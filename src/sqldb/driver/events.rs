@@ -392,7 +392,7 @@ impl ConnPool {
         }
         c.progressed(front, long);
         // A read-only default that a query set itself (session.rs).
-        c.session.observe(c.pg.role());
+        c.session.observe(|| c.pg.role());
         if c.pipeline.take_preamble_vanished() {
             // Dropped behind the gateway's back (DISCARD ALL): prepared again.
             c.preambles.clear();

@@ -382,8 +382,10 @@ impl SessionState {
     /// and sets nothing: the report can only be a query's.) The other way
     /// round is no danger, and may be the server's own (a configuration
     /// reloaded).
-    pub fn observe(&mut self, reported: Role) {
-        if matches!(self.holds, Session::Role { read_only: true, .. }) && reported.read_only != Some(true) {
+    /// (`reported` is asked only then: it costs libpq a walk of the
+    /// parameters the server reported, after every result.)
+    pub fn observe(&mut self, reported: impl FnOnce() -> Role) {
+        if matches!(self.holds, Session::Role { read_only: true, .. }) && reported().read_only != Some(true) {
             self.holds = Session::Unknown;
             self.settling = None;
         }
