@@ -261,10 +261,7 @@ test-checks:
 # run PROVE_JOBS at a time: each has its own nginx, PostgreSQL and Redis on
 # free loopback ports and its own folders under TMPDIR. The longest go
 # first, so that the others fill in beside them (t/run-suite).
-# Three at a time: most of a file's time is spent waiting (for a server
-# to start, a failover, a timeout), so a third file fills the cores better
-# than two on a busy machine.
-PROVE_JOBS ?= 3
+PROVE_JOBS ?= 2
 # (By the times t/run-suite prints, longest first.)
 SLOW_FIRST := t/214-cache-stream-read.t t/217-sentinel.t t/204-cluster.t t/206-cache-pubsub.t t/132-listen-replay.t \
               t/007-browser.t t/009-doc-examples.t t/128-listen.t t/220-sentinel-replicas.t t/215-cache-stream-bytes.t \

@@ -27,7 +27,7 @@ server {
     location = /metrics { gateway_status; }
     location = /one { sqldb_pass database; sqldb_output value; sqldb_query GET "select 1"; }
     location = /bad { sqldb_pass database; sqldb_query "select * from no_such_table"; }
-    location = /sleep { sqldb_pass database; sqldb_result_timeout 300ms; sqldb_query "select pg_sleep(5)"; }
+    location = /sleep { sqldb_pass database; sqldb_result_timeout 2s; sqldb_query "select pg_sleep(10)"; }
     location /kv/ { set \$cache_key \$uri; cache_pass redis; }
     location /var/ { set \$cache_key \$uri; cache_pass \$arg_b; }
     location /fb/ { set \$cache_key \$uri; cache_pass redis2; error_page 404 = /fallback; }
@@ -162,14 +162,16 @@ my @slow = map {
     $s;
 } 1 .. 3;
 # (Polled: on a busy machine the connections may still be connecting
-# 0.1 s on.)
+# 0.1 s on, and a scrape, parsed by a python3 of its own, takes a while:
+# the queries run for 2 s, sqldb_result_timeout, so that the gauges are
+# seen while they run.)
 wait_until(sub {
     ($m) = metrics();
     sum_of($m, qr/^ngx_gateway_sqldb_connections\{.*state=busy/) >= 1 && sum_of($m, qr/^ngx_gateway_sqldb_pipeline_depth\{/) >= 1;
 }, 5);
 cmp_ok(sum_of($m, qr/^ngx_gateway_sqldb_connections\{.*state=busy/), '>=', 1, 'busy connections while queries run');
 cmp_ok(sum_of($m, qr/^ngx_gateway_sqldb_pipeline_depth\{/), '>=', 1, 'their queue');
-# sqldb_result_timeout (300ms) ends them: 504, and the queries are cancelled.
+# sqldb_result_timeout (2s) ends them: 504, and the queries are cancelled.
 for my $s (@slow) { local $/; my $r = <$s>; }
 my $deadline = time + 5;
 while (time < $deadline) {
