@@ -94,6 +94,14 @@ sub has_events {
     return $ids >= $n && entries($sub) >= $n;
 }
 
+# A client whose stream was dropped (or ended) comes back on `$path` with
+# the id of the last whole event it got (0: none), as a browser does.
+sub come_back {
+    my ($c, $path, $got) = @_;
+    close $c->{s};
+    return open_sse($port, $path, 'Last-Event-ID: ' . ($got->[-1][0] // '0'));
+}
+
 # The stream ended: its last chunk came, or the connection closed.
 sub ended {
     my ($sub) = @_;
@@ -167,8 +175,7 @@ redis_cli($redis, 'set', '/kv/plain', 'hello');
             # (Dropped as a stalled reader: a client that did not read for
             # a second, as a test on a busy machine may not, comes back
             # with its last id.)
-            close $c->{s};
-            $c = open_sse($port, '/s?key=huge', 'Last-Event-ID: ' . ($got[-1][0] // '0'));
+            $c = come_back($c, '/s?key=huge', \@got);
         }
         my $id = xadd('live', 'data', 'tick' . ++$n);
         my $sent = time;
@@ -255,8 +262,7 @@ redis_cli($redis, 'set', '/kv/plain', 'hello');
         pump([$c], stretch(60), sub { has_events($c, 70 - @got) || $c->{eof} });
         push @got, entries($c);
         last if @got >= 70;
-        close $c->{s};
-        $c = open_sse($port, '/s?key=livebig', "Last-Event-ID: " . ($got[-1][0] // '0'));
+        $c = come_back($c, '/s?key=livebig', \@got);
     }
     close $c->{s};
     my @ids = split /\n/, redis_cli($redis, 'eval', "local r = redis.call('XRANGE', KEYS[1], '-', '+') local t = {} for i, e in ipairs(r) do t[i] = e[1] end return t", 1, 'livebig');
