@@ -17,7 +17,7 @@ BEGIN {
 }
 use SseClient qw(open_sse pump events subscribed subscribers);
 use GatewayTest qw(http_request wait_until nginx_start stop_nginx nginx_error_log psql stretch start_redis nginx_workers
-    proc_status_kb);
+    proc_status_kb cpu_seconds);
 use IO::Socket::INET;
 use Socket ();
 use Test::More;
@@ -30,14 +30,6 @@ my (@fast, $hwm0, $rss0, @got, $grew, $dropped, $log, @lines, $after);
 sub part { !$ENV{PARTS} || index($ENV{PARTS}, $_[0]) >= 0 }
 
 
-# The worker's CPU time (user + system), in seconds.
-sub cpu_seconds {
-    open my $f, '<', "/proc/$worker/stat" or return 0;
-    my $stat = <$f> // '';
-    my @f = split / /, substr($stat, rindex($stat, ')') + 2);
-    return ($f[11] + $f[12]) / POSIX::sysconf(POSIX::_SC_CLK_TCK());
-}
-use POSIX ();
 
 # (The servers below listen with sndbuf=32k: the kernel's socket buffers
 # would otherwise grow to take megabytes of what a subscriber does not
@@ -171,12 +163,12 @@ ok(wait_until(sub { subscribers($port, 'sqldb_listen') == 101 }, 10), '100 subsc
 my (@cost, @late);
 for my $batch (1 .. 6) {
     forget($fast[0]);
-    my $cpu0 = cpu_seconds();
+    my $cpu0 = cpu_seconds($worker);
     psql("select pg_notify('many', '$batch.' || i || 'yyyyyyyyyyyyyyyyyyyy') from generate_series(1, $n) i");
     my $at = time;
     pump(\@fast, stretch(60), sub { events($fast[0]) >= $n });
     push @late, time - $at;
-    push @cost, cpu_seconds() - $cpu0;
+    push @cost, cpu_seconds($worker) - $cpu0;
     is(scalar(events($fast[0])), $n, "batch $batch: the reader gets all $n events");
 }
 is(drops('sqldb_listen', 'behind') + drops('sqldb_listen', 'buffers_max'), 0, 'nobody is dropped');

@@ -7,7 +7,8 @@ use strict;
 use warnings;
 use lib 't/lib';
 use SseClient qw(open_sse pump events subscribed subscribers metric);
-use GatewayTest qw(conf_line_of nginx_conf_test http_request wait_until nginx_start stop_nginx nginx_signal nginx_error_log psql stretch);
+use GatewayTest qw(conf_line_of nginx_conf_test http_request wait_until nginx_start stop_nginx nginx_signal nginx_error_log psql stretch
+    nginx_workers cpu_seconds);
 use IO::Select;
 use IO::Socket::INET;
 use Socket ();
@@ -50,6 +51,21 @@ is_deeply([events($_)], \@want, "subscriber $_->{n}: every notification, in orde
 # 2. Heartbeats (every second here).
 pump(\@subs, 1.5);
 like($subs[0]{buf}, qr/: heartbeat\n\n/, 'comment lines keep the stream alive');
+
+# 2b. While nothing happens, the workers hold their listening connections
+# and subscribers without spending CPU: a watch left on the connection's
+# writability would wake them at every turn of the event loop. (Under
+# valgrind the time is valgrind's.)
+SKIP: {
+    skip 'under valgrind', 1 if $ENV{TEST_NGINX_USE_VALGRIND};
+    my @w = nginx_workers();
+    my $cpu0 = 0;
+    $cpu0 += cpu_seconds($_) for @w;
+    pump(\@subs, 2);
+    my $spent = -$cpu0;
+    $spent += cpu_seconds($_) for @w;
+    cmp_ok($spent, '<', 0.2, sprintf('two idle workers with subscribers spend %.2f s of CPU in 2 s', $spent));
+}
 
 # 3. The listening connection is shared: one per worker (two workers).
 my $listeners = psql("select count(*) from pg_stat_activity where application_name = 'listen' and query like 'LISTEN%'");

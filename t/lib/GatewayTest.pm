@@ -49,7 +49,7 @@ $SIG{PIPE} = 'IGNORE';
 our @EXPORT_OK = qw(http_request wait_until pg_server_line start_servers stop_servers psql rds rds_rows rds_command free_port pg_bin pg_stop pg_start
     pg_restart start_extra_pg start_standby_pg nginx_signal nginx_exited start_redis kill_redis redis_cli garbage_port
     nginx_start stop_nginx nginx_error_log http_send http_send_request http_read http_get stretch under_valgrind listen_socket pg_sessions
-    redis_info redis_connections redis_numsub key_slot tls_files nginx_workers proc_status_kb conf_line_of nginx_conf_test
+    redis_info redis_connections redis_numsub key_slot tls_files nginx_workers proc_status_kb cpu_seconds conf_line_of nginx_conf_test
     periodic_bytes hold_port release_port start_sentinel start_sentinel_set stop_sentinel $RedisServer $RedisCli);
 
 our $RedisServer = $ENV{TEST_REDIS_SERVER} || 'redis-server';
@@ -801,6 +801,16 @@ sub nginx_workers {
         push @w, $pid if $ppid == $master && $state ne 'Z';
     }
     return sort { $a <=> $b } @w;
+}
+
+# A process's CPU time so far (user + system), in seconds; 0 when it
+# has gone.
+sub cpu_seconds {
+    my ($pid) = @_;
+    open my $f, '<', "/proc/$pid/stat" or return 0;
+    my $stat = <$f> // '';
+    my @f = split / /, substr($stat, rindex($stat, ')') + 2);
+    return ($f[11] + $f[12]) / POSIX::sysconf(POSIX::_SC_CLK_TCK());
 }
 
 # A field of /proc/PID/status in kB (VmRSS, VmHWM ...), 0 when there is

@@ -222,6 +222,8 @@ impl Listener {
                     let all = self.channels.settled();
                     self.sink.reconnected(&all);
                 }
+                // (Writability was watched while connecting.)
+                self.flush();
                 return;
             }
         };
@@ -246,11 +248,14 @@ impl Listener {
         self.flush();
     }
 
+    /// Pushes out what libpq holds; writability is watched only while
+    /// some is left (the watch is level-triggered: left on, an idle
+    /// connection would wake the worker at every turn).
     fn flush(&mut self) {
         let Some(pg) = self.pg.as_mut() else { return };
         match pg.flush() {
-            Ok(done) => {
-                if !self.socket.as_ref().is_some_and(|s| s.watch_write(!done)) {
+            Ok(more) => {
+                if !self.socket.as_ref().is_some_and(|s| s.watch_write(more)) {
                     self.lost("cannot watch the connection");
                 }
             }
