@@ -451,11 +451,11 @@ EOF
     my $d = tempdir('ngx-gateway-cluster-tls-XXXXXX', TMPDIR => 1, CLEANUP => 1);
     chmod 0755, $d;
     my $openssl = sub { system("openssl @_ >>$d/openssl.log 2>&1") == 0 or die "openssl @_ failed\n" };
-    $openssl->("req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=cluster-ca -keyout $d/ca.key -out $d/ca.crt");
+    $openssl->("req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 -subj /CN=cluster-ca -keyout $d/ca.key -out $d/ca.crt");
     open my $ext, '>', "$d/server.ext" or die $!;
     print $ext "subjectAltName = DNS:localhost\n";
     close $ext;
-    $openssl->("req -newkey rsa:2048 -nodes -subj /CN=localhost -keyout $d/server.key -out $d/server.csr");
+    $openssl->("req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=localhost -keyout $d/server.key -out $d/server.csr");
     $openssl->("x509 -req -in $d/server.csr -CA $d/ca.crt -CAkey $d/ca.key -CAcreateserial -days 2 -out $d/server.crt -extfile $d/server.ext");
     chmod 0644, glob("$d/*");
     my @tls = map {
