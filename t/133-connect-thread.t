@@ -23,7 +23,8 @@ BEGIN {
     $ENV{TEST_NGINX_LOAD_MODULES} = $ENV{TEST_NGINX_FAULT_MODULE};
 }
 
-use GatewayTest qw(wait_until nginx_start nginx_error_log http_send http_read http_get psql stretch);
+use GatewayTest qw(wait_until nginx_start nginx_error_log http_send http_read http_get psql stretch nginx_workers
+    cpu_seconds);
 use Test::More;
 use Time::HiRes qw(sleep time);
 
@@ -61,7 +62,12 @@ sub backends {
 }
 
 # 1. While the connection is being made (each of its steps takes
-# $step_ms on a thread), the worker answers another request at once.
+# $step_ms on a thread), the worker answers another request at once, and
+# waits for the steps without spending CPU: nginx does not watch the
+# socket while a step has it.
+my @workers = nginx_workers();
+my $cpu = sub { my $c = 0; $c += cpu_seconds($_) for @workers; $c };
+my $cpu0 = $cpu->();
 my $t0 = time;
 my $s = http_send($port, '/echo');
 sleep 0.05;
@@ -74,8 +80,14 @@ cmp_ok($took, '<', $step_ms / 1000 * 0.8,
 my ($est, $ebody) = http_read($s);
 is("$est $ebody", '200 echo', 'and the query that waited for the connection is answered');
 my $connect = time - $t0;
+my $spent = $cpu->() - $cpu0;
 cmp_ok($connect, '>=', 2 * $step_ms / 1000,
     sprintf('(its connect took its steps: %.2f s, so the steps did run on the thread)', $connect));
+SKIP: {
+    skip 'under valgrind: the CPU time is valgrind\'s', 1 if $ENV{TEST_NGINX_USE_VALGRIND};
+    cmp_ok($spent / $connect, '<', 0.15,
+        sprintf('the worker does not spin while the steps run: %.2f s of CPU in %.2f s', $spent, $connect));
+}
 
 # 2. Clients that leave while steps of their new connections are on a
 # thread (an upstream without pipelining: a connection each): the

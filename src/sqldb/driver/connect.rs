@@ -95,6 +95,15 @@ impl ConnPool {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0),
         };
+        // While the step runs on its thread the socket is the thread's:
+        // nginx watches nothing of it (its events are level-triggered, so
+        // a writable or readable socket would wake the worker at every turn
+        // until the step is back), and the step's result says what to
+        // watch next.
+        if !c.pause_reading(true) || !c.want_write(false) {
+            let out_of_watch = "cannot stop watching the connection while a step of its connect runs";
+            return self.connect_failed(id, out_of_watch, out);
+        }
         match thread::post(step, ConnectStep::run, connect_stepped) {
             Ok(()) => {
                 c.polling = true;
@@ -106,9 +115,21 @@ impl ConnPool {
             }
             Err(mut step) => {
                 step.run();
-                self.connect_polled(id, step.poll, out);
+                self.step_back(id, step.poll, out);
             }
         }
+    }
+
+    /// A step of the connect is done: the socket is watched again (a
+    /// socket that libpq made in place of the old one during the step is
+    /// watched from the start by connect_polled).
+    fn step_back(&mut self, id: ConnId, poll: Poll, out: &mut Vec<Delivery>) {
+        let Some(c) = self.conn(id) else { return };
+        let replaced = c.pg.connect_started() || c.pg.socket() != c.socket.fd();
+        if !replaced && !c.pause_reading(false) {
+            return self.connect_failed(id, "cannot watch the connection", out);
+        }
+        self.connect_polled(id, poll, out);
     }
 
     /// A step of the connect came back from its thread.
@@ -125,7 +146,7 @@ impl ConnPool {
         };
         c.polling = false;
         let again = std::mem::take(&mut c.poll_again);
-        self.connect_polled(step.id, step.poll, out);
+        self.step_back(step.id, step.poll, out);
         // The socket was ready while the step ran: step again (its event
         // will not come twice).
         if again

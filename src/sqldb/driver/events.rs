@@ -264,7 +264,7 @@ impl ConnPool {
         }
     }
 
-    fn connect_failed(&mut self, id: ConnId, msg: &str, out: &mut Vec<Delivery>) {
+    pub(super) fn connect_failed(&mut self, id: ConnId, msg: &str, out: &mut Vec<Delivery>) {
         self.broken(id, msg, out);
     }
 
