@@ -33,7 +33,7 @@ HTTP
 # 1. Six subscribers (over both workers), twenty notifications: each gets
 # all twenty, in order, and nothing of another channel.
 my @subs = map { open_sse($port, '/events?channel=orders') } 1 .. 6;
-pump(\@subs, 5, subscribed(@subs));
+pump(\@subs, stretch(5), subscribed(@subs));
 like($subs[0]{buf}, qr{^HTTP/1\.1 200 }, 'status 200');
 like($subs[0]{buf}, qr{Content-Type: text/event-stream}i, 'text/event-stream');
 like($subs[0]{buf}, qr{Cache-Control: no-cache}i, 'not cached');
@@ -45,7 +45,7 @@ for my $i (1 .. 20) {
     psql("notify other, 'not for them'") if $i == 3;
 }
 my @want = map { $_ == 7 ? 'orders=line one|line two' : "orders=n$_" } 1 .. 20;
-pump(\@subs, 10, sub { !grep { scalar(events($_)) < 20 } @subs });
+pump(\@subs, stretch(10), sub { !grep { scalar(events($_)) < 20 } @subs });
 is_deeply([events($_)], \@want, "subscriber $_->{n}: every notification, in order") for map { $subs[$_]{n} = $_; $subs[$_] } 0 .. 5;
 
 # 2. Heartbeats (every second here).
@@ -74,7 +74,7 @@ cmp_ok($listeners, '<=', 2, "one listening connection per worker ($listeners)");
 # 4. The server ends the listening connections: subscribers hear of it
 # (event: reconnect), and the notifications after it arrive.
 psql("select pg_terminate_backend(pid) from pg_stat_activity where application_name = 'listen'");
-pump(\@subs, 6, sub { !grep { !grep { $_ eq 'reconnect=' } events($_) } @subs });
+pump(\@subs, stretch(6), sub { !grep { !grep { $_ eq 'reconnect=' } events($_) } @subs });
 is(scalar(grep { my @e = events($_); grep { $_ eq 'reconnect=' } @e } @subs), 6, 'every subscriber is told of the reconnect');
 like(nginx_error_log(), qr/\[error\].*sqldb: the listening connection to \S+ was lost: .*; trying again every 1000 ms/,
     'one error line says the connection was lost');
@@ -82,7 +82,7 @@ ok(wait_until(sub {
     psql("select count(*) from pg_stat_activity where application_name = 'listen' and query like 'LISTEN%'") > 0
 }, 5), 'it listens again');
 psql("notify orders, 'after'");
-pump(\@subs, 5, sub { !grep { (events($_))[-1] ne 'orders=after' } @subs });
+pump(\@subs, stretch(5), sub { !grep { (events($_))[-1] ne 'orders=after' } @subs });
 is(scalar(grep { (events($_))[-1] eq 'orders=after' } @subs), 6, 'notifications after the reconnect arrive');
 
 # 5. Subscribers that leave are removed at once (the gauge).
@@ -93,17 +93,17 @@ cmp_ok($sent, '>=', 6 * 21, "events counted ($sent)");
 
 # 6. A literal channel keeps its letter case (it is quoted): NOTIFY "Orders".
 my @fixed = (open_sse($port, '/fixed'));
-pump(\@fixed, 3, subscribed(@fixed));
+pump(\@fixed, stretch(3), subscribed(@fixed));
 psql('notify "Orders", \'cased\'');
 psql("notify orders, 'not this one'");
-pump(\@fixed, 3, sub { scalar(events($fixed[0])) >= 1 });
+pump(\@fixed, stretch(3), sub { scalar(events($fixed[0])) >= 1 });
 is_deeply([events($fixed[0])], ['Orders=cased'], 'the channel as written (quoted)');
 
 # 7. A reload ends the streams of the old workers at once (nginx tells the
 # listening connection): the client's EventSource comes back to a new one.
 my $t0 = time;
 nginx_signal('HUP');
-pump(\@fixed, 5, sub { $fixed[0]{eof} });
+pump(\@fixed, stretch(5), sub { $fixed[0]{eof} });
 ok($fixed[0]{eof}, 'a reload ends the stream');
 cmp_ok(time - $t0, '<', stretch(3), 'at once');
 like($fixed[0]{buf}, qr/0\r\n\r\n$/, 'with the end of the chunked body (not cut)');
@@ -130,7 +130,7 @@ server { listen 127.0.0.1:\$PORT; location /events { sqldb_pass db; sqldb_listen
 HTTP
 @subs = map { open_sse($port, '/events?channel=orders') } 1 .. 3;
 my @other = map { open_sse($port, '/events?channel=other') } 1 .. 3;
-pump([@subs, @other], 5, subscribed(@subs, @other));
+pump([@subs, @other], stretch(5), subscribed(@subs, @other));
 # (Once the connection listens to both: the channels go out in order.)
 ok(wait_until(sub {
     psql("select count(*) from pg_stat_activity where application_name = 'listen' and state = 'idle' and query = 'LISTEN \"other\"'") > 0
@@ -140,7 +140,7 @@ ok(wait_until(sub {
     psql("select count(*) from pg_stat_activity where application_name = 'listen' and query = 'UNLISTEN \"orders\"'") > 0
 }, 3), 'UNLISTEN once the last subscriber of a channel left') or diag(psql("select state, query from pg_stat_activity where application_name = 'listen'"));
 psql("notify other, 'still here'");
-pump(\@other, 5, sub { !grep { (events($_))[-1] // '' ne 'other=still here' } @other });
+pump(\@other, stretch(5), sub { !grep { (events($_))[-1] // '' ne 'other=still here' } @other });
 is(scalar(grep { (events($_))[-1] // '' eq 'other=still here' } @other), 3, 'the other channel goes on');
 close $_->{s} for @other;
 ok(wait_until(sub { psql("select count(*) from pg_stat_activity where application_name = 'listen'") == 0 }, 3),
@@ -159,7 +159,7 @@ connect($stuck, Socket::pack_sockaddr_in($port, Socket::inet_aton('127.0.0.1')))
 $stuck->autoflush(1);
 print $stuck "GET /events?channel=flood HTTP/1.1\r\nHost: localhost\r\n\r\n";
 my @reader = (open_sse($port, '/events?channel=flood'));
-pump(\@reader, 5, subscribed(@reader));
+pump(\@reader, stretch(5), subscribed(@reader));
 sleep 0.3;
 # (psql in a child: the reader reads while the 12 MB arrive.)
 my $notifier = fork // die "fork: $!";
@@ -176,7 +176,7 @@ is(scalar(events($reader[0])), 1500, 'a subscriber that reads gets all 1,500 eve
 # (One that has taken nothing for a second is dropped at the next event.)
 sleep 1.2;
 psql("notify flood, 'one more'");
-pump(\@reader, 5, sub { index($reader[0]{buf}, "one more") >= 0 });
+pump(\@reader, stretch(5), sub { index($reader[0]{buf}, "one more") >= 0 });
 like(nginx_error_log(), qr/\[info\].*sqldb: a subscriber that cannot take events \(gone, or more than 1048576 bytes behind\) is dropped/,
     'the one that does not read is dropped, with an info line');
 close $stuck;
@@ -192,7 +192,7 @@ server { listen 127.0.0.1:\$PORT; location /events { sqldb_pass db; sqldb_listen
 HTTP
 my @gone = map { open_sse($port, '/events?channel=burst') } 1 .. 50;
 my @stay = (open_sse($port, '/events?channel=burst'));
-pump([@gone, @stay], 5, subscribed(@gone, @stay));
+pump([@gone, @stay], stretch(5), subscribed(@gone, @stay));
 my $notify = "select pg_notify('burst', repeat('n', 400) || g) from generate_series(1, 2000) g";
 psql($notify);
 for my $g (@gone) {
@@ -204,7 +204,7 @@ my $t = time;
 my ($mst, $metrics) = http_request($port, 'GET', '/metrics');
 is($mst, 200, 'the worker answers after the burst');
 cmp_ok(time - $t, '<', stretch(4), 'at once');
-pump(\@stay, 20, sub { scalar(events($stay[0])) >= 4000 });
+pump(\@stay, stretch(20), sub { scalar(events($stay[0])) >= 4000 });
 is(scalar(events($stay[0])), 4000, 'the subscriber that stays gets all 4,000');
 ok(wait_until(sub { subscribers($port, 'sqldb_listen') == 1 }, 5), 'the ones that left are removed');
 my $drops = () = nginx_error_log() =~ /sqldb: a subscriber that cannot take events/g;
