@@ -7,11 +7,23 @@ use std::cell::{Cell, RefCell};
 
 use super::*;
 
-thread_local! {
+/// The holds of this thread, one thread-local (each access of one costs
+/// a call in a module nginx loads at run time).
+struct Holds {
     /// Requests held now (nested holds).
-    static HOLDS: Cell<usize> = const { Cell::new(0) };
-    /// Client connections whose posted subrequests wait for the holds to end.
-    static LATER: RefCell<Vec<*mut ngx_connection_t>> = const { RefCell::new(Vec::new()) };
+    depth: Cell<usize>,
+    /// Client connections whose posted subrequests wait for the holds to
+    /// end (its room is kept from one hold to the next).
+    later: RefCell<Vec<*mut ngx_connection_t>>,
+}
+
+thread_local! {
+    static HOLDS: Holds = const {
+        Holds {
+            depth: Cell::new(0),
+            later: RefCell::new(Vec::new()),
+        }
+    };
 }
 
 impl Req {
@@ -31,8 +43,13 @@ impl Req {
         struct Held(*mut ngx_http_request_t);
         impl Drop for Held {
             fn drop(&mut self) {
-                let depth = HOLDS.get() - 1;
-                HOLDS.set(depth);
+                HOLDS.with(|h| self.end(h));
+            }
+        }
+        impl Held {
+            fn end(&self, holds: &Holds) {
+                let depth = holds.depth.get() - 1;
+                holds.depth.set(depth);
                 // SAFETY: the request is live while held; its main request
                 // too. The last reference goes the way nginx's own code
                 // lets one go.
@@ -45,8 +62,15 @@ impl Req {
                     }
                 }
                 if depth == 0 && !std::thread::panicking() {
-                    for c in LATER.take() {
-                        Posted(c).run();
+                    // (Out of the cell while they run: one may hold a
+                    // request, and post more.)
+                    let mut later = holds.later.take();
+                    for c in later.drain(..) {
+                        Posted(c).run_with(holds);
+                    }
+                    let mut kept = holds.later.borrow_mut();
+                    if kept.is_empty() {
+                        *kept = later;
                     }
                 }
             }
@@ -60,7 +84,7 @@ impl Req {
             return f(req);
         }
         req.count_up();
-        HOLDS.set(HOLDS.get() + 1);
+        HOLDS.with(|h| h.depth.set(h.depth.get() + 1));
         let _held = Held(r);
         f(req)
     }
@@ -80,12 +104,15 @@ impl Posted {
     /// Runs them now, or, while a request is held, once no request is (a
     /// posted request may end a request: the terminating one frees it).
     pub fn run(self) {
-        if HOLDS.get() > 0 {
-            LATER.with_borrow_mut(|l| {
-                if !l.contains(&self.0) {
-                    l.push(self.0);
-                }
-            });
+        HOLDS.with(|h| self.run_with(h));
+    }
+
+    fn run_with(self, holds: &Holds) {
+        if holds.depth.get() > 0 {
+            let mut l = holds.later.borrow_mut();
+            if !l.contains(&self.0) {
+                l.push(self.0);
+            }
             return;
         }
         // SAFETY: a connection of the worker's array (see above);
