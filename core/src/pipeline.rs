@@ -782,22 +782,23 @@ impl<T: Copy + Eq> Pipeline<T> {
     /// After the results that arrived were read (and requests sent again):
     /// the connection is idle, drains, or carries on.
     pub fn after_results(&mut self) -> Vec<Step<T>> {
-        let mut steps = Vec::new();
+        // (Each list as it comes: moving it into another would allocate
+        // that one too.)
         if self.phase != Phase::Ready {
-            return steps;
-        }
-        if self.queue.is_empty() && self.resending.is_empty() {
-            if self.draining {
-                if !self.cancel_in_flight {
-                    steps.extend(self.finish_drain());
-                }
+            Vec::new()
+        } else if self.queue.is_empty() && self.resending.is_empty() {
+            if !self.draining {
+                self.send_waiting()
+            } else if !self.cancel_in_flight {
+                self.finish_drain()
             } else {
-                steps.extend(self.send_waiting());
+                Vec::new()
             }
         } else if self.drainable() {
-            steps.extend(self.begin_drain());
+            self.begin_drain()
+        } else {
+            Vec::new()
         }
-        steps
     }
 
     /// The request left (client gone, timeout). Its results, if they come,
