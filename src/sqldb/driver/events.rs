@@ -307,7 +307,10 @@ impl ConnPool {
         // A request's sync point was read: the session is up to date
         // (a change of role comes before it).
         let mut synced = false;
-        while !c.pipeline.is_paused() {
+        // Only while queries are in flight: past the last one's results
+        // libpq has nothing more (a result then would be no query's; the
+        // idle connection's read event sees to what the server sends).
+        while !c.pipeline.is_paused() && !c.pipeline.nothing_in_flight() {
             if c.pipeline.wants_single_row() {
                 c.pg.set_single_row_mode();
             }
