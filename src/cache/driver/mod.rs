@@ -84,8 +84,9 @@ pub trait Sink {
     /// Value bytes; true when the client is behind (reading pauses).
     /// `behind`: other requests wait for replies after this one.
     fn value(&self, who: &Handle, bytes: &[u8], behind: bool) -> bool;
-    /// Outcomes, once the connection's step is done with it.
-    fn deliver(&self, out: Vec<Outcome>);
+    /// Outcomes, once the connection's step is done with it: it takes them
+    /// all (the emptied list serves again).
+    fn deliver(&self, out: &mut Vec<Outcome>);
 }
 
 /// What a request needs before its command on a connection.

@@ -17,6 +17,7 @@
 //! - A request that leaves (client gone, timeout) leaves its place: its
 //!   replies are read and dropped.
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::rc::Rc;
@@ -624,8 +625,14 @@ impl PipeConn {
         }
     }
 
+    /// What the steps left for the requests; an emptied list with room
+    /// takes its place (one per delivery, else each step's would grow one
+    /// of its own).
     pub(super) fn take_deliveries(&mut self) -> Vec<Outcome> {
-        std::mem::take(&mut self.out_buf)
+        if self.out_buf.is_empty() {
+            return Vec::new();
+        }
+        std::mem::replace(&mut self.out_buf, SPARE_OUT.take())
     }
 }
 
@@ -638,6 +645,12 @@ impl PipeId {
     fn from_data(data: *mut c_void) -> PipeId {
         PipeId((data as usize).wrapping_sub(1) as u64)
     }
+}
+
+thread_local! {
+    /// An emptied list of outcomes with room, kept from one delivery to the
+    /// next (take_deliveries).
+    static SPARE_OUT: Cell<Vec<Outcome>> = const { Cell::new(Vec::new()) };
 }
 
 impl Owner for PipeConn {
@@ -675,9 +688,11 @@ impl Owner for PipeConn {
         (self.sink, self.take_deliveries())
     }
 
-    fn deliver((sink, out): Self::Out) {
+    fn deliver((sink, mut out): Self::Out) {
         if !out.is_empty() {
-            sink.deliver(out);
+            sink.deliver(&mut out);
+            out.clear();
+            SPARE_OUT.set(out);
         }
     }
 }

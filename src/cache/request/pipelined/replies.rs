@@ -117,8 +117,8 @@ impl Sink for RequestSide {
         .unwrap_or(false)
     }
 
-    fn deliver(&self, out: Vec<Outcome>) {
-        for d in out {
+    fn deliver(&self, out: &mut Vec<Outcome>) {
+        for d in out.drain(..) {
             let who = match &d {
                 Outcome::Connected(h) | Outcome::Done(h) | Outcome::Probed(h, _) | Outcome::Failed(h, _) => h.clone(),
             };
