@@ -410,8 +410,9 @@ impl Socket {
     }
 }
 
-/// One posted event of the module, for the worker's whole life.
-pub type DeferSlot = std::thread::LocalKey<std::cell::Cell<*mut ngx_event_t>>;
+/// One posted event of the module, for the worker's whole life (in a
+/// thread-local of its user's, null until first used).
+pub type DeferSlot = std::cell::Cell<*mut ngx_event_t>;
 
 thread_local! {
     /// The event that runs deferred work after the current handler
@@ -423,22 +424,21 @@ thread_local! {
 /// posted events, before the next wait for I/O). For work that must not
 /// run inside the caller (a pool cleanup, say).
 pub fn defer(handler: ngx_event_handler_pt) {
-    defer_on(&DEFERRED, handler)
+    DEFERRED.with(|slot| defer_on(slot, handler))
 }
 
-/// `defer` with an event of the caller's (`slot`), so that deferred work
+/// `defer` with an event of the caller's (`slot`, in a thread-local of
+/// its own or one it shares with more state), so that deferred work
 /// of different kinds does not share one event. Posting an event that is
 /// already posted does nothing: the handler runs once.
-pub fn defer_on(slot: &'static DeferSlot, handler: ngx_event_handler_pt) {
-    let ev = slot.with(|d| {
-        if d.get().is_null() {
-            // One event per worker, for its whole life.
-            // SAFETY: all-zero is the initial state of an event.
-            let ev: Box<ngx_event_t> = Box::new(unsafe { std::mem::zeroed() });
-            d.set(Box::into_raw(ev));
-        }
-        d.get()
-    });
+pub fn defer_on(slot: &DeferSlot, handler: ngx_event_handler_pt) {
+    if slot.get().is_null() {
+        // One event per worker, for its whole life.
+        // SAFETY: all-zero is the initial state of an event.
+        let ev: Box<ngx_event_t> = Box::new(unsafe { std::mem::zeroed() });
+        slot.set(Box::into_raw(ev));
+    }
+    let ev = slot.get();
     // SAFETY: the event lives for the worker's life (leaked above); nginx's
     // posted queue is of this thread.
     unsafe {

@@ -102,7 +102,7 @@ impl Drop for Sub {
             l.borrow_mut()
                 .push((self.hub, std::mem::take(&mut self.channel), self.token))
         });
-        event::defer_on(&LEAVE_EVENT, Some(apply_leaving));
+        LEAVE_EVENT.with(|slot| event::defer_on(slot, Some(apply_leaving)));
         metrics::add(Id::Subscribers, &[self.fan.source], -1);
     }
 }
