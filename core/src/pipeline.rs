@@ -15,6 +15,9 @@
 //! without its token, so that its results are read and dropped in order.
 
 mod drain;
+mod steps;
+
+pub use steps::Steps;
 
 use std::collections::VecDeque;
 
@@ -557,9 +560,9 @@ impl<T: Copy + Eq> Pipeline<T> {
     }
 
     /// The connection is up: the requests that waited go out, in order.
-    pub fn connected(&mut self) -> Vec<Step<T>> {
+    pub fn connected(&mut self) -> Steps<T> {
         if self.phase != Phase::Connecting {
-            return Vec::new();
+            return Steps::new();
         }
         self.phase = Phase::Ready;
         self.send_waiting()
@@ -577,9 +580,9 @@ impl<T: Copy + Eq> Pipeline<T> {
 
     /// After requests were withdrawn: with nothing in flight, those still
     /// waiting go out (or the connection settles).
-    pub fn resume_waiting(&mut self) -> Vec<Step<T>> {
+    pub fn resume_waiting(&mut self) -> Steps<T> {
         if self.phase != Phase::Ready || self.draining || !self.queue.is_empty() {
-            return Vec::new();
+            return Steps::new();
         }
         self.send_waiting()
     }
@@ -587,9 +590,9 @@ impl<T: Copy + Eq> Pipeline<T> {
     /// The requests that waited go out, in order: up to the first that
     /// needs the connection alone (which goes only when nothing is in
     /// flight, and then alone). Settle when none waited.
-    fn send_waiting(&mut self) -> Vec<Step<T>> {
+    fn send_waiting(&mut self) -> Steps<T> {
         if self.waiting.is_empty() {
-            return vec![Step::Settle];
+            return Steps::one(Step::Settle);
         }
         let mut batch = Vec::new();
         while let Some(&w) = self.waiting.first() {
@@ -606,9 +609,9 @@ impl<T: Copy + Eq> Pipeline<T> {
             }
         }
         if batch.is_empty() {
-            Vec::new()
+            Steps::new()
         } else {
-            vec![Step::Send(batch)]
+            Steps::one(Step::Send(batch))
         }
     }
 
@@ -781,29 +784,27 @@ impl<T: Copy + Eq> Pipeline<T> {
 
     /// After the results that arrived were read (and requests sent again):
     /// the connection is idle, drains, or carries on.
-    pub fn after_results(&mut self) -> Vec<Step<T>> {
-        // (Each list as it comes: moving it into another would allocate
-        // that one too.)
+    pub fn after_results(&mut self) -> Steps<T> {
         if self.phase != Phase::Ready {
-            Vec::new()
+            Steps::new()
         } else if self.queue.is_empty() && self.resending.is_empty() {
             if !self.draining {
                 self.send_waiting()
             } else if !self.cancel_in_flight {
                 self.finish_drain()
             } else {
-                Vec::new()
+                Steps::new()
             }
         } else if self.drainable() {
             self.begin_drain()
         } else {
-            Vec::new()
+            Steps::new()
         }
     }
 
     /// The request left (client gone, timeout). Its results, if they come,
     /// are dropped; what the connection does next.
-    pub fn abandon(&mut self, req: T) -> Vec<Step<T>> {
+    pub fn abandon(&mut self, req: T) -> Steps<T> {
         self.waiting.retain(|&w| w != req);
         self.alone.retain(|&w| w != req);
         self.alone_going.retain(|&w| w != req);
@@ -812,7 +813,7 @@ impl<T: Copy + Eq> Pipeline<T> {
         for e in self.queue.iter_mut().filter(|e| e.req == Some(req)) {
             e.req = None;
         }
-        let mut steps = Vec::new();
+        let mut steps = Steps::new();
         match self.phase {
             Phase::Closed => {}
             Phase::Connecting => {

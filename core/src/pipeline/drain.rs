@@ -3,7 +3,7 @@
 //! pause while the same query runs on), and the connection serves again
 //! once its queue is empty.
 
-use super::{Phase, Pipeline, Step, CANCEL_AGAIN_FIRST, CANCEL_AGAIN_MAX};
+use super::{Phase, Pipeline, Step, Steps, CANCEL_AGAIN_FIRST, CANCEL_AGAIN_MAX};
 
 impl<T: Copy + Eq> Pipeline<T> {
     /// Queries run, yet no request is there for them (nor one to be sent
@@ -17,12 +17,12 @@ impl<T: Copy + Eq> Pipeline<T> {
 
     /// Every request left: cancel what runs, or close a connection still
     /// connecting, or let an idle one settle.
-    pub(super) fn begin_drain(&mut self) -> Vec<Step<T>> {
+    pub(super) fn begin_drain(&mut self) -> Steps<T> {
         let starting = !self.draining;
         self.draining = true;
         let steps = self.cancel_running();
         if starting && steps.is_empty() {
-            return vec![Step::DrainTimer];
+            return Steps::one(Step::DrainTimer);
         }
         steps
     }
@@ -33,18 +33,20 @@ impl<T: Copy + Eq> Pipeline<T> {
     /// off (closing the connection would leave the query that runs then
     /// running on the server to its end). Sending it again (`cancel_again`)
     /// does not start the drain's time again.
-    pub(super) fn cancel_running(&mut self) -> Vec<Step<T>> {
+    pub(super) fn cancel_running(&mut self) -> Steps<T> {
         let Some(head) = self.queue.front().filter(|e| !e.internal).map(|e| e.seq) else {
-            return Vec::new();
+            return Steps::new();
         };
         if !self.draining || self.cancel_in_flight || self.cancels_off || self.cancelled_seq == Some(head) {
-            return Vec::new();
+            return Steps::new();
         }
         self.cancelled_seq = Some(head);
         self.cancel_tries = 1;
         self.cancel_again_due = false;
         self.cancel_in_flight = true;
-        vec![Step::DrainTimer, Step::Cancel]
+        let mut steps = Steps::one(Step::DrainTimer);
+        steps.push(Step::Cancel);
+        steps
     }
 
     /// The query at the head is the one the last cancel request was for.
@@ -62,7 +64,7 @@ impl<T: Copy + Eq> Pipeline<T> {
         CANCEL_AGAIN_FIRST.saturating_mul(1 << doublings).min(CANCEL_AGAIN_MAX)
     }
 
-    pub(super) fn finish_drain(&mut self) -> Vec<Step<T>> {
+    pub(super) fn finish_drain(&mut self) -> Steps<T> {
         self.draining = false;
         self.cancel_again_due = false;
         self.cancels_off = false;
@@ -72,10 +74,10 @@ impl<T: Copy + Eq> Pipeline<T> {
     /// A cancel request is through (or failed): the next query that runs may
     /// need one; the same one, still running, gets another after a pause
     /// (`Step::CancelLater`); a drained connection serves again.
-    pub fn cancel_done(&mut self) -> Vec<Step<T>> {
+    pub fn cancel_done(&mut self) -> Steps<T> {
         self.cancel_in_flight = false;
         if self.phase != Phase::Ready || !self.draining {
-            return Vec::new();
+            return Steps::new();
         }
         if self.queue.is_empty() {
             return self.finish_drain();
@@ -85,23 +87,23 @@ impl<T: Copy + Eq> Pipeline<T> {
             return steps;
         }
         self.cancel_again_due = true;
-        vec![Step::CancelLater(self.cancel_pause())]
+        Steps::one(Step::CancelLater(self.cancel_pause()))
     }
 
     /// The `CancelLater` timer fired: another cancel request for the query,
     /// if it still runs (one that ended since needs none; the next one
     /// running, if not cancelled yet, gets its first).
-    pub fn cancel_again(&mut self) -> Vec<Step<T>> {
+    pub fn cancel_again(&mut self) -> Steps<T> {
         let due = std::mem::take(&mut self.cancel_again_due);
         if !due || self.phase != Phase::Ready || !self.draining || self.cancel_in_flight {
-            return Vec::new();
+            return Steps::new();
         }
         if !self.head_cancelled() {
             return self.cancel_running();
         }
         self.cancel_tries = self.cancel_tries.saturating_add(1);
         self.cancel_in_flight = true;
-        vec![Step::Cancel]
+        Steps::one(Step::Cancel)
     }
 
     /// Cancel requests sent for the query being cancelled (0: none).

@@ -434,7 +434,7 @@ fn a_cancel_request_the_server_dropped_is_sent_again_with_a_growing_pause() {
     for _ in 0..7 {
         // The query started after the cancel request reached its backend
         // (which then drops it): it still runs.
-        match p.cancel_done().as_slice() {
+        match p.cancel_done().into_iter().collect::<Vec<_>>().as_slice() {
             [Step::CancelLater(ms)] => pauses.push(*ms),
             other => panic!("{other:?}"),
         }
@@ -826,7 +826,7 @@ impl Sim {
         assert!(before.is_none(), "request {req}: {what} after {before:?}");
     }
 
-    fn steps(&mut self, steps: Vec<Step<u32>>) {
+    fn steps(&mut self, steps: Steps<u32>) {
         for s in steps {
             match s {
                 Step::Complete(r) => {
@@ -1061,7 +1061,7 @@ impl Sim {
                 9 if sim.cancel_timer => {
                     sim.cancel_timer = false;
                     let steps = sim.p.cancel_again();
-                    if steps == [Step::Cancel] {
+                    if steps == vec![Step::Cancel] {
                         sim.seen.cancels_again += 1;
                     }
                     sim.steps(steps);

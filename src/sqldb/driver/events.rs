@@ -6,7 +6,7 @@ use std::ptr::NonNull;
 use std::rc::Rc;
 
 use gateway_core::metrics::Id;
-use gateway_core::pipeline::{Route, Step};
+use gateway_core::pipeline::{Route, Step, Steps};
 use gateway_core::rds::ResultSet as _;
 
 use super::cancelling::cancel_again_event;
@@ -467,13 +467,13 @@ impl ConnPool {
     }
 
     /// Carries out what the routing asks.
-    pub(super) fn apply(&mut self, id: ConnId, steps: Vec<Step<super::ReqToken>>, out: &mut Vec<Delivery>) {
+    pub(super) fn apply(&mut self, id: ConnId, steps: Steps<super::ReqToken>, out: &mut Vec<Delivery>) {
         self.apply_steps(id, steps, false, out)
     }
 
     /// `connected`: the connection has just come up (the requests that
     /// waited on it report their connect time).
-    fn apply_steps(&mut self, id: ConnId, steps: Vec<Step<super::ReqToken>>, connected: bool, out: &mut Vec<Delivery>) {
+    fn apply_steps(&mut self, id: ConnId, steps: Steps<super::ReqToken>, connected: bool, out: &mut Vec<Delivery>) {
         // (A prefer-standby request whose server turned out a primary while
         // another server's role is still to be learned goes there first.)
         let standby_hope = self.standby_hope();
