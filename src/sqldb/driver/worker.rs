@@ -73,35 +73,40 @@ impl Drop for Gone {
     }
 }
 
-/// A loan of a pool, marked in LENT while it lasts (its end, a return or
-/// an unwinding panic, takes the mark away).
-struct Loan;
+/// A loan of a pool, marked in LENT (`lent`) while it lasts (its end, a
+/// return or an unwinding panic, takes the mark away).
+struct Loan<'a> {
+    lent: &'a RefCell<Vec<*const ConnPool>>,
+}
 
-impl Loan {
-    fn take(pool: *const ConnPool) -> Loan {
-        LENT.with_borrow_mut(|l| {
-            assert!(!l.contains(&pool), "a database pool lent twice");
-            l.push(pool);
-        });
-        Loan
+impl<'a> Loan<'a> {
+    fn take(lent: &'a RefCell<Vec<*const ConnPool>>, pool: *const ConnPool) -> Loan<'a> {
+        let mut l = lent.borrow_mut();
+        assert!(!l.contains(&pool), "a database pool lent twice");
+        l.push(pool);
+        Loan { lent }
     }
 }
 
-impl Drop for Loan {
+impl Drop for Loan<'_> {
     fn drop(&mut self) {
-        LENT.with_borrow_mut(|l| l.pop());
+        self.lent.borrow_mut().pop();
     }
 }
 
-/// Runs `f` with the pool at `pool`, lent for the call only.
+/// Runs `f` with the pool at `pool`, lent for the call only (inside the
+/// one access of LENT the loan needs: each costs a call in a module nginx
+/// loads at run time).
 ///
 /// # Safety
 /// `pool` is the pool of a live state of this worker's (a connection's or
 /// timer's pointer to the pool that owns it).
 pub(super) unsafe fn lend<T>(pool: NonNull<ConnPool>, f: impl FnOnce(&mut ConnPool) -> T) -> T {
-    let _loan = Loan::take(pool.as_ptr());
-    // SAFETY: live and boxed (above); lent once at a time (the loan).
-    f(unsafe { &mut *pool.as_ptr() })
+    LENT.with(|lent| {
+        let _loan = Loan::take(lent, pool.as_ptr());
+        // SAFETY: live and boxed (above); lent once at a time (the loan).
+        f(unsafe { &mut *pool.as_ptr() })
+    })
 }
 
 /// Runs `f` with the worker's pool of the upstream `key` (made by `make`
