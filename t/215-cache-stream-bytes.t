@@ -185,12 +185,19 @@ redis_cli($redis, 'set', '/kv/plain', 'hello');
         push @get_ms, $ms if $status == 200;
     }
     push @got, entries($c) unless $done;
+    my $catchup_ms = 1000 * (time - $t0);
     is(scalar(@got), 70, "the resuming client gets the 70 entries of 1 MiB (over $conns connection(s))");
     is_deeply([map { $_->[0] } @got], \@ids, 'each once, in order');
     my ($live_worst) = sort { $b <=> $a } @live_ms;
     my ($get_worst) = sort { $b <=> $a } @get_ms;
     is(scalar(@live_ms), $n, "the other key's $n live entries all came meanwhile");
-    cmp_ok($live_worst // 1e9, '<', stretch(600), sprintf("the slowest of them in %.0f ms", $live_worst // -1));
+    # (Held up behind the catch-up, a live entry would wait about as long
+    # as the catch-up itself: 1 to 8 s here. Each waits 130 to 150 ms on a
+    # quiet machine; on a busy one the catch-up takes longer, and so may
+    # they, but never more than a quarter of it.)
+    my $live_bound = $catchup_ms / 4 > stretch(600) ? $catchup_ms / 4 : stretch(600);
+    cmp_ok($live_worst // 1e9, '<', $live_bound, sprintf("the slowest of them in %.0f ms (at most %.0f ms: the larger of 600 ms "
+        . "and a quarter of the catch-up's %.1f s)", $live_worst // -1, $live_bound, $catchup_ms / 1000));
     cmp_ok($get_worst // 1e9, '<', stretch(300), sprintf("the slowest of %d GETs meanwhile took %.0f ms", scalar(@get_ms), $get_worst // -1));
     diag(sprintf('catch-up of 70 MiB: %.1f s, %d live entries (worst %.0f ms), %d GETs (worst %.0f ms)',
         time - $t0, $n, $live_worst // -1, scalar(@get_ms), $get_worst // -1));
