@@ -260,12 +260,14 @@ test-checks:
 # (an upstream Test::Nginx::Socket earlier in @INC is used instead). Files
 # run PROVE_JOBS at a time: each has its own nginx, PostgreSQL and Redis on
 # free loopback ports and its own folders under TMPDIR. The longest go
-# first, so that the others fill in beside them (t/run-suite).
-PROVE_JOBS ?= 2
+# first, so that the others fill in beside them (t/run-suite). Three at a
+# time: the files mostly wait (for failovers, timeouts, streams), and a
+# whole suite takes about half a core beside them.
+PROVE_JOBS ?= 3
 # (By the times t/run-suite prints, longest first.)
-SLOW_FIRST := t/214-cache-stream-read.t t/217-sentinel.t t/204-cluster.t t/206-cache-pubsub.t t/132-listen-replay.t \
-              t/007-browser.t t/009-doc-examples.t t/128-listen.t t/220-sentinel-replicas.t t/215-cache-stream-bytes.t \
-              t/006-sse-bounds.t t/118-pg-faults.t t/126-target.t t/208-cache-pipeline.t t/129-jwt.t
+SLOW_FIRST := t/217-sentinel.t t/214-cache-stream-read.t t/215-cache-stream-bytes.t t/132-listen-replay.t t/204-cluster.t \
+              t/009-doc-examples.t t/007-browser.t t/206-cache-pubsub.t t/128-listen.t t/220-sentinel-replicas.t \
+              t/006-sse-bounds.t t/208-cache-pipeline.t t/118-pg-faults.t t/126-target.t t/129-jwt.t
 TESTS      ?= $(SLOW_FIRST) $(filter-out $(SLOW_FIRST),$(sort $(wildcard t/*.t)))
 PROVE       = PROVE_JOBS=$(PROVE_JOBS) PROVE_FLAGS="$(PROVE_FLAGS)" t/run-suite $(TESTS)
 
