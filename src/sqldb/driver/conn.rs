@@ -198,6 +198,13 @@ impl Conn {
         }
     }
 
+    /// After a step of the connect: libpq closed its socket and made
+    /// another (the server refused TLS with sslmode=prefer and it tries
+    /// without, or the next address), which nginx does not watch yet.
+    pub fn socket_replaced(&self) -> bool {
+        self.pg.connect_started() || self.pg.socket() != self.socket.fd()
+    }
+
     /// Watches the socket for writability only while libpq has bytes to send.
     /// libpq made a new socket while connecting: watched from now on as
     /// the old one was (reads; writes as want_write asks next).

@@ -125,8 +125,7 @@ impl ConnPool {
     /// watched from the start by connect_polled).
     fn step_back(&mut self, id: ConnId, poll: Poll, out: &mut Vec<Delivery>) {
         let Some(c) = self.conn(id) else { return };
-        let replaced = c.pg.connect_started() || c.pg.socket() != c.socket.fd();
-        if !replaced && !c.pause_reading(false) {
+        if !c.socket_replaced() && !c.pause_reading(false) {
             return self.connect_failed(id, "cannot watch the connection", out);
         }
         self.connect_polled(id, poll, out);
@@ -147,8 +146,9 @@ impl ConnPool {
         c.polling = false;
         let again = std::mem::take(&mut c.poll_again);
         self.step_back(step.id, step.poll, out);
-        // The socket was ready while the step ran: step again (its event
-        // will not come twice).
+        // The connection's timer came while the step ran: step again.
+        // (Its socket is not watched meanwhile; watched again, its
+        // readiness comes as an event of its own.)
         if again
             && self
                 .conn(step.id)

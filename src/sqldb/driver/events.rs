@@ -133,10 +133,8 @@ impl ConnPool {
     /// What a step of the connect asks for next.
     pub(super) fn connect_polled(&mut self, id: ConnId, poll: Poll, out: &mut Vec<Delivery>) {
         let Some(c) = self.conn(id) else { return };
-        if matches!(poll, Poll::Reading | Poll::Writing) && (c.pg.connect_started() || c.pg.socket() != c.socket.fd()) {
-            // libpq closed its socket and made another (the server refused
-            // TLS with sslmode=prefer and it tries without, or the next
-            // address): nginx watches the new one.
+        if matches!(poll, Poll::Reading | Poll::Writing) && c.socket_replaced() {
+            // nginx watches the new one.
             if !c.follow_new_socket() {
                 return self.connect_failed(id, "no free connection for the new socket (worker_connections)", out);
             }
