@@ -7,9 +7,14 @@ use std::fmt::{self, Write};
 use std::mem;
 use std::ptr::NonNull;
 
-use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, HttpModuleServerConf, NgxHttpCoreModule};
+use ngx::http::{
+    HttpModuleConfExt, HttpModuleLocationConf, HttpModuleMainConf, HttpModuleServerConf, NgxHttpCoreModule,
+};
 
 use super::*;
+
+mod blocks;
+pub use blocks::*;
 
 /// The configuration nginx is reading (during a directive, a merge or a
 /// post-configuration step).
@@ -55,6 +60,48 @@ impl ComplexValue {
         let v = unsafe { self.0.as_ref() };
         v.lengths.is_null().then(|| v.value.as_bytes())
     }
+}
+
+thread_local! {
+    /// The addresses of the configuration objects lent now (nginx reads
+    /// its configuration on one thread).
+    static LOANS: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A configuration object lent as a reference, until the loan is dropped
+/// (by a panic too).
+struct Loan(usize);
+
+impl Loan {
+    fn of<T>(p: NonNull<T>) -> Loan {
+        let at = p.as_ptr() as usize;
+        LOANS.with_borrow_mut(|l| {
+            assert!(!l.contains(&at), "a configuration object lent twice at once");
+            l.push(at)
+        });
+        Loan(at)
+    }
+}
+
+impl Drop for Loan {
+    fn drop(&mut self) {
+        LOANS.with_borrow_mut(|l| l.retain(|&at| at != self.0));
+    }
+}
+
+/// `f` with `*p`, lent as the only reference to it while `f` runs: while
+/// nginx reads the configuration, every reference the module makes to a
+/// configuration object (a module's, a location's, an upstream block, a
+/// variable) is such a loan, so a second loan of the same object, which
+/// would alias the first, panics instead (an error of the directive).
+///
+/// # Safety
+/// `p` must be a live `T` of the configuration being read, to which the
+/// module holds no reference but loans.
+unsafe fn lend<T, R>(p: NonNull<T>, f: impl FnOnce(&mut T) -> R) -> R {
+    let _loan = Loan::of(p);
+    // SAFETY: see above; the loan keeps it the only reference until f returns.
+    f(unsafe { &mut *p.as_ptr() })
 }
 
 impl<'a> Conf<'a> {
@@ -134,31 +181,48 @@ impl<'a> Conf<'a> {
 
     /// Adds a handler to an http phase (`NGX_HTTP_*_PHASE`).
     pub fn add_phase_handler(&self, phase: u32, handler: ngx_http_handler_pt) -> Result<(), ConfError> {
-        let cmcf = self.main_conf::<ngx::http::NgxHttpCoreModule>();
-        let phase = &mut cmcf.phases[phase as usize];
-        // SAFETY: the phase's handlers array, of ngx_http_handler_pt, in
-        // the configuration being read.
-        let h = unsafe { (ngx_array_push(&mut phase.handlers) as *mut ngx_http_handler_pt).as_mut() }
-            .ok_or(ConfError::Logged)?;
-        *h = handler;
-        Ok(())
+        self.with_main_conf::<NgxHttpCoreModule, _>(|cmcf| {
+            let phase = &mut cmcf.phases[phase as usize];
+            // SAFETY: the phase's handlers array, of ngx_http_handler_pt, in
+            // the configuration being read.
+            let h = unsafe { (ngx_array_push(&mut phase.handlers) as *mut ngx_http_handler_pt).as_mut() }
+                .ok_or(ConfError::Logged)?;
+            *h = handler;
+            Ok(())
+        })
     }
 
-    pub fn main_conf<M: HttpModuleMainConf>(&self) -> &'static mut M::MainConf {
-        M::main_conf_mut(self.raw()).expect("every http module has a main configuration")
+    /// `f` with the main configuration of module `M` (a loan, above).
+    pub fn with_main_conf<M: HttpModuleMainConf, R>(&self, f: impl FnOnce(&mut M::MainConf) -> R) -> R {
+        // SAFETY: cf is live and inside the http block, whose context holds
+        // every http module's main configuration.
+        let p = unsafe { self.raw().http_main_conf_unchecked::<M::MainConf>(M::module()) };
+        // SAFETY: an object of the configuration being read (see lend).
+        unsafe { lend(p.expect("every http module has a main configuration"), f) }
     }
 
-    pub fn srv_conf<M: HttpModuleServerConf>(&self) -> &'static mut M::ServerConf {
-        M::server_conf_mut(self.raw()).expect("every http module has a server configuration")
+    /// `f` with the server configuration of module `M` at the level being
+    /// read (a loan, above).
+    pub fn with_srv_conf<M: HttpModuleServerConf, R>(&self, f: impl FnOnce(&mut M::ServerConf) -> R) -> R {
+        // SAFETY: as for with_main_conf.
+        let p = unsafe { self.raw().http_server_conf_unchecked::<M::ServerConf>(M::module()) };
+        // SAFETY: as for with_main_conf.
+        unsafe { lend(p.expect("every http module has a server configuration"), f) }
     }
 
-    pub fn loc_conf<M: HttpModuleLocationConf>(&self) -> &'static mut M::LocationConf {
-        M::location_conf_mut(self.raw()).expect("every http module has a location configuration")
+    /// `f` with the location configuration of module `M` at the level being
+    /// read (a loan, above).
+    pub fn with_loc_conf<M: HttpModuleLocationConf, R>(&self, f: impl FnOnce(&mut M::LocationConf) -> R) -> R {
+        // SAFETY: as for with_main_conf.
+        let p = unsafe { self.raw().http_location_conf_unchecked::<M::LocationConf>(M::module()) };
+        // SAFETY: as for with_main_conf.
+        unsafe { lend(p.expect("every http module has a location configuration"), f) }
     }
 
-    /// The core module's configuration of the location being read.
-    pub fn core_loc_conf(&self) -> &'static mut ngx_http_core_loc_conf_t {
-        self.loc_conf::<NgxHttpCoreModule>()
+    /// The location being read is nginx's own, unnamed one of an `if` block
+    /// or a `limit_except`.
+    pub fn location_unnamed(&self) -> bool {
+        self.with_loc_conf::<NgxHttpCoreModule, _>(|clcf| clcf.noname() != 0)
     }
 
     /// Compiles a string with variables ($arg_id, ...) into configuration memory.
@@ -198,16 +262,23 @@ impl<'a> Conf<'a> {
         unsafe { ngx_http_script_variables_count(&mut s) > 0 }
     }
 
-    /// Declares a variable (or finds it): the variable, and its index.
-    pub fn add_variable(&self, name: &[u8], flags: u32) -> Option<(&'static mut ngx_http_variable_t, ngx_int_t)> {
+    /// Declares a variable (or finds it): `f` with the variable (a loan,
+    /// above), and its index.
+    pub fn add_variable<R>(
+        &self,
+        name: &[u8],
+        flags: u32,
+        f: impl FnOnce(&mut ngx_http_variable_t) -> R,
+    ) -> Option<(R, ngx_int_t)> {
         let mut n = self.pool().str(name)?;
         // SAFETY: cf is live; the name is in configuration memory, which
         // outlives the variable; nginx returns a variable that lives as long.
-        unsafe {
-            let v = ngx_http_add_variable(self.0.as_ptr(), &mut n, flags as ngx_uint_t).as_mut()?;
-            let index = ngx_http_get_variable_index(self.0.as_ptr(), &mut n);
-            (index != ERROR).then_some((v, index))
-        }
+        let (v, index) = unsafe {
+            let v = NonNull::new(ngx_http_add_variable(self.0.as_ptr(), &mut n, flags as ngx_uint_t))?;
+            (v, ngx_http_get_variable_index(self.0.as_ptr(), &mut n))
+        };
+        // SAFETY: an object of the configuration being read (see lend).
+        (index != ERROR).then(|| (unsafe { lend(v, f) }, index))
     }
 
     /// The index of a variable (declared now or later in the configuration).
@@ -220,38 +291,42 @@ impl<'a> Conf<'a> {
 
     /// True when a variable of that name is declared (by `set`, ...).
     pub fn variable_declared(&self, name: &[u8]) -> bool {
-        let cmcf = self.main_conf::<NgxHttpCoreModule>();
-        // SAFETY: during the configuration the core module keeps its
-        // variables' keys, an array of ngx_hash_key_t.
-        unsafe { cmcf.variables_keys.as_ref() }.is_some_and(|keys| {
-            // SAFETY: the array's elements are ngx_hash_key_t (above).
-            unsafe { keys.keys.as_slice::<ngx_hash_key_t>() }
-                .iter()
-                .any(|k| k.key.as_bytes() == name)
+        self.with_main_conf::<NgxHttpCoreModule, _>(|cmcf| {
+            // SAFETY: during the configuration the core module keeps its
+            // variables' keys, an array of ngx_hash_key_t.
+            unsafe { cmcf.variables_keys.as_ref() }.is_some_and(|keys| {
+                // SAFETY: the array's elements are ngx_hash_key_t (above).
+                unsafe { keys.keys.as_slice::<ngx_hash_key_t>() }
+                    .iter()
+                    .any(|k| k.key.as_bytes() == name)
+            })
         })
     }
 
     /// The prefix variable of nginx or a module (`arg_`, `http_`,
     /// `cookie_`, ...) a variable name falls under, if any: nginx gives such
     /// a variable the request's value in every location.
-    pub fn prefix_variable(&self, name: &[u8]) -> Option<&'static [u8]> {
-        let cmcf = self.main_conf::<NgxHttpCoreModule>();
+    pub fn prefix_variable(&self, name: &[u8]) -> Option<Vec<u8>> {
         let name = name.to_ascii_lowercase();
-        // SAFETY: the core module's prefix variables, an array of
-        // ngx_http_variable_t in configuration memory that modules fill in
-        // their preconfiguration (before any directive is read).
-        unsafe { cmcf.prefix_variables.as_slice::<ngx_http_variable_t>() }
-            .iter()
-            .map(|v| v.name.as_bytes())
-            .find(|p| name.starts_with(p))
+        self.with_main_conf::<NgxHttpCoreModule, _>(|cmcf| {
+            // SAFETY: the core module's prefix variables, an array of
+            // ngx_http_variable_t in configuration memory that modules fill
+            // in their preconfiguration (before any directive is read).
+            unsafe { cmcf.prefix_variables.as_slice::<ngx_http_variable_t>() }
+                .iter()
+                .map(|v| v.name.as_bytes())
+                .find(|p| name.starts_with(p))
+                .map(<[u8]>::to_vec)
+        })
     }
 
     /// Every upstream block of the configuration.
-    pub fn upstreams(&self) -> &'static [*mut ngx_http_upstream_srv_conf_t] {
-        let umcf = self.main_conf::<ngx::http::NgxHttpUpstreamModule>();
-        // SAFETY: the upstream module's array of upstream configurations,
-        // in configuration memory.
-        unsafe { umcf.upstreams.as_slice::<*mut ngx_http_upstream_srv_conf_t>() }
+    pub fn upstreams(&self) -> Vec<*mut ngx_http_upstream_srv_conf_t> {
+        self.with_main_conf::<ngx::http::NgxHttpUpstreamModule, _>(|umcf| {
+            // SAFETY: the upstream module's array of upstream
+            // configurations, in configuration memory.
+            unsafe { umcf.upstreams.as_slice::<*mut ngx_http_upstream_srv_conf_t>() }.to_vec()
+        })
     }
 
     /// Adds the upstream a `*_pass host:port` or `*_pass name` refers to (as
@@ -320,23 +395,26 @@ impl<'a> Conf<'a> {
         handler: ngx_http_handler_pt,
         known: &[(ngx_http_handler_pt, &str)],
     ) -> Result<Claim, *mut c_char> {
-        let clcf = self.core_loc_conf();
-        if let Some(other) = clcf.handler {
-            if handler_addr(Some(other)) != handler_addr(handler) {
-                let name = known
-                    .iter()
-                    .find(|(h, _)| handler_addr(*h) == handler_addr(Some(other)))
-                    .map_or("another content handler (such as \"proxy_pass\")", |(_, n)| n);
-                return Err(self.error(format_args!("\"{directive}\" cannot be in the same location as {name}")));
+        let clcf = self.with_loc_conf::<NgxHttpCoreModule, _>(|clcf| {
+            if let Some(other) = clcf.handler {
+                if handler_addr(Some(other)) != handler_addr(handler) {
+                    return Err(known
+                        .iter()
+                        .find(|(h, _)| handler_addr(*h) == handler_addr(Some(other)))
+                        .map_or("another content handler (such as \"proxy_pass\")", |(_, n)| n));
+                }
             }
-        }
-        clcf.handler = handler;
-        if clcf.name.as_bytes().last() == Some(&b'/') {
-            clcf.set_auto_redirect(1);
-        }
+            clcf.handler = handler;
+            if clcf.name.as_bytes().last() == Some(&b'/') {
+                clcf.set_auto_redirect(1);
+            }
+            Ok(NonNull::from(clcf))
+        });
+        let clcf =
+            clcf.map_err(|name| self.error(format_args!("\"{directive}\" cannot be in the same location as {name}")))?;
         let Position { file, line } = self.position();
         Ok(Claim {
-            clcf: NonNull::from(clcf),
+            clcf,
             handler,
             directive,
             file,
@@ -449,10 +527,9 @@ pub unsafe fn directive<T>(
     // SAFETY: see above.
     let c = unsafe { Conf::from_raw(cf) };
     guard(c.log(), entry, CONF_ERROR, || {
-        // SAFETY: conf is a T of the configuration being read (see above);
-        // nothing else refers to it while the directive runs.
-        let target = unsafe { &mut *(conf as *mut T) };
-        match body(c, target) {
+        let target = NonNull::new(conf.cast::<T>()).expect("nginx passes the directive's configuration");
+        // SAFETY: a T of the configuration being read (see above).
+        match unsafe { lend(target, |target| body(c, target)) } {
             Ok(()) => CONF_OK,
             Err(e) => e.report(c),
         }
@@ -488,13 +565,33 @@ pub unsafe fn merge_conf<T>(
     // SAFETY: see above.
     let c = unsafe { Conf::from_raw(cf) };
     guard(c.log(), entry, CONF_ERROR, || {
-        // SAFETY: two distinct T of the configuration (see above).
-        let (prev, conf) = unsafe { (&*(parent as *const T), &mut *(child as *mut T)) };
-        match merge(c, prev, conf) {
+        let parent = NonNull::new(parent.cast::<T>()).expect("nginx passes two configurations");
+        let child = NonNull::new(child.cast::<T>()).expect("nginx passes two configurations");
+        // SAFETY: two distinct T of the configuration being read (see above).
+        let merged = unsafe { lend(parent, |prev| lend(child, |conf| merge(c, prev, conf))) };
+        match merged {
             Ok(()) => CONF_OK,
             Err(e) => e.report(c),
         }
     })
+}
+
+/// Runs an upstream block's init (`init_upstream`) with the block.
+///
+/// # Safety
+/// `cf` must be the live configuration being read, and `us` one of its
+/// upstream blocks.
+pub unsafe fn init_upstream(
+    cf: *mut ngx_conf_t,
+    us: *mut ngx_http_upstream_srv_conf_t,
+    entry: &str,
+    body: impl FnOnce(Conf, &mut ngx_http_upstream_srv_conf_t) -> Result<(), ConfError>,
+) -> ngx_int_t {
+    let Some(us) = NonNull::new(us) else {
+        return ERROR;
+    };
+    // SAFETY: see above; the block is an object of the configuration.
+    unsafe { conf_step(cf, entry, |c| lend(us, |us| body(c, us))) }
 }
 
 /// Runs a step after the http block is read (pre- or postconfiguration).
@@ -522,107 +619,6 @@ pub unsafe fn conf_step(
     })
 }
 
-/// An address as nginx parsed it (`ngx_parse_url`), names resolved.
-pub struct Url {
-    /// The host as written ("127.0.0.1", "db.local", "[::1]").
-    pub host: String,
-    /// No port was written (the default applies).
-    pub no_port: bool,
-    pub addrs: Vec<Addr>,
-    raw: ngx_url_t,
-}
-
-/// One address of a Url.
-pub struct Addr {
-    /// The sockaddr's bytes.
-    pub sockaddr: Vec<u8>,
-    /// Where nginx keeps it: the balancers hand this very pointer to a
-    /// peer, which tells apart two servers of the same address.
-    pub at: usize,
-    /// Its text ("127.0.0.1:5432"), in configuration memory.
-    pub name: ngx_str_t,
-}
-
-/// A server line of the upstream block being read (as `server` has them).
-pub struct ServerParams {
-    pub weight: ngx_uint_t,
-    pub max_fails: ngx_uint_t,
-    pub fail_timeout: time_t,
-    pub backup: bool,
-    pub down: bool,
-}
-
-impl Conf<'_> {
-    /// Parses (and resolves) an address: `host[:port]` or `unix:/path`.
-    pub fn parse_url(&self, value: &[u8], default_port: u16) -> Result<Url, String> {
-        let pool = self.pool();
-        // SAFETY: an all-zero ngx_url_t is its initial state; the value is
-        // copied into configuration memory, and the addresses nginx finds
-        // are there too.
-        unsafe {
-            let mut url: ngx_url_t = mem::zeroed();
-            url.url = pool.str(value).ok_or("out of memory")?;
-            url.default_port = default_port;
-            if ngx_parse_url(pool.as_ptr(), &mut url) != OK {
-                let err = url.err.as_ref().map_or("invalid address".into(), |e| {
-                    std::ffi::CStr::from_ptr(e).to_string_lossy().into_owned()
-                });
-                return Err(err);
-            }
-            let addrs = (0..url.naddrs)
-                .map(|i| {
-                    let a = &*url.addrs.add(i);
-                    Addr {
-                        sockaddr: std::slice::from_raw_parts(a.sockaddr as *const u8, a.socklen as usize).to_vec(),
-                        at: a.sockaddr as usize,
-                        name: a.name,
-                    }
-                })
-                .collect();
-            Ok(Url {
-                host: String::from_utf8_lossy(url.host.as_bytes()).into_owned(),
-                no_port: url.no_port() != 0,
-                addrs,
-                raw: url,
-            })
-        }
-    }
-
-    /// The upstream block being read (for directives inside `upstream`).
-    pub fn upstream_block(&self) -> &'static mut ngx_http_upstream_srv_conf_t {
-        self.srv_conf::<ngx::http::NgxHttpUpstreamModule>()
-    }
-
-    /// Adds a server to the upstream block being read, for its balancer.
-    pub fn add_upstream_server(&self, url: &Url, p: &ServerParams) -> Result<(), ConfError> {
-        let uscf = self.upstream_block();
-        if uscf.servers.is_null() {
-            return Err(format!(
-                "\"{}\" directive is allowed only inside an \"upstream\" block",
-                self.directive()
-            )
-            .into());
-        }
-        // SAFETY: the block's servers array is of ngx_http_upstream_server_t,
-        // in configuration memory; the new element is zeroed before use.
-        unsafe {
-            let us = (ngx_array_push(uscf.servers) as *mut ngx_http_upstream_server_t)
-                .as_mut()
-                .ok_or(ConfError::Logged)?;
-            *us = mem::zeroed();
-            us.name = url.raw.url;
-            us.addrs = url.raw.addrs;
-            us.naddrs = url.raw.naddrs;
-            us.weight = p.weight;
-            us.max_fails = p.max_fails;
-            us.fail_timeout = p.fail_timeout;
-            us.set_backup(p.backup as u32);
-            us.down = p.down as ngx_uint_t;
-        }
-        Ok(())
-    }
-}
-
 /// A directive's `on` or `off` (in any letter case, as nginx reads them);
 /// another value is an error naming the directive.
 pub fn on_off(directive: &str, value: &[u8]) -> Result<bool, ConfError> {
@@ -640,80 +636,6 @@ pub fn on_off(directive: &str, value: &[u8]) -> Result<bool, ConfError> {
 /// nginx's words for a directive given again where it may be given once.
 pub fn duplicate(directive: &str) -> ConfError {
     format!("\"{directive}\" directive is duplicate").into()
-}
-
-/// The IP addresses and ports of an upstream block's `server` lines (every
-/// address a name resolved to, backup servers too; unix sockets are left out).
-pub fn upstream_server_addrs(us: &ngx_http_upstream_srv_conf_t) -> Vec<std::net::SocketAddr> {
-    upstream_servers(us, true)
-        .into_iter()
-        .filter_map(|(sa, _)| socket_addr(&sa))
-        .collect()
-}
-
-/// The addresses of an upstream block's `server` lines, in order (backup
-/// ones too, last, as they are written last), as sockaddr bytes and the
-/// name nginx gives each; those marked `down` too when `with_down`.
-pub fn upstream_servers(us: &ngx_http_upstream_srv_conf_t, with_down: bool) -> Vec<(Vec<u8>, String)> {
-    // SAFETY: the block's servers array, of ngx_http_upstream_server_t, in
-    // configuration memory (null for a block made by proxy_pass and the like).
-    let servers =
-        unsafe { us.servers.as_ref() }.map_or(&[][..], |a| unsafe { a.as_slice::<ngx_http_upstream_server_t>() });
-    let mut out = Vec::new();
-    for s in servers
-        .iter()
-        .filter(|s| !s.addrs.is_null() && (with_down || s.down == 0))
-    {
-        // SAFETY: naddrs addresses, in configuration memory.
-        let addrs = unsafe { std::slice::from_raw_parts(s.addrs, s.naddrs) };
-        for a in addrs.iter().filter(|a| !a.sockaddr.is_null()) {
-            // SAFETY: socklen bytes of the address, in configuration memory.
-            let sa = unsafe { std::slice::from_raw_parts(a.sockaddr as *const u8, a.socklen as usize) };
-            out.push((sa.to_vec(), String::from_utf8_lossy(a.name.as_bytes()).into_owned()));
-        }
-    }
-    out
-}
-
-/// A sockaddr's bytes for an IP address and port (the inverse of
-/// `socket_addr`): sockaddr_in or sockaddr_in6, zeros where unset.
-pub fn sockaddr_bytes(addr: std::net::SocketAddr) -> Vec<u8> {
-    use std::net::SocketAddr;
-    let mut out = Vec::with_capacity(28);
-    match addr {
-        SocketAddr::V4(a) => {
-            out.extend_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
-            out.extend_from_slice(&a.port().to_be_bytes());
-            out.extend_from_slice(&a.ip().octets());
-            out.resize(std::mem::size_of::<libc::sockaddr_in>(), 0);
-        }
-        SocketAddr::V6(a) => {
-            out.extend_from_slice(&(libc::AF_INET6 as u16).to_ne_bytes());
-            out.extend_from_slice(&a.port().to_be_bytes());
-            out.extend_from_slice(&[0; 4]);
-            out.extend_from_slice(&a.ip().octets());
-            out.resize(std::mem::size_of::<libc::sockaddr_in6>(), 0);
-        }
-    }
-    out
-}
-
-/// The IP address and port of a sockaddr's bytes (IPv4, IPv6).
-pub fn socket_addr(sa: &[u8]) -> Option<std::net::SocketAddr> {
-    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-    let family = i32::from(u16::from_ne_bytes([*sa.first()?, *sa.get(1)?]));
-    let port = u16::from_be_bytes([*sa.get(2)?, *sa.get(3)?]);
-    match family {
-        libc::AF_INET => {
-            let ip: [u8; 4] = sa.get(4..8)?.try_into().ok()?;
-            Some(SocketAddr::new(IpAddr::V4(Ipv4Addr::from(ip)), port))
-        }
-        libc::AF_INET6 => {
-            let ip: [u8; 16] = sa.get(8..24)?.try_into().ok()?;
-            Some(SocketAddr::new(IpAddr::V6(Ipv6Addr::from(ip)), port))
-        }
-        _ => None,
-    }
 }
 
 /// A timeout directive: nginx's time syntax (`ngx_conf_set_msec_slot`), and
@@ -806,54 +728,5 @@ pub const fn command(
         conf: conf as ngx_uint_t,
         offset: offset as ngx_uint_t,
         post: std::ptr::null_mut(),
-    }
-}
-
-/// The upstream blocks of an upstream module's main configuration.
-pub fn upstream_blocks(
-    umcf: &ngx_http_upstream_main_conf_t,
-) -> impl Iterator<Item = &ngx_http_upstream_srv_conf_t> + '_ {
-    // SAFETY: the upstream module's array of upstream configurations, in
-    // configuration memory (which outlives its requests and the reading).
-    let blocks = unsafe { umcf.upstreams.as_slice::<*mut ngx_http_upstream_srv_conf_t>() };
-    // SAFETY: as above.
-    blocks.iter().filter_map(|&u| unsafe { u.as_ref() })
-}
-
-/// The upstream block a location's upstream settings name (`*_pass` to a
-/// block), None for an address given by a variable.
-pub fn block_of(u: &ngx_http_upstream_conf_t) -> Option<&'static ngx_http_upstream_srv_conf_t> {
-    // SAFETY: null, or a block of the configuration nginx made (upstream
-    // settings are configuration memory, written while it is read), which
-    // lives as long as the configuration and its requests.
-    unsafe { u.upstream.as_ref() }
-}
-
-/// Where an upstream block was written (`file:line`), for messages.
-pub fn block_position(u: &ngx_http_upstream_srv_conf_t) -> String {
-    if u.file_name.is_null() {
-        return format!("?:{}", u.line);
-    }
-    // SAFETY: nginx keeps the block's file name, NUL-terminated, in
-    // configuration memory.
-    let file = unsafe { std::ffi::CStr::from_ptr(u.file_name as *const std::ffi::c_char) };
-    format!("{}:{}", file.to_string_lossy(), u.line)
-}
-
-/// The number of `server` lines of an upstream block.
-pub fn server_count(u: &ngx_http_upstream_srv_conf_t) -> usize {
-    // SAFETY: a block's servers array, in configuration memory (null for a
-    // block made by proxy_pass and the like).
-    unsafe { u.servers.as_ref() }.map_or(0, |s| s.nelts)
-}
-
-impl Conf<'_> {
-    /// nginx's round robin for an upstream block (its init_upstream).
-    pub fn init_round_robin(&self, us: &mut ngx_http_upstream_srv_conf_t) -> Result<(), ConfError> {
-        // SAFETY: the configuration being initialized and one of its blocks.
-        if unsafe { ngx_http_upstream_init_round_robin(self.raw_ptr(), us) } != OK {
-            return Err(ConfError::Logged);
-        }
-        Ok(())
     }
 }

@@ -216,12 +216,8 @@ macro_rules! init_upstream_handler {
             // The body is evaluated outside the unsafe block.
             let body: fn($crate::ffi::Conf, &mut $crate::ffi::ngx_http_upstream_srv_conf_t) -> Result<(), $crate::ffi::conf::ConfError> = $body;
             // SAFETY: nginx calls it with the configuration being
-            // initialized and one of its blocks, which lives as long as it.
-            let Some(us) = (unsafe { us.as_mut() }) else {
-                return $crate::ffi::ERROR;
-            };
-            // SAFETY: as above.
-            unsafe { $crate::ffi::conf::conf_step(cf, entry, |cf| body(cf, us)) }
+            // initialized and one of its blocks.
+            unsafe { $crate::ffi::conf::init_upstream(cf, us, entry, body) }
         }
     };
 }

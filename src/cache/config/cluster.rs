@@ -40,23 +40,25 @@ directive_handler! {
     pub(crate) fn cmd_cache_cluster<E: super::Entries> = "cmd_cache_cluster",
     |cf: Conf, mcf: &mut CacheMainConf| {
         let on = on_off("cache_cluster", cf.args()[1])?;
-        let uscf = cf.upstream_block();
-        let ptr: *const ngx_http_upstream_srv_conf_t = &*uscf;
-        if mcf.clusters.iter().any(|c| c.uscf == ptr) {
-            return Err(crate::ffi::conf::duplicate("cache_cluster"));
-        }
-        if on && uscf.peer.init_upstream.is_some() {
-            // keepalive wraps the balancer that is set when it is read:
-            // it must find ours. Any balancing method would be replaced.
-            return Err(
-                "\"cache_cluster\" must come before \"keepalive\" in its upstream block, and takes no balancing method (\"hash\", \"least_conn\", ...)"
-                    .to_owned()
-                    .into(),
-            );
-        }
-        if on {
-            uscf.peer.init_upstream = Some(init_upstream::<E>);
-        }
+        let ptr = cf.with_upstream_block(|uscf| {
+            let ptr: *const ngx_http_upstream_srv_conf_t = &*uscf;
+            if mcf.clusters.iter().any(|c| c.uscf == ptr) {
+                return Err(crate::ffi::conf::duplicate("cache_cluster"));
+            }
+            if on && uscf.peer.init_upstream.is_some() {
+                // keepalive wraps the balancer that is set when it is read:
+                // it must find ours. Any balancing method would be replaced.
+                return Err(
+                    "\"cache_cluster\" must come before \"keepalive\" in its upstream block, and takes no balancing method (\"hash\", \"least_conn\", ...)"
+                        .to_owned()
+                        .into(),
+                );
+            }
+            if on {
+                uscf.peer.init_upstream = Some(init_upstream::<E>);
+            }
+            Ok(ptr)
+        })?;
         mcf.clusters.push(Box::new(Cluster {
             uscf: ptr,
             on,
@@ -75,12 +77,13 @@ init_upstream_handler! {
         cf.init_round_robin(uscf)?;
         uscf.peer.init = E::PEER_INIT;
         let seeds = upstream_server_addrs(uscf);
-        let mcf = cf.main_conf::<Cache>();
         let us: *const ngx_http_upstream_srv_conf_t = uscf;
-        for c in mcf.clusters.iter_mut().filter(|c| c.uscf == us) {
-            c.initialized = true;
-            c.seeds = seeds.clone();
-        }
+        cf.with_main_conf::<Cache, _>(|mcf| {
+            for c in mcf.clusters.iter_mut().filter(|c| c.uscf == us) {
+                c.initialized = true;
+                c.seeds = seeds.clone();
+            }
+        });
         Ok(())
     }
 }

@@ -9,7 +9,7 @@ pub mod target;
 mod tls;
 
 pub use commands::Commands;
-use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, NgxHttpCoreModule};
+use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf};
 pub(crate) use tls::{
     cmd_cache_ssl_certificate, cmd_cache_ssl_certificate_key, cmd_cache_ssl_trusted_certificate, cmd_cache_ssl_verify,
 };
@@ -280,7 +280,7 @@ impl CacheLocConf {
         );
         // An `if` block (or limit_except) without cache_pass of its own
         // passes its location's requests to the same backend.
-        let noname = conf.loc_conf::<NgxHttpCoreModule>().noname() != 0;
+        let noname = conf.location_unnamed();
         if noname && u.upstream.is_null() && self.pass_var.is_none() {
             u.upstream = p.upstream;
             self.pass_var = prev.pass_var;
@@ -325,11 +325,8 @@ directive_handler! {
             lcf.upstream.upstream = cf.upstream_add(value).ok_or(ConfError::Logged)?.as_ptr();
         }
         let lcf_ptr: *const CacheLocConf = lcf;
-        cf.main_conf::<Cache>().pending.push(PendingPass {
-            claim,
-            lcf: lcf_ptr,
-            upstream: lcf.upstream.upstream,
-        });
+        let upstream = lcf.upstream.upstream;
+        cf.with_main_conf::<Cache, _>(|mcf| mcf.pending.push(PendingPass { claim, lcf: lcf_ptr, upstream }));
         Ok(())
     }
 }
@@ -495,7 +492,12 @@ conf_step_handler! {
 }
 
 fn postconfigure(cf: Conf) -> Result<(), ConfError> {
-    let mcf = cf.main_conf::<Cache>();
+    cf.with_main_conf::<Cache, _>(|mcf| check_main(cf, mcf))
+}
+
+/// The main configuration's checks once the http block is read, and the
+/// variables' indexes.
+fn check_main(cf: Conf, mcf: &mut CacheMainConf) -> Result<(), ConfError> {
     cluster::check(mcf)?;
     // SAFETY: locations' configurations live as long as the configuration.
     let keyed = |p: &&PendingPass| unsafe {

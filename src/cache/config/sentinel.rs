@@ -102,22 +102,24 @@ directive_handler! {
             )
             .into());
         }
-        let uscf = cf.upstream_block();
-        let ptr: *const ngx_http_upstream_srv_conf_t = &*uscf;
-        if mcf.sentinel_of(ptr).is_some() {
-            return Err(crate::ffi::conf::duplicate("cache_sentinel"));
-        }
-        if mcf.cluster_of(ptr).is_some() {
-            return Err("\"cache_sentinel\" and \"cache_cluster on\" in one upstream block".to_owned().into());
-        }
-        if uscf.peer.init_upstream.is_some() {
-            return Err(
-                "\"cache_sentinel\" must come before \"keepalive\" in its upstream block, and takes no balancing method (\"hash\", \"least_conn\", ...)"
-                    .to_owned()
-                    .into(),
-            );
-        }
-        uscf.peer.init_upstream = Some(init_upstream::<E>);
+        let ptr = cf.with_upstream_block(|uscf| {
+            let ptr: *const ngx_http_upstream_srv_conf_t = &*uscf;
+            if mcf.sentinel_of(ptr).is_some() {
+                return Err(crate::ffi::conf::duplicate("cache_sentinel"));
+            }
+            if mcf.cluster_of(ptr).is_some() {
+                return Err("\"cache_sentinel\" and \"cache_cluster on\" in one upstream block".to_owned().into());
+            }
+            if uscf.peer.init_upstream.is_some() {
+                return Err(
+                    "\"cache_sentinel\" must come before \"keepalive\" in its upstream block, and takes no balancing method (\"hash\", \"least_conn\", ...)"
+                        .to_owned()
+                        .into(),
+                );
+            }
+            uscf.peer.init_upstream = Some(init_upstream::<E>);
+            Ok(ptr)
+        })?;
         let s = mcf.sentinel_entry(ptr, cf.position());
         s.at = cf.position();
         s.name = name.to_vec();
@@ -135,8 +137,7 @@ directive_handler! {
                 .to_owned()
                 .into());
         }
-        let uscf = cf.upstream_block();
-        let ptr: *const ngx_http_upstream_srv_conf_t = &*uscf;
+        let ptr = cf.with_upstream_block(|uscf| -> *const ngx_http_upstream_srv_conf_t { &*uscf });
         let s = mcf.sentinel_entry(ptr, cf.position());
         if s.auth_at.is_some() {
             return Err(crate::ffi::conf::duplicate("cache_sentinel_auth"));
@@ -157,12 +158,13 @@ init_upstream_handler! {
         cf.init_round_robin(uscf)?;
         uscf.peer.init = E::SENTINEL_PEER_INIT;
         let addrs = upstream_server_addrs(uscf);
-        let mcf = cf.main_conf::<Cache>();
         let us: *const ngx_http_upstream_srv_conf_t = uscf;
-        for s in mcf.sentinels.iter_mut().filter(|s| s.uscf == us) {
-            s.initialized = true;
-            s.sentinels = addrs.clone();
-        }
+        cf.with_main_conf::<Cache, _>(|mcf| {
+            for s in mcf.sentinels.iter_mut().filter(|s| s.uscf == us) {
+                s.initialized = true;
+                s.sentinels = addrs.clone();
+            }
+        });
         Ok(())
     }
 }

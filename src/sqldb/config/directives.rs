@@ -37,9 +37,11 @@ directive_handler! {
         } else {
             lcf.pass_name = value.to_vec();
         }
-        cf.main_conf::<Sqldb>().pending.push(PendingPass {
-            lcf,
-            claim: Some(claim),
+        cf.with_main_conf::<Sqldb, _>(|mcf| {
+            mcf.pending.push(PendingPass {
+                lcf,
+                claim: Some(claim),
+            })
         });
         Ok(())
     }
@@ -291,17 +293,19 @@ fn writable_variable(cf: Conf, directive: &str, name: &[u8]) -> Result<(ngx_int_
         return Err(format!(
             "\"{directive}\" cannot write \"{}\", a variable of the request (\"${}\"): use one of your own",
             String::from_utf8_lossy(name),
-            String::from_utf8_lossy(prefix)
+            String::from_utf8_lossy(&prefix)
         )
         .into());
     }
-    let (v, index) = cf
-        .add_variable(bare, NGX_HTTP_VAR_CHANGEABLE)
+    let (settable, index) = cf
+        .add_variable(bare, NGX_HTTP_VAR_CHANGEABLE, |v| {
+            if v.get_handler.is_none() {
+                v.get_handler = Some(super::upstream::not_set);
+            }
+            v.set_handler.is_some()
+        })
         .ok_or(ConfError::Logged)?;
-    if v.get_handler.is_none() {
-        v.get_handler = Some(super::upstream::not_set);
-    }
-    Ok((index, v.set_handler.is_some()))
+    Ok((index, settable))
 }
 
 directive_handler! {

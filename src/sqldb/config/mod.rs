@@ -14,7 +14,7 @@ use std::rc::Rc;
 use gateway_core::method::QuerySet;
 use gateway_core::rewrite::Rule as RewriteRule;
 use gateway_core::target::Target;
-use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, HttpModuleServerConf, NgxHttpCoreModule};
+use ngx::http::{HttpModuleLocationConf, HttpModuleMainConf, HttpModuleServerConf};
 
 pub use commands::Commands;
 
@@ -421,14 +421,12 @@ impl LocConf {
         self.next_upstream = Some(self.next_upstream.or(prev.next_upstream).unwrap_or(default_next));
         // An `if` block (or limit_except) without sqldb_pass of its own
         // serves its location's requests: it passes them to the same upstream.
-        let noname = conf.loc_conf::<NgxHttpCoreModule>().noname() != 0;
+        let noname = conf.location_unnamed();
         if noname && !self.pass_set && (!prev.pass_name.is_empty() || prev.pass_var.is_some()) {
             self.pass_var = prev.pass_var;
             self.pass_name = prev.pass_name.clone();
             if !self.pass_name.is_empty() {
-                conf.main_conf::<Sqldb>()
-                    .pending
-                    .push(PendingPass { lcf: self, claim: None });
+                conf.with_main_conf::<Sqldb, _>(|mcf| mcf.pending.push(PendingPass { lcf: self, claim: None }));
             }
         }
         let u = &mut self.upstream;

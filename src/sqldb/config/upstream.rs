@@ -40,9 +40,8 @@ fn server(cf: Conf, srv: &mut SrvConf) -> Result<(), ConfError> {
         down: false,
     };
     let mut keywords = Keywords::default();
-    let block = cf.upstream_block();
-    let flags = block.flags;
-    srv.name = String::from_utf8_lossy(block.host.as_bytes()).into_owned();
+    let (flags, host) = cf.with_upstream_block(|block| (block.flags, block.host.as_bytes().to_vec()));
+    srv.name = String::from_utf8_lossy(&host).into_owned();
     for &a in &args[2..] {
         let text = String::from_utf8_lossy(a);
         let (needed, ok) = if let Some(v) = a.strip_prefix(b"weight=") {
@@ -277,15 +276,12 @@ conf_step_handler! {
     pub(crate) fn preconfiguration<E: Entries> = "preconfiguration",
     |cf: Conf| {
         for (_, name) in Var::ALL {
-            let (v, _) = cf
-                .add_variable(name.as_bytes(), NGX_HTTP_VAR_NOHASH)
+            cf.add_variable(name.as_bytes(), NGX_HTTP_VAR_NOHASH, |v| v.get_handler = Some(not_set))
                 .ok_or(ConfError::Logged)?;
-            v.get_handler = Some(not_set);
         }
-        let (v, _) = cf
-            .add_variable(CLAIM_PREFIX.as_bytes(), NGX_HTTP_VAR_PREFIX | NGX_HTTP_VAR_NOCACHEABLE)
+        let flags = NGX_HTTP_VAR_PREFIX | NGX_HTTP_VAR_NOCACHEABLE;
+        cf.add_variable(CLAIM_PREFIX.as_bytes(), flags, |v| v.get_handler = E::CLAIM)
             .ok_or(ConfError::Logged)?;
-        v.get_handler = E::CLAIM;
         Ok(())
     }
 }
@@ -301,7 +297,7 @@ conf_step_handler! {
 fn postconfigure<E: Entries>(cf: Conf) -> Result<(), ConfError> {
     let upstreams = cf.upstreams();
     let mut wants_threads = true;
-    for &uscf in upstreams {
+    for &uscf in &upstreams {
         // SAFETY: the upstream module's configurations live as long as the configuration.
         let Some(u) = (unsafe { uscf.as_mut() }) else { continue };
         // (While the configuration is read: its last changes.)
@@ -331,7 +327,15 @@ fn postconfigure<E: Entries>(cf: Conf) -> Result<(), ConfError> {
         }
     }
 
-    let mcf: &mut MainConf = cf.main_conf::<Sqldb>();
+    cf.with_main_conf::<Sqldb, _>(|mcf| resolve_passes(cf, mcf, &upstreams))
+}
+
+/// The variables' indexes, and each `sqldb_pass NAME` resolved to its block.
+fn resolve_passes(
+    cf: Conf,
+    mcf: &mut MainConf,
+    upstreams: &[*mut ngx_http_upstream_srv_conf_t],
+) -> Result<(), ConfError> {
     for (i, (_, name)) in Var::ALL.iter().enumerate() {
         mcf.vars[i] = cf.variable_index(name.as_bytes()).ok_or(ConfError::Logged)?;
     }
