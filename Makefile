@@ -66,10 +66,11 @@ DEB_SRC      := /usr/share/nginx/src
 NGINX_SRC    ?=
 DEB_BUILD    := $(CURDIR)/target/$(if $(NGINX_SRC),nginx-src-$(shell printf %s '$(abspath $(NGINX_SRC))' | md5sum | cut -c1-8),nginx-debian)
 # One cargo target folder for the three builds of the module (Debian's
-# nginx, the same with fault injection, the vendored nginx): the crates they
-# have in common are compiled once. The module itself is a cdylib, whose
-# file the three share there, so a build after another of the three
-# compiles the module crate again (about 10 s), never its dependencies.
+# nginx; the same with fault injection and the vendored nginx, both with
+# the quick profile): the crates they have in common are compiled once per
+# profile. The module itself is a cdylib, whose file two builds of one
+# profile share there, so a build after the other compiles the module crate
+# again, never its dependencies.
 MODULE_TARGET   := $(CURDIR)/target/module
 MODULE       := ngx_http_gateway_module.so
 DEB_MODULE   := $(OBJS)/$(MODULE)
@@ -116,7 +117,7 @@ FUZZ_RUNS    ?= 10000000
 FUZZ_SECONDS ?= 20
 FUZZ_TARGET  := $(CURDIR)/fuzz/target
 
-.PHONY: all build fault vendored build-deps deb-deps run-deps test-deps valgrind-deps unittest miri deb install test-package fuzztest fuzz fuzz-short cargo-fuzz test test-builds test-release test-checks test-debian test-vendored suites-debian suites-vendored suites-valkey print-test-packages test-valgrind run stop bench bench-scale bench-fanout check clean
+.PHONY: all build fault vendored build-deps deb-deps run-deps test-deps valgrind-deps unittest miri deb install test-package fuzztest fuzz fuzz-short cargo-fuzz test test-builds test-release test-checks test-debian test-vendored suites-debian suites-vendored suites-fault suites-valkey print-test-packages test-valgrind run stop bench bench-scale bench-fanout check clean
 
 all: build
 
@@ -168,13 +169,14 @@ else
 	cd $(DEB_BUILD) && ./configure --with-compat >configure.log
 endif
 
-# $(call cargo_module,ENV,FEATURES,FILE): cargo builds the module in the
-# shared target folder and FILE receives it. The build and the copy hold one
-# lock: another of the three builds between them would replace the file.
+# $(call cargo_module,ENV,FEATURES,FILE[,PROFILE]): cargo builds the module
+# in the shared target folder (release profile unless PROFILE) and FILE
+# receives it. The build and the copy hold one lock: another of the builds
+# between them would replace the file.
 define cargo_module
 	mkdir -p $(MODULE_TARGET) $(dir $(3))
-	flock $(MODULE_TARGET)/.build.lock sh -c '$(1) $(CARGO) build --release $(2) --target-dir $(MODULE_TARGET) && \
-	    cp $(MODULE_TARGET)/release/lib$(MODULE) $(3).new'
+	flock $(MODULE_TARGET)/.build.lock sh -c '$(1) $(CARGO) build --profile $(or $(4),release) $(2) --target-dir $(MODULE_TARGET) && \
+	    cp $(MODULE_TARGET)/$(or $(4),release)/lib$(MODULE) $(3).new'
 	mv -f $(3).new $(3)
 endef
 
@@ -182,18 +184,21 @@ $(DEB_MODULE): $(DEB_BUILD)/objs/ngx_auto_config.h FORCE
 	$(call cargo_module,NGINX_BUILD_DIR=$(DEB_BUILD)/objs,,$(DEB_MODULE))
 
 # The Debian build with fault injection (NGX_GATEWAY_PANIC=<entry point>),
-# for the suite that shows every entry point survives a panic.
+# for the suites that show every entry point survives a panic (FAULT_TESTS).
+# It and the vendored build are for the suites: built with the quick profile
+# (Cargo.toml).
 FAULT_MODULE := $(OBJS)/fault/$(MODULE)
+FAULT_TESTS  := t/002-panics.t t/130-cancel-race.t t/133-connect-thread.t
 
 fault: $(DEB_BUILD)/objs/ngx_auto_config.h FORCE
-	$(call cargo_module,NGINX_BUILD_DIR=$(DEB_BUILD)/objs,--features fault-injection,$(FAULT_MODULE))
+	$(call cargo_module,NGINX_BUILD_DIR=$(DEB_BUILD)/objs,--features fault-injection,$(FAULT_MODULE),quick)
 
 # With debug logging (--with-debug), so that the suites see the module's
 # debug traces on one of the two builds; with auth_request, which Debian's
 # nginx has and the suites and guides use.
 vendored: build-deps FORCE
-	$(call cargo_module,NGX_CONFIGURE_ARGS="--with-debug --with-threads --with-http_auth_request_module",--features vendored,$(VEN_MODULE))
-	cp "$$(cat $(MODULE_TARGET)/release/nginx-build-dir)/nginx" $(VEN_NGINX)
+	$(call cargo_module,NGX_CONFIGURE_ARGS="--with-debug --with-threads --with-http_auth_request_module",--features vendored,$(VEN_MODULE),quick)
+	cp "$$(cat $(MODULE_TARGET)/quick/nginx-build-dir)/nginx" $(VEN_NGINX)
 
 unittest:
 	$(CARGO) test -p gateway-core --target-dir $(MODULE_TARGET)
@@ -224,34 +229,35 @@ fuzz-short:
 	    $(MAKE) fuzztest; \
 	fi
 
-# The builds against Debian's nginx first (the one with fault injection
-# first: the package's build then finds the module built); then the suites
-# on Debian's nginx while, beside them, the package is built and tried and
-# the vendored nginx is built; then the suites on the vendored nginx while
-# the checks, unit tests and fuzz checks run beside them. (Each part's
-# output is printed whole when it ends.)
+# The build against Debian's nginx first; then the suites on Debian's nginx
+# (but FAULT_TESTS) while, beside them, the package is built and tried and
+# the vendored nginx and the fault-injection build are made; then the
+# suites on the vendored nginx, FAULT_TESTS on Debian's with fault
+# injection, and the checks, unit tests and fuzz checks, side by side.
+# (Each part's output is printed whole when it ends.)
 ifndef GATEWAY_DIST_ROOT
 test: test-deps
-	$(MAKE) fault build
-	$(MAKE) -j2 --output-sync=recurse suites-debian test-builds
-	$(MAKE) -j2 --output-sync=recurse suites-vendored test-checks
+	$(MAKE) build
+	$(MAKE) -j2 --output-sync=recurse suites-debian test-builds SKIP_TESTS="$(FAULT_TESTS)"
+	$(MAKE) -j3 --output-sync=recurse suites-vendored suites-fault test-checks
 else
 # In a root of another release (make test DIST=...): the suites on that
-# release's nginx while the package is built and tried and core's unit tests
-# run (with the release's own Rust); then the cache suites again against
-# Valkey where the release has it. The vendored nginx is the same 1.28
-# whatever the release: the host's make test runs the suites on it.
+# release's nginx while the package is built and tried, the fault-injection
+# build made and core's unit tests run (with the release's own Rust); then
+# FAULT_TESTS, and the cache suites again against Valkey where the release
+# has it. The vendored nginx is the same 1.28 whatever the release: the
+# host's make test runs the suites on it.
 test: test-deps
-	$(MAKE) fault build
-	$(MAKE) -j2 --output-sync=recurse suites-debian test-release
-	$(if $(shell command -v valkey-server),$(MAKE) suites-valkey)
+	$(MAKE) build
+	$(MAKE) -j2 --output-sync=recurse suites-debian test-release SKIP_TESTS="$(FAULT_TESTS)"
+	$(MAKE) -j2 --output-sync=recurse suites-fault $(if $(shell command -v valkey-server),suites-valkey)
 endif
 
 test-builds:
-	$(MAKE) test-package vendored
+	$(MAKE) test-package vendored fault
 
 test-release:
-	$(MAKE) test-package unittest
+	$(MAKE) test-package fault unittest
 
 test-checks:
 	$(MAKE) check unittest fuzztest
@@ -269,7 +275,8 @@ SLOW_FIRST := t/217-sentinel.t t/214-cache-stream-read.t t/215-cache-stream-byte
               t/009-doc-examples.t t/007-browser.t t/206-cache-pubsub.t t/128-listen.t t/220-sentinel-replicas.t \
               t/006-sse-bounds.t t/208-cache-pipeline.t t/118-pg-faults.t t/126-target.t t/129-jwt.t
 TESTS      ?= $(SLOW_FIRST) $(filter-out $(SLOW_FIRST),$(sort $(wildcard t/*.t)))
-PROVE       = PROVE_JOBS=$(PROVE_JOBS) PROVE_FLAGS="$(PROVE_FLAGS)" t/run-suite $(TESTS)
+# (SKIP_TESTS: files of TESTS left out.)
+PROVE       = PROVE_JOBS=$(PROVE_JOBS) PROVE_FLAGS="$(PROVE_FLAGS)" t/run-suite $(filter-out $(SKIP_TESTS),$(TESTS))
 
 test-debian: build fault
 	$(MAKE) suites-debian
@@ -284,6 +291,14 @@ suites-debian:
 suites-vendored:
 	@echo "=== suites on the vendored nginx: $$($(VEN_NGINX) -v 2>&1)"
 	TEST_NGINX_BINARY=$(VEN_NGINX) TEST_NGINX_LOAD_MODULES=$(VEN_MODULE) $(PROVE)
+
+# FAULT_TESTS of TESTS alone, on Debian's nginx with the fault-injection
+# build (suites-debian runs them too, unless they are in SKIP_TESTS).
+suites-fault:
+	@echo "=== fault-injection suites on Debian's nginx: $$(/usr/sbin/nginx -v 2>&1)"
+	$(if $(filter $(FAULT_TESTS),$(TESTS)),TEST_NGINX_BINARY=/usr/sbin/nginx TEST_NGINX_LOAD_MODULES=$(DEB_MODULE) \
+	    TEST_NGINX_FAULT_MODULE=$(FAULT_MODULE) PROVE_JOBS=$(PROVE_JOBS) PROVE_FLAGS="$(PROVE_FLAGS)" \
+	    t/run-suite $(filter $(FAULT_TESTS),$(TESTS)),@true)
 
 # The cache suites (t/2*.t, and those of TESTS) against Valkey instead of
 # Redis: the suites start TEST_REDIS_SERVER and run TEST_REDIS_CLI.
