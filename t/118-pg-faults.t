@@ -29,10 +29,12 @@ my $server = GatewayTest::pg_server_line('faults');
 
 sub start {
     my ($keepalive, %opt) = @_;
+    my $pipeline = delete $opt{pipeline} // 'on';
     return nginx_start(<<"HTTP", %opt);
 upstream database {
     sqldb_server $server;
     sqldb_keepalive $keepalive;
+    sqldb_pipeline $pipeline;
 }
 server {
     listen 127.0.0.1:\$PORT;
@@ -80,9 +82,12 @@ like(nginx_error_log(),
     'the log says why');
 is((http_get($port, '/echo'))[1], 'echo', 'the next request is served');
 
-# 1b. The same with three requests pipelined on one connection.
+# 1b. The same with three requests pipelined on one connection. (With
+# slow=10s, the later two are pipelined behind the first however late a
+# busy machine lets nginx read them: by default, 5 ms into a query they
+# would wait for it to end instead.)
 stop_nginx();
-$port = start('max=1');
+$port = start('max=1', pipeline => 'on slow=10s');
 is((http_get($port, '/seq?s=0'))[0], 200, 'prepared');
 $before = seq_value();
 my @s = map { http_send($port, '/seq?s=2') } 1 .. 3;
