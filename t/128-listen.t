@@ -8,7 +8,7 @@ use warnings;
 use lib 't/lib';
 use SseClient qw(open_sse pump events subscribed subscribers metric);
 use GatewayTest qw(conf_line_of nginx_conf_test http_request wait_until nginx_start stop_nginx nginx_signal nginx_error_log psql stretch
-    nginx_workers cpu_seconds);
+    workers_cpu_during);
 use IO::Select;
 use IO::Socket::INET;
 use Socket ();
@@ -58,12 +58,7 @@ like($subs[0]{buf}, qr/: heartbeat\n\n/, 'comment lines keep the stream alive');
 # valgrind the time is valgrind's.)
 SKIP: {
     skip 'under valgrind', 1 if $ENV{TEST_NGINX_USE_VALGRIND};
-    my @w = nginx_workers();
-    my $cpu0 = 0;
-    $cpu0 += cpu_seconds($_) for @w;
-    pump(\@subs, 2);
-    my $spent = -$cpu0;
-    $spent += cpu_seconds($_) for @w;
+    my $spent = workers_cpu_during(sub { pump(\@subs, 2) });
     cmp_ok($spent, '<', 0.2, sprintf('two idle workers with subscribers spend %.2f s of CPU in 2 s', $spent));
 }
 

@@ -49,7 +49,7 @@ $SIG{PIPE} = 'IGNORE';
 our @EXPORT_OK = qw(http_request wait_until pg_server_line start_servers stop_servers psql rds rds_rows rds_command free_port pg_bin pg_stop pg_start
     pg_restart start_extra_pg start_standby_pg nginx_signal nginx_exited start_redis kill_redis redis_cli garbage_port
     nginx_start stop_nginx nginx_error_log http_send http_send_request http_read http_get stretch under_valgrind listen_socket pg_sessions
-    redis_info redis_connections redis_numsub key_slot tls_files nginx_workers proc_status_kb cpu_seconds conf_line_of nginx_conf_test
+    redis_info redis_connections redis_numsub key_slot tls_files nginx_workers proc_status_kb cpu_seconds workers_cpu_during conf_line_of nginx_conf_test
     periodic_bytes hold_port release_port start_sentinel start_sentinel_set stop_sentinel $RedisServer $RedisCli);
 
 our $RedisServer = $ENV{TEST_REDIS_SERVER} || 'redis-server';
@@ -814,6 +814,18 @@ sub cpu_seconds {
     my $stat = <$f> // '';
     my @f = split / /, substr($stat, rindex($stat, ')') + 2);
     return ($f[11] + $f[12]) / POSIX::sysconf(POSIX::_SC_CLK_TCK());
+}
+
+# The CPU seconds (user and system) nginx's workers spend while $wait, a
+# sub that waits or reads, runs.
+sub workers_cpu_during {
+    my ($wait) = @_;
+    my @w = nginx_workers();
+    my $spent = 0;
+    $spent -= cpu_seconds($_) for @w;
+    $wait->();
+    $spent += cpu_seconds($_) for @w;
+    return $spent;
 }
 
 # A field of /proc/PID/status in kB (VmRSS, VmHWM ...), 0 when there is
