@@ -171,11 +171,12 @@ endif
 
 # $(call cargo_module,ENV,FEATURES,FILE[,PROFILE]): cargo builds the module
 # in the shared target folder (release profile unless PROFILE) and FILE
-# receives it. The build and the copy hold one lock: another of the builds
-# between them would replace the file.
+# receives it. The build and the copy hold the profile's lock: another build
+# of that profile between them would replace the file (builds of two
+# profiles may run side by side).
 define cargo_module
 	mkdir -p $(MODULE_TARGET) $(dir $(3))
-	flock $(MODULE_TARGET)/.build.lock sh -c '$(1) $(CARGO) build --profile $(or $(4),release) $(2) --target-dir $(MODULE_TARGET) && \
+	flock $(MODULE_TARGET)/.build-$(or $(4),release).lock sh -c '$(1) $(CARGO) build --profile $(or $(4),release) $(2) --target-dir $(MODULE_TARGET) && \
 	    cp $(MODULE_TARGET)/$(or $(4),release)/lib$(MODULE) $(3).new'
 	mv -f $(3).new $(3)
 endef
@@ -229,15 +230,15 @@ fuzz-short:
 	    $(MAKE) fuzztest; \
 	fi
 
-# The build against Debian's nginx first; then the suites on Debian's nginx
-# (but FAULT_TESTS) while, beside them, the package is built and tried and
-# the vendored nginx and the fault-injection build are made; then the
-# suites on the vendored nginx, FAULT_TESTS on Debian's with fault
-# injection, and the checks, unit tests and fuzz checks, side by side.
+# The build against Debian's nginx and the vendored nginx's first, side by
+# side; then the suites on Debian's nginx (but FAULT_TESTS) while, beside
+# them, the package is built and tried and the fault-injection build is
+# made; then the suites on the vendored nginx, FAULT_TESTS on Debian's with
+# fault injection, and the checks, unit tests and fuzz checks, side by side.
 # (Each part's output is printed whole when it ends.)
 ifndef GATEWAY_DIST_ROOT
 test: test-deps
-	$(MAKE) build
+	$(MAKE) -j2 --output-sync=recurse build vendored
 	$(MAKE) -j2 --output-sync=recurse suites-debian test-builds SKIP_TESTS="$(FAULT_TESTS)"
 	$(MAKE) -j3 --output-sync=recurse suites-vendored suites-fault test-checks
 else
@@ -254,7 +255,7 @@ test: test-deps
 endif
 
 test-builds:
-	$(MAKE) test-package vendored fault
+	$(MAKE) test-package fault
 
 test-release:
 	$(MAKE) test-package fault unittest
