@@ -117,7 +117,7 @@ FUZZ_RUNS    ?= 10000000
 FUZZ_SECONDS ?= 20
 FUZZ_TARGET  := $(CURDIR)/fuzz/target
 
-.PHONY: all build fault vendored build-deps deb-deps run-deps test-deps valgrind-deps unittest miri deb install test-package fuzztest fuzz fuzz-short cargo-fuzz test test-builds test-release test-checks test-debian test-vendored suites-debian suites-vendored suites-fault suites-valkey print-test-packages test-valgrind run stop bench bench-scale bench-fanout check clean
+.PHONY: all build fault vendored build-deps deb-deps run-deps test-deps valgrind-deps unittest miri deb install test-package fuzztest fuzz fuzz-short cargo-fuzz test test-chain-debian test-chain-vendored test-chain-rest test-checks test-debian test-vendored suites-debian suites-vendored suites-fault suites-valkey print-test-packages test-valgrind run stop bench bench-scale bench-fanout check clean
 
 all: build
 
@@ -230,35 +230,40 @@ fuzz-short:
 	    $(MAKE) fuzztest; \
 	fi
 
-# The build against Debian's nginx and the vendored nginx's first, side by
-# side; then the suites on Debian's nginx (but FAULT_TESTS) while, beside
-# them, the package is built and tried and the fault-injection build is
-# made; then the suites on the vendored nginx, FAULT_TESTS on Debian's with
-# fault injection, and the checks, unit tests and fuzz checks, side by side.
-# (Each part's output is printed whole when it ends.)
+# Three chains side by side: the build against Debian's nginx, then the
+# suites on it (but FAULT_TESTS); the vendored nginx's build, then the
+# suites on it; the package built and tried, the fault-injection build and
+# FAULT_TESTS on it, then the checks, unit tests and fuzz checks. The
+# builds come first, side by side, and the third chain's work fills the
+# time the suites spend waiting. (Each chain's output is printed whole
+# when it ends.)
 ifndef GATEWAY_DIST_ROOT
 test: test-deps
-	$(MAKE) -j2 --output-sync=recurse build vendored
-	$(MAKE) -j2 --output-sync=recurse suites-debian test-builds SKIP_TESTS="$(FAULT_TESTS)"
-	$(MAKE) -j3 --output-sync=recurse suites-vendored suites-fault test-checks
+	$(MAKE) -j3 --output-sync=recurse test-chain-debian test-chain-vendored test-chain-rest
+
+test-chain-rest:
+	$(MAKE) test-package fault suites-fault test-checks
 else
 # In a root of another release (make test DIST=...): the suites on that
-# release's nginx while the package is built and tried, the fault-injection
-# build made and core's unit tests run (with the release's own Rust); then
-# FAULT_TESTS, and the cache suites again against Valkey where the release
-# has it. The vendored nginx is the same 1.28 whatever the release: the
-# host's make test runs the suites on it.
+# release's nginx beside the package built and tried, the fault-injection
+# build and FAULT_TESTS, core's unit tests (with the release's own Rust),
+# and the cache suites again against Valkey where the release has it. The
+# vendored nginx is the same 1.28 whatever the release: the host's make
+# test runs the suites on it.
 test: test-deps
-	$(MAKE) build
-	$(MAKE) -j2 --output-sync=recurse suites-debian test-release SKIP_TESTS="$(FAULT_TESTS)"
-	$(MAKE) -j2 --output-sync=recurse suites-fault $(if $(shell command -v valkey-server),suites-valkey)
+	$(MAKE) -j2 --output-sync=recurse test-chain-debian test-chain-rest
+
+test-chain-rest:
+	$(MAKE) test-package fault suites-fault unittest $(if $(shell command -v valkey-server),suites-valkey)
 endif
 
-test-builds:
-	$(MAKE) test-package fault
+test-chain-debian:
+	$(MAKE) build
+	$(MAKE) suites-debian SKIP_TESTS="$(FAULT_TESTS)"
 
-test-release:
-	$(MAKE) test-package fault unittest
+test-chain-vendored:
+	$(MAKE) vendored
+	$(MAKE) suites-vendored
 
 test-checks:
 	$(MAKE) check unittest fuzztest
