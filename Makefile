@@ -236,13 +236,19 @@ fuzz-short:
 # FAULT_TESTS on it, then the checks, unit tests and fuzz checks. The
 # builds come first, side by side, and the third chain's work fills the
 # time the suites spend waiting. (Each chain's output is printed whole
-# when it ends.)
+# when it ends. Debian's nginx is configured once, before them: two chains
+# would configure it at once. A chain's steps are lines of their own: one
+# make given several goals would run them side by side.)
 ifndef GATEWAY_DIST_ROOT
 test: test-deps
+	$(MAKE) $(DEB_BUILD)/objs/ngx_auto_config.h
 	$(MAKE) -j3 --output-sync=recurse test-chain-debian test-chain-vendored test-chain-rest
 
 test-chain-rest:
-	$(MAKE) test-package fault suites-fault test-checks
+	$(MAKE) test-package
+	$(MAKE) fault
+	$(MAKE) suites-fault
+	$(MAKE) test-checks
 else
 # In a root of another release (make test DIST=...): the suites on that
 # release's nginx beside the package built and tried, the fault-injection
@@ -251,10 +257,15 @@ else
 # vendored nginx is the same 1.28 whatever the release: the host's make
 # test runs the suites on it.
 test: test-deps
+	$(MAKE) $(DEB_BUILD)/objs/ngx_auto_config.h
 	$(MAKE) -j2 --output-sync=recurse test-chain-debian test-chain-rest
 
 test-chain-rest:
-	$(MAKE) test-package fault suites-fault unittest $(if $(shell command -v valkey-server),suites-valkey)
+	$(MAKE) test-package
+	$(MAKE) fault
+	$(MAKE) suites-fault
+	$(MAKE) unittest
+	$(if $(shell command -v valkey-server),$(MAKE) suites-valkey)
 endif
 
 test-chain-debian:
