@@ -232,8 +232,9 @@ fuzz-short:
 
 # Three chains side by side: the build against Debian's nginx, then the
 # suites on it (but FAULT_TESTS); the vendored nginx's build, then the
-# suites on it; the package built and tried, the fault-injection build and
-# FAULT_TESTS on it, then the checks, unit tests and fuzz checks. The
+# suites on it; the package built and tried, the checks, unit tests and
+# fuzz checks, then the fault-injection build and FAULT_TESTS on it (the
+# quick profile's build waits for the vendored one's end). The
 # builds come first, side by side, and the third chain's work fills the
 # time the suites spend waiting. (Each chain's output is printed whole
 # when it ends. Debian's nginx is configured once, before them: two chains
@@ -246,26 +247,27 @@ test: test-deps
 
 test-chain-rest:
 	$(MAKE) test-package
+	$(MAKE) test-checks
 	$(MAKE) fault
 	$(MAKE) suites-fault
-	$(MAKE) test-checks
 else
 # In a root of another release (make test DIST=...): the suites on that
 # release's nginx beside the package built and tried, the fault-injection
-# build and FAULT_TESTS, core's unit tests (with the release's own Rust),
-# and the cache suites again against Valkey where the release has it. The
-# vendored nginx is the same 1.28 whatever the release: the host's make
-# test runs the suites on it.
+# build and FAULT_TESTS, and core's unit tests (with the release's own
+# Rust); then, alone (two runs of the Sentinel suites at once on a busy
+# machine make Sentinels fail over on their own), the cache suites again
+# against Valkey where the release has it. The vendored nginx is the same
+# 1.28 whatever the release: the host's make test runs the suites on it.
 test: test-deps
 	$(MAKE) $(DEB_BUILD)/objs/ngx_auto_config.h
 	$(MAKE) -j2 --output-sync=recurse test-chain-debian test-chain-rest
+	$(if $(shell command -v valkey-server),$(MAKE) suites-valkey)
 
 test-chain-rest:
 	$(MAKE) test-package
 	$(MAKE) fault
 	$(MAKE) suites-fault
 	$(MAKE) unittest
-	$(if $(shell command -v valkey-server),$(MAKE) suites-valkey)
 endif
 
 test-chain-debian:
