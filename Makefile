@@ -232,9 +232,10 @@ fuzz-short:
 
 # Three chains side by side: the build against Debian's nginx, then the
 # suites on it (but FAULT_TESTS); the vendored nginx's build, then the
-# suites on it; the package built and tried, the checks, unit tests and
-# fuzz checks, then the fault-injection build and FAULT_TESTS on it (the
-# quick profile's build waits for the vendored one's end). The
+# suites on it; the package built and tried, the fault-injection build and
+# FAULT_TESTS on it, then the checks, unit tests and fuzz checks (three
+# builds at once: beside both suites, the Sentinels of t/217 and t/218,
+# down after 700 ms, fail over on their own). The
 # builds come first, side by side, and the third chain's work fills the
 # time the suites spend waiting. (Each chain's output is printed whole
 # when it ends. Debian's nginx is configured once, before them: two chains
@@ -247,9 +248,9 @@ test: test-deps
 
 test-chain-rest:
 	$(MAKE) test-package
-	$(MAKE) test-checks
 	$(MAKE) fault
 	$(MAKE) suites-fault
+	$(MAKE) test-checks
 else
 # In a root of another release (make test DIST=...): the suites on that
 # release's nginx beside the package built and tried, the fault-injection
