@@ -49,7 +49,7 @@ $SIG{PIPE} = 'IGNORE';
 our @EXPORT_OK = qw(http_request wait_until pg_server_line start_servers stop_servers psql rds rds_rows rds_command free_port pg_bin pg_stop pg_start
     pg_restart start_extra_pg start_standby_pg nginx_signal nginx_exited start_redis kill_redis redis_cli garbage_port
     nginx_start stop_nginx nginx_error_log http_send http_send_request http_read http_get stretch under_valgrind listen_socket pg_sessions
-    redis_info redis_connections redis_numsub key_slot tls_files nginx_workers proc_status_kb cpu_seconds workers_cpu_during conf_line_of nginx_conf_test
+    redis_info redis_connections redis_numsub key_slot tls_files nginx_workers proc_status_kb cpu_seconds workers_idle_ok conf_line_of nginx_conf_test
     periodic_bytes hold_port release_port start_sentinel start_sentinel_set stop_sentinel $RedisServer $RedisCli);
 
 our $RedisServer = $ENV{TEST_REDIS_SERVER} || 'redis-server';
@@ -816,16 +816,22 @@ sub cpu_seconds {
     return ($f[11] + $f[12]) / POSIX::sysconf(POSIX::_SC_CLK_TCK());
 }
 
-# The CPU seconds (user and system) nginx's workers spend while $wait, a
-# sub that waits or reads, runs.
-sub workers_cpu_during {
-    my ($wait) = @_;
+# A test that nginx's workers, left idle, spend under 0.2 s of CPU (user
+# and system) while $wait->(2), a sub that waits or reads for 2 s, runs: a
+# watch left on a connection's writability would wake them at every turn
+# of the event loop. $what names the workers. (Skipped under valgrind,
+# whose time it would be.)
+sub workers_idle_ok {
+    my ($what, $wait) = @_;
+    my $tb = Test::Builder->new;
+    return $tb->skip('under valgrind') if under_valgrind();
     my @w = nginx_workers();
     my $spent = 0;
     $spent -= cpu_seconds($_) for @w;
-    $wait->();
+    $wait->(2);
     $spent += cpu_seconds($_) for @w;
-    return $spent;
+    local $Test::Builder::Level = $Test::Builder::Level + 1;
+    return $tb->cmp_ok($spent, '<', 0.2, sprintf('%s spend %.2f s of CPU in 2 s', $what, $spent));
 }
 
 # A field of /proc/PID/status in kB (VmRSS, VmHWM ...), 0 when there is
