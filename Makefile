@@ -233,14 +233,14 @@ fuzz-short:
 # Three chains side by side: the build against Debian's nginx, then the
 # suites on it (but FAULT_TESTS); the vendored nginx's build, then the
 # suites on it; the package built and tried, the fault-injection build and
-# FAULT_TESTS on it, then the checks, unit tests and fuzz checks (three
-# builds at once: beside both suites, the Sentinels of t/217 and t/218,
-# down after 700 ms, fail over on their own). The
+# FAULT_TESTS on it, then the checks, unit tests and fuzz checks. The
 # builds come first, side by side, and the third chain's work fills the
-# time the suites spend waiting. (Each chain's output is printed whole
-# when it ends. Debian's nginx is configured once, before them: two chains
-# would configure it at once. A chain's steps are lines of their own: one
-# make given several goals would run them side by side.)
+# time the suites spend waiting. The checks come last: their three builds
+# at once beside both suites made the Sentinels of t/217 and t/218 (down
+# after 700 ms) fail over on their own. (Each chain's output is printed
+# whole when it ends. Debian's nginx is configured once, before them: two
+# chains would configure it at once. A chain's steps are lines of their
+# own: one make given several goals would run them side by side.)
 ifndef GATEWAY_DIST_ROOT
 test: test-deps
 	$(MAKE) $(DEB_BUILD)/objs/ngx_auto_config.h

@@ -40,8 +40,10 @@ fn server(cf: Conf, srv: &mut SrvConf) -> Result<(), ConfError> {
         down: false,
     };
     let mut keywords = Keywords::default();
-    let (flags, host) = cf.with_upstream_block(|block| (block.flags, block.host.as_bytes().to_vec()));
-    srv.name = String::from_utf8_lossy(&host).into_owned();
+    let flags = cf.with_upstream_block(|block| {
+        srv.name = String::from_utf8_lossy(block.host.as_bytes()).into_owned();
+        block.flags
+    });
     for &a in &args[2..] {
         let text = String::from_utf8_lossy(a);
         let (needed, ok) = if let Some(v) = a.strip_prefix(b"weight=") {
