@@ -381,28 +381,23 @@ mod tests {
     }
 
     #[test]
-    fn commands_match_the_redis_crate() {
+    fn commands_are_resp_arrays_of_bulk_strings() {
+        // RESP's request form: *<count>, then $<length> and the bytes of
+        // each argument, every part ended by CRLF; bytes go as they are.
         let mut out = Vec::new();
         command(&mut out, &[b"GET", b"some key"]);
-        assert_eq!(out, redis::cmd("GET").arg("some key").get_packed_command());
+        assert_eq!(out, b"*2\r\n$3\r\nGET\r\n$8\r\nsome key\r\n");
         let value = b"bin\0ary\r\nvalue".to_vec();
         let mut out = Vec::new();
         command(&mut out, &[b"SET", b"k", &value, b"EX", b"30"]);
         assert_eq!(
             out,
-            redis::cmd("SET")
-                .arg("k")
-                .arg(&value[..])
-                .arg("EX")
-                .arg(30)
-                .get_packed_command()
+            b"*5\r\n$3\r\nSET\r\n$1\r\nk\r\n$14\r\nbin\0ary\r\nvalue\r\n$2\r\nEX\r\n$2\r\n30\r\n"
         );
         let mut out = Vec::new();
         command(&mut out, &[b"SELECT", b"2"]);
         command(&mut out, &[b"DEL", b""]);
-        let mut want = redis::cmd("SELECT").arg(2).get_packed_command();
-        want.extend(redis::cmd("DEL").arg("").get_packed_command());
-        assert_eq!(out, want);
+        assert_eq!(out, b"*2\r\n$6\r\nSELECT\r\n$1\r\n2\r\n*2\r\n$3\r\nDEL\r\n$0\r\n\r\n");
     }
 
     #[test]
@@ -414,7 +409,10 @@ mod tests {
         bulk(&mut out, b"key");
         bulk_header(&mut out, 5);
         out.extend_from_slice(b"hello\r\n");
-        assert_eq!(out, redis::cmd("SET").arg("key").arg("hello").get_packed_command());
+        let mut whole = Vec::new();
+        command(&mut whole, &[b"SET", b"key", b"hello"]);
+        assert_eq!(out, whole);
+        assert_eq!(out, b"*3\r\n$3\r\nSET\r\n$3\r\nkey\r\n$5\r\nhello\r\n");
     }
 
     #[test]
