@@ -117,7 +117,7 @@ FUZZ_RUNS    ?= 10000000
 FUZZ_SECONDS ?= 20
 FUZZ_TARGET  := $(CURDIR)/fuzz/target
 
-.PHONY: all build fault vendored build-deps deb-deps run-deps test-deps valgrind-deps unittest miri deb install test-package fuzztest fuzz fuzz-short cargo-fuzz test test-chain-debian test-chain-vendored test-chain-rest test-checks test-debian test-vendored suites-debian suites-vendored suites-fault suites-valkey print-test-packages test-valgrind run stop bench bench-scale bench-fanout check clean
+.PHONY: all build fault vendored build-deps deb-deps run-deps test-deps valgrind-deps unittest miri deb install test-package fuzztest fuzz fuzz-short cargo-fuzz test test-chain-debian test-chain-vendored test-chain-rest test-debian test-vendored suites-debian suites-vendored suites-fault suites-valkey print-test-packages test-valgrind run stop bench bench-scale bench-fanout check clean
 
 all: build
 
@@ -232,30 +232,34 @@ fuzz-short:
 
 # Three chains side by side: the build against Debian's nginx, then the
 # suites on it (but FAULT_TESTS); the vendored nginx's build, then the
-# suites on it; the package built and tried, the fault-injection build and
-# FAULT_TESTS on it, then the checks, unit tests and fuzz checks. The
-# builds come first, side by side, and the third chain's work fills the
-# time the suites spend waiting. The checks come last: their three builds
-# at once beside both suites made the Sentinels of t/217 and t/218 (down
-# after 700 ms) fail over on their own. (Each chain's output is printed
-# whole when it ends. Debian's nginx is configured once, before them: two
-# chains would configure it at once. A chain's steps are lines of their
-# own: one make given several goals would run them side by side.)
+# suites on it; core's unit tests and fuzz checks, the package built and
+# tried, the fault-injection build and FAULT_TESTS on it, then the checks.
+# The builds come first, side by side: the unit tests and fuzz checks build
+# while the package waits for the Debian build, and the rest of the third
+# chain fills the time the suites spend waiting. Nothing heavier than one
+# build runs beside the suites: three builds at once beside both suites
+# made the Sentinels of t/217 and t/218 (down after 700 ms) fail over on
+# their own. (Each chain's output is printed whole when it ends. Debian's
+# nginx is configured once, before them: two chains would configure it at
+# once. A chain's steps are lines of their own: one make given several
+# goals would run them side by side.)
 ifndef GATEWAY_DIST_ROOT
 test: test-deps
 	$(MAKE) $(DEB_BUILD)/objs/ngx_auto_config.h
 	$(MAKE) -j3 --output-sync=recurse test-chain-debian test-chain-vendored test-chain-rest
 
 test-chain-rest:
+	$(MAKE) unittest
+	$(MAKE) fuzztest
 	$(MAKE) test-package
 	$(MAKE) fault
 	$(MAKE) suites-fault
-	$(MAKE) test-checks
+	$(MAKE) check
 else
 # In a root of another release (make test DIST=...): the suites on that
-# release's nginx beside the package built and tried, the fault-injection
-# build and FAULT_TESTS, and core's unit tests (with the release's own
-# Rust); then, alone (two runs of the Sentinel suites at once on a busy
+# release's nginx beside core's unit tests (with the release's own Rust),
+# the package built and tried, the fault-injection build and FAULT_TESTS;
+# then, alone (two runs of the Sentinel suites at once on a busy
 # machine make Sentinels fail over on their own), the cache suites again
 # against Valkey where the release has it. The vendored nginx is the same
 # 1.28 whatever the release: the host's make test runs the suites on it.
@@ -265,10 +269,10 @@ test: test-deps
 	$(if $(shell command -v valkey-server),$(MAKE) suites-valkey)
 
 test-chain-rest:
+	$(MAKE) unittest
 	$(MAKE) test-package
 	$(MAKE) fault
 	$(MAKE) suites-fault
-	$(MAKE) unittest
 endif
 
 test-chain-debian:
@@ -278,9 +282,6 @@ test-chain-debian:
 test-chain-vendored:
 	$(MAKE) vendored
 	$(MAKE) suites-vendored
-
-test-checks:
-	$(MAKE) check unittest fuzztest
 
 # The .t suites against one nginx build; t/lib/harness holds the runner
 # (an upstream Test::Nginx::Socket earlier in @INC is used instead). Files
