@@ -444,7 +444,7 @@ upstream database { sqldb_server $TEST_NGINX_PG_SERVER;  }
 location /a { sqldb_pass database; sqldb_query "select 1"; sqldb_set $1 0 0; }
 --- must_die
 --- error_log eval
-qr/\[emerg\].*invalid variable name "\$1".* in \S+nginx\.conf:\d+/
+qr/\[emerg\].*invalid variable name "\$1" in "sqldb_set" directive \(a variable is written \$name\) in \S+nginx\.conf:\d+/
 
 
 === TEST 35: nginx -t refuses sqldb_pipeline twice
@@ -794,3 +794,17 @@ location /a { sqldb_pass database; sqldb_listen a; sqldb_listen_buffers_max 1m; 
 --- must_die
 --- error_log eval
 qr/\[emerg\].*"sqldb_listen_buffers_max" directive is not allowed here in \S+nginx\.conf:\d+/
+
+
+
+=== TEST 65: two quoted strings to sqldb_query: the first is taken for a method, and the message says where the template goes
+--- http_config
+upstream database { sqldb_server $TEST_NGINX_PG_SERVER; }
+--- config
+location /x {
+    sqldb_pass database;
+    sqldb_query "select 1" extra;
+}
+--- must_die
+--- error_log eval
+qr/\[emerg\].*"sqldb_query" directive: unknown HTTP method "select 1" \(methods come first, then the template as one argument, in quotes\) in \S+nginx\.conf:\d+/

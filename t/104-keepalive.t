@@ -183,7 +183,7 @@ location /count {
 --- config
 --- must_die
 --- error_log eval
-qr/\[emerg\].*invalid parameter "max=-1" in "sqldb_keepalive" directive in \S+nginx\.conf:\d+/
+qr/\[emerg\].*invalid parameter "max=-1" in "sqldb_keepalive" directive, it must be off, or max=N with mode=single\|multi, overflow=ignore\|reject, idle_timeout=time, requests=N in \S+nginx\.conf:\d+/
 
 
 

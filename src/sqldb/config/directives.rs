@@ -154,8 +154,17 @@ directive_handler! {
             )
             .into());
         }
-        let methods = parse_methods(args[1..args.len() - 1].iter().copied())
-            .map_err(|e| format!("\"sqldb_query\" directive: {e}"))?;
+        let methods = parse_methods(args[1..args.len() - 1].iter().copied()).map_err(|e| {
+            // Two quoted strings, or a template not in quotes: the first
+            // word was taken for a method.
+            let hint = match &e {
+                QueryError::UnknownMethod(m) if m.bytes().any(|b| !b.is_ascii_alphabetic()) => {
+                    " (methods come first, then the template as one argument, in quotes)"
+                }
+                _ => "",
+            };
+            format!("\"sqldb_query\" directive: {e}{hint}")
+        })?;
         let tmpl = compile_template(cf, text)?;
         lcf.queries
             .add(methods, Rc::new(tmpl))
@@ -283,7 +292,11 @@ fn writable_variable(cf: Conf, directive: &str, name: &[u8]) -> Result<(ngx_int_
             && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_')
     };
     let Some(bare) = name.strip_prefix(b"$").filter(|b| valid(b)) else {
-        return Err(format!("invalid variable name \"{}\"", String::from_utf8_lossy(name)).into());
+        return Err(format!(
+            "invalid variable name \"{}\" in \"{directive}\" directive (a variable is written $name)",
+            String::from_utf8_lossy(name)
+        )
+        .into());
     };
     // A name under a prefix ($arg_x, $http_x, $cookie_x) is the request's
     // own: written here, its value would go with the request to every

@@ -159,7 +159,7 @@ directive_handler! {
             };
             if !ok {
                 return Err(format!(
-                    "invalid parameter \"{}\" in \"sqldb_keepalive\" directive",
+                    "invalid parameter \"{}\" in \"sqldb_keepalive\" directive, it must be off, or max=N with mode=single|multi, overflow=ignore|reject, idle_timeout=time, requests=N",
                     String::from_utf8_lossy(a)
                 )
                 .into());
