@@ -5,7 +5,7 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_send http_read psql pg_sessions);
+use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_send http_read psql pg_sessions stretch);
 use Test::More;
 use Time::HiRes qw(sleep time);
 
@@ -34,7 +34,7 @@ my @paths = ((map { '/stream' } 1 .. 6), (map { '/several' } 1 .. 4), (map { '/p
 my @socks = map { [$_, http_send($port, $_)] } @paths;
 # Watch the server side while they run.
 my $most = 0;
-my $deadline = time + 3;
+my $deadline = time + stretch(3);
 while (time < $deadline) {
     my $n = pg_sessions('bound');
     $most = $n if $n > $most;
