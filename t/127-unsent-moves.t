@@ -21,6 +21,10 @@ psql('create table unsent_log (id serial, v text unique)');
 psql('grant select, insert on unsent_log to gateway; grant usage on sequence unsent_log_id_seq to gateway');
 psql("insert into unsent_log (v) values ('taken')");
 
+# The defaults (10 s to connect, queue included; 30 s for a result), as
+# long again as everything else under valgrind: 120 requests wait for two
+# connections.
+my ($connect_s, $result_s) = (stretch(10), stretch(30));
 my $port = nginx_start(<<"HTTP");
 upstream two {
     sqldb_server $server;
@@ -38,6 +42,8 @@ upstream one {
 }
 server {
     listen 127.0.0.1:\$PORT;
+    sqldb_connect_timeout ${connect_s}s;
+    sqldb_result_timeout ${result_s}s;
     location ~ ^/(\\w+)/ins\$ { sqldb_pass \$1; sqldb_output value; sqldb_query "insert into unsent_log (v) values (\$arg_v::text) returning v"; }
     location ~ ^/(\\w+)/insnn\$ { sqldb_pass \$1; sqldb_next_upstream off; sqldb_output value; sqldb_query "insert into unsent_log (v) values (\$arg_v::text) returning v"; }
     location ~ ^/(\\w+)/begin\$ { sqldb_pass \$1; sqldb_output none; sqldb_query "begin"; }
