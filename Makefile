@@ -343,8 +343,10 @@ print-test-packages:
 # totals of target/valgrind/summary.tsv (target/valgrind-vendored/ for the
 # vendored build; logs with findings in its logs/). Each file's line ends
 # with its time. Not part of make test. VALGRIND_TESTS picks files;
-# TEST_NGINX_VALGRIND_OPTS adds valgrind options, TEST_NGINX_VALGRIND_SUPP
-# another suppressions file.
+# PROVE_FLAGS=-j2 runs two at a time (all of t/ in about half an hour on
+# two cores); TEST_NGINX_VALGRIND_OPTS adds valgrind options
+# (--track-origins=yes: where an uninitialised value came from),
+# TEST_NGINX_VALGRIND_SUPP another suppressions file.
 VALGRIND_TESTS ?= t/
 VALGRIND_BUILD ?= debian
 ifeq ($(VALGRIND_BUILD),vendored)

@@ -59,7 +59,10 @@ sub command ($@) {
         '--leak-check=full',
         '--show-leak-kinds=definite',
         '--errors-for-leak-kinds=definite',
-        '--track-origins=yes',
+        # (Uninitialised values are found either way; =yes, through
+        # TEST_NGINX_VALGRIND_OPTS, also says where one came from, for a
+        # third more time.)
+        '--track-origins=no',
         '--trace-children=yes',
         '--child-silent-after-fork=no',
         '--keep-debuginfo=yes',
