@@ -187,12 +187,16 @@ $(DEB_MODULE): $(DEB_BUILD)/objs/ngx_auto_config.h FORCE
 # The Debian build with fault injection (NGX_GATEWAY_PANIC=<entry point>),
 # for the suites that show every entry point survives a panic (FAULT_TESTS).
 # It and the vendored build are for the suites: built with the quick profile
-# (Cargo.toml).
-FAULT_MODULE := $(OBJS)/fault/$(MODULE)
-FAULT_TESTS  := t/002-panics.t t/130-cancel-race.t t/133-connect-thread.t
+# (Cargo.toml), whose dependencies the two share. In a root of another
+# release (make test DIST=...), where no vendored build is made, it takes
+# the release profile instead: only the module's own crate is compiled
+# again, beside the release build's dependencies.
+FAULT_MODULE  := $(OBJS)/fault/$(MODULE)
+FAULT_TESTS   := t/002-panics.t t/130-cancel-race.t t/133-connect-thread.t
+FAULT_PROFILE := $(if $(GATEWAY_DIST_ROOT),release,quick)
 
 fault: $(DEB_BUILD)/objs/ngx_auto_config.h FORCE
-	$(call cargo_module,NGINX_BUILD_DIR=$(DEB_BUILD)/objs,--features fault-injection,$(FAULT_MODULE),quick)
+	$(call cargo_module,NGINX_BUILD_DIR=$(DEB_BUILD)/objs,--features fault-injection,$(FAULT_MODULE),$(FAULT_PROFILE))
 
 # With debug logging (--with-debug), so that the suites see the module's
 # debug traces on one of the two builds; with auth_request, which Debian's
