@@ -216,3 +216,21 @@ location /e { sqldb_pass db1; sqldb_escape $v $arg_v; sqldb_output value; sqldb_
 ["SJIS", "xUTF8", "yUTF8"]
 --- error_log eval
 qr/\[error\].*sqldb: idle connection to \S+: the session's client_encoding is SJIS, in which quoting values byte by byte is unsafe/
+
+
+
+=== TEST 14: a row count the server refuses (LIMIT -1: 2201W, OFFSET -1: 2201X) from a typed parameter: the client's mistake, 400 at info
+--- config
+location /l {
+    sqldb_pass database;
+    sqldb_output value;
+    sqldb_query "select count(*)::text from (select g from generate_series(1, 5) g limit $arg_n::int offset $arg_o::int) s";
+}
+--- request eval
+["GET /l?n=2&o=0", "GET /l?n=-1&o=0", "GET /l?n=2&o=-1", "GET /l?n=9&o=1"]
+--- error_code eval
+[200, 400, 400, 200]
+--- response_body_like eval
+["^2\$", "400 Bad Request", "400 Bad Request", "^4\$"]
+--- error_log eval
+[qr/\[info\].*sqldb: a parameter was rejected: .*SQLSTATE 2201W/, qr/\[info\].*sqldb: a parameter was rejected: .*SQLSTATE 2201X/]

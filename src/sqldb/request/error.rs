@@ -12,11 +12,11 @@ pub fn log_failure(log: Log, f: &dyn Failure) {
 
 /// SQLSTATEs of a value from the request that does not fit: invalid text
 /// representation, numeric out of range, datetime format and overflow,
-/// characters not valid in the encoding, string too long, bad escape, and
-/// values past a limit of the server (program limit exceeded, statement
-/// too complex).
+/// characters not valid in the encoding, string too long, bad escape, a
+/// row count LIMIT or OFFSET refuses (negative), and values past a limit
+/// of the server (program limit exceeded, statement too complex).
 pub const BAD_PARAMETER: &[&str] = &[
-    "22P02", "22003", "22007", "22008", "22021", "22P05", "22001", "22025", "54000", "54001",
+    "22P02", "22003", "22007", "22008", "22021", "22P05", "22001", "22025", "2201W", "2201X", "54000", "54001",
 ];
 
 /// SQLSTATEs of `set_config('role', ...)` for a role that cannot be used:
