@@ -234,3 +234,37 @@ location /l {
 ["^2\$", "400 Bad Request", "400 Bad Request", "^4\$"]
 --- error_log eval
 [qr/\[info\].*sqldb: a parameter was rejected: .*SQLSTATE 2201W/, qr/\[info\].*sqldb: a parameter was rejected: .*SQLSTATE 2201X/]
+
+
+
+=== TEST 15: control bytes a server's message quotes from the client (ESC, BEL) are written as \xNN: one line of plain text in the error log
+--- config
+location /i {
+    sqldb_pass database;
+    sqldb_output value;
+    sqldb_query "select $http_x_id::int";
+}
+--- more_headers eval
+"X-Id: 1\x1b[31mRED\x07"
+--- request
+GET /i
+--- error_code: 400
+--- error_log eval
+qr/\[info\].*sqldb: a parameter was rejected: ERROR: invalid input syntax for type integer: "1\\x1b\[31mRED\\x07" \(SQLSTATE 22P02\)/
+--- no_error_log eval
+[qr/sqldb:.*[\x1b\x07]/]
+
+
+
+=== TEST 16: a server's message past 1.5 KB is cut with "...", and nginx's own part of the line (client, request) still follows it
+--- config
+location /i {
+    sqldb_pass database;
+    sqldb_output value;
+    sqldb_query "select $arg_id::int";
+}
+--- request eval
+"GET /i?id=" . ("x" x 3000)
+--- error_code: 400
+--- error_log eval
+qr/\[info\].*sqldb: a parameter was rejected: ERROR: invalid input syntax for type integer: "x{1000,}\.\.\. while [^\n]*client: 127\.0\.0\.1/

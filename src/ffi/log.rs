@@ -6,24 +6,67 @@ use std::fmt::{self, Write};
 
 use super::*;
 
+/// The most of a line the module writes: nginx's own line is 2048 bytes at
+/// most, and what nginx adds after it (client, request, upstream) needs
+/// room too.
+const LINE_MAX: usize = 1536;
+/// What ends a line cut at LINE_MAX.
+const CUT: &[u8] = b"...";
+
 /// A fixed stack buffer that formats and truncates instead of allocating.
+/// Control bytes (a server's message may quote the client's value) are
+/// written as `\xNN`, so that a line stays one line of plain text.
 struct LineBuf {
-    buf: [u8; 2048],
+    buf: [u8; LINE_MAX],
     len: usize,
+    cut: bool,
+}
+
+impl LineBuf {
+    fn push(&mut self, bytes: &[u8]) -> bool {
+        let room = LINE_MAX - CUT.len() - self.len;
+        if bytes.len() > room {
+            self.cut = true;
+        }
+        let n = bytes.len().min(room);
+        self.buf[self.len..self.len + n].copy_from_slice(&bytes[..n]);
+        self.len += n;
+        !self.cut
+    }
+
+    fn finish(&mut self) {
+        if self.cut {
+            self.buf[self.len..self.len + CUT.len()].copy_from_slice(CUT);
+            self.len += CUT.len();
+        }
+    }
 }
 
 impl Write for LineBuf {
     fn write_str(&mut self, s: &str) -> fmt::Result {
-        let n = s.len().min(self.buf.len() - self.len);
-        self.buf[self.len..self.len + n].copy_from_slice(&s.as_bytes()[..n]);
-        self.len += n;
+        let mut rest = s.as_bytes();
+        while !rest.is_empty() && !self.cut {
+            let plain = rest.iter().position(|&b| b < 0x20 || b == 0x7f).unwrap_or(rest.len());
+            if !self.push(&rest[..plain]) || plain == rest.len() {
+                break;
+            }
+            const HEX: &[u8; 16] = b"0123456789abcdef";
+            let b = rest[plain];
+            self.push(&[b'\\', b'x', HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]]);
+            rest = &rest[plain + 1..];
+        }
         Ok(())
     }
 }
 
 fn format_line(args: fmt::Arguments<'_>) -> LineBuf {
-    let mut line = LineBuf { buf: [0; 2048], len: 0 };
+    let mut line = LineBuf {
+        buf: [0; LINE_MAX],
+        len: 0,
+        cut: false,
+    };
     let _ = line.write_fmt(args);
+    line.finish();
     line
 }
 
