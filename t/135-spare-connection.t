@@ -14,8 +14,6 @@ use GatewayTest qw(nginx_start stop_nginx nginx_error_log http_send http_read ps
 use Test::More;
 use Time::HiRes qw(sleep time);
 
-plan skip_all => 'its bounds are times, which valgrind stretches' if GatewayTest::under_valgrind();
-
 my $LOCK = 135;
 my $SLOW = "select pg_advisory_xact_lock_shared($LOCK)::text || 'slow'";
 my $spare = GatewayTest::pg_server_line('spare');
