@@ -67,15 +67,19 @@ sub pg_bin { $PgBin }
 # Runs a server command as the postgres user when we are root (initdb
 # refuses root); its output goes to a log unless it fails.
 sub run_as_owner {
+    return if try_as_owner(@_);
+    system('cat', "$PgDir/cmd.log");
+    die "failed: @_\n";
+}
+
+# The same, saying whether it succeeded (its output in $PgDir/cmd.log).
+sub try_as_owner {
     my @cmd = @_;
     my $line = join ' ', map { my $a = $_; $a =~ s/'/'\\''/g; "'$a'" } @cmd;
     my $log = "$PgDir/cmd.log";
     my $sh = "$line >>'$log' 2>&1";
     my @run = $> == 0 ? ('su', 'postgres', '-s', '/bin/sh', '-c', $sh) : ('/bin/sh', '-c', $sh);
-    if (system(@run) != 0) {
-        system('cat', $log);
-        die "failed: @_\n";
-    }
+    return system(@run) == 0;
 }
 
 sub schema_sql {
@@ -234,7 +238,22 @@ sub new_pg_instance {
         print $hba "host all all ::1/128 scram-sha-256\n";
         close $hba;
     }
-    run_as_owner("$PgBin/pg_ctl", '-D', $pg{data}, '-l', "$dir/server.log", '-w', '-s', 'start');
+    # The port was free when it was chosen; a file running beside this one
+    # may have taken it since (a listener, or a connection's own end): then
+    # another port, twice at most. (The last "port =" of the file counts.)
+    for my $try (1 .. 3) {
+        last if try_as_owner("$PgBin/pg_ctl", '-D', $pg{data}, '-l', "$dir/server.log", '-w', '-s', 'start');
+        my $why = '';
+        if (open my $fh, '<', "$dir/server.log") { local $/; $why = <$fh> // '' }
+        if ($try == 3 || $why !~ /could not bind|Address already in use|could not create any TCP\/IP sockets/) {
+            system('cat', "$dir/cmd.log", "$dir/server.log");
+            die "failed: $PgBin/pg_ctl start (port $pg{port})\n";
+        }
+        $pg{port} = free_port();
+        open my $more, '>>', "$pg{data}/postgresql.conf" or die $!;
+        print $more "port = $pg{port}\n";
+        close $more;
+    }
     pg_populate($pg{port}, $pg{super}) unless $template;
     return \%pg;
 }
