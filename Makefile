@@ -66,9 +66,9 @@ DEB_SRC      := /usr/share/nginx/src
 NGINX_SRC    ?=
 DEB_BUILD    := $(CURDIR)/target/$(if $(NGINX_SRC),nginx-src-$(shell printf %s '$(abspath $(NGINX_SRC))' | md5sum | cut -c1-8),nginx-debian)
 # One cargo target folder for the three builds of the module (Debian's
-# nginx; the same with fault injection and the vendored nginx, both with
-# the quick profile): the crates they have in common are compiled once per
-# profile. The module itself is a cdylib, whose file two builds of one
+# nginx and the same with fault injection, with the release profile; the
+# vendored nginx, with the quick profile): the crates they have in common
+# are compiled once per profile. The module itself is a cdylib, whose file two builds of one
 # profile share there, so a build after the other compiles the module crate
 # again, never its dependencies.
 MODULE_TARGET   := $(CURDIR)/target/module
@@ -186,17 +186,13 @@ $(DEB_MODULE): $(DEB_BUILD)/objs/ngx_auto_config.h FORCE
 
 # The Debian build with fault injection (NGX_GATEWAY_PANIC=<entry point>),
 # for the suites that show every entry point survives a panic (FAULT_TESTS).
-# It and the vendored build are for the suites: built with the quick profile
-# (Cargo.toml), whose dependencies the two share. In a root of another
-# release (make test DIST=...), where no vendored build is made, it takes
-# the release profile instead: only the module's own crate is compiled
-# again, beside the release build's dependencies.
-FAULT_MODULE  := $(OBJS)/fault/$(MODULE)
-FAULT_TESTS   := t/002-panics.t t/130-cancel-race.t t/133-connect-thread.t
-FAULT_PROFILE := $(if $(GATEWAY_DIST_ROOT),release,quick)
+# Built with the release profile, beside the Debian build: only the
+# module's own crate is compiled again, on the same dependencies.
+FAULT_MODULE := $(OBJS)/fault/$(MODULE)
+FAULT_TESTS  := t/002-panics.t t/130-cancel-race.t t/133-connect-thread.t
 
 fault: $(DEB_BUILD)/objs/ngx_auto_config.h FORCE
-	$(call cargo_module,NGINX_BUILD_DIR=$(DEB_BUILD)/objs,--features fault-injection,$(FAULT_MODULE),$(FAULT_PROFILE))
+	$(call cargo_module,NGINX_BUILD_DIR=$(DEB_BUILD)/objs,--features fault-injection,$(FAULT_MODULE))
 
 # With debug logging (--with-debug), so that the suites see the module's
 # debug traces on one of the two builds; with auth_request, which Debian's
