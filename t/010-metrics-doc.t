@@ -136,9 +136,9 @@ connect($slow, Socket::pack_sockaddr_in($port, Socket::inet_aton('127.0.0.1'))) 
 syswrite($slow, "GET /listen HTTP/1.1\r\nHost: x\r\n\r\n");
 # It reads until the channel is listened to (": subscribed"; notifications
 # before that are not its), then no more.
-my $head = { s => $slow, buf => '' };
-pump([$head], stretch(5), subscribed($head));
-like($head->{buf}, qr/: subscribed/, 'a subscriber that does not read');
+my $slow_sub = { s => $slow, buf => '' };
+pump([$slow_sub], stretch(5), subscribed($slow_sub));
+like($slow_sub->{buf}, qr/: subscribed/, 'a subscriber that does not read');
 psql("select pg_notify('metrics_doc', g || repeat('y', 7900)) from generate_series(1, 1000) g");
 ok(wait_until(sub {
     psql("notify metrics_doc, 'more " . time . "'");
