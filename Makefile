@@ -286,7 +286,8 @@ test-chain-vendored:
 # The .t suites against one nginx build; t/lib/harness holds the runner
 # (an upstream Test::Nginx::Socket earlier in @INC is used instead). Files
 # run PROVE_JOBS at a time: each has its own nginx, PostgreSQL and Redis on
-# free loopback ports and its own folders under TMPDIR. The longest go
+# free loopback ports and its own folders under TMPDIR (/dev/shm when it is
+# not set, see t/run-suite). The longest go
 # first, so that the others fill in beside them (t/run-suite). Three at a
 # time: the files mostly wait (for failovers, timeouts, streams), and a
 # whole suite takes about half a core beside them.
