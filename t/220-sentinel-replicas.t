@@ -23,7 +23,8 @@ my $upstream = join '', map { "    server 127.0.0.1:$_->{port};\n" } @sentinels;
 my $port = nginx_start(<<"HTTP", workers => 1);
 upstream ha {
     cache_sentinel m;
-$upstream}
+$upstream    keepalive 8;
+}
 server {
     listen 127.0.0.1:\$PORT;
     cache_connect_timeout 3s;
@@ -34,6 +35,7 @@ server {
     location /p/ { cache_pass ha; cache_target prefer-replica; }
     location /tight/ { cache_pass ha; cache_target prefer-replica; cache_replica_max_lag 1ms; }
     location /roff/ { cache_pass ha; cache_target replica; cache_pipeline off; }
+    location /moff/ { cache_pass ha; cache_pipeline off; }
 }
 HTTP
 
@@ -42,6 +44,14 @@ sub gets {
     my ($r) = @_;
     my ($n) = redis_cli($r, 'INFO', 'commandstats') =~ /^cmdstat_get:calls=(\d+)/m;
     return $n // 0;
+}
+# The clients of a server that are not Sentinels, replication links, the
+# gateway's probes (ROLE) or this test's redis-cli: the connections the
+# gateway's requests use.
+sub gateway_clients {
+    my ($r) = @_;
+    return scalar grep { /\bflags=N\b/ && !/\bname=sentinel/ && !/\bcmd=(client\|list|role|NULL)\b/ }
+        split /\n/, redis_cli($r, 'CLIENT', 'LIST');
 }
 sub reset_stats { redis_cli($_, 'CONFIG', 'RESETSTAT') for @_ }
 sub get_n {
@@ -109,7 +119,9 @@ my (undef, undef, $head);
 is($st, 503, 'no replica usable: cache_target replica answers 503');
 like($head, qr/\r\nRetry-After: 1\b/i, 'with Retry-After');
 like(nginx_error_log(), qr/\[error\].*no replica of the sentinel set is usable now/, 'and says why');
-is((http_request($port, 'GET', '/roff/'))[0], 502, 'cache_pipeline off: 502');
+($st, undef, $head) = http_request($port, 'GET', '/roff/');
+is($st, 502, 'cache_pipeline off: 502');
+like($head, qr/\r\nRetry-After: 1\b/i, 'with Retry-After too');
 reset_stats($master);
 is(get_n('/p/', 10), '200:10', 'prefer-replica: 10 reads');
 is(gets($master), 10, 'from the master');
@@ -122,10 +134,16 @@ kill 'CONT', $replicas[1]{pid};
 # for again, not the master (a Sentinel that has not heard of the switch
 # still names the old one, which says master until it is made a replica):
 # the switch is followed once, no acknowledged write is lost, and the old
-# master, a replica now, takes reads.
+# master, a replica now, takes reads. With cache_pipeline off, a request
+# while no master is confirmed gets 502 with Retry-After, and the
+# connections keepalive kept to the old master are closed.
 ok(wait_until(sub { redis_cli($replicas[1], 'INFO', 'replication') =~ /master_link_status:up/ }, 10), 'the replica is back in sync');
+# (Connections to the master that nginx's keepalive keeps, with
+# cache_pipeline off: they go when the master does.)
+is(get_n('/moff/', 4), '200:4', 'cache_pipeline off: reads from the master');
+cmp_ok(gateway_clients($master), '>=', 1, 'and a connection to it is kept');
 ok(wait_until(sub { redis_cli($sentinels[0], 'SENTINEL', 'FAILOVER', 'm') eq 'OK' }, 20), 'SENTINEL FAILOVER');
-my (@acked, %seen);
+my (@acked, %seen, @no_retry);
 my ($n, $after, $deadline) = (0, 0, time + stretch(30));
 while (time < $deadline && $after < 40) {
     $n++;
@@ -133,6 +151,9 @@ while (time < $deadline && $after < 40) {
     push @acked, $n if $w == 201;
     $seen{"PUT $w"}++;
     $seen{ 'GET ' . (http_request($port, 'GET', '/p/'))[0] }++;
+    my ($o, undef, $h) = http_request($port, 'GET', '/moff/');
+    $seen{"GET off $o"}++;
+    push @no_retry, $o if $o != 200 && $h !~ /\r\nRetry-After: 1\b/i;
     # (40 rounds more once the switch is followed, while the Sentinels
     # tell of the replicas.)
     $after++ if $after || nginx_error_log() =~ /switched from/;
@@ -142,7 +163,12 @@ ok(wait_until(sub { redis_cli($replicas[1], 'ROLE') =~ /^master/ }, 10), 'the re
 my $switches = () = nginx_error_log() =~ /switched from/g;
 is($switches, 1, 'the switch is followed once (never back to the old master)');
 is(redis_cli($replicas[1], 'GET', '/k'), "f$acked[-1]", 'the last acknowledged write is on the new master');
-is(scalar(grep { !/^(PUT 201|GET 200)$/ } keys %seen), 0, 'every read and write succeeded');
+is(scalar(grep { !/^(PUT 201|GET 200|GET off (200|502))$/ } keys %seen), 0,
+    'every read and write succeeded (with cache_pipeline off, 502 while no master is confirmed)');
+is("@no_retry", '', 'each 502 says when to ask again (Retry-After)');
+ok(wait_until(sub { gateway_clients($master) == 0 }, 5),
+    'no connection of the gateway is left on the old master (shared or kept by keepalive)')
+    or diag(redis_cli($master, 'CLIENT', 'LIST'));
 ok(wait_until(sub {
     reset_stats($master);
     get_n('/r/', 6);

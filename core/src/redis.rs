@@ -308,6 +308,14 @@ impl ReplyError {
             _ => false,
         }
     }
+
+    /// The master refused a write because too few replicas are in step
+    /// with it (`NOREPLICAS`, its `min-replicas-to-write`): nothing was
+    /// written, and it may take the write once they are.
+    pub fn no_replicas(&self) -> bool {
+        matches!(self, ReplyError::Failed { message, .. }
+            if message.split(|&b| b == b' ').next() == Some(&b"NOREPLICAS"[..]))
+    }
 }
 
 /// What reading the replies gives.
@@ -848,6 +856,16 @@ mod tests {
             message: b"LOADING".to_vec(),
         };
         assert!(!setup.not_now());
+        assert!(failed(b"NOREPLICAS Not enough good replicas to write.").no_replicas());
+        assert!(!failed(b"NOREPLICAS Not enough good replicas to write.").not_now());
+        for m in [&b"NOREPLICASX"[..], b"READONLY", b"ERR NOREPLICAS", b""] {
+            assert!(!failed(m).no_replicas(), "{}", m.escape_ascii());
+        }
+        let refused = ReplyError::Refused {
+            setup: Setup::Auth,
+            message: b"NOREPLICAS".to_vec(),
+        };
+        assert!(!refused.no_replicas());
     }
 
     fn req(command: Command) -> Request<'static> {

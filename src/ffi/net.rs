@@ -488,3 +488,62 @@ fn put(room: &mut [u8], at: &mut usize, bytes: &[u8]) {
     room[*at..*at + n].copy_from_slice(&bytes[..n]);
     *at += n;
 }
+
+/// Closes the worker's idle outbound connections to `addr`: those nginx's
+/// upstream `keepalive` keeps for the next request (a server that is no
+/// longer what it was, such as a master a switch has left). Each is closed
+/// the way nginx closes idle connections when it shuts down: `close` set,
+/// then its read handler, which takes it out of its cache and closes it.
+/// Those are told by what keepalive gives a connection it keeps: the
+/// cycle's log. Client connections (made by a listening socket) and the
+/// module's own (idle ones too, each with a log of its own) are left
+/// alone. Returns how many were closed.
+pub fn close_idle_outbound_to(addr: std::net::SocketAddr) -> usize {
+    // SAFETY: the worker's cycle, live while its events run (the only
+    // callers).
+    let Some(cycle) = (unsafe { ngx_cycle.as_ref() }) else {
+        return 0;
+    };
+    let (conns, n, kept_log) = (cycle.connections, cycle.connection_n, cycle.log);
+    let mut closed = 0;
+    for i in 0..n {
+        // SAFETY: the cycle's array of connection_n connections; one that
+        // is not in use has fd -1. No reference is kept across the handler
+        // below, which may free the connection (back to this array).
+        let c = unsafe { conns.add(i) };
+        // SAFETY: as above.
+        let (fd, rev) = unsafe {
+            let kept = (*c).idle() != 0 && (*c).listening.is_null() && (*c).log == kept_log;
+            if (*c).fd == -1 || !kept || (*c).read.is_null() {
+                continue;
+            }
+            ((*c).fd, (*c).read)
+        };
+        if peer_of(fd) != Some(addr) {
+            continue;
+        }
+        // SAFETY: an idle connection's read handler is the one its owner
+        // set for this (nginx's ngx_close_idle_connections calls it so).
+        unsafe {
+            let Some(handler) = (*rev).handler else { continue };
+            (*c).set_close(1);
+            handler(rev);
+        }
+        closed += 1;
+    }
+    closed
+}
+
+/// The address a socket is connected to.
+fn peer_of(fd: ngx_socket_t) -> Option<std::net::SocketAddr> {
+    // SAFETY: plain memory for any socket address, and its length.
+    let mut sa: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: as above; getpeername writes at most len bytes.
+    if unsafe { libc::getpeername(fd, &mut sa as *mut _ as *mut libc::sockaddr, &mut len) } != 0 {
+        return None;
+    }
+    // SAFETY: the bytes getpeername wrote, within the storage.
+    let bytes = unsafe { std::slice::from_raw_parts(&sa as *const _ as *const u8, len as usize) };
+    super::conf::socket_addr(bytes)
+}

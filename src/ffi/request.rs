@@ -278,6 +278,11 @@ impl Req {
         self.0.header_only() != 0
     }
 
+    /// The response's header has gone out.
+    pub fn header_sent(&self) -> bool {
+        self.0.header_sent() != 0
+    }
+
     pub fn pool(&self) -> Pool {
         // SAFETY: a live request's pool lives as long as the request.
         unsafe { Pool::from_raw(self.0.pool) }.expect("a request has a pool")

@@ -34,8 +34,6 @@ pub extern "C" fn no_header(_r: *mut ngx_http_request_t) -> ngx_int_t {
 
 pub extern "C" fn nothing_to_abort(_r: *mut ngx_http_request_t) {}
 
-pub extern "C" fn nothing_to_finalize(_r: *mut ngx_http_request_t, _rc: ngx_int_t) {}
-
 impl Upstream {
     pub fn raw_mut(&mut self) -> &mut ngx_http_upstream_t {
         &mut self.0

@@ -31,6 +31,10 @@ mod stream;
 mod subscribe;
 mod upstream;
 
+/// What the log line of a `NOREPLICAS` refusal adds.
+pub(super) const NO_REPLICAS: &str =
+    ": the master takes no writes while fewer replicas than its min-replicas-to-write are in step";
+
 /// Per-request state.
 pub struct Ctx {
     pub(super) command: Command,
@@ -58,6 +62,9 @@ pub struct Ctx {
     pub(super) shared: Option<pipelined::SharedReq>,
     /// To a Sentinel set's master (`cache_sentinel`).
     pub(super) sentinel: Option<sentinel::SentinelReq>,
+    /// The server refused the write for now (`NOREPLICAS`): the error
+    /// response says when to ask again (sentinel::tell_retry).
+    pub(super) retry_after: bool,
 }
 
 // SAFETY: the module's context slot is written by Req::set_ctx::<Cache>
@@ -271,6 +278,7 @@ fn start(r: &mut Req) -> Result<ngx_int_t, Error> {
         body_len: None,
         shared: shared.then(|| pipelined::SharedReq::new(crate::common::token::register(r))),
         sentinel: None,
+        retry_after: false,
     };
     r.set_ctx::<Cache>(ctx).ok_or(Kind::Nginx)?;
     if matches!(command, Command::Publish | Command::StreamAdd) {

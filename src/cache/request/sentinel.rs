@@ -45,6 +45,10 @@ pub struct SentinelReq {
     reads: Option<(Target, ngx_msec_t)>,
     /// The current try goes to a replica.
     on_replica: bool,
+    /// A try found no server of the set to take it (none confirmed, or the
+    /// master it went to failed it): a 502, 503 or 504 it ends with says
+    /// when to ask again (`tell_retry`).
+    pub unavailable: bool,
 }
 
 /// Where a request goes now.
@@ -63,6 +67,7 @@ impl SentinelReq {
             not_now: false,
             reads,
             on_replica: false,
+            unavailable: false,
         }
     }
 
@@ -97,6 +102,28 @@ impl SentinelReq {
         let s = self.set();
         watch::wait(s.key(), || conf_of(s), who, resume);
     }
+}
+
+/// A request that ends in 502, 503 or 504 because no server could take it
+/// now (a Sentinel set without a master or replica for it,
+/// `SentinelReq::unavailable`; a master refusing writes, `NOREPLICAS`): the
+/// response says to ask again in a second (`Retry-After: 1`), once. False
+/// when nginx had no memory for the header.
+pub fn tell_retry(r: &mut Req, status: ngx_int_t) -> bool {
+    let gateway_error =
+        status == HTTP_BAD_GATEWAY || status == HTTP_SERVICE_UNAVAILABLE || status == HTTP_GATEWAY_TIME_OUT;
+    if !gateway_error || r.header_sent() {
+        return true;
+    }
+    let Some(ctx) = ctx_of(r) else { return true };
+    let set = ctx
+        .sentinel
+        .as_mut()
+        .is_some_and(|sr| std::mem::take(&mut sr.unavailable));
+    if !(std::mem::take(&mut ctx.retry_after) || set) {
+        return true;
+    }
+    r.add_header("Retry-After", "1")
 }
 
 /// The worker's settings of a set, from the configuration.
@@ -177,6 +204,7 @@ impl Wrapper for PeerData {
                     "cache: no replica of sentinel set \"{}\" is usable now",
                     String::from_utf8_lossy(&sr.set().name)
                 );
+                sr.unavailable = true;
                 return BUSY;
             }
             Route::Master => None,
@@ -189,6 +217,7 @@ impl Wrapper for PeerData {
                 "cache: no master of sentinel set \"{}\" is confirmed now",
                 String::from_utf8_lossy(&sr.set().name)
             );
+            sr.unavailable = true;
             return BUSY;
         };
         let Some((sa, len, name)) = pool.peer_addr(addr) else {
@@ -201,6 +230,7 @@ impl Wrapper for PeerData {
         pc.connection = std::ptr::null_mut();
         sr.current = socket_addr(balancer::chosen(pc));
         sr.not_now = false;
+        sr.unavailable = false;
         OK
     }
 
@@ -226,8 +256,15 @@ impl Wrapper for PeerData {
         } else if failed {
             "no connection or no reply"
         } else {
+            // A try that ended well on a master the set has left since it
+            // began: nginx's keepalive has just kept its connection, which
+            // no request is to use again.
+            if let Some(addr) = sr.current.take().filter(|&a| sr.master() != Some(a)) {
+                crate::ffi::net::close_idle_outbound_to(addr);
+            }
             return;
         };
+        sr.unavailable = true;
         if let Some(addr) = sr.current.take() {
             let s = sr.set();
             watch::suspect(s.key(), || conf_of(s), addr, why);

@@ -22,8 +22,16 @@ pub(super) const CALLBACKS: Callbacks = Callbacks {
     reinit_request,
     process_header,
     abort_request: upstream::nothing_to_abort,
-    finalize_request: upstream::nothing_to_finalize,
+    finalize_request,
 };
+
+request_handler! {
+    /// nginx ends the request through its upstream: a request to a
+    /// Sentinel set that had no server for it says when to ask again.
+    fn finalize_request(r, rc) = ("cache finalize_request") {
+        super::sentinel::tell_retry(r, rc);
+    }
+}
 
 request_handler! {
     /// The commands (core's `redis::plan`): the head, the request body for
@@ -334,6 +342,11 @@ fn error_reply(u: &mut Reply, ctx: &mut Ctx, pool: &Pool, log: Log, e: &ReplyErr
         if !u.next_upstream_on(pool, ft) {
             return ERROR;
         }
+    } else if e.no_replicas() {
+        // (502, as for any error reply, with when to ask again: finalize.)
+        log!(NGX_LOG_ERR, log, "cache: {e}{}", super::NO_REPLICAS);
+        ctx.retry_after = true;
+        drop_unread(u);
     } else {
         log!(NGX_LOG_ERR, log, "cache: {e}");
         if let Some(cr) = ctx.cluster.as_mut() {

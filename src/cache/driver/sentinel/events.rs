@@ -113,7 +113,8 @@ event_handler! {
 
 event_handler! {
     /// Posted once a master is confirmed: the connections to the masters
-    /// left close, and the requests that waited go on.
+    /// left close (shared ones, and idle ones nginx's keepalive keeps), and
+    /// the requests that waited go on.
     pub(super) fn wake_event(ev) = "cache sentinel wake", {
         let take = |s: &mut SetState| {
             let waiting = if s.master.is_some() {
@@ -129,6 +130,8 @@ event_handler! {
         let (left, waiting, follow) = unsafe { lend_set(ev.data(), take) };
         for a in left {
             super::super::pipes().close_to(a, "the master of its sentinel set switched");
+            // (And those nginx's keepalive keeps, with cache_pipeline off.)
+            crate::ffi::net::close_idle_outbound_to(a);
         }
         // (The hubs of the block: their connections go to the master.)
         if let Some(key) = follow {

@@ -375,6 +375,15 @@ pub(super) fn failed(r: &mut Req, f: Error) {
             );
             return next(r, NGX_HTTP_UPSTREAM_FT_INVALID_HEADER, true, false, Verdict::NotNow);
         }
+        // A master that takes no writes while too few replicas are in
+        // step: 503, to be asked again (the next server is no better).
+        _ if f.reply().is_some_and(|e| e.no_replicas()) && !started => {
+            log!(NGX_LOG_ERR, r.log(), "cache: {f}{}", super::super::NO_REPLICAS);
+            if let Some(ctx) = ctx_of(r) {
+                ctx.retry_after = true;
+            }
+            return end(r, HTTP_SERVICE_UNAVAILABLE);
+        }
         _ => {
             log!(NGX_LOG_ERR, r.log(), "cache: {f}");
             if started {
