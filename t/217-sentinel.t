@@ -73,19 +73,23 @@ unlike(nginx_error_log(), qr/\[(alert|emerg|crit)\]/, 'no alert');
 workers_idle_ok('two idle workers watching three Sentinels', sub { sleep shift });
 
 # A load of writes and reads; each PUT's value is its number. Returns the
-# statuses seen, the keys acknowledged, and the longest request (s).
+# statuses seen, the keys acknowledged, and the longest request (s), each
+# request timed on its own.
 sub load_until {
     my ($done, $prefix, $seconds) = @_;
-    my (%statuses, @acked, $longest);
+    my (%statuses, @acked);
+    my $longest = 0;
     my $deadline = time + stretch($seconds);
     my ($n, $after) = (0, 0);
     while (time < $deadline) {
         $n++;
         my $t = time;
         my ($s, undef, $head) = http_request($port, 'PUT', "/kv/$prefix$n", $n);
+        my $t2 = time;
         my ($g) = http_request($port, 'GET', "/kv/$prefix" . ($n - 1 || 1));
-        my $took = time - $t;
-        $longest = $took if !defined $longest || $took > $longest;
+        for my $took ($t2 - $t, time - $t2) {
+            $longest = $took if $took > $longest;
+        }
         $statuses{"PUT $s"}++;
         $statuses{"GET $g"}++;
         push @acked, "$prefix$n" if $s == 201;
@@ -94,7 +98,22 @@ sub load_until {
         $after++ if $done->();
         last if $after > 30;
     }
-    return (\%statuses, \@acked, $longest // 0);
+    return (\%statuses, \@acked, $longest);
+}
+
+# What a switch may cost a client, as cache.md promises it with
+# cache_connect_timeout 8s and the retries of cache_next_upstream (error
+# and timeout): no request fails, none waits longer than $bound seconds
+# ($bound: 8 s, and cache_read_timeout before it for a master that stopped
+# answering, and a second), and a read misses (404) only a write that a
+# replica had not received when it was promoted (at most one).
+sub answered_check {
+    my ($what, $seen, $longest, $bound) = @_;
+    diag("$what: " . join(', ', map { "$_: $seen->{$_}" } sort keys %$seen) . sprintf('; longest request %.2f s', $longest));
+    my @bad = grep { !/^(PUT 201|GET 200|GET 404)$/ } keys %$seen;
+    is("@bad", '', "$what: every write got 201 and every read 200 or 404 (no 5xx, none unanswered)");
+    cmp_ok($seen->{'GET 404'} // 0, '<=', 1, "$what: a read misses at most the one write a replica had not received");
+    cmp_ok($longest, '<', stretch($bound), "$what: no request waited $bound s or longer");
 }
 
 sub missing {
@@ -148,13 +167,11 @@ my $new = new_master($old);
 isnt($new, $old, 'the Sentinels promoted a replica');
 like(nginx_error_log(), qr/\[notice\].*master of sentinel set "m" of upstream "ha" switched from 127\.0\.0\.1:$old to 127\.0\.0\.1:$new/,
     'each worker says so at notice');
-my @bad = grep { !/^(PUT 201|GET 200|GET 404|retry)$/ } keys %$seen;
-diag("SENTINEL FAILOVER: " . join(', ', map { "$_: $seen->{$_}" } sort keys %$seen) . sprintf('; longest request %.2f s', $longest));
-ok(@$acked > 0 && !grep({ /^PUT 5/ } @bad) || 1, 'writes went on');
+cmp_ok(scalar(@$acked), '>', 30, 'writes went on');
+answered_check('SENTINEL FAILOVER', $seen, $longest, 9);
 window_check('SENTINEL FAILOVER', $by_port{$new}, \@before, $acked, 'during', $began);
 like(nginx_error_log(), qr/\[notice\].*a failover of sentinel set "m" of upstream "ha" began: requests wait for the new master/,
     'each worker says when a failover begins');
-cmp_ok($longest, '<', 10, 'no request hung');
 ($st) = http_request($port, 'PUT', '/kv/after', 'x');
 is($st, 201, 'a write after the switch');
 is(redis_cli($by_port{$new}, 'GET', '/kv/after'), 'x', 'on the new master');
@@ -172,15 +189,15 @@ my $t0 = time;
 ($seen, $acked, $longest) = load_until(sub { switches() >= 4 }, 'k', 40);
 $new = new_master($old);
 isnt($new, $old, 'a replica took over from the killed master');
-diag("master killed: " . join(', ', map { "$_: $seen->{$_}" } sort keys %$seen)
-    . sprintf('; longest request %.2f s, %.1f s in all', $longest, time - $t0));
+diag(sprintf('master killed: %.1f s in all', time - $t0));
+# (scaling.md: with the master killed under load no request failed.)
+answered_check('master killed', $seen, $longest, 9);
 my @lost = missing($by_port{$new}, @$acked);
 diag("acknowledged writes missing on the new master: " . scalar(@lost) . " of " . scalar(@$acked) . " (@lost)");
 # (Asynchronous replication: a write acknowledged in the last moment before
 # the kill may not have reached the replica; on loopback that is rare.)
 cmp_ok(scalar(@lost), '<=', 1, 'acknowledged writes are on the new master (but at most the last)');
-cmp_ok($longest, '<', 10, 'no request hung');
-is(scalar(grep { /^(PUT|GET) (0|504)$/ } keys %$seen), 0, 'no request without an answer or timed out');
+is(scalar(missing($by_port{$new}, @$acked[-30 .. -1])), 0, 'every write acknowledged after the switch is on it');
 
 # 4. A Sentinel down: the others are asked, and a switch is still followed.
 stop_sentinel(shift @sentinels);
@@ -203,7 +220,7 @@ ok(wait_until(sub { redis_cli($sentinels[0], 'SENTINEL', 'FAILOVER', 'm') eq 'OK
 $new = new_master($old);
 isnt($new, $old, 'failed over with one Sentinel down');
 window_check('FAILOVER, a Sentinel down', $by_port{$new}, \@before, $acked, 'during', $began);
-cmp_ok($longest, '<', 10, 'no request hung');
+answered_check('FAILOVER, a Sentinel down', $seen, $longest, 9);
 ok(wait_until(sub { nginx_error_log() =~ /\[notice\].*sentinel 127\.0\.0\.1:\d+ of upstream "ha" cannot be reached/ }, 5),
     'a notice for the Sentinel that cannot be reached');
 
@@ -214,7 +231,13 @@ kill 'STOP', $by_port{$old}{pid};
 ($seen, $acked, $longest) = load_until(sub { switches() >= 8 }, 'p', 40);
 $new = new_master($old);
 isnt($new, $old, 'a replica took over from the stopped master');
-diag("master stopped: " . join(', ', map { "$_: $seen->{$_}" } sort keys %$seen) . sprintf('; longest request %.2f s', $longest));
+# (The request the stopped master held waits cache_read_timeout, 3 s, then
+# goes on to the new master: 3 + 8 + 1 s at most.)
+answered_check('master stopped', $seen, $longest, 12);
+@lost = missing($by_port{$new}, @$acked);
+diag("master stopped: acknowledged writes missing on the new master: " . scalar(@lost) . " of " . scalar(@$acked) . " (@lost)");
+cmp_ok(scalar(@lost), '<=', 1, 'master stopped: acknowledged writes are on the new master (but at most the last)');
+is(scalar(missing($by_port{$new}, @$acked[-30 .. -1])), 0, 'master stopped: every write acknowledged after the switch is on it');
 kill 'CONT', $by_port{$old}{pid};
 ok(wait_until(sub { redis_cli($by_port{$old}, 'ROLE') =~ /^slave/ }, 20), 'the old master came back as a replica');
 my $mark = length nginx_error_log();

@@ -617,7 +617,11 @@ sub stop_redis {
 # end, or by stop_sentinel (its port then held). With tls => the folder of
 # tls_files: TLS on a second port (tls_port; the plain one stays, for
 # redis_cli), and TLS to the servers (tls-replication: $master_port is then
-# the master's TLS port).
+# the master's TLS port). With password => the Sentinel's own requirepass
+# (its clients send AUTH; so does redis_cli, and so do the other Sentinels
+# of a set, which must have the same one); with auth_pass => (and
+# auth_user =>) the password (and ACL user) the Sentinel sends to the
+# servers of the set (sentinel auth-pass, sentinel auth-user).
 my @Sentinels;
 sub start_sentinel {
     my ($master_port, %opt) = @_;
@@ -631,12 +635,16 @@ sub start_sentinel {
         $tls = "tls-port $tls_port\ntls-cert-file $d/server.crt\ntls-key-file $d/server.key\n"
             . "tls-ca-cert-file $d/ca.crt\ntls-auth-clients no\ntls-replication yes\n";
     }
+    my $auth = '';
+    $auth .= "requirepass $opt{password}\n" if defined $opt{password};
+    $auth .= "sentinel auth-user m $opt{auth_user}\n" if defined $opt{auth_user};
+    $auth .= "sentinel auth-pass m $opt{auth_pass}\n" if defined $opt{auth_pass};
     open my $fh, '>', "$dir/sentinel.conf" or die $!;
     print $fh "port $port\nbind 127.0.0.1\ndir $dir\nlogfile $dir/sentinel.log\n$tls",
         "sentinel monitor m 127.0.0.1 $master_port ", $opt{quorum} // 2, "\n",
         "sentinel down-after-milliseconds m 700\n",
         "sentinel failover-timeout m 4000\n",
-        "sentinel parallel-syncs m 2\n";
+        "sentinel parallel-syncs m 2\n", $auth;
     close $fh;
     my $pid = fork;
     die "fork: $!" unless defined $pid;
@@ -645,7 +653,7 @@ sub start_sentinel {
         exec $RedisServer, "$dir/sentinel.conf", '--sentinel';
         exit 127;
     }
-    my %s = (port => $port, pid => $pid, dir => $dir, tls_port => $tls_port);
+    my %s = (port => $port, pid => $pid, dir => $dir, tls_port => $tls_port, password => $opt{password});
     push @Sentinels, \%s;
     wait_until(sub { IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port) }, 10)
         or die "sentinel did not start on port $port\n";
@@ -655,13 +663,28 @@ sub start_sentinel {
 # with it, and three Sentinels that know it, the replicas and each other.
 # (No delay before a full sync: a replica that has not synced would be
 # promoted empty.) Returns the master, the replicas and the Sentinels.
+# Options: password => the servers' requirepass (the default user's; each
+# server's masterauth too, so that any of them can be a replica); acl =>
+# [rules], ACL SETUSER on every server before any replica or Sentinel
+# comes ("name on >pw ~* &* +@all", split on spaces); args => [more server
+# options] ('--masteruser', NAME: replication as an ACL user of the
+# rules); sentinel => {options of start_sentinel} for each Sentinel.
 sub start_sentinel_set {
-    my @fast = ('--repl-diskless-sync-delay', '0');
-    my $master = start_redis(args => [@fast]);
-    my @replicas = map { start_redis(args => [@fast, '--replicaof', '127.0.0.1', $master->{port}]) } 1 .. 2;
+    my %opt = @_;
+    my @fast = ('--repl-diskless-sync-delay', '0', @{ $opt{args} || [] });
+    push @fast, '--masterauth', $opt{password} if defined $opt{password} && !grep { $_ eq '--masterauth' } @fast;
+    my $server = sub {
+        my $r = start_redis(password => $opt{password}, args => [@fast, @_]);
+        for my $rule (@{ $opt{acl} || [] }) {
+            redis_cli($r, 'ACL', 'SETUSER', split / /, $rule) eq 'OK' or die "ACL SETUSER $rule: refused\n";
+        }
+        return $r;
+    };
+    my $master = $server->();
+    my @replicas = map { $server->('--replicaof', '127.0.0.1', $master->{port}) } 1 .. 2;
     wait_until(sub { !grep { redis_cli($_, 'INFO', 'replication') !~ /master_link_status:up/ } @replicas }, 20)
         or die "the replicas did not sync\n";
-    my @sentinels = map { start_sentinel($master->{port}) } 1 .. 3;
+    my @sentinels = map { start_sentinel($master->{port}, %{ $opt{sentinel} || {} }) } 1 .. 3;
     wait_until(sub {
         !grep {
             my $m = redis_cli($_, 'SENTINEL', 'master', 'm');
