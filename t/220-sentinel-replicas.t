@@ -173,7 +173,9 @@ ok(wait_until(sub {
     reset_stats($master);
     get_n('/r/', 6);
     gets($master) > 0;
-}, 15), 'the old master, a replica now, takes reads');
+}, 15), 'the old master, a replica now, takes reads')
+    or diag("old master ROLE: " . redis_cli($master, 'ROLE') . "\nSENTINEL replicas: "
+        . redis_cli($sentinels[0], 'SENTINEL', 'REPLICAS', 'm') . "\nerror log:\n" . substr(nginx_error_log(), -3000));
 unlike(nginx_error_log(), qr/\[(alert|emerg|crit)\]|exited on signal/, 'no alert, no crash');
 stop_nginx();
 
