@@ -294,7 +294,7 @@ test-chain-vendored:
 PROVE_JOBS ?= 3
 # (By the times t/run-suite prints, longest first.)
 SLOW_FIRST := t/217-sentinel.t t/214-cache-stream-read.t t/215-cache-stream-bytes.t t/132-listen-replay.t t/204-cluster.t \
-              t/009-doc-examples.t t/007-browser.t t/206-cache-pubsub.t t/128-listen.t t/220-sentinel-replicas.t \
+              t/009-doc-examples.t t/223-sentinel-partition.t t/007-browser.t t/206-cache-pubsub.t t/128-listen.t t/220-sentinel-replicas.t \
               t/006-sse-bounds.t t/208-cache-pipeline.t t/118-pg-faults.t t/126-target.t t/129-jwt.t
 TESTS      ?= $(SLOW_FIRST) $(filter-out $(SLOW_FIRST),$(sort $(wildcard t/*.t)))
 # (SKIP_TESTS: files of TESTS left out.)
