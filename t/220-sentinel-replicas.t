@@ -36,6 +36,8 @@ server {
     location /tight/ { cache_pass ha; cache_target prefer-replica; cache_replica_max_lag 1ms; }
     location /roff/ { cache_pass ha; cache_target replica; cache_pipeline off; }
     location /moff/ { cache_pass ha; cache_pipeline off; }
+    location /slow/ { cache_pass ha; cache_target replica; cache_read_timeout 30s; }
+    location /proxy/ { proxy_pass http://ha; }
 }
 HTTP
 
@@ -68,6 +70,12 @@ is(redis_cli($master, 'GET', '/k'), 'v', 'the write is on the master');
 ok(wait_until(sub { !grep { redis_cli($_, 'GET', '/k') ne 'v' } @replicas }, 5), 'and replicated');
 ok(wait_until(sub { (http_request($port, 'GET', '/r/'))[0] == 200 }, 5), 'the replicas are probed and usable');
 
+# (Another module's request to the block would go to a Sentinel.)
+($st) = http_request($port, 'GET', '/proxy/');
+is($st, 500, 'proxy_pass to the block: 500');
+like(nginx_error_log(), qr/\[error\].*upstream "ha" has "cache_sentinel": its servers are Sentinels, and only "cache_pass" can pass to it/,
+    'with a line that says why');
+
 # 2. Reads go to the replicas, in turn; cache_target master's to the master.
 reset_stats($master, @replicas);
 is(get_n('/r/', 40), '200:40', 'cache_target replica: 40 reads');
@@ -91,8 +99,18 @@ is(get_n('/tight/', 10), '200:10', 'prefer-replica with cache_replica_max_lag 1m
 cmp_ok(gets($master), '>=', 9, 'on the master: no replica is within the bound');
 
 # 4. A replica that stops answering (SIGSTOP) is left out once a probe
-# round finds it silent; the reads go to the other one.
+# round finds it silent; the reads go to the other one. A read already on
+# its way there goes on to the other one then, not after
+# cache_read_timeout (30 s in /slow/).
 kill 'STOP', $replicas[0]{pid};
+my ($worst, @slow) = (0);
+for (1 .. 4) {
+    my $t = time;
+    push @slow, (http_request($port, 'GET', '/slow/'))[0];
+    $worst = time - $t if time - $t > $worst;
+}
+is("@slow", '200 200 200 200', 'a replica stopped: reads in turn still served');
+cmp_ok($worst, '<', stretch(5), 'the read sent to it went on to the other replica once a probe found it silent');
 sleep(stretch(1.5));
 reset_stats($master, $replicas[1]);
 is(get_n('/r/', 20), '200:20', 'a replica stopped: 20 reads');
@@ -118,7 +136,7 @@ my (undef, undef, $head);
 ($st, undef, $head) = http_request($port, 'GET', '/r/');
 is($st, 503, 'no replica usable: cache_target replica answers 503');
 like($head, qr/\r\nRetry-After: 1\b/i, 'with Retry-After');
-like(nginx_error_log(), qr/\[error\].*no replica of the sentinel set is usable now/, 'and says why');
+like(nginx_error_log(), qr/\[error\].*no replica of sentinel set "m" of upstream "ha" is usable now \(cache_target replica\)/, 'and says why');
 ($st, undef, $head) = http_request($port, 'GET', '/roff/');
 is($st, 502, 'cache_pipeline off: 502');
 like($head, qr/\r\nRetry-After: 1\b/i, 'with Retry-After too');
@@ -190,6 +208,18 @@ for my $c (
         qr/"cache_target prefer-replica" needs "cache_pass" to name an upstream of "cache_sentinel"/, 'cache_pass $arg_u;'],
     ["server { listen 127.0.0.1:\$PORT; location / { cache_target standby; } }",
         qr/invalid value "standby" in "cache_target" directive/, 'cache_target standby;'],
+    ["upstream s { cache_sentinel m;\nserver 127.0.0.1:$s1;\nserver 127.0.0.1:1 backup; }\n"
+        . "server { listen 127.0.0.1:\$PORT; location / { set \$cache_key a; cache_pass s; } }",
+        qr/"backup" in the "server 127\.0\.0\.1:1" line of upstream "s", an upstream of "cache_sentinel"/, 'cache_sentinel m;'],
+    ["upstream s { cache_sentinel m;\nserver 127.0.0.1:$s1 weight=3; }\n"
+        . "server { listen 127.0.0.1:\$PORT; location / { set \$cache_key a; cache_pass s; } }",
+        qr/"weight=" in the "server 127\.0\.0\.1:$s1" line of upstream "s"/, 'cache_sentinel m;'],
+    ["upstream s { cache_sentinel m;\nserver 127.0.0.1:$s1 down; }\n"
+        . "server { listen 127.0.0.1:\$PORT; location / { set \$cache_key a; cache_pass s; } }",
+        qr/"down" in the "server 127\.0\.0\.1:$s1" line of upstream "s"/, 'cache_sentinel m;'],
+    ["upstream s { cache_sentinel m;\nserver unix:/tmp/no-such-sentinel.sock; }\n"
+        . "server { listen 127.0.0.1:\$PORT; location / { set \$cache_key a; cache_pass s; } }",
+        qr/"cache_sentinel" in upstream "s" with no "server" lines of an IP address/, 'cache_sentinel m;'],
 ) {
     my ($http, $re, $line) = @$c;
     eval { nginx_start($http) };

@@ -79,7 +79,7 @@ for my $s (@sentinels) {
         nginx_error_log() =~ /\[notice\].*sentinel 127\.0\.0\.1:$s->{port} of upstream "ha" cannot be reached: AUTH was refused: WRONGPASS/
     }, 5), "a notice: Sentinel $s->{port} cannot be reached, AUTH was refused");
 }
-like(nginx_error_log(), qr/\[error\].*no master of the sentinel set was confirmed within 1000 ms \(cache_connect_timeout\)/,
+like(nginx_error_log(), qr/\[error\].*no master of sentinel set "m" of upstream "ha" was confirmed within 1000 ms \(cache_connect_timeout\)/,
     'the request\'s error line says why');
 unlike(nginx_error_log(), qr/master of sentinel set "m" of upstream "ha" is/, 'no master is confirmed');
 my $notices = () = nginx_error_log() =~ /cannot be reached/g;

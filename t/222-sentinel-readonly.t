@@ -133,7 +133,7 @@ like($log, qr/\[info\].*the master 127\.0\.0\.1:$old of sentinel set "m" of upst
     'its confirmation is taken back, and the Sentinels asked again');
 like($log, qr/\[info\].*127\.0\.0\.1:$old, named master of sentinel set "m" of upstream "ha", is not confirmed: ROLE says "slave"/,
     'they name it still, and ROLE says it is a replica: not confirmed');
-like($log, qr/\[error\].*no master of the sentinel set was confirmed within 1000 ms \(cache_connect_timeout\)/,
+like($log, qr/\[error\].*no master of sentinel set "m" of upstream "ha" was confirmed within 1000 ms \(cache_connect_timeout\)/,
     'meanwhile writes wait for a master, then give up');
 is(scalar(grep { !/^(201|503)$/ } keys %seen), 0, 'every write got 201 or 503');
 cmp_ok($seen{503} // 0, '>=', 1, 'some writes got 503 while no master was confirmed');

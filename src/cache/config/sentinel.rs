@@ -201,8 +201,19 @@ pub(super) fn check(mcf: &mut CacheMainConf, pending: &[PendingPass]) -> Result<
             )));
         }
         if s.sentinels.is_empty() {
+            let what = if crate::ffi::conf::upstream_servers(u, true).is_empty() {
+                "no \"server\" lines"
+            } else {
+                "no \"server\" lines of an IP address"
+            };
             return Err(s.err(format!(
-                "\"cache_sentinel\" in upstream \"{}\" with no \"server\" lines (the Sentinels, by IP address and port)",
+                "\"cache_sentinel\" in upstream \"{}\" with {what} (the Sentinels, by IP address and port)",
+                s.upstream()
+            )));
+        }
+        if let Some((server, which)) = crate::ffi::conf::weighed_server(u) {
+            return Err(s.err(format!(
+                "\"{which}\" in the \"server {server}\" line of upstream \"{}\", an upstream of \"cache_sentinel\" (its servers are the Sentinels, all watched alike)",
                 s.upstream()
             )));
         }

@@ -90,6 +90,16 @@ impl SentinelReq {
         unsafe { &*self.set }
     }
 
+    /// The set, for a log line: `sentinel set "NAME" of upstream "UP"`.
+    pub fn describe(&self) -> String {
+        let s = self.set();
+        format!(
+            "sentinel set \"{}\" of upstream \"{}\"",
+            String::from_utf8_lossy(&s.name),
+            s.upstream()
+        )
+    }
+
     /// The confirmed master (None: none now).
     pub fn master(&self) -> Option<SocketAddr> {
         let s = self.set();
@@ -158,6 +168,12 @@ peer_init_handler! {
         let Some(ctx) = ctx_of(r) else {
             // A request of another module (proxy_pass to this block): it
             // would go to a Sentinel.
+            crate::log!(
+                NGX_LOG_ERR,
+                r.log(),
+                "cache: upstream \"{}\" has \"cache_sentinel\": its servers are Sentinels, and only \"cache_pass\" can pass to it",
+                set.upstream()
+            );
             return ERROR;
         };
         if ctx.sentinel.is_none() {

@@ -117,6 +117,28 @@ pub fn upstream_server_addrs(us: &ngx_http_upstream_srv_conf_t) -> Vec<std::net:
         .collect()
 }
 
+/// The first `server` line of an upstream block with a parameter that
+/// picks or weighs its servers (`down`, `backup`, `weight=`), as its name
+/// and that parameter: a block whose servers are all asked alike (the
+/// Sentinels of `cache_sentinel`) takes none.
+pub fn weighed_server(us: &ngx_http_upstream_srv_conf_t) -> Option<(String, &'static str)> {
+    // SAFETY: as in upstream_servers.
+    let servers =
+        unsafe { us.servers.as_ref() }.map_or(&[][..], |a| unsafe { a.as_slice::<ngx_http_upstream_server_t>() });
+    servers.iter().find_map(|s| {
+        let which = if s.down != 0 {
+            "down"
+        } else if s.backup() != 0 {
+            "backup"
+        } else if s.weight != 1 {
+            "weight="
+        } else {
+            return None;
+        };
+        Some((String::from_utf8_lossy(s.name.as_bytes()).into_owned(), which))
+    })
+}
+
 /// The addresses of an upstream block's `server` lines, in order (backup
 /// ones too, last, as they are written last), as sockaddr bytes and the
 /// name nginx gives each; those marked `down` too when `with_down`.

@@ -112,9 +112,9 @@ event_handler! {
 }
 
 event_handler! {
-    /// Posted once a master is confirmed: the connections to the masters
-    /// left close (shared ones, and idle ones nginx's keepalive keeps), and
-    /// the requests that waited go on.
+    /// Posted once a master is confirmed or a replica stops answering: the
+    /// connections to the servers left close (shared ones, and idle ones
+    /// nginx's keepalive keeps), and the requests that waited go on.
     pub(super) fn wake_event(ev) = "cache sentinel wake", {
         let take = |s: &mut SetState| {
             let waiting = if s.master.is_some() {
@@ -128,8 +128,8 @@ event_handler! {
         // SAFETY: the event is a set's (new); the loan ends here, before
         // any request runs.
         let (left, waiting, follow) = unsafe { lend_set(ev.data(), take) };
-        for a in left {
-            super::super::pipes().close_to(a, "the master of its sentinel set switched");
+        for (a, why) in left {
+            super::super::pipes().close_to(a, why);
             // (And those nginx's keepalive keeps, with cache_pipeline off.)
             crate::ffi::net::close_idle_outbound_to(a);
         }

@@ -148,8 +148,10 @@ pub struct SetState {
     /// Sentinels logged as not reachable.
     down: Vec<bool>,
     waiting: Vec<(ReqToken, Resume)>,
-    /// Masters left: their shared connections close.
-    left: Vec<SocketAddr>,
+    /// Servers left, and why: masters a switch left, replicas that stopped
+    /// answering their probes. Their shared connections close, and the
+    /// requests on them go on to their next try (wake_event).
+    left: Vec<(SocketAddr, &'static str)>,
     /// The master the last switch left, and when (failover.rs).
     gone: Option<(SocketAddr, ngx_msec_t)>,
     retry: RetryTimer,
@@ -553,7 +555,7 @@ impl SetState {
                     );
                     metrics::add(Id::CacheSentinelSwitches, &[&upstream, &name], 1);
                     metrics::add(Id::CacheSentinelMaster, &[&upstream, &name, &old.to_string()], -1);
-                    self.left.push(old);
+                    self.left.push((old, "the master of its sentinel set switched"));
                     self.gone = Some((old, current_msec()));
                 }
                 None => log!(
@@ -573,7 +575,7 @@ impl SetState {
             self.replicas_stale = true;
         }
         self.master = Some(addr);
-        self.left.retain(|a| *a != addr);
+        self.left.retain(|(a, _)| *a != addr);
         self.refresh.start(REFRESH_MS);
         self.wake.post();
     }

@@ -178,6 +178,12 @@ impl SetState {
             return;
         }
         if !link.due.is_empty() {
+            if i != PMASTER {
+                // (The reads in flight on it go elsewhere, not waiting out
+                // cache_read_timeout.)
+                self.left.push((addr, "the replica stopped answering its probes"));
+                self.wake.post();
+            }
             return self.failed(i, "no reply to ROLE in time".to_owned());
         }
         if link.conn.is_up() {

@@ -633,7 +633,8 @@ fn sentinel_ready(r: &mut Req) -> bool {
     match sr.route(false) {
         Route::Replica(_) => return true,
         Route::NoReplica => {
-            no_server(r, "no replica of the sentinel set is usable now (cache_target replica)");
+            let why = format!("no replica of {} is usable now (cache_target replica)", sr.describe());
+            no_server(r, &why);
             return false;
         }
         Route::Master => {}
@@ -670,8 +671,11 @@ fn resume_parked(r: &mut Req) {
 /// asked again in a second.
 fn no_master(r: &mut Req) {
     let lcf: &CacheLocConf = r.loc_conf::<Cache>();
+    let set = ctx_of(r)
+        .and_then(|c| c.sentinel.as_ref())
+        .map_or_else(|| "the sentinel set".to_owned(), |sr| sr.describe());
     let why = format!(
-        "no master of the sentinel set was confirmed within {} ms (cache_connect_timeout)",
+        "no master of {set} was confirmed within {} ms (cache_connect_timeout)",
         lcf.upstream.connect_timeout
     );
     no_server(r, &why);
