@@ -508,13 +508,19 @@ pub fn close_idle_outbound_to(addr: std::net::SocketAddr) -> usize {
     let mut closed = 0;
     for i in 0..n {
         // SAFETY: the cycle's array of connection_n connections; one that
-        // is not in use has fd -1. No reference is kept across the handler
-        // below, which may free the connection (back to this array).
+        // is not in use has fd -1 and may have nothing else set, so its
+        // other fields are read only once fd says it is in use (as nginx's
+        // ngx_close_idle_connections reads them). No reference is kept
+        // across the handler below, which may free the connection (back
+        // to this array).
         let c = unsafe { conns.add(i) };
         // SAFETY: as above.
         let (fd, rev) = unsafe {
+            if (*c).fd == -1 {
+                continue;
+            }
             let kept = (*c).idle() != 0 && (*c).listening.is_null() && (*c).log == kept_log;
-            if (*c).fd == -1 || !kept || (*c).read.is_null() {
+            if !kept || (*c).read.is_null() {
                 continue;
             }
             ((*c).fd, (*c).read)
