@@ -8,7 +8,8 @@ use strict;
 use warnings;
 use lib 't/lib';
 use GatewayTest qw($RedisServer nginx_start stop_nginx nginx_error_log nginx_conf_test conf_line_of wait_until
-    start_redis kill_redis redis_cli free_port stretch hold_port start_sentinel_set stop_sentinel workers_idle_ok);
+    start_redis kill_redis redis_cli free_port stretch hold_port start_sentinel_set stop_sentinel workers_idle_ok
+    sentinels_new_master redis_missing);
 use HttpClient qw(http_request);
 use File::Temp qw(tempdir);
 use IO::Socket::INET;
@@ -16,25 +17,6 @@ use Test::More;
 use Time::HiRes qw(time);
 
 my @sentinels;
-
-# The master every Sentinel names once they agree on one other than $old
-# (the others learn of a failover from its leader within seconds).
-sub new_master {
-    my ($old) = @_;
-    my $new;
-    wait_until(sub {
-        my %named = map { (master_port($_) => 1) } @sentinels;
-        ($new) = keys %named;
-        keys %named == 1 && $new ne $old;
-    }, 15);
-    return $new;
-}
-
-sub master_port {
-    my ($s) = @_;
-    my @a = split /\n/, redis_cli($s, 'SENTINEL', 'get-master-addr-by-name', 'm');
-    return $a[1] // 0;
-}
 
 # Each Sentinel knows the replicas and the others before anything is forced.
 my ($master, $replicas, $set) = eval { start_sentinel_set() } or BAIL_OUT($@);
@@ -116,11 +98,6 @@ sub answered_check {
     cmp_ok($longest, '<', stretch($bound), "$what: no request waited $bound s or longer");
 }
 
-sub missing {
-    my ($on, @keys) = @_;
-    return grep { redis_cli($on, 'EXISTS', "/kv/$_") ne '1' } @keys;
-}
-
 
 # Every write acknowledged before a failover and after the gateway followed
 # it is on the new master. So are those acknowledged during it: from the
@@ -139,10 +116,10 @@ sub before_writes {
 }
 sub window_check {
     my ($what, $on, $before, $acked, $during, $began) = @_;
-    is(scalar(missing($on, @$before)), 0, "$what: every write acknowledged before it is on the new master");
+    is(scalar(redis_missing($on, @$before)), 0, "$what: every write acknowledged before it is on the new master");
     my @after = @$acked[-30 .. -1];
-    is(scalar(missing($on, @after)), 0, "$what: every write acknowledged after the switch is on it");
-    my @lost = missing($on, @$acked);
+    is(scalar(redis_missing($on, @after)), 0, "$what: every write acknowledged after the switch is on it");
+    my @lost = redis_missing($on, @$acked);
     diag("$what: " . scalar(@lost) . " of " . scalar(@$acked) . " writes acknowledged during the switch are not on the new master"
         . sprintf(" (%g failovers)", (began() - ($began // 0)) / 2));
     my $failovers = (began() - $began) / 2;
@@ -163,7 +140,7 @@ my @before = before_writes('bf');
 my $began = began();
 redis_cli($sentinels[1], 'SENTINEL', 'FAILOVER', 'm');
 my ($seen, $acked, $longest) = load_until(sub { switches() >= 2 }, 'f', 30);
-my $new = new_master($old);
+my $new = sentinels_new_master($old, @sentinels);
 isnt($new, $old, 'the Sentinels promoted a replica');
 like(nginx_error_log(), qr/\[notice\].*master of sentinel set "m" of upstream "ha" switched from 127\.0\.0\.1:$old to 127\.0\.0\.1:$new/,
     'each worker says so at notice');
@@ -187,17 +164,17 @@ kill_redis($by_port{$old});
 hold_port($old);
 my $t0 = time;
 ($seen, $acked, $longest) = load_until(sub { switches() >= 4 }, 'k', 40);
-$new = new_master($old);
+$new = sentinels_new_master($old, @sentinels);
 isnt($new, $old, 'a replica took over from the killed master');
 diag(sprintf('master killed: %.1f s in all', time - $t0));
 # (scaling.md: with the master killed under load no request failed.)
 answered_check('master killed', $seen, $longest, 9);
-my @lost = missing($by_port{$new}, @$acked);
+my @lost = redis_missing($by_port{$new}, @$acked);
 diag("acknowledged writes missing on the new master: " . scalar(@lost) . " of " . scalar(@$acked) . " (@lost)");
 # (Asynchronous replication: a write acknowledged in the last moment before
 # the kill may not have reached the replica; on loopback that is rare.)
 cmp_ok(scalar(@lost), '<=', 1, 'acknowledged writes are on the new master (but at most the last)');
-is(scalar(missing($by_port{$new}, @$acked[-30 .. -1])), 0, 'every write acknowledged after the switch is on it');
+is(scalar(redis_missing($by_port{$new}, @$acked[-30 .. -1])), 0, 'every write acknowledged after the switch is on it');
 
 # 4. A Sentinel down: the others are asked, and a switch is still followed.
 my $stopped = shift @sentinels;
@@ -218,7 +195,7 @@ ok(wait_until(sub {
 ok(wait_until(sub { redis_cli($sentinels[0], 'SENTINEL', 'FAILOVER', 'm') eq 'OK' }, 20),
     'a failover with one Sentinel down begins');
 ($seen, $acked, $longest) = load_until(sub { switches() >= 6 }, 's', 30);
-$new = new_master($old);
+$new = sentinels_new_master($old, @sentinels);
 isnt($new, $old, 'failed over with one Sentinel down');
 window_check('FAILOVER, a Sentinel down', $by_port{$new}, \@before, $acked, 'during', $began);
 answered_check('FAILOVER, a Sentinel down', $seen, $longest, 9);
@@ -230,21 +207,21 @@ ok(wait_until(sub { nginx_error_log() =~ /\[notice\].*sentinel 127\.0\.0\.1:\d+ 
 $old = $new;
 kill 'STOP', $by_port{$old}{pid};
 ($seen, $acked, $longest) = load_until(sub { switches() >= 8 }, 'p', 40);
-$new = new_master($old);
+$new = sentinels_new_master($old, @sentinels);
 isnt($new, $old, 'a replica took over from the stopped master');
 # (The request the stopped master held waits cache_read_timeout, 3 s, then
 # goes on to the new master: 3 + 8 + 1 s at most.)
 answered_check('master stopped', $seen, $longest, 12);
-@lost = missing($by_port{$new}, @$acked);
+@lost = redis_missing($by_port{$new}, @$acked);
 diag("master stopped: acknowledged writes missing on the new master: " . scalar(@lost) . " of " . scalar(@$acked) . " (@lost)");
 cmp_ok(scalar(@lost), '<=', 1, 'master stopped: acknowledged writes are on the new master (but at most the last)');
-is(scalar(missing($by_port{$new}, @$acked[-30 .. -1])), 0, 'master stopped: every write acknowledged after the switch is on it');
+is(scalar(redis_missing($by_port{$new}, @$acked[-30 .. -1])), 0, 'master stopped: every write acknowledged after the switch is on it');
 kill 'CONT', $by_port{$old}{pid};
 ok(wait_until(sub { redis_cli($by_port{$old}, 'ROLE') =~ /^slave/ }, 20), 'the old master came back as a replica');
 my $mark = length nginx_error_log();
 my @w = map { (http_request($port, 'PUT', "/kv/late$_", $_))[0] } 1 .. 20;
 is_deeply(\@w, [(201) x 20], 'writes after it came back');
-is(scalar(missing($by_port{$new}, map { "late$_" } 1 .. 20)), 0, 'on the new master');
+is(scalar(redis_missing($by_port{$new}, map { "late$_" } 1 .. 20)), 0, 'on the new master');
 unlike(substr(nginx_error_log(), $mark), qr/READONLY/, 'none went to the old master (no READONLY)');
 # (The Sentinel stopped in section 4 is still down, through a switch and
 # many questions: each worker told it once.)

@@ -11,31 +11,13 @@ use strict;
 use warnings;
 use lib 't/lib';
 use GatewayTest qw(nginx_start stop_nginx nginx_error_log wait_until kill_redis redis_cli redis_numsub stretch hold_port
-    start_sentinel_set);
+    start_sentinel_set sentinels_new_master);
 use HttpClient qw(http_request);
 use SseClient qw(open_sse pump body events subscribed);
 use Test::More;
 use Time::HiRes qw(time);
 
 my @sentinels;
-
-sub master_port {
-    my ($s) = @_;
-    my @a = split /\n/, redis_cli($s, 'SENTINEL', 'get-master-addr-by-name', 'm');
-    return $a[1] // 0;
-}
-
-# The master every Sentinel names once they agree on one other than $old.
-sub new_master {
-    my ($old) = @_;
-    my $new;
-    wait_until(sub {
-        my %named = map { (master_port($_) => 1) } @sentinels;
-        ($new) = keys %named;
-        keys %named == 1 && $new ne $old;
-    }, 15);
-    return $new;
-}
 
 my ($master, $replicas, $set) = eval { start_sentinel_set() } or BAIL_OUT($@);
 push @sentinels, @$set;
@@ -194,7 +176,7 @@ sub after_switch {
 my $old = $master->{port};
 redis_cli($sentinels[1], 'SENTINEL', 'FAILOVER', 'm');
 my $seen = load_until_switched($old, 30);
-my $new = new_master($old);
+my $new = sentinels_new_master($old, @sentinels);
 isnt($new, $old, 'the Sentinels promoted a replica');
 diag('entries added during SENTINEL FAILOVER: ' . join(', ', map { "$_: $seen->{$_}" } sort keys %$seen));
 is(scalar(grep { !/^201$/ } keys %$seen), 0, 'every entry added during it was acknowledged');
@@ -208,7 +190,7 @@ $old = $new;
 kill_redis($by_port{$old});
 hold_port($old);
 $seen = load_until_switched($old, 40);
-$new = new_master($old);
+$new = sentinels_new_master($old, @sentinels);
 isnt($new, $old, 'a replica took over from the killed master');
 diag('entries added with the master killed: ' . join(', ', map { "$_: $seen->{$_}" } sort keys %$seen));
 after_switch('master killed', 2, 'after-kill', $by_port{$new});

@@ -13,7 +13,8 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(nginx_start stop_nginx nginx_error_log wait_until redis_cli stretch start_sentinel_set);
+use GatewayTest qw(nginx_start stop_nginx nginx_error_log wait_until redis_cli stretch start_sentinel_set
+    sentinels_new_master redis_missing timed_request);
 use HttpClient qw(http_request);
 use Test::More;
 use Time::HiRes qw(time);
@@ -41,57 +42,9 @@ server {
 }
 HTTP
 
-# One request, timed: (status, head, seconds); status 0 when it has no
-# answer within 20 s (given up, and counted as such).
-sub timed {
-    my ($method, $path, $body) = @_;
-    my $t = time;
-    my ($st, $head) = (0, '');
-    eval {
-        local $SIG{ALRM} = sub { die "no answer\n" };
-        alarm(int(stretch(20)));
-        my @r = http_request($port, $method, $path, $body);
-        ($st, $head) = @r[0, 2];
-        alarm(0);
-    };
-    alarm(0);
-    return ($st, $head, time - $t);
-}
-
-# The keys of @keys that $on does not hold (MGET, 500 at a time: no value
-# stored here is empty, so an empty line, or none, is a key missing).
-sub missing {
-    my ($on, @keys) = @_;
-    my @gone;
-    while (my @chunk = splice(@keys, 0, 500)) {
-        my @v = split /\n/, redis_cli($on, 'MGET', map { "/kv/$_" } @chunk), -1;
-        push @gone, map { $chunk[$_] } grep { !defined $v[$_] || $v[$_] eq '' } 0 .. $#chunk;
-    }
-    return @gone;
-}
-
-sub master_port {
-    my ($s) = @_;
-    my @a = split /\n/, redis_cli($s, 'SENTINEL', 'get-master-addr-by-name', 'm');
-    return $a[1] // 0;
-}
-
-# The master every Sentinel names once they agree on one other than $old
-# (the others learn of a failover from its leader within a second or so).
-sub new_master {
-    my ($old) = @_;
-    my $new;
-    wait_until(sub {
-        my %named = map { (master_port($_) => 1) } @sentinels;
-        ($new) = keys %named;
-        keys %named == 1 && $new ne $old;
-    }, 15);
-    return $new;
-}
-
 my @acked;
 my @before = map { "b$_" } 1 .. 30;
-my @st = map { (timed('PUT', "/kv/$_", 'v'))[0] } @before;
+my @st = map { (timed_request($port, 'PUT', "/kv/$_", 'v'))[0] } @before;
 is_deeply(\@st, [(201) x 30], '30 writes on the master the Sentinels name');
 push @acked, @before;
 like(nginx_error_log(), qr/\[notice\].*master of sentinel set "m" of upstream "ha" is 127\.0\.0\.1:$old\b/, 'it is confirmed');
@@ -113,7 +66,7 @@ my ($n, $after) = (0, 0);
 my $deadline = time + stretch(30);
 while (time < $deadline && $after < 20) {
     $n++;
-    my ($s, $head, $took) = timed('PUT', "/kv/w$n", $n);
+    my ($s, $head, $took) = timed_request($port, 'PUT', "/kv/w$n", $n);
     $seen{$s}++;
     $longest = $took if $took > $longest;
     push @acked, "w$n" if $s == 201;
@@ -143,7 +96,7 @@ cmp_ok($longest, '<', stretch(2.5), 'none waited longer than cache_connect_timeo
 my @late = grep { $_->[1] != 201 } @during[-19 .. -1];
 is(scalar(@late), 0, 'the writes after the switch got 201');
 
-my $new = new_master($old);
+my $new = sentinels_new_master($old, @sentinels);
 isnt($new, $old, 'the Sentinels failed over');
 diag("the Sentinels promoted $new; the old master had been made a replica of $first");
 like($log, qr/\[notice\].*master of sentinel set "m" of upstream "ha" switched from 127\.0\.0\.1:$old to 127\.0\.0\.1:$new\b/,
@@ -151,7 +104,7 @@ like($log, qr/\[notice\].*master of sentinel set "m" of upstream "ha" switched f
 my $sentinel_log = do { local (@ARGV, $/) = ("$sentinels[0]{dir}/sentinel.log"); <> };
 like($sentinel_log, qr/\+sdown master m 127\.0\.0\.1 $old\b/, 'a Sentinel found the master that said it is a replica down');
 like(redis_cli($by_port{$new}, 'ROLE'), qr/^master/, 'the new master says so');
-my @lost = missing($by_port{$new}, @acked);
+my @lost = redis_missing($by_port{$new}, @acked);
 is(scalar(@lost), 0, 'every write acknowledged, before and after, is on the new master (' . scalar(@acked) . ')')
     or diag("missing: @lost");
 
@@ -160,7 +113,7 @@ is(scalar(@lost), 0, 'every write acknowledged, before and after, is on the new 
 ok(wait_until(sub { redis_cli($master, 'ROLE') =~ /^slave\n127\.0\.0\.1\n$new\n/ }, 20),
     'the old master follows the new one');
 my $mark = length nginx_error_log();
-@st = map { (timed('PUT', "/kv/z$_", 'v'))[0] } 1 .. 10;
+@st = map { (timed_request($port, 'PUT', "/kv/z$_", 'v'))[0] } 1 .. 10;
 is_deeply(\@st, [(201) x 10], 'writes go on');
 unlike(substr(nginx_error_log(), $mark), qr/READONLY/, 'none went to the old master');
 unlike(nginx_error_log(), qr/\[(alert|emerg|crit)\]|exited on signal/, 'no alert, no crash');

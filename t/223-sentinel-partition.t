@@ -22,7 +22,8 @@
 use strict;
 use warnings;
 use lib 't/lib';
-use GatewayTest qw(nginx_start stop_nginx nginx_error_log wait_until redis_cli stretch start_sentinel_set);
+use GatewayTest qw(nginx_start stop_nginx nginx_error_log wait_until redis_cli stretch start_sentinel_set
+    sentinels_new_master redis_missing timed_request);
 use HttpClient qw(http_request);
 use Test::More;
 use Time::HiRes qw(time);
@@ -53,53 +54,6 @@ server {
 }
 HTTP
 
-# One request, timed: (status, head, seconds); status 0 when it has no
-# answer within 20 s.
-sub timed {
-    my ($method, $path, $body) = @_;
-    my $t = time;
-    my ($st, $head) = (0, '');
-    eval {
-        local $SIG{ALRM} = sub { die "no answer\n" };
-        alarm(int(stretch(20)));
-        my @r = http_request($port, $method, $path, $body);
-        ($st, $head) = @r[0, 2];
-        alarm(0);
-    };
-    alarm(0);
-    return ($st, $head, time - $t);
-}
-
-# The keys of @keys that $on does not hold (MGET, 500 at a time: no value
-# stored here is empty, so an empty line, or none, is a key missing).
-sub missing {
-    my ($on, @keys) = @_;
-    my @gone;
-    while (my @chunk = splice(@keys, 0, 500)) {
-        my @v = split /\n/, redis_cli($on, 'MGET', map { "/kv/$_" } @chunk), -1;
-        push @gone, map { $chunk[$_] } grep { !defined $v[$_] || $v[$_] eq '' } 0 .. $#chunk;
-    }
-    return @gone;
-}
-
-sub master_port {
-    my ($s) = @_;
-    my @a = split /\n/, redis_cli($s, 'SENTINEL', 'get-master-addr-by-name', 'm');
-    return $a[1] // 0;
-}
-
-# The master every Sentinel names once they agree on one other than $old.
-sub new_master {
-    my ($old) = @_;
-    my $new;
-    wait_until(sub {
-        my %named = map { (master_port($_) => 1) } @sentinels;
-        ($new) = keys %named;
-        keys %named == 1 && $new ne $old;
-    }, 15);
-    return $new;
-}
-
 sub acl_user {
     my ($r, $user, $state) = @_;
     is(redis_cli($r, 'ACL', 'SETUSER', $user, $state), 'OK', "ACL SETUSER $user $state on $r->{port}");
@@ -125,7 +79,7 @@ sub round {
     my $m = $by_port{$old};
     my $mark = length nginx_error_log();
     my @before = map { "$prefix-b$_" } 1 .. 30;
-    my @st = map { (timed('PUT', "/kv/$_", 'v'))[0] } @before;
+    my @st = map { (timed_request($port, 'PUT', "/kv/$_", 'v'))[0] } @before;
     is_deeply(\@st, [(201) x 30], "$what: 30 writes before the cut");
     ok(replicas_caught_up($m), "$what: the replicas have them");
 
@@ -139,7 +93,7 @@ sub round {
         # (Whether the gateway heard of the failover before this write.)
         my $told = substr(nginx_error_log(), $mark) =~ /a failover of sentinel set "m" of upstream "ha" began/;
         $began //= time - $cut if $told;
-        my ($s, $head, $took) = timed('PUT', "/kv/$prefix-w$n", $n);
+        my ($s, $head, $took) = timed_request($port, 'PUT', "/kv/$prefix-w$n", $n);
         $seen{$s}++;
         $longest = $took if $took > $longest;
         $retry_after_missing++ if $s == 503 && $head !~ /\r\nRetry-After: 1\b/i;
@@ -154,7 +108,7 @@ sub round {
         join(', ', map { "$_: $seen{$_}" } sort keys %seen), $began // -1, $switched // -1,
         scalar(@window), scalar(@after), $longest));
     ok(defined $switched, "$what: the gateway followed a switch");
-    my $new = new_master($old);
+    my $new = sentinels_new_master($old, @sentinels);
     isnt($new, $old, "$what: the Sentinels failed over");
     like(substr(nginx_error_log(), $mark), qr/switched from 127\.0\.0\.1:$old to 127\.0\.0\.1:$new\b/,
         "$what: the gateway switched to the master they promoted");
@@ -163,7 +117,7 @@ sub round {
     ok(!$retry_after_missing, "$what: each 503 with Retry-After: 1");
     cmp_ok($longest, '<', stretch(4.5), "$what: none waited longer than cache_connect_timeout (3 s), and a margin");
     cmp_ok(scalar(@after), '>=', 19, "$what: writes are acknowledged after the switch");
-    is(scalar(missing($by_port{$new}, @after)), 0, "$what: every write acknowledged after the gateway heard of the failover is on the new master");
+    is(scalar(redis_missing($by_port{$new}, @after)), 0, "$what: every write acknowledged after the gateway heard of the failover is on the new master");
 
     # The heal: the Sentinels make the old master a replica of the new one.
     acl_user($m, $_, 'on') for @users;
@@ -171,7 +125,7 @@ sub round {
         or diag(join "\n", "ROLE of the old master:", redis_cli($m, 'ROLE'), "the first Sentinel's log:",
             grep { /[+-]\w/ } split /\n/, do { local (@ARGV, $/) = ("$sentinels[0]{dir}/sentinel.log"); <> });
     $mark = length nginx_error_log();
-    @st = map { (timed('PUT', "/kv/$prefix-h$_", 'v'))[0] } 1 .. 10;
+    @st = map { (timed_request($port, 'PUT', "/kv/$prefix-h$_", 'v'))[0] } 1 .. 10;
     is_deeply(\@st, [(201) x 10], "$what: writes go on after the heal");
     unlike(substr(nginx_error_log(), $mark), qr/READONLY/, "$what: none went to the old master");
     return ($new, \@before, \@window, [@after, map { "$prefix-h$_" } 1 .. 10]);
@@ -180,20 +134,20 @@ sub round {
 # 1. The Sentinels cut off.
 my $old = $master->{port};
 my ($new, $before, $window, $after) = round('Sentinels cut off', 'a', $old, 'sentinel-user');
-is(scalar(missing($by_port{$new}, @$before)), 0, 'Sentinels cut off: the writes before the cut are on the final master');
-my @lost = missing($by_port{$new}, @$window);
+is(scalar(redis_missing($by_port{$new}, @$before)), 0, 'Sentinels cut off: the writes before the cut are on the final master');
+my @lost = redis_missing($by_port{$new}, @$window);
 diag('Sentinels cut off: ' . scalar(@lost) . ' of ' . scalar(@$window) . " writes the old master acknowledged are not on the final master (@lost)");
 cmp_ok(scalar(@lost), '<=', 1, 'Sentinels cut off: the old master\'s writes reached the replicas (all but the last, at most)');
-is(scalar(missing($by_port{$new}, @$after)), 0, 'Sentinels cut off: every write after the switch is on the final master');
+is(scalar(redis_missing($by_port{$new}, @$after)), 0, 'Sentinels cut off: every write after the switch is on the final master');
 
 # 2. The Sentinels and the replicas cut off.
 $old = $new;
 ($new, $before, $window, $after) = round('Sentinels and replicas cut off', 'c', $old, 'sentinel-user', 'replica-user');
-is(scalar(missing($by_port{$new}, @$before)), 0, 'Sentinels and replicas cut off: the writes before the cut are on the final master');
-@lost = missing($by_port{$new}, @$window);
+is(scalar(redis_missing($by_port{$new}, @$before)), 0, 'Sentinels and replicas cut off: the writes before the cut are on the final master');
+@lost = redis_missing($by_port{$new}, @$window);
 diag('Sentinels and replicas cut off: ' . scalar(@lost) . ' of ' . scalar(@$window)
     . ' writes the old master acknowledged from the cut until the failover began are lost');
-is(scalar(missing($by_port{$new}, @$after)), 0,
+is(scalar(redis_missing($by_port{$new}, @$after)), 0,
     'Sentinels and replicas cut off: every write after the gateway heard of the failover is on the final master (the lost ones are all before)');
 unlike(nginx_error_log(), qr/\[(alert|emerg|crit)\]|exited on signal/, 'no alert, no crash');
 stop_nginx();

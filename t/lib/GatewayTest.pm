@@ -50,7 +50,8 @@ our @EXPORT_OK = qw(http_request wait_until pg_server_line start_servers stop_se
     pg_restart start_extra_pg start_standby_pg nginx_signal nginx_exited start_redis kill_redis redis_cli garbage_port
     nginx_start stop_nginx nginx_error_log http_send http_send_request http_read http_get stretch under_valgrind listen_socket pg_sessions
     redis_info redis_connections redis_numsub key_slot tls_files nginx_workers proc_status_kb cpu_seconds workers_idle_ok conf_line_of nginx_conf_test
-    periodic_bytes hold_port release_port start_sentinel start_sentinel_set stop_sentinel $RedisServer $RedisCli);
+    periodic_bytes hold_port release_port start_sentinel start_sentinel_set stop_sentinel sentinel_master_port sentinels_new_master
+    redis_missing timed_request $RedisServer $RedisCli);
 
 our $RedisServer = $ENV{TEST_REDIS_SERVER} || 'redis-server';
 our $RedisCli    = $ENV{TEST_REDIS_CLI}    || 'redis-cli';
@@ -609,6 +610,57 @@ sub stop_redis {
         waitpid($r->{pid}, 0);
     }
     @Redis = ();
+}
+
+# The port of the master Sentinel $s names for the set m (0: none).
+sub sentinel_master_port {
+    my ($s) = @_;
+    my @a = split /\n/, redis_cli($s, 'SENTINEL', 'get-master-addr-by-name', 'm');
+    return $a[1] // 0;
+}
+
+# The port of the master every Sentinel of @sentinels names once they agree
+# on one other than $old (the others learn of a failover from its leader
+# within a second or so), waiting up to 15 s; the last one named otherwise.
+sub sentinels_new_master {
+    my ($old, @sentinels) = @_;
+    my $new;
+    wait_until(sub {
+        my %named = map { (sentinel_master_port($_) => 1) } @sentinels;
+        ($new) = keys %named;
+        keys %named == 1 && $new ne $old;
+    }, 15);
+    return $new;
+}
+
+# The keys of @keys ("/kv/" and each) that $on does not hold (MGET, 500 at a
+# time: a value stored by the suites is never empty, so an empty line, or
+# none, is a key missing).
+sub redis_missing {
+    my ($on, @keys) = @_;
+    my @gone;
+    while (my @chunk = splice(@keys, 0, 500)) {
+        my @v = split /\n/, redis_cli($on, 'MGET', map { "/kv/$_" } @chunk), -1;
+        push @gone, map { $chunk[$_] } grep { !defined $v[$_] || $v[$_] eq '' } 0 .. $#chunk;
+    }
+    return @gone;
+}
+
+# One request to nginx on $port, timed: (status, head, seconds); status 0
+# when it has no answer within 20 s (given up, and counted as such).
+sub timed_request {
+    my ($port, $method, $path, $body) = @_;
+    my $t = time;
+    my ($st, $head) = (0, '');
+    eval {
+        local $SIG{ALRM} = sub { die "no answer\n" };
+        alarm(int(stretch(20)));
+        my @r = http_request($port, $method, $path, $body);
+        ($st, $head) = @r[0, 2];
+        alarm(0);
+    };
+    alarm(0);
+    return ($st, $head, time - $t);
 }
 
 # A Sentinel ($RedisServer --sentinel, so that TEST_REDIS_SERVER=valkey-server
