@@ -62,8 +62,10 @@ pub struct Ctx {
     pub(super) shared: Option<pipelined::SharedReq>,
     /// To a Sentinel set's master (`cache_sentinel`).
     pub(super) sentinel: Option<sentinel::SentinelReq>,
-    /// The server refused the write for now (`NOREPLICAS`): the error
-    /// response says when to ask again (sentinel::tell_retry).
+    /// The last try found no server to take the request now (a Sentinel
+    /// set without a master or replica for it, or whose master failed the
+    /// try; a master refusing writes, `NOREPLICAS`): a 502, 503 or 504 the
+    /// request ends with says when to ask again (`tell_retry`).
     pub(super) retry_after: bool,
 }
 
@@ -74,6 +76,20 @@ unsafe impl RequestCtx for Cache {
     fn module() -> &'static ngx_module_t {
         <Cache as ngx::http::HttpModule>::module()
     }
+}
+
+/// A request that ends in 502, 503 or 504 after a try that found no server
+/// to take it now (`Ctx::retry_after`): the response says to ask again in a
+/// second (`Retry-After: 1`), once. False when nginx had no memory for the
+/// header.
+pub(super) fn tell_retry(r: &mut Req, status: ngx_int_t) -> bool {
+    let gateway_error =
+        status == HTTP_BAD_GATEWAY || status == HTTP_SERVICE_UNAVAILABLE || status == HTTP_GATEWAY_TIME_OUT;
+    if !gateway_error || r.header_sent() {
+        return true;
+    }
+    let due = ctx_of(r).is_some_and(|ctx| std::mem::take(&mut ctx.retry_after));
+    !due || r.add_header("Retry-After", "1")
 }
 
 /// The request's context, borrowed with the request.

@@ -45,10 +45,6 @@ pub struct SentinelReq {
     reads: Option<(Target, ngx_msec_t)>,
     /// The current try goes to a replica.
     on_replica: bool,
-    /// A try found no server of the set to take it (none confirmed, or the
-    /// master it went to failed it): a 502, 503 or 504 it ends with says
-    /// when to ask again (`tell_retry`).
-    pub unavailable: bool,
 }
 
 /// Where a request goes now.
@@ -67,7 +63,6 @@ impl SentinelReq {
             not_now: false,
             reads,
             on_replica: false,
-            unavailable: false,
         }
     }
 
@@ -112,28 +107,6 @@ impl SentinelReq {
         let s = self.set();
         watch::wait(s.key(), || conf_of(s), who, resume);
     }
-}
-
-/// A request that ends in 502, 503 or 504 because no server could take it
-/// now (a Sentinel set without a master or replica for it,
-/// `SentinelReq::unavailable`; a master refusing writes, `NOREPLICAS`): the
-/// response says to ask again in a second (`Retry-After: 1`), once. False
-/// when nginx had no memory for the header.
-pub fn tell_retry(r: &mut Req, status: ngx_int_t) -> bool {
-    let gateway_error =
-        status == HTTP_BAD_GATEWAY || status == HTTP_SERVICE_UNAVAILABLE || status == HTTP_GATEWAY_TIME_OUT;
-    if !gateway_error || r.header_sent() {
-        return true;
-    }
-    let Some(ctx) = ctx_of(r) else { return true };
-    let set = ctx
-        .sentinel
-        .as_mut()
-        .is_some_and(|sr| std::mem::take(&mut sr.unavailable));
-    if !(std::mem::take(&mut ctx.retry_after) || set) {
-        return true;
-    }
-    r.add_header("Retry-After", "1")
 }
 
 /// The worker's settings of a set, from the configuration.
@@ -207,7 +180,8 @@ impl Wrapper for PeerData {
         // them while the request is live, from its own code).
         let r = unsafe { Req::from_raw(self.r) };
         let pool = r.pool();
-        let Some(sr) = ctx_of(r).and_then(|c| c.sentinel.as_mut()) else {
+        let Some(ctx) = ctx_of(r) else { return ERROR };
+        let Some(sr) = ctx.sentinel.as_mut() else {
             return ERROR;
         };
         self.rr.set_unused();
@@ -220,7 +194,7 @@ impl Wrapper for PeerData {
                     "cache: no replica of sentinel set \"{}\" is usable now",
                     String::from_utf8_lossy(&sr.set().name)
                 );
-                sr.unavailable = true;
+                ctx.retry_after = true;
                 return BUSY;
             }
             Route::Master => None,
@@ -233,7 +207,7 @@ impl Wrapper for PeerData {
                 "cache: no master of sentinel set \"{}\" is confirmed now",
                 String::from_utf8_lossy(&sr.set().name)
             );
-            sr.unavailable = true;
+            ctx.retry_after = true;
             return BUSY;
         };
         let Some((sa, len, name)) = pool.peer_addr(addr) else {
@@ -246,7 +220,7 @@ impl Wrapper for PeerData {
         pc.connection = std::ptr::null_mut();
         sr.current = socket_addr(balancer::chosen(pc));
         sr.not_now = false;
-        sr.unavailable = false;
+        ctx.retry_after = false;
         OK
     }
 
@@ -256,7 +230,8 @@ impl Wrapper for PeerData {
         let tries = pc.tries;
         self.rr.free(pc, state);
         pc.tries = tries.saturating_sub(1);
-        let Some(sr) = ctx_of(r).and_then(|c| c.sentinel.as_mut()) else {
+        let Some(ctx) = ctx_of(r) else { return };
+        let Some(sr) = ctx.sentinel.as_mut() else {
             return;
         };
         let failed = state & NGX_PEER_FAILED as ngx_uint_t != 0;
@@ -280,7 +255,7 @@ impl Wrapper for PeerData {
             }
             return;
         };
-        sr.unavailable = true;
+        ctx.retry_after = true;
         if let Some(addr) = sr.current.take() {
             let s = sr.set();
             watch::suspect(s.key(), || conf_of(s), addr, why);

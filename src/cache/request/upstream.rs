@@ -26,10 +26,10 @@ pub(super) const CALLBACKS: Callbacks = Callbacks {
 };
 
 request_handler! {
-    /// nginx ends the request through its upstream: a request to a
-    /// Sentinel set that had no server for it says when to ask again.
+    /// nginx ends the request through its upstream: one whose last try
+    /// found no server to take it now says when to ask again.
     fn finalize_request(r, rc) = ("cache finalize_request") {
-        super::sentinel::tell_retry(r, rc);
+        super::tell_retry(r, rc);
     }
 }
 

@@ -10,7 +10,7 @@ use std::rc::Rc;
 
 use gateway_core::redis;
 
-use super::sentinel::{self, Route};
+use super::sentinel::Route;
 use super::{ctx_of, tls_of_location};
 use crate::cache::config::{Cache, CacheLocConf};
 use crate::cache::driver::{self, authfail, next_ping, DbStep, Endpoint, Handle, Outcome, PipeId, Sink};
@@ -450,8 +450,8 @@ fn end(r: &mut Req, status: ngx_int_t) {
         return;
     }
     let started = s.started;
-    // (A Sentinel set without a server for it: when to ask again.)
-    let status = if started || sentinel::tell_retry(r, status) {
+    // (No server could take it now: when to ask again.)
+    let status = if started || super::tell_retry(r, status) {
         status
     } else {
         HTTP_INTERNAL_SERVER_ERROR
@@ -685,8 +685,8 @@ fn no_master(r: &mut Req) {
 /// in a second.
 fn no_server(r: &mut Req, why: &str) {
     log!(NGX_LOG_ERR, r.log(), "cache: {why}");
-    if let Some(sr) = ctx_of(r).and_then(|c| c.sentinel.as_mut()) {
-        sr.unavailable = true;
+    if let Some(ctx) = ctx_of(r) {
+        ctx.retry_after = true;
     }
     end(r, HTTP_SERVICE_UNAVAILABLE);
 }
